@@ -23,13 +23,12 @@ _JIT = {"cache": True, "nogil": True, "fastmath": {"contract"}}
 
 @nb.njit(**_JIT)
 def all_finite(x):  # pragma: no cover - compiled
-    """True when no element of the 2-D array is NaN or infinite (one streaming pass)."""
-    rows, cols = x.shape
+    """True when no element of the array is NaN or infinite (one streaming pass)."""
+    flat = x.reshape(-1)  # callers pass C-contiguous arrays
     acc = 0.0
-    for t in range(rows):
-        for n in range(cols):
-            # x - x is 0 for finite x and NaN for NaN/inf; summing keeps the loop branch-free.
-            acc += x[t, n] - x[t, n]
+    for i in range(flat.shape[0]):
+        # x - x is 0 for finite x and NaN for NaN/inf; summing keeps the loop branch-free.
+        acc += flat[i] - flat[i]
     return acc == 0.0
 
 
@@ -46,18 +45,52 @@ def td_residuals(rewards, values, next_values, terminated, gamma, out):  # pragm
 def gae(
     rewards, values, next_values, terminated, truncated, gamma, lambda_, out
 ):  # pragma: no cover
+    """GAE into ``out``; returns True iff every float input is finite.
+
+    The finiteness check rides along in the same pass instead of three extra ones, so the
+    caller validates for free and only scans again, to name the culprit, when it fails. It is an
+    integer OR-reduction (x − x is NaN exactly for NaN and ±inf): unlike a float sum, LLVM may
+    reorder it, so the loop still vectorises.
+    """
     rows, cols = rewards.shape
+    if cols == 1:
+        return _gae_column(
+            rewards[:, 0], values[:, 0], next_values[:, 0], terminated[:, 0], truncated[:, 0],
+            gamma, lambda_, out[:, 0],
+        )  # fmt: skip
     decay = gamma * lambda_
-    for n in range(cols):
-        carry = 0.0
-        for t in range(rows - 1, -1, -1):
+    carry = np.zeros(cols, dtype=np.float64)
+    bad = False
+    for t in range(rows - 1, -1, -1):
+        # n innermost: contiguous in a time-major array and free of dependencies, so it vectorises.
+        for n in range(cols):
+            r, v, nv = rewards[t, n], values[t, n], next_values[t, n]
+            bad |= (r - r != 0.0) | (v - v != 0.0) | (nv - nv != 0.0)
             term = terminated[t, n]
-            bootstrap = gamma * next_values[t, n] if term == 0 else 0.0
-            delta = rewards[t, n] + bootstrap - values[t, n]
+            # δ_t = r_t + γ(1 − terminated_t) V(s_{t+1}) − V(s_t)
+            delta = r + gamma * (1 - term) * nv - v
             # done = terminated or truncated: the recursion never crosses an episode boundary.
-            keep = decay if (term | truncated[t, n]) == 0 else 0.0
-            carry = delta + keep * carry
-            out[t, n] = carry
+            carry[n] = delta + decay * (1 - (term | truncated[t, n])) * carry[n]
+            out[t, n] = carry[n]
+    return not bad
+
+
+@nb.njit(**_JIT)
+def _gae_column(
+    rewards, values, next_values, terminated, truncated, gamma, lambda_, out
+):  # pragma: no cover
+    # One environment: a scalar carry keeps the chain in a register.
+    decay = gamma * lambda_
+    carry = 0.0
+    bad = False
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        r, v, nv = rewards[t], values[t], next_values[t]
+        bad |= (r - r != 0.0) | (v - v != 0.0) | (nv - nv != 0.0)
+        term = terminated[t]
+        delta = r + gamma * (1 - term) * nv - v
+        carry = delta + decay * (1 - (term | truncated[t])) * carry
+        out[t] = carry
+    return not bad
 
 
 @nb.njit(**_JIT)
@@ -131,9 +164,7 @@ def k_step(deltas, done, gamma, ks, out):  # pragma: no cover
 
 @nb.njit(**_JIT)
 def streaming_floor(rewards, values, next_values, terminated, truncated, out):  # pragma: no cover
-    """Benchmark floor: read the same five arrays as ``gae`` once, write one output, no chain."""
-    rows, cols = rewards.shape
-    for t in range(rows):
-        for n in range(cols):
-            flag = terminated[t, n] | truncated[t, n]
-            out[t, n] = rewards[t, n] + next_values[t, n] - values[t, n] if flag == 0 else 0.0
+    """Benchmark floor: read the same five 1-D arrays as ``gae`` once, write one, no chain."""
+    for i in range(rewards.shape[0]):
+        keep = 1 - (terminated[i] | truncated[i])
+        out[i] = rewards[i] + keep * next_values[i] - values[i]

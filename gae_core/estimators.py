@@ -26,6 +26,7 @@ or after t, or row T−1), which is what makes the finite identities in the test
 
 from __future__ import annotations
 
+import functools
 import numbers
 import sys
 from collections.abc import Sequence
@@ -75,22 +76,26 @@ def _check_unit_interval(name: str, x: Any) -> float:
 class _Batch:
     """Validated inputs as C-contiguous 2-D numpy arrays, and how to give results back."""
 
-    arrays: dict[str, np.ndarray]
-    dtype: np.dtype
+    arrays: dict[str, Any]  # numpy for the CPU kernels; torch tensors on an accelerator
+    dtype: Any
     one_dim: bool
     device: Any = None  # torch.device for tensor inputs, None for numpy
+
+    @property
+    def on_accelerator(self) -> bool:
+        return self.device is not None and self.device.type != "cpu"
 
     @property
     def shape(self) -> tuple[int, int]:
         return next(iter(self.arrays.values())).shape
 
-    def wrap(self, out: np.ndarray) -> Any:
+    def wrap(self, out: Any) -> Any:
         """Undo the 2-D view (``[..., T, 1]`` → ``[..., T]``) and return the caller's type."""
         if self.one_dim:
             out = out.reshape(out.shape[:-1])
-        if self.device is None:
+        if self.device is None or self.on_accelerator:
             return out
-        return _torch().from_numpy(out).to(self.device)
+        return _torch().from_numpy(out)
 
 
 def _validate(
@@ -150,26 +155,62 @@ def _validate(
     return floats, flags, device
 
 
-def _prepare(floats: dict[str, Any], flags: dict[str, Any]) -> _Batch:
-    """Validate and convert to C-contiguous 2-D numpy arrays for the compiled kernels."""
+def _prepare(floats: dict[str, Any], flags: dict[str, Any], *, check_finite: bool = True) -> _Batch:
+    """Validate and convert to C-contiguous 2-D numpy arrays for the compiled kernels.
+
+    ``check_finite=False`` is for kernels that check finiteness in their own pass and then call
+    :func:`_raise_non_finite`.
+    """
     floats, flags, device = _validate(floats, flags)
+    one_dim = next(iter(floats.values())).ndim == 1
+    if device is not None and device.type != "cpu":
+        return _prepare_on_device(floats, flags, device, one_dim)
     if device is not None:
         floats = {k: v.detach().cpu().numpy() for k, v in floats.items()}
         flags = {k: v.detach().cpu().numpy() for k, v in flags.items()}
     dtype = np.result_type(*floats.values())
-    one_dim = next(iter(floats.values())).ndim == 1
     arrays: dict[str, np.ndarray] = {}
     for name, value in floats.items():
         value = np.ascontiguousarray(value, dtype=dtype)
         value = value.reshape(-1, 1) if one_dim else value
-        if not _kernels.all_finite(value):
-            raise ValueError(f"{name} must be finite, found NaN or infinite values")
         arrays[name] = value
+    if check_finite:
+        _raise_non_finite(arrays, list(floats))
     for name, value in flags.items():
         value = value.view(np.uint8) if value.dtype == np.bool_ else (value != 0).view(np.uint8)
         value = np.ascontiguousarray(value)
         arrays[name] = value.reshape(-1, 1) if one_dim else value
     return _Batch(arrays, dtype, one_dim, device)
+
+
+def _prepare_on_device(floats: dict, flags: dict, device: Any, one_dim: bool) -> _Batch:
+    """Tensors on an accelerator stay there: 2-D views, one float dtype, bool flags."""
+    torch = _torch()
+    dtype = functools.reduce(torch.promote_types, (v.dtype for v in floats.values()))
+    arrays = {}
+    for name, value in floats.items():
+        value = value.detach().to(dtype)
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} must be finite, found NaN or infinite values")
+        arrays[name] = value
+    for name, value in flags.items():
+        arrays[name] = value.detach() != 0
+    if one_dim:
+        arrays = {k: v.unsqueeze(-1) for k, v in arrays.items()}
+    return _Batch(arrays, dtype, one_dim, device)
+
+
+def _on_device(batch: _Batch, estimator: str, **params: Any) -> Any:
+    """Run ``estimator`` from :mod:`gae_core._torch_scan` on the tensors' own device."""
+    from gae_core import _torch_scan  # imports torch, which the caller already has
+
+    return getattr(_torch_scan, estimator)(**batch.arrays, **params)
+
+
+def _raise_non_finite(arrays: dict[str, np.ndarray], names: list[str]) -> None:
+    for name in names:
+        if not _kernels.all_finite(arrays[name]):
+            raise ValueError(f"{name} must be finite, found NaN or infinite values")
 
 
 # --------------------------------------------------------------------------- estimators
@@ -197,6 +238,8 @@ def td_residuals(rewards, values, next_values, terminated, *, gamma: float):
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated},
     )
+    if batch.on_accelerator:
+        return batch.wrap(_on_device(batch, "td_residuals", gamma=gamma))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
     _kernels.td_residuals(a["rewards"], a["values"], a["next_values"], a["terminated"], gamma, out)
@@ -233,13 +276,18 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma: float, la
     batch = _prepare(
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
+        check_finite=False,
     )
+    if batch.on_accelerator:
+        return batch.wrap(_on_device(batch, "gae", gamma=gamma, lambda_=lambda_))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
-    _kernels.gae(
+    finite = _kernels.gae(
         a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
         gamma, lambda_, out,
     )  # fmt: skip
+    if not finite:
+        _raise_non_finite(a, ["rewards", "values", "next_values"])
     return batch.wrap(out)
 
 
@@ -282,6 +330,8 @@ def discounted_returns(rewards, next_values, terminated, truncated, *, gamma: fl
         {"rewards": rewards, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
     )
+    if batch.on_accelerator:
+        return batch.wrap(_on_device(batch, "discounted_returns", gamma=gamma))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
     _kernels.discounted_returns(
@@ -331,6 +381,9 @@ def k_step_advantages(rewards, values, next_values, terminated, truncated, *, ga
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
     )
+    if batch.on_accelerator:
+        out = _on_device(batch, "k_step_advantages", gamma=gamma, ks=ks)
+        return batch.wrap(out if stacked else out[0])
     a = batch.arrays
     deltas = np.empty(batch.shape, dtype=np.float64)
     _kernels.td_residuals(
@@ -371,6 +424,8 @@ def gae_lambda_sweep(rewards, values, next_values, terminated, truncated, *, gam
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
     )
+    if batch.on_accelerator:
+        return batch.wrap(_on_device(batch, "gae_lambda_sweep", gamma=gamma, lambdas=grid))
     out = np.empty((len(grid), *batch.shape), dtype=batch.dtype)
     a = batch.arrays
     _kernels.gae_sweep(

@@ -1,0 +1,209 @@
+"""Speed of gae_core's estimators against baselines measured side by side in this process.
+
+Baselines (float32, CPU):
+  (a) loop  - the straightforward per-step numpy loop vectorised over N (what the annotated
+              seed implementation and Stable-Baselines3 do);
+  (b) sb3   - Stable-Baselines3's RolloutBuffer.compute_returns_and_advantage, when installed;
+  (c) floor - one fused compiled pass that reads rewards, values, next values and both flag
+              arrays and writes one output array: the memory-streaming floor for any GAE.
+
+First-call cost (JIT compilation or loading the compiled cache) is measured in fresh
+subprocesses: a cold one with an empty cache folder, then a second one sharing that folder.
+
+Run:  python benchmarks/bench_estimators.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gae_core
+from gae_core import _kernels
+
+
+def loop_gae(rewards, values, next_values, terminated, truncated, gamma, lambda_):
+    """Baseline (a): one numpy step at a time, vectorised over the N environments."""
+    advantages = np.zeros_like(rewards)
+    last = np.zeros_like(rewards[0])
+    for t in reversed(range(len(rewards))):
+        not_terminal = 1.0 - terminated[t]
+        not_done = 1.0 - np.maximum(terminated[t], truncated[t])
+        delta = rewards[t] + gamma * next_values[t] * not_terminal - values[t]
+        last = delta + gamma * lambda_ * not_done * last
+        advantages[t] = last
+    return advantages
+
+
+def make_batch(steps: int, envs: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rewards = rng.standard_normal((steps, envs)).astype(np.float32)
+    values = rng.standard_normal((steps, envs)).astype(np.float32)
+    next_values = np.roll(values, -1, axis=0)
+    terminated = rng.random((steps, envs)) < 0.005
+    truncated = rng.random((steps, envs)) < 0.002
+    return rewards, values, next_values, terminated, truncated
+
+
+def best_time(fn, repeats: int) -> float:
+    """Best wall time over repeats: the least disturbed run on a shared, noisy machine."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def row(case: str, baseline: str, ours_s: float, base_s: float, target: str) -> dict:
+    return {
+        "case": case,
+        "baseline": baseline,
+        "ours_ms": ours_s * 1e3,
+        "base_ms": base_s * 1e3,
+        "speedup": base_s / ours_s,
+        "target": target,
+    }
+
+
+def sb3_runner(rewards, values, terminated, truncated, gamma, lambda_):
+    """Baseline (b), or None when Stable-Baselines3 is not installed."""
+    try:
+        import torch
+        from gymnasium import spaces
+        from stable_baselines3.common.buffers import RolloutBuffer
+    except ImportError:
+        return None
+    steps, envs = rewards.shape
+    buffer = RolloutBuffer(
+        steps,
+        spaces.Box(-1, 1, (1,)),
+        spaces.Discrete(2),
+        device="cpu",
+        gae_lambda=lambda_,
+        gamma=gamma,
+        n_envs=envs,
+    )
+    buffer.rewards[:] = rewards
+    buffer.values[:] = values
+    # SB3 marks "episode start" on the step after a done, and has no truncation flag.
+    done = terminated | truncated
+    buffer.episode_starts[1:] = done[:-1]
+    last_values = torch.zeros(envs)
+    last_dones = done[-1].astype(np.float32)
+    return lambda: buffer.compute_returns_and_advantage(last_values, last_dones)
+
+
+def first_call_cost() -> dict[str, float]:
+    code = (
+        "import time; t0 = time.perf_counter(); import numpy as np, gae_core; "
+        "t1 = time.perf_counter(); "
+        "x32 = np.zeros((4, 2), np.float32); x64 = x32.astype(np.float64); "
+        "f = np.zeros((4, 2), bool); "
+        "[gae_core.gae(x, x, x, f, f, gamma=0.9, lambda_=0.9) for x in (x32, x64)]; "
+        "t2 = time.perf_counter(); print(t1 - t0, t2 - t1)"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    result = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": root}
+        for label in ("cold", "warm"):
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout.split()
+            result[f"import_{label}_s"] = float(out[0])
+            result[f"first_gae_{label}_s"] = float(out[1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--json", action="store_true", help="print one JSON line at the end")
+    args = parser.parse_args()
+    repeats = 3 if args.quick else 10
+    gamma, lambda_ = 0.99, 0.95
+    rows: list[dict] = []
+
+    def ours(batch):
+        return lambda: gae_core.gae(*batch, gamma=gamma, lambda_=lambda_)
+
+    def floor(batch):
+        rewards, values, next_values, terminated, truncated = batch
+        flat = [a.reshape(-1) for a in (rewards, values, next_values)]
+        flags = [a.reshape(-1).view(np.uint8) for a in (terminated, truncated)]
+        args_ = (*flat, *flags, np.empty_like(flat[0]))
+        return lambda: _kernels.streaming_floor(*args_)
+
+    # warm every compiled path before timing
+    warm = make_batch(16, 2)
+    gae_core.gae(*warm, gamma=gamma, lambda_=lambda_)
+    gae_core.gae_lambda_sweep(*warm, gamma=gamma, lambdas=[0.5])
+    floor(warm)()
+
+    # --- [1_000_000, 1]
+    long_batch = make_batch(1_000_000, 1)
+    reference = loop_gae(*long_batch, gamma, lambda_)
+    np.testing.assert_allclose(
+        gae_core.gae(*long_batch, gamma=gamma, lambda_=lambda_), reference, rtol=1e-4, atol=1e-3
+    )
+    t_ours = best_time(ours(long_batch), repeats * 3)
+    t_loop = best_time(lambda: loop_gae(*long_batch, gamma, lambda_), 1)
+    t_floor = best_time(floor(long_batch), repeats * 3)
+    rows.append(row("gae [1e6, 1]", "(a) loop", t_ours, t_loop, ">= 1000x"))
+    rows.append(row("gae [1e6, 1]", "(c) floor", t_ours, t_floor, ">= 0.2x (within 5x)"))
+
+    # --- [2048, 64]
+    wide = make_batch(2048, 64)
+    t_ours = best_time(ours(wide), repeats * 10)
+    t_loop = best_time(lambda: loop_gae(*wide, gamma, lambda_), repeats)
+    t_floor = best_time(floor(wide), repeats * 10)
+    rows.append(row("gae [2048, 64]", "(a) loop", t_ours, t_loop, ">= 20x"))
+    sb3 = sb3_runner(wide[0], wide[1], wide[3], wide[4], gamma, lambda_)
+    if sb3 is not None:
+        t_sb3 = best_time(sb3, repeats)
+        rows.append(row("gae [2048, 64]", "(b) SB3", t_ours, t_sb3, "> 1x"))
+    else:
+        rows.append(row("gae [2048, 64]", "(b) SB3 not installed", t_ours, float("nan"), "> 1x"))
+    rows.append(row("gae [2048, 64]", "(c) floor", t_ours, t_floor, "(info)"))
+
+    # --- λ sweep, 101 λ on [10_000, 1]
+    sweep_batch = make_batch(10_000, 1)
+    lambdas = np.linspace(0.0, 1.0, 101)
+    t_ours = best_time(
+        lambda: gae_core.gae_lambda_sweep(*sweep_batch, gamma=gamma, lambdas=lambdas), repeats * 3
+    )
+    t_loop = best_time(lambda: [loop_gae(*sweep_batch, gamma, lam) for lam in lambdas], 1)
+    rows.append(row("sweep 101 λ [1e4, 1]", "(a) loop per λ", t_ours, t_loop, ">= 1000x"))
+
+    cost = first_call_cost()
+
+    print(f"{'case':24} {'baseline':22} {'ours ms':>10} {'base ms':>11} {'ratio':>10}  target")
+    for line in rows:
+        print(
+            f"{line['case']:24} {line['baseline']:22} {line['ours_ms']:10.3f}"
+            f" {line['base_ms']:11.3f}"
+            f" {line['speedup']:9.1f}x  {line['target']}"
+        )
+    print(
+        "first call (fresh process): import {import_cold_s:.2f} s"
+        " + first gae {first_gae_cold_s:.2f} s cold cache; import {import_warm_s:.2f} s"
+        " + first gae {first_gae_warm_s:.3f} s with the"
+        " cache from the first process".format(**cost)
+    )
+    if args.json:
+        print(json.dumps({"rows": rows, "first_call": cost}))
+
+
+if __name__ == "__main__":
+    main()

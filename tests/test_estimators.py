@@ -1,0 +1,558 @@
+"""Estimators against hand-derived fixtures, plain reference loops, closed forms and identities.
+
+Every formula in ``gae_core.estimators``' docstrings is evaluated here: δ_t, the GAE recursion
+and its finite eq.-16 form, Â^(k), λ-returns, discounted returns, the λ sweep and the weights.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gae_core
+from gae_core import _torch_scan
+
+# ----------------------------------------------------------------------------- references
+# Written from GUIDE.md's definitions, one step and one environment at a time.
+
+
+def segment_end(done, t, n):
+    """Index of the last row of t's segment: the first done step at or after t, or T−1."""
+    j = t
+    while j < len(done) - 1 and not done[j, n]:
+        j += 1
+    return j
+
+
+def ref_deltas(r, v, nv, term, gamma):
+    out = np.zeros(r.shape)
+    for t in range(r.shape[0]):
+        for n in range(r.shape[1]):
+            out[t, n] = r[t, n] + gamma * (0.0 if term[t, n] else nv[t, n]) - v[t, n]
+    return out
+
+
+def ref_gae(r, v, nv, term, trunc, gamma, lambda_):
+    deltas = ref_deltas(r, v, nv, term, gamma)
+    done = term | trunc
+    out = np.zeros(r.shape)
+    for n in range(r.shape[1]):
+        carry = 0.0
+        for t in reversed(range(r.shape[0])):
+            carry = deltas[t, n] + gamma * lambda_ * (0.0 if done[t, n] else carry)
+            out[t, n] = carry
+    return out
+
+
+def ref_k_step(r, v, nv, term, trunc, gamma, k):
+    """Â^(k)_t = Σ_{l<k} γ^l δ_{t+l}, stopping after the first done step or row T−1."""
+    deltas = ref_deltas(r, v, nv, term, gamma)
+    done = term | trunc
+    out = np.zeros(r.shape)
+    for t in range(r.shape[0]):
+        for n in range(r.shape[1]):
+            last = min(segment_end(done, t, n), t + k - 1)
+            out[t, n] = sum(gamma ** (j - t) * deltas[j, n] for j in range(t, last + 1))
+    return out
+
+
+def ref_returns(r, nv, term, trunc, gamma):
+    """Σ_{l<L} γ^l r_{t+l} + γ^L (1 − terminated at the segment end) V(s_{t+L})."""
+    done = term | trunc
+    out = np.zeros(r.shape)
+    for t in range(r.shape[0]):
+        for n in range(r.shape[1]):
+            end = segment_end(done, t, n)
+            total = sum(gamma ** (j - t) * r[j, n] for j in range(t, end + 1))
+            if not term[end, n]:
+                total += gamma ** (end - t + 1) * nv[end, n]
+            out[t, n] = total
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def rollout(rng, steps, envs, p_term=0.1, p_trunc=0.1, dtype=np.float64, consistent=True):
+    """Random rollout; with ``consistent`` next_values[t] == values[t+1] inside each segment,
+    as a real critic gives (the identities that telescope need it)."""
+    rewards = rng.standard_normal((steps, envs)).astype(dtype)
+    values = rng.standard_normal((steps, envs)).astype(dtype)
+    terminated = rng.random((steps, envs)) < p_term
+    truncated = rng.random((steps, envs)) < p_trunc
+    next_values = rng.standard_normal((steps, envs)).astype(dtype)  # V(final obs) at cuts
+    if consistent:
+        inside = ~(terminated | truncated)
+        inside[-1] = False
+        next_values[:-1][inside[:-1]] = values[1:][inside[:-1]]
+    return rewards, values, next_values, terminated, truncated
+
+
+rollouts = st.builds(
+    lambda seed, steps, envs, p_term, p_trunc: rollout(
+        np.random.default_rng(seed), steps, envs, p_term, p_trunc
+    ),
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 40),
+    envs=st.integers(1, 4),
+    p_term=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+    p_trunc=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+)
+unit = st.floats(0.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- hand fixtures
+
+
+def test_hand_fixture_terminated_truncated_and_rollout_end():
+    # One env, γ = 0.5, λ = 0.5, rewards 1, V(s) = 0 everywhere except V(final obs at t=1) = 4.
+    # t=0 plain, t=1 truncated (bootstrap 4), t=2 terminated, t=3 end of rollout (next value 2).
+    r = np.array([1.0, 1.0, 1.0, 1.0])
+    v = np.zeros(4)
+    nv = np.array([0.0, 4.0, 0.0, 2.0])
+    term = np.array([False, False, True, False])
+    trunc = np.array([False, True, False, False])
+    # δ = r + γ(1−term)V' − V = [1, 1 + 0.5·4, 1, 1 + 0.5·2] = [1, 3, 1, 2]
+    np.testing.assert_allclose(gae_core.td_residuals(r, v, nv, term, gamma=0.5), [1, 3, 1, 2])
+    # GAE: t=3: 2; t=2: 1 (done); t=1: 3 (done, no crossing); t=0: 1 + 0.25·3 = 1.75
+    np.testing.assert_allclose(
+        gae_core.gae(r, v, nv, term, trunc, gamma=0.5, lambda_=0.5), [1.75, 3, 1, 2]
+    )
+    # returns: t=3: 1 + 0.5·2 = 2; t=2: 1; t=1: 1 + 0.5·4 = 3; t=0: 1 + 0.5·3 = 2.5
+    np.testing.assert_allclose(
+        gae_core.discounted_returns(r, nv, term, trunc, gamma=0.5), [2.5, 3, 1, 2]
+    )
+    # Â^(2): t=0: δ0 + 0.5·δ1 = 2.5; t=1..3 stop at their own done/end: 3, 1, 2
+    np.testing.assert_allclose(
+        gae_core.k_step_advantages(r, v, nv, term, trunc, gamma=0.5, k=2), [2.5, 3, 1, 2]
+    )
+
+
+def test_hand_fixture_two_envs_time_major():
+    # Two envs side by side, γ = 1, λ = 1, V = 0: GAE is the plain sum of rewards to the
+    # segment end. env 0: rewards 1,2,3, no dones → 6, 5, 3. env 1: rewards 1,1,1, terminated
+    # at t=0 → 1 | 2, 1.
+    r = np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]])
+    zeros = np.zeros((3, 2))
+    term = np.array([[False, True], [False, False], [False, False]])
+    trunc = np.zeros((3, 2), bool)
+    out = gae_core.gae(r, zeros, zeros, term, trunc, gamma=1.0, lambda_=1.0)
+    np.testing.assert_allclose(out, [[6, 1], [5, 2], [3, 1]])
+
+
+def test_estimator_weights_hand_values():
+    # λ = 0.5, H = 4: (1−λ)λ^0, (1−λ)λ^1, (1−λ)λ^2, then the tail λ^3 = [0.5, 0.25, 0.125, 0.125]
+    np.testing.assert_allclose(gae_core.estimator_weights(0.5, 4), [0.5, 0.25, 0.125, 0.125])
+    np.testing.assert_allclose(gae_core.estimator_weights(0.0, 3), [1, 0, 0])  # 0^0 = 1
+    np.testing.assert_allclose(gae_core.estimator_weights(1.0, 3), [0, 0, 1])
+    np.testing.assert_allclose(gae_core.estimator_weights(0.3, 1), [1])
+
+
+# ----------------------------------------------------------------------------- vs references
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=rollouts, gamma=unit, lambda_=unit)
+def test_vectorised_matches_reference_loops(batch, gamma, lambda_):
+    r, v, nv, term, trunc = rollout_inconsistent = batch
+    del rollout_inconsistent
+    np.testing.assert_allclose(
+        gae_core.td_residuals(r, v, nv, term, gamma=gamma), ref_deltas(r, v, nv, term, gamma),
+        rtol=1e-12, atol=1e-12,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        gae_core.gae(r, v, nv, term, trunc, gamma=gamma, lambda_=lambda_),
+        ref_gae(r, v, nv, term, trunc, gamma, lambda_), rtol=1e-10, atol=1e-10,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        gae_core.discounted_returns(r, nv, term, trunc, gamma=gamma),
+        ref_returns(r, nv, term, trunc, gamma), rtol=1e-10, atol=1e-10,
+    )  # fmt: skip
+    ks = [1, 2, 3, 7, 50]
+    stacked = gae_core.k_step_advantages(r, v, nv, term, trunc, gamma=gamma, k=ks)
+    assert stacked.shape == (len(ks), *r.shape)
+    for i, k in enumerate(ks):
+        np.testing.assert_allclose(
+            stacked[i], ref_k_step(r, v, nv, term, trunc, gamma, k), rtol=1e-10, atol=1e-10
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=rollouts, gamma=unit, lambdas=st.lists(unit, min_size=1, max_size=6))
+def test_lambda_sweep_equals_one_gae_per_lambda(batch, gamma, lambdas):
+    sweep = gae_core.gae_lambda_sweep(*batch, gamma=gamma, lambdas=lambdas)
+    assert sweep.shape == (len(lambdas), *batch[0].shape)
+    for i, lambda_ in enumerate(lambdas):
+        np.testing.assert_allclose(
+            sweep[i], gae_core.gae(*batch, gamma=gamma, lambda_=lambda_), rtol=1e-12, atol=1e-12
+        )
+
+
+# ----------------------------------------------------------------------------- identities
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=rollouts, gamma=unit)
+def test_identities(batch, gamma):
+    r, v, nv, term, trunc = batch
+    deltas = gae_core.td_residuals(r, v, nv, term, gamma=gamma)
+    # GAE(λ=0) = δ
+    np.testing.assert_allclose(gae_core.gae(*batch, gamma=gamma, lambda_=0.0), deltas, atol=1e-12)
+    # GAE(λ=1) = discounted return to the segment end plus bootstrap, minus V
+    returns = gae_core.discounted_returns(r, nv, term, trunc, gamma=gamma)
+    np.testing.assert_allclose(
+        gae_core.gae(*batch, gamma=gamma, lambda_=1.0), returns - v, rtol=1e-9, atol=1e-9
+    )
+    # Â^(1) = δ ; Â^(k) for k ≥ segment length (T covers every segment) = GAE(λ=1)
+    np.testing.assert_allclose(
+        gae_core.k_step_advantages(*batch, gamma=gamma, k=1), deltas, atol=1e-12
+    )
+    steps = r.shape[0]
+    np.testing.assert_allclose(
+        gae_core.k_step_advantages(*batch, gamma=gamma, k=steps),
+        gae_core.gae(*batch, gamma=gamma, lambda_=1.0), rtol=1e-9, atol=1e-9,
+    )  # fmt: skip
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=rollouts, gamma=unit, lambda_=unit)
+def test_lambda_returns_and_k_step_telescoping(batch, gamma, lambda_):
+    r, v, _, term, trunc = batch
+    advantages = gae_core.gae(*batch, gamma=gamma, lambda_=lambda_)
+    np.testing.assert_allclose(
+        gae_core.lambda_returns(*batch, gamma=gamma, lambda_=lambda_), advantages + v, atol=1e-12
+    )
+    # Inside a segment Â^(k) telescopes: −V(s_t) + Σ_{l<k} γ^l r_{t+l} + γ^k V(s_{t+k})
+    done = term | trunc
+    k = 3
+    a3 = gae_core.k_step_advantages(*batch, gamma=gamma, k=k)
+    for t in range(r.shape[0]):
+        for n in range(r.shape[1]):
+            if segment_end(done, t, n) >= t + k:  # the k steps stay inside the segment
+                expected = -v[t, n] + sum(gamma**i * r[t + i, n] for i in range(k))
+                expected += gamma**k * v[t + k, n]
+                assert a3[t, n] == pytest.approx(expected, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=rollouts, gamma=unit, lambda_=unit)
+def test_finite_form_of_equation_16(batch, gamma, lambda_):
+    """GAE_t = (1−λ)Σ_{k=1}^{L_t−1} λ^{k−1} Â^(k)_t + λ^{L_t−1} Â^(L_t)_t, L_t = steps left."""
+    r, _, _, term, trunc = batch
+    steps, envs = r.shape
+    done = term | trunc
+    advantages = gae_core.gae(*batch, gamma=gamma, lambda_=lambda_)
+    table = gae_core.k_step_advantages(*batch, gamma=gamma, k=list(range(1, steps + 1)))
+    for t in range(steps):
+        for n in range(envs):
+            horizon = segment_end(done, t, n) - t + 1  # L_t
+            weights = gae_core.estimator_weights(lambda_, horizon)
+            assert weights.sum() == pytest.approx(1.0)
+            combined = float(weights @ table[:horizon, t, n])
+            assert advantages[t, n] == pytest.approx(combined, rel=1e-9, abs=1e-9)
+
+
+@given(lambda_=unit, horizon=st.integers(1, 500))
+def test_estimator_weights_sum_to_one_and_match_formula(lambda_, horizon):
+    weights = gae_core.estimator_weights(lambda_, horizon)
+    assert weights.shape == (horizon,)
+    assert weights.sum() == pytest.approx(1.0, abs=1e-12)
+    assert (weights >= 0).all()
+    k = np.arange(1, horizon)
+    np.testing.assert_allclose(weights[:-1], (1 - lambda_) * lambda_ ** (k - 1.0), atol=1e-15)
+    assert weights[-1] == pytest.approx(lambda_ ** (horizon - 1.0) if horizon > 1 else 1.0)
+
+
+# ----------------------------------------------------------------------------- time limits
+
+
+def test_time_limit_bootstrap_recovers_infinite_horizon_values():
+    """Reward 1 per step forever, cut by a time limit every 20 steps. The true value of every
+    state is 1/(1−γ); with those values the λ-returns must equal them exactly for every λ when
+    truncation bootstraps, and fall visibly short when truncation is treated as termination."""
+    gamma, steps, limit, envs = 0.9, 100, 20, 3
+    true_value = 1.0 / (1.0 - gamma)  # Σ γ^l = 10
+    rewards = np.ones((steps, envs))
+    values = np.full((steps, envs), true_value)
+    next_values = np.full((steps, envs), true_value)
+    truncated = np.zeros((steps, envs), bool)
+    truncated[limit - 1 :: limit] = True
+    terminated = np.zeros((steps, envs), bool)
+    for lambda_ in (0.0, 0.5, 0.95, 1.0):
+        right = gae_core.lambda_returns(
+            rewards, values, next_values, terminated, truncated, gamma=gamma, lambda_=lambda_
+        )
+        np.testing.assert_allclose(right, true_value, rtol=1e-12)
+        # The classic bug: the time limit passed as termination.
+        wrong = gae_core.lambda_returns(
+            rewards, values, next_values, truncated, truncated, gamma=gamma, lambda_=lambda_
+        )
+        # At the last step of each episode the target collapses to r = 1 instead of 10.
+        np.testing.assert_allclose(wrong[limit - 1 :: limit], 1.0)
+        assert (true_value - wrong).max() == pytest.approx(true_value - 1.0)
+    # λ = 1 on the wrong path gives the truncated geometric sum (1 − γ^L)/(1 − γ), L = steps left
+    wrong_mc = gae_core.discounted_returns(rewards, next_values, truncated, truncated, gamma=gamma)
+    left = limit - (np.arange(steps) % limit)
+    np.testing.assert_allclose(wrong_mc[:, 0], (1 - gamma**left) / (1 - gamma), rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- backends, dtypes
+
+
+def as_tensors(batch):
+    return [torch.from_numpy(np.ascontiguousarray(x)) for x in batch]
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=rollouts, gamma=unit, lambda_=unit)
+def test_numpy_torch_and_accelerator_path_agree(batch, gamma, lambda_):
+    tensors = as_tensors(batch)
+    r, v, nv, term, trunc = tensors
+    cases = {
+        "gae": (
+            gae_core.gae(*batch, gamma=gamma, lambda_=lambda_),
+            gae_core.gae(*tensors, gamma=gamma, lambda_=lambda_),
+            _torch_scan.gae(*tensors, gamma=gamma, lambda_=lambda_),
+        ),
+        "td": (
+            gae_core.td_residuals(*batch[:4], gamma=gamma),
+            gae_core.td_residuals(r, v, nv, term, gamma=gamma),
+            _torch_scan.td_residuals(r, v, nv, term, gamma=gamma),
+        ),
+        "returns": (
+            gae_core.discounted_returns(batch[0], batch[2], batch[3], batch[4], gamma=gamma),
+            gae_core.discounted_returns(r, nv, term, trunc, gamma=gamma),
+            _torch_scan.discounted_returns(r, nv, term, trunc, gamma=gamma),
+        ),
+        "sweep": (
+            gae_core.gae_lambda_sweep(*batch, gamma=gamma, lambdas=[0.0, lambda_, 1.0]),
+            gae_core.gae_lambda_sweep(*tensors, gamma=gamma, lambdas=[0.0, lambda_, 1.0]),
+            _torch_scan.gae_lambda_sweep(*tensors, gamma=gamma, lambdas=[0.0, lambda_, 1.0]),
+        ),
+        "k_step": (
+            gae_core.k_step_advantages(*batch, gamma=gamma, k=[4, 1, 60]),
+            gae_core.k_step_advantages(*tensors, gamma=gamma, k=[4, 1, 60]),
+            _torch_scan.k_step_advantages(*tensors, gamma=gamma, ks=[4, 1, 60]),
+        ),
+    }
+    for name, (numpy_out, torch_out, scan_out) in cases.items():
+        assert isinstance(numpy_out, np.ndarray), name
+        assert isinstance(torch_out, torch.Tensor) and torch_out.dtype == torch.float64, name
+        np.testing.assert_allclose(torch_out.numpy(), numpy_out, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(scan_out.numpy(), numpy_out, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 64, 1000, 1025])
+def test_affine_scan_matches_loop_on_many_lengths(steps):
+    rng = np.random.default_rng(steps)
+    b = rng.standard_normal((steps, 2))
+    c = rng.random((steps, 2)) * (rng.random((steps, 2)) > 0.1)
+    expected = np.zeros_like(b)
+    carry = np.zeros(2)
+    for t in reversed(range(steps)):
+        carry = b[t] + c[t] * carry
+        expected[t] = carry
+    got = _torch_scan.reverse_affine_scan(torch.from_numpy(b), torch.from_numpy(c)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_float32_kept_and_close_to_float64():
+    batch64 = rollout(np.random.default_rng(3), 500, 8)
+    batch32 = [x.astype(np.float32) if x.dtype == np.float64 else x for x in batch64]
+    for fn, kwargs in [
+        (gae_core.gae, {"lambda_": 0.95}),
+        (gae_core.lambda_returns, {"lambda_": 0.95}),
+        (gae_core.k_step_advantages, {"k": 5}),
+        (gae_core.gae_lambda_sweep, {"lambdas": [0.5, 0.99]}),
+    ]:
+        out32 = fn(*batch32, gamma=0.99, **kwargs)
+        out64 = fn(*batch64, gamma=0.99, **kwargs)
+        assert out32.dtype == np.float32 and out64.dtype == np.float64, fn.__name__
+        # float64 accumulation: float32 differs by input rounding, not chain-length error
+        np.testing.assert_allclose(out32, out64, rtol=1e-5, atol=1e-5)
+    t32 = gae_core.gae(*as_tensors(batch32), gamma=0.99, lambda_=0.95)
+    assert t32.dtype == torch.float32
+
+
+def test_mixed_float_dtypes_promote_to_the_wider():
+    r, v, nv, term, trunc = rollout(np.random.default_rng(0), 10, 2)
+    out = gae_core.gae(r.astype(np.float32), v, nv, term, trunc, gamma=0.9, lambda_=0.9)
+    assert out.dtype == np.float64
+
+
+def test_one_dim_in_one_dim_out_and_equal_to_a_column():
+    r, v, nv, term, trunc = rollout(np.random.default_rng(1), 30, 1)
+    column = gae_core.gae(r, v, nv, term, trunc, gamma=0.9, lambda_=0.8)
+    flat = gae_core.gae(r[:, 0], v[:, 0], nv[:, 0], term[:, 0], trunc[:, 0], gamma=0.9, lambda_=0.8)
+    assert flat.shape == (30,)
+    np.testing.assert_array_equal(flat, column[:, 0])
+    stacked = gae_core.k_step_advantages(
+        r[:, 0], v[:, 0], nv[:, 0], term[:, 0], trunc[:, 0], gamma=0.9, k=[1, 2]
+    )
+    assert stacked.shape == (2, 30)
+
+
+def test_integer_and_float_flags_equal_bool_flags():
+    r, v, nv, term, trunc = rollout(np.random.default_rng(2), 50, 3)
+    expected = gae_core.gae(r, v, nv, term, trunc, gamma=0.9, lambda_=0.9)
+    for dtype in (np.int64, np.uint8, np.float32):
+        got = gae_core.gae(
+            r, v, nv, term.astype(dtype), trunc.astype(dtype), gamma=0.9, lambda_=0.9
+        )
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_inputs_are_not_modified_and_non_contiguous_inputs_work():
+    rng = np.random.default_rng(4)
+    batch = rollout(rng, 40, 6)
+    strided = [x[:, ::2] for x in batch]  # non-contiguous views
+    copies = [x.copy() for x in batch]
+    expected = gae_core.gae(*[np.ascontiguousarray(x) for x in strided], gamma=0.9, lambda_=0.7)
+    got = gae_core.gae(*strided, gamma=0.9, lambda_=0.7)
+    np.testing.assert_array_equal(got, expected)
+    tensors = as_tensors(batch)
+    tensor_copies = [t.clone() for t in tensors]
+    for fn in (gae_core.gae, gae_core.lambda_returns):
+        fn(*batch, gamma=0.9, lambda_=0.7)
+        fn(*tensors, gamma=0.9, lambda_=0.7)
+    gae_core.k_step_advantages(*tensors, gamma=0.9, k=3)
+    for before, after in zip(copies, batch, strict=True):
+        np.testing.assert_array_equal(before, after)
+    for before, after in zip(tensor_copies, tensors, strict=True):
+        assert torch.equal(before, after)
+
+
+def test_tensor_with_grad_gives_detached_result():
+    r, v, nv, term, trunc = as_tensors(rollout(np.random.default_rng(5), 12, 2))
+    v = v.clone().requires_grad_(True)
+    out = gae_core.lambda_returns(r, v, nv, term, trunc, gamma=0.9, lambda_=0.9)
+    assert not out.requires_grad
+
+
+def test_empty_rollout_gives_empty_result():
+    empty = np.zeros((0, 3))
+    flags = np.zeros((0, 3), bool)
+    assert gae_core.gae(empty, empty, empty, flags, flags, gamma=0.9, lambda_=0.9).shape == (0, 3)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def good():
+    return list(rollout(np.random.default_rng(0), 6, 2))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kwargs", "message"),
+    [
+        (lambda b: b.__setitem__(1, b[1][:5]), {}, "values must have the same shape"),
+        (lambda b: b.__setitem__(3, b[3][:, :1]), {}, "terminated must have the same shape"),
+        (
+            lambda b: b.__setitem__(0, b[0].astype(np.int64)),
+            {},
+            "rewards must be float32 or float64",
+        ),
+        (lambda b: b.__setitem__(2, b[2].astype(np.float16)), {}, "next_values must be float32"),
+        (
+            lambda b: b.__setitem__(4, b[4].astype(float) + 2),
+            {},
+            "truncated must be boolean or 0/1",
+        ),
+        (lambda b: b.__setitem__(3, np.full((6, 2), "x")), {}, "terminated must be boolean or 0/1"),
+        (lambda b: b[0].__setitem__((2, 1), np.nan), {}, "rewards must be finite"),
+        (lambda b: b[1].__setitem__((0, 0), np.inf), {}, "values must be finite"),
+        (lambda b: b[2].__setitem__((5, 1), -np.inf), {}, "next_values must be finite"),
+        (lambda b: b.__setitem__(0, np.zeros((2, 3, 1))), {}, "rewards must be 1-D [T] or 2-D"),
+        (lambda b: None, {"gamma": 1.5}, "gamma must be in [0, 1]"),
+        (lambda b: None, {"gamma": -0.1}, "gamma must be in [0, 1]"),
+        (lambda b: None, {"gamma": float("nan")}, "gamma must be in [0, 1]"),
+        (lambda b: None, {"lambda_": 1.01}, "lambda_ must be in [0, 1]"),
+        (lambda b: None, {"lambda_": "0.9"}, "lambda_ must be a real number in [0, 1]"),
+        (lambda b: None, {"lambda_": True}, "lambda_ must be a real number"),
+    ],
+)
+def test_gae_bad_input(mutate, kwargs, message):
+    batch = good()
+    mutate(batch)
+    params = {"gamma": 0.9, "lambda_": 0.9, **kwargs}
+    with pytest.raises(ValueError, match=_escape(message)):
+        gae_core.gae(*batch, **params)
+
+
+def _escape(text):
+    import re
+
+    return re.escape(text)
+
+
+@pytest.mark.parametrize(
+    ("k", "message"),
+    [
+        (0, "k must be >= 1"),
+        (-3, "k must be >= 1"),
+        (2.0, "k must be an integer"),
+        (True, "k must be an integer"),
+        ([], "k must be a non-empty sequence"),
+        ([1, 0], "k must be >= 1"),
+        ([1, 2.5], "k must be an integer"),
+    ],
+)
+def test_k_step_bad_k(k, message):
+    with pytest.raises(ValueError, match=_escape(message)):
+        gae_core.k_step_advantages(*good(), gamma=0.9, k=k)
+
+
+@pytest.mark.parametrize(
+    ("lambdas", "message"),
+    [
+        ([], "lambdas must be a non-empty sequence"),
+        (np.array([]), "lambdas must be a non-empty sequence"),
+        ([0.5, 1.2], "lambdas must be in [0, 1]"),
+        (0.5, "lambdas must be a sequence"),
+    ],
+)
+def test_sweep_bad_lambdas(lambdas, message):
+    with pytest.raises(ValueError, match=_escape(message)):
+        gae_core.gae_lambda_sweep(*good(), gamma=0.9, lambdas=lambdas)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((1.5, 3), "lambda_ must be in [0, 1]"),
+        ((0.5, 0), "horizon must be an integer >= 1"),
+        ((0.5, 2.0), "horizon must be an integer >= 1"),
+    ],
+)
+def test_estimator_weights_bad_input(args, message):
+    with pytest.raises(ValueError, match=_escape(message)):
+        gae_core.estimator_weights(*args)
+
+
+def test_other_functions_validate_too():
+    r, v, nv, term, trunc = good()
+    with pytest.raises(ValueError, match="gamma must be in"):
+        gae_core.td_residuals(r, v, nv, term, gamma=2.0)
+    with pytest.raises(ValueError, match="terminated must be boolean"):
+        gae_core.discounted_returns(r, nv, term + 2, trunc, gamma=0.9)
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        gae_core.lambda_returns(r * np.nan, v, nv, term, trunc, gamma=0.9, lambda_=0.5)
+
+
+def test_mixing_numpy_and_torch_is_rejected():
+    r, v, nv, term, trunc = good()
+    with pytest.raises(ValueError, match="pass all numpy arrays or all torch tensors"):
+        gae_core.gae(torch.from_numpy(r), v, nv, term, trunc, gamma=0.9, lambda_=0.9)
+
+
+def test_package_does_not_import_streamlit():
+    code = "import sys, gae_core; print('streamlit' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    imported_streamlit, _ = out.stdout.split()
+    assert imported_streamlit == "False"
