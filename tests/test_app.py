@@ -1,0 +1,9 @@
+"""The Streamlit app renders (AppTest runs the script in-process, no browser)."""
+
+from streamlit.testing.v1 import AppTest
+
+
+def test_home_page_renders_without_exception():
+    at = AppTest.from_file("../app.py", default_timeout=60).run()
+    assert not at.exception
+    assert at.title[0].value == "GAE Lab"
