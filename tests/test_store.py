@@ -1,0 +1,334 @@
+"""Run store: round trips, WAL, schema version, cascades, crash recovery across processes."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gae_core import store as store_mod
+from gae_core.store import (
+    DB_FILENAME,
+    SCHEMA_VERSION,
+    MetricRow,
+    ReturnTracker,
+    RunStore,
+    StoreError,
+    resolve_data_dir,
+    summarize_returns,
+    to_wide,
+)
+
+CONFIG = {"env_id": "CartPole-v1", "seed": 3, "lambda_": 0.95, "gamma": 0.99}
+
+
+@pytest.fixture
+def store(tmp_path):
+    with RunStore(tmp_path) as s:
+        yield s
+
+
+def test_data_dir_resolution(tmp_path, monkeypatch):
+    monkeypatch.delenv("GAE_CORE_DATA", raising=False)
+    assert resolve_data_dir() == resolve_data_dir(None)
+    assert str(resolve_data_dir()) == "runs"
+    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path / "env"))
+    assert resolve_data_dir() == tmp_path / "env"
+    assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
+    with RunStore() as s:
+        assert s.path == tmp_path / "env" / DB_FILENAME
+        assert s.path.exists()
+
+
+def test_wal_mode_and_schema_version(store):
+    assert store.journal_mode == "wal"
+    assert store.schema_version == SCHEMA_VERSION >= 1
+    raw = sqlite3.connect(store.path)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    raw.close()
+    assert store.integrity_check() == "ok"
+
+
+def test_newer_schema_is_refused(tmp_path):
+    RunStore(tmp_path).close()
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(StoreError, match="schema version"):
+        RunStore(tmp_path)
+
+
+def test_run_round_trip_and_lifecycle(store):
+    run_id = store.create_run(CONFIG, name="first", reward_threshold=475.0)
+    run = store.get_run(run_id)
+    assert (run.name, run.config, run.status, run.env_steps) == ("first", CONFIG, "queued", 0)
+    assert run.started_at is None and run.wall_seconds is None
+    assert run.summary.reward_threshold == 475.0
+
+    assert store.claim_run(run_id)
+    assert not store.claim_run(run_id)  # only a queued run can be claimed
+    assert store.get_run(run_id).status == "running"
+
+    tracker = ReturnTracker(475.0)
+    tracker.add(100, 20.0)
+    stop = store.flush(
+        run_id,
+        [MetricRow("losses/value_loss", 64, 0.5, 1.25), ("charts/episodic_return", 100, 0.6, 20.0)],
+        env_steps=128,
+        summary=tracker.summary(),
+    )
+    assert stop is False
+    store.finish_run(run_id, "finished")
+    run = store.get_run(run_id)
+    assert run.status == "finished" and run.error is None
+    assert run.env_steps == 128
+    assert run.ended_at >= run.started_at >= run.created_at
+    assert run.summary.episodes == 1
+    assert run.summary.final_return == 20.0 and run.summary.best_return == 20.0
+    assert run.summary.solved is False and run.summary.solved_at_step is None
+
+    long = store.metrics(run_id)
+    assert list(long.columns) == ["env_step", "wall_time", "key", "value"]
+    assert long.to_dict("records") == [
+        {"env_step": 64, "wall_time": 0.5, "key": "losses/value_loss", "value": 1.25},
+        {"env_step": 100, "wall_time": 0.6, "key": "charts/episodic_return", "value": 20.0},
+    ]
+    assert store.metrics(run_id, ["charts/episodic_return"])["value"].tolist() == [20.0]
+    assert store.metrics(run_id, since_step=64)["env_step"].tolist() == [100]
+    assert store.metric_keys(run_id) == ["charts/episodic_return", "losses/value_loss"]
+
+    with pytest.raises(ValueError):
+        store.finish_run(run_id, "running")
+    with pytest.raises(StoreError):
+        store.get_run("nope")
+
+
+def test_non_finite_values_stored_as_nan(store):
+    run_id = store.create_run(CONFIG)
+    store.flush(run_id, [("losses/policy_loss", 1, 0.0, math.nan), ("x", 2, 0.0, math.inf)])
+    values = store.metrics(run_id)["value"]
+    assert values.isna().all() and len(values) == 2
+
+
+def test_metrics_wide_keeps_repeated_values(store):
+    run_id = store.create_run(CONFIG)
+    store.flush(
+        run_id,
+        [
+            ("charts/episodic_return", 10, 1.0, 5.0),
+            ("charts/episodic_return", 10, 1.0, 7.0),  # two envs ended on the same step
+            ("losses/value_loss", 10, 1.5, 0.25),
+            ("losses/value_loss", 20, 2.0, 0.125),
+        ],
+    )
+    wide = store.metrics_wide(run_id)
+    assert list(wide.columns) == [
+        "env_step",
+        "wall_time",
+        "charts/episodic_return",
+        "losses/value_loss",
+    ]
+    assert wide["env_step"].tolist() == [10, 10, 20]
+    assert wide["charts/episodic_return"].tolist()[:2] == [5.0, 7.0]
+    assert math.isnan(wide["charts/episodic_return"].iloc[2])
+    assert wide["losses/value_loss"].tolist()[0] == 0.25
+    assert math.isnan(wide["losses/value_loss"].iloc[1])
+    assert wide["wall_time"].tolist() == [1.5, 1.0, 2.0]
+    assert to_wide(store.metrics("missing")).columns.tolist() == ["env_step", "wall_time"]
+
+
+def test_checkpoints_and_trajectories(store):
+    run_id = store.create_run(CONFIG)
+    store.save_checkpoint(run_id, 100, b"model-100", [b"t0", b"t1"])
+    store.save_checkpoint(run_id, 200, b"model-200", [b"u0"])
+    store.save_checkpoint(run_id, 300, b"model-300")
+    assert store.checkpoint_steps(run_id) == [100, 200, 300]
+    assert store.load_checkpoint(run_id) == b"model-300"
+    assert store.load_checkpoint(run_id, 100) == b"model-100"
+    assert store.trajectory_blobs(run_id, 100) == [b"t0", b"t1"]
+    assert store.trajectory_blobs(run_id) == [b"u0"]  # latest checkpoint that has any
+    assert store.trajectory_steps(run_id) == [100, 200]
+    store.save_checkpoint(run_id, 100, b"again", [b"v"])  # replace at the same step
+    assert store.trajectory_blobs(run_id, 100) == [b"v"]
+    with pytest.raises(StoreError):
+        store.load_checkpoint(run_id, 999)
+
+
+def test_rename_and_delete_cascade(store):
+    keep = store.create_run(CONFIG, name="keep")
+    gone = store.create_run(CONFIG, name="gone")
+    for run_id in (keep, gone):
+        store.flush(run_id, [("a", 1, 0.0, 1.0)])
+        store.save_checkpoint(run_id, 1, b"m", [b"t"])
+    store.rename_run(gone, "  renamed ")
+    assert store.get_run(gone).name == "renamed"
+    with pytest.raises(ValueError):
+        store.rename_run(gone, " ")
+    with pytest.raises(StoreError, match="stop it"):
+        store.delete_run(gone)  # still queued
+    store.finish_run(gone, "stopped")
+    store.delete_run(gone)
+    with pytest.raises(StoreError):
+        store.get_run(gone)
+    raw = sqlite3.connect(store.path)
+    for table in ("metrics", "checkpoints", "trajectories"):
+        ids = {r[0] for r in raw.execute(f"SELECT run_id FROM {table}")}
+        assert ids == {keep}, table
+    raw.close()
+    assert [r.id for r in store.list_runs()] == [keep]
+
+
+def test_list_runs_filters_and_frame(store):
+    sweep_id = store.create_sweep({"lambda_": [0.9, 1.0]}, CONFIG, name="s")
+    a = store.create_run(CONFIG, sweep_id=sweep_id)
+    b = store.create_run(CONFIG)
+    store.finish_run(b, "failed", "boom")
+    assert [r.id for r in store.list_runs()] == [b, a]  # newest first
+    assert [r.id for r in store.list_runs(status="failed")] == [b]
+    assert [r.id for r in store.list_runs(sweep_id=sweep_id)] == [a]
+    frame = store.runs_frame()
+    assert set(frame["run_id"]) == {a, b}
+    assert "config.lambda_" in frame.columns and "final_return" in frame.columns
+    assert store.sweep_status_counts(sweep_id)["queued"] == 1
+    sweep = store.get_sweep(sweep_id)
+    assert sweep.grid == {"lambda_": [0.9, 1.0]} and sweep.status == "running"
+    store.finish_sweep(sweep_id, "finished")
+    assert store.list_sweeps()[0].status == "finished"
+
+
+def test_request_stop(store):
+    queued = store.create_run(CONFIG)
+    running = store.create_run(CONFIG)
+    store.claim_run(running)
+    assert store.request_stop(queued) == "stopped"
+    assert not store.claim_run(queued)  # a cancelled trial is never started
+    assert store.request_stop(running) == "running"
+    assert store.flush(running, []) is True
+
+
+def test_return_tracker_matches_closed_form():
+    rng = np.random.default_rng(0)
+    returns = rng.normal(100, 30, size=250)
+    steps = np.arange(250) * 10
+    summary = summarize_returns(steps, returns, reward_threshold=None)
+    means = pd.Series(returns).rolling(100, min_periods=1).mean()
+    assert summary.episodes == 250
+    assert summary.final_return == pytest.approx(returns[-100:].mean())
+    assert summary.best_return == pytest.approx(means.max())
+    assert summary.solved is None and summary.solved_at_step is None
+    # Solved: first step where a full 100-episode window averages at least the threshold.
+    ramp = np.concatenate([np.zeros(50), np.full(200, 500.0)])
+    solved = summarize_returns(np.arange(250), ramp, reward_threshold=475.0)
+    window_means = pd.Series(ramp).rolling(100).mean()
+    first = int(np.argmax(window_means.to_numpy() >= 475.0))
+    assert solved.solved is True and solved.solved_at_step == first
+    # Fewer than 100 episodes never count as solved, however good.
+    assert summarize_returns([1, 2], [500.0, 500.0], 475.0).solved is False
+
+
+def test_threads_share_one_store(store):
+    run_ids = [store.create_run({**CONFIG, "seed": i}) for i in range(4)]
+
+    def write(run_id, seed):
+        for step in range(50):
+            store.flush(run_id, [("v", step, 0.0, float(seed))], env_steps=step)
+
+    threads = [threading.Thread(target=write, args=(r, i)) for i, r in enumerate(run_ids)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, run_id in enumerate(run_ids):
+        frame = store.metrics(run_id)
+        assert len(frame) == 50 and (frame["value"] == i).all()
+        assert store.get_run(run_id).env_steps == 49
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from gae_core.store import RunStore
+    store = RunStore(sys.argv[1])
+    run_id = store.create_run({"seed": int(sys.argv[2])})
+    store.claim_run(run_id)
+    for step in range(200):
+        store.flush(run_id, [("v", step, 0.0, float(sys.argv[2]))], env_steps=step)
+    print(run_id, flush=True)
+    if sys.argv[3] == "finish":
+        store.finish_run(run_id, "finished")
+    elif sys.argv[3] == "hold":
+        time.sleep(60)
+    # "die": exit without closing the run, as a crash would
+    """
+)
+
+
+def _writer(tmp_path, seed, mode):
+    return subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(tmp_path), str(seed), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_processes_write_concurrently(tmp_path):
+    procs = [_writer(tmp_path, seed, "finish") for seed in range(3)]
+    outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    with RunStore(tmp_path) as s:
+        for seed, run_id in enumerate(outputs):
+            run = s.get_run(run_id)
+            assert run.status == "finished" and run.env_steps == 199
+            frame = s.metrics(run_id)
+            assert len(frame) == 200 and (frame["value"] == seed).all()
+        assert s.integrity_check() == "ok"
+
+
+def test_dead_owner_interrupted_live_owner_kept(tmp_path):
+    dead = _writer(tmp_path, 1, "die")
+    dead_id = dead.communicate(timeout=60)[0].strip()
+    live = _writer(tmp_path, 2, "hold")
+    try:
+        live_id = live.stdout.readline().strip()
+        with RunStore(tmp_path) as s:
+            assert s.get_run(dead_id).status == "interrupted"
+            assert "killed or crashed" in s.get_run(dead_id).error
+            assert s.get_run(live_id).status == "running"  # its owner is alive
+            assert len(s.metrics(dead_id)) == 200
+            mine = s.create_run(CONFIG)
+            s.claim_run(mine)
+            assert s.recover() == []  # this process owns `mine`: alive
+            assert s.get_run(mine).status == "running"
+        live.kill()
+        live.wait(timeout=10)
+        with RunStore(tmp_path) as s:
+            assert s.get_run(live_id).status == "interrupted"
+            assert s.get_run(mine).status == "running"  # still ours
+            assert s.integrity_check() == "ok"
+    finally:
+        live.kill()
+        live.wait(timeout=10)
+
+
+def test_zombie_and_recycled_pid_count_as_dead(tmp_path, monkeypatch):
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    time.sleep(1.0)  # exited but not yet reaped: a zombie
+    owner = store_mod.Owner.current()
+    assert not store_mod.owner_alive(owner.host, proc.pid, owner.token, time.time())
+    proc.wait()
+    # Our own pid with another start token: a different process that reused the pid.
+    boot = owner.token.partition(":")[0]
+    assert store_mod.owner_alive(owner.host, owner.pid, owner.token, None)
+    assert not store_mod.owner_alive(owner.host, owner.pid, f"{boot}:1", time.time())
+    # Another host: only the heartbeat tells.
+    assert store_mod.owner_alive("elsewhere", 1, "x:1", time.time())
+    assert not store_mod.owner_alive("elsewhere", 1, "x:1", time.time() - 3600)
