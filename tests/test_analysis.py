@@ -1,0 +1,153 @@
+"""The insight pages' pure data builders against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gae_core
+from gae_core import analysis
+
+
+def small_trajectory():
+    # γ = 0.5, rewards 1, V = 0, a truncation at t=1 with V(final obs) = 4, then two more steps
+    # and the rollout end with V(next) = 2 (the fixture of test_estimators, hand-derived there).
+    return (
+        np.array([1.0, 1.0, 1.0, 1.0]),
+        np.zeros(4),
+        np.array([0.0, 4.0, 0.0, 2.0]),
+        np.array([False, False, True, False]),
+        np.array([False, True, False, False]),
+    )
+
+
+def test_advantage_table_columns_and_hand_values():
+    table = analysis.advantage_table(*small_trajectory(), gamma=0.5, lambdas=[0.5, 1.0], ks=[1, 2])
+    assert list(table.columns) == [
+        "t", "reward", "value", "next_value", "terminated", "truncated", "end_of_rollout",
+        "steps_left", "delta", "k_step[k=1]", "k_step[k=2]", "gae[lambda=0.5]", "gae[lambda=1]",
+    ]  # fmt: skip
+    # segments: {0, 1} (truncated at 1), {2} (terminated), {3} (end of rollout)
+    assert table["steps_left"].tolist() == [2, 1, 1, 1]
+    assert table["end_of_rollout"].tolist() == [False, False, False, True]
+    assert table["delta"].tolist() == [1, 3, 1, 2]
+    assert table["k_step[k=2]"].tolist() == [2.5, 3, 1, 2]
+    assert table["gae[lambda=0.5]"].tolist() == [1.75, 3, 1, 2]  # 1 + 0.25·3
+    assert table["gae[lambda=1]"].tolist() == [2.5, 3, 1, 2]  # 1 + 0.5·3
+
+
+def test_advantage_table_rejects_batches():
+    with pytest.raises(ValueError, match="1-D trajectory"):
+        analysis.advantage_table(*(np.zeros((3, 2)),) * 5, gamma=0.9, lambdas=[0.9])
+
+
+def test_heatmap_matches_one_gae_per_lambda():
+    trajectory = small_trajectory()
+    heat = analysis.gae_heatmap(*trajectory, gamma=0.5, lambdas=[0.0, 0.5, 1.0])
+    assert len(heat) == 3 * 4
+    for lambda_ in (0.0, 0.5, 1.0):
+        row = heat[heat["lambda"] == lambda_].sort_values("t")["gae"].to_numpy()
+        np.testing.assert_allclose(row, gae_core.gae(*trajectory, gamma=0.5, lambda_=lambda_))
+    assert analysis.gae_heatmap(*trajectory, gamma=0.5)["lambda"].nunique() == 51
+
+
+def test_weights_table_hand_values():
+    table = analysis.weights_table(0.5, 3)
+    # (1−λ)λ^0 = 0.5, (1−λ)λ^1 = 0.25, tail λ^2 = 0.25
+    assert table["weight"].tolist() == [0.5, 0.25, 0.25]
+    assert table["geometric_weight"].tolist() == [0.5, 0.25, 0.125]
+    assert table["tail"].tolist() == [False, False, True]
+
+
+@given(lambda_=st.floats(0, 1), horizon=st.integers(1, 300))
+def test_weights_sum_to_one_for_every_lambda_and_horizon(lambda_, horizon):
+    assert analysis.weights_table(lambda_, horizon)["weight"].sum() == pytest.approx(1.0)
+
+
+def test_running_mean_and_t_quantiles():
+    np.testing.assert_allclose(analysis.running_mean([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
+    assert analysis.t_quantile_975(1) == 12.706
+    assert analysis.t_quantile_975(4) == 2.776
+    assert analysis.t_quantile_975(200) == 1.96
+
+
+def test_align_curve_takes_last_episode_at_or_before_each_grid_step():
+    grid = np.array([0.0, 5.0, 10.0, 15.0, 20.0])
+    # episodes finish at steps 5 (return 1), 12 (return 3), 20 (return 5)
+    aligned = analysis.align_curve([5, 12, 20], [1.0, 3.0, 5.0], grid)
+    np.testing.assert_array_equal(aligned, [np.nan, 1, 1, 3, 5])
+    smoothed = analysis.align_curve([5, 12, 20], [1.0, 3.0, 5.0], grid, window=2)
+    np.testing.assert_array_equal(smoothed, [np.nan, 1, 1, 2, 4])
+
+
+def episodes_frame():
+    # λ = 0.9: seeds 0 and 1 with constant returns 10 and 20; λ = 1.0: one seed, returns 5.
+    rows = []
+    for lambda_, seed, value in [(0.9, 0, 10.0), (0.9, 1, 20.0), (1.0, 0, 5.0)]:
+        for step in (10, 20, 30, 40):
+            rows.append({"lambda": lambda_, "seed": seed, "env_step": step, "return": value})
+    return pd.DataFrame(rows)
+
+
+def test_aggregate_curves_band_by_hand():
+    bands, aligned = analysis.aggregate_curves(episodes_frame(), points=5, window=1)
+    # grid from 0 to the shortest curve's end (40): 0, 10, 20, 30, 40
+    np.testing.assert_array_equal(bands["env_step"].unique(), [0, 10, 20, 30, 40])
+    lam09 = bands[bands["lambda"] == 0.9].set_index("env_step")
+    assert math.isnan(lam09.loc[0, "mean"])  # no episode finished at step 0
+    # two seeds 10 and 20: mean 15, s = 7.0711, half-width t_{0.975,1}·s/√2 = 12.706·5 = 63.53
+    assert lam09.loc[20, "mean"] == pytest.approx(15.0)
+    assert lam09.loc[20, "ci_high"] - 15.0 == pytest.approx(12.706 * 5.0)
+    assert lam09.loc[20, "seeds"] == 2
+    lam1 = bands[bands["lambda"] == 1.0].set_index("env_step")
+    assert lam1.loc[40, "mean"] == 5.0 and math.isnan(lam1.loc[40, "ci_low"])  # one seed: no band
+    assert set(aligned.columns) == {"lambda", "seed", "env_step", "return"}
+    assert len(aligned) == 3 * 5
+
+
+def test_aggregate_curves_grid_stops_at_the_shortest_run():
+    frame = episodes_frame()
+    frame = frame[~((frame["lambda"] == 1.0) & (frame["env_step"] > 20))]
+    bands, _ = analysis.aggregate_curves(frame, points=3, window=1)
+    assert bands["env_step"].max() == 20
+
+
+def test_aggregate_curves_bad_input():
+    with pytest.raises(ValueError, match="missing columns"):
+        analysis.aggregate_curves(pd.DataFrame({"seed": [0]}))
+    with pytest.raises(ValueError, match="empty"):
+        analysis.aggregate_curves(episodes_frame().iloc[0:0])
+
+
+def test_area_under_curve_by_hand():
+    # a ramp 0 → 10 over steps 0..100: area 500, normalised by span 100 → 5
+    assert analysis.area_under_curve([0, 50, 100], [0, 5, 10]) == pytest.approx(5.0)
+    assert analysis.area_under_curve([0, 50, 100], [np.nan, 4, 4]) == pytest.approx(4.0)
+
+
+def test_steps_to_solve_needs_a_full_window():
+    steps = np.arange(1, 11) * 100
+    returns = np.array([0, 0, 0, 10, 10, 10, 10, 10, 10, 10], float)
+    # window 3: means at episodes 3.. are 0, 3.33, 6.67, 10 → first ≥ 10 at episode 6 (step 600)
+    assert analysis.steps_to_solve(steps, returns, 10.0, window=3) == 600
+    assert math.isnan(analysis.steps_to_solve(steps, returns, 11.0, window=3))
+    assert math.isnan(analysis.steps_to_solve(steps[:2], returns[:2], 0.0, window=3))
+
+
+def test_summary_table_by_hand():
+    table = analysis.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
+    lam09 = table[table["lambda"] == 0.9].iloc[0]
+    assert lam09["final_return_mean"] == 15.0
+    assert lam09["final_return_std"] == pytest.approx(math.sqrt(50.0))
+    # seed 1 (returns 20) reaches 12 with a full window of 2 at its second episode (step 20);
+    # seed 0 (returns 10) never does
+    assert lam09["solved_fraction"] == 0.5
+    assert lam09["median_steps_to_solve"] == 20.0
+    # the seed-mean curve is NaN at step 0 then 15 from step 10 to 40: AUC = 15
+    assert lam09["auc_mean_return"] == pytest.approx(15.0)
+    assert table["best"].tolist() == [True, False]
