@@ -1,0 +1,107 @@
+"""Actor-critic networks: a categorical or diagonal-Gaussian policy and a state-value critic.
+
+Actor and critic are separate tanh MLPs (no shared trunk), as in the paper's experiments and
+SB3's A2C default, so a rollout step runs only the actor. Sampling happens in numpy with the
+trainer's own ``np.random.Generator``: it is cheaper than ``torch.distributions`` for a batch of
+16 rows and does not touch torch's process-global RNG, which other runs' threads share.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ActorCritic"]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(fan_in, fan_out))
+        if i < len(sizes) - 2:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+def _init(net: nn.Sequential, output_gain: float, generator: torch.Generator) -> None:
+    """Orthogonal init (gain √2 hidden, ``output_gain`` last), zero biases: the CleanRL/SB3
+    recipe; a small policy gain starts the policy near uniform."""
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(linears):
+        gain = output_gain if i == len(linears) - 1 else math.sqrt(2.0)
+        nn.init.orthogonal_(layer.weight, gain=gain, generator=generator)
+        nn.init.zeros_(layer.bias)
+
+
+class ActorCritic(nn.Module):
+    """π(a|s) and V(s) for a flat Box observation space and a Discrete or 1-D Box action space.
+
+    Continuous actions: a Gaussian with a state-independent log-std parameter. ``sample`` returns
+    the *unclipped* sample, whose log-prob the loss uses; the trainer clips a copy to the action
+    bounds for the env (the usual practice, e.g. SB3; the paper does not discuss bounds).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Box,
+        action_space: gym.Space,
+        hidden_sizes: tuple[int, ...],
+        seed: int,
+    ) -> None:
+        super().__init__()
+        obs_dim = int(observation_space.shape[0])
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        out_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.actor = _mlp([obs_dim, *hidden_sizes, out_dim])
+        self.critic = _mlp([obs_dim, *hidden_sizes, 1])
+        self.log_std = None if self.discrete else nn.Parameter(torch.zeros(out_dim))
+        generator = torch.Generator().manual_seed(seed)  # local: no global RNG state touched
+        _init(self.actor, 0.01, generator)
+        _init(self.critic, 1.0, generator)
+        self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
+
+    def _actor_forward(self, obs: torch.Tensor) -> torch.Tensor:
+        # F.linear on the layers directly: nn.Module.__call__ overhead dominates at batch 16.
+        h = obs
+        last = len(self._actor_layers) - 1
+        for i, layer in enumerate(self._actor_layers):
+            h = F.linear(h, layer.weight, layer.bias)
+            if i < last:
+                h = torch.tanh(h)
+        return h
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(s) for ``obs [..., obs_dim]`` → ``[...]``."""
+        return self.critic(obs).squeeze(-1)
+
+    def sample(self, obs: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
+        """Sample actions for a batch (call under ``torch.inference_mode``); numpy out:
+        int64 ``[B]`` (discrete) or float32 ``[B, action_dim]`` (continuous, unclipped)."""
+        out = self._actor_forward(obs).cpu().numpy()
+        if self.discrete:
+            # Gumbel-max: argmax(logits + Gumbel noise) is an exact categorical sample.
+            return (out + rng.gumbel(size=out.shape)).argmax(axis=1)
+        std = np.exp(self.log_std.detach().cpu().numpy())
+        return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
+
+    def log_probs_and_entropy(
+        self, obs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log π(a|s) and the policy entropy per row, differentiable. ``obs [B, obs_dim]``."""
+        out = self._actor_forward(obs)
+        if self.discrete:
+            log_p = F.log_softmax(out, dim=-1)
+            log_probs = log_p.gather(1, actions.long().unsqueeze(1)).squeeze(1)
+            entropy = -(log_p.exp() * log_p).sum(-1)
+            return log_probs, entropy
+        z = (actions - out) / self.log_std.exp()
+        log_probs = (-0.5 * z.square() - self.log_std - 0.5 * _LOG_2PI).sum(-1)
+        entropy = (0.5 + 0.5 * _LOG_2PI + self.log_std).sum().expand(out.shape[0])
+        return log_probs, entropy

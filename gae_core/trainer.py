@@ -1,0 +1,389 @@
+"""A2C with GAE(γ, λ) advantages (Mnih et al. 2016 with Schulman et al. 2016, arXiv:1506.02438).
+
+One update per rollout, as a plain object a test can step:
+
+    collect()   N envs × T steps with the current policy, one actor forward pass per vector step
+    estimate()  V on all T+1 observations in one batch, then ``estimators.gae`` → advantages,
+                λ-returns (the critic's target)
+    update()    one gradient step on policy loss + value_coef·value loss − entropy_coef·entropy
+
+Deviations from the paper, all standard in A2C implementations: the paper fits the policy with
+TRPO and the critic with a trust-region regression on full batches; here both take one
+(Adam/RMSprop) gradient step per rollout on a shared loss, advantages are optionally
+standardised per batch, and the gradient norm is clipped.
+
+Determinism: for a given config (seed and ``torch_threads`` included) ``step()`` yields the same
+metrics. Weights are initialised from a local ``torch.Generator`` and actions are sampled from
+a local ``np.random.Generator``, so concurrent runs in other threads do not perturb each other;
+``torch.set_num_threads`` however is process-wide: the last trainer built sets it for all.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass, fields
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from gae_core.config import TrainConfig
+from gae_core.envs import make_eval_env, make_vector_env
+from gae_core.estimators import gae
+from gae_core.policy import ActorCritic
+
+__all__ = [
+    "Episode",
+    "StepResult",
+    "Trainer",
+    "TrainingDiverged",
+    "Trajectory",
+    "evaluate_values",
+]
+
+# Recording cap for envs whose spec has no TimeLimit (the last step is then marked truncated).
+_RECORD_CAP = 1000
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss, gradient or value became NaN or infinite; the run cannot continue."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One finished training episode: the env step at which it ended, its return and length."""
+
+    env_step: int
+    return_: float
+    length: int
+
+
+@dataclass
+class StepResult:
+    """What one ``Trainer.step()`` produced."""
+
+    env_steps: int
+    metrics: dict[str, float]
+    episodes: list[Episode]
+
+
+@dataclass
+class Trajectory:
+    """One recorded evaluation episode of length T (numpy arrays, row t is s_t → s_{t+1}).
+
+    ``next_observations[t]`` is the true next observation (the final one on truncation), and
+    ``next_values[t]`` its value, also on termination: the estimators apply the mask.
+    ``actions`` are the sampled actions (unclipped for continuous spaces) whose ``log_probs``
+    are stored.
+    """
+
+    observations: np.ndarray  # [T, obs_dim] float32
+    next_observations: np.ndarray  # [T, obs_dim] float32
+    actions: np.ndarray  # [T] int64 or [T, action_dim] float32
+    rewards: np.ndarray  # [T] float32
+    values: np.ndarray  # [T] float32
+    next_values: np.ndarray  # [T] float32
+    terminated: np.ndarray  # [T] bool
+    truncated: np.ndarray  # [T] bool
+    log_probs: np.ndarray  # [T] float32
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def to_bytes(self) -> bytes:
+        """npz bytes; ``Trajectory.from_bytes`` inverts it."""
+        out = io.BytesIO()
+        np.savez(out, **{f.name: getattr(self, f.name) for f in fields(self)})
+        return out.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Trajectory:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return cls(**{f.name: npz[f.name] for f in fields(cls)})
+
+
+class _Rollout:
+    """Preallocated time-major buffers for one rollout (reused every update)."""
+
+    def __init__(self, steps: int, num_envs: int, env: gym.vector.VectorEnv) -> None:
+        obs_dim = env.single_observation_space.shape[0]
+        action_space = env.single_action_space
+        # Row T holds the observation after the last step: the bootstrap for V(s_T).
+        self.observations = np.zeros((steps + 1, num_envs, obs_dim), np.float32)
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.actions = np.zeros((steps, num_envs), np.int64)
+        else:
+            self.actions = np.zeros((steps, num_envs, action_space.shape[0]), np.float32)
+        self.rewards = np.zeros((steps, num_envs), np.float32)
+        self.terminated = np.zeros((steps, num_envs), bool)
+        self.truncated = np.zeros((steps, num_envs), bool)
+        # False on NEXT_STEP reset rows (the step after an episode end; see gae_core.envs).
+        self.valid = np.ones((steps, num_envs), bool)
+
+
+class Trainer:
+    """A2C+GAE on a gymnasium vector env; see the module docstring and docs/ENGINE.md."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        torch.set_num_threads(config.torch_threads)  # process-wide, see module docstring
+        self.device = torch.device(config.device)
+        self.env = make_vector_env(config.env_id, config.num_envs)
+        self.model = ActorCritic(
+            self.env.single_observation_space,
+            self.env.single_action_space,
+            config.hidden_sizes,
+            config.seed,
+        ).to(self.device)
+        optimizer_class = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
+        extra = {"alpha": 0.99} if config.optimizer == "rmsprop" else {}
+        self.optimizer = optimizer_class[config.optimizer](
+            self.model.parameters(), lr=config.learning_rate, eps=1e-5, **extra
+        )
+        self._rng = np.random.default_rng(config.seed)
+        self._rollout = _Rollout(config.rollout_steps, config.num_envs, self.env)
+        action_space = self.env.single_action_space
+        self._action_bounds = (
+            None
+            if isinstance(action_space, gym.spaces.Discrete)
+            else (action_space.low, action_space.high)
+        )
+        self._obs, _ = self.env.reset(seed=config.seed)
+        self._reset_next = np.zeros(config.num_envs, bool)  # next row is a reset row
+        self._episode_returns = np.zeros(config.num_envs, np.float64)
+        self._episode_lengths = np.zeros(config.num_envs, np.int64)
+        self._next_checkpoint = config.checkpoint_every
+        self._started = time.perf_counter()
+        self.env_steps = 0
+        self.updates = 0
+
+    @property
+    def done(self) -> bool:
+        return self.env_steps >= self.config.total_steps
+
+    def step(self) -> StepResult:
+        """One update: collect → estimate → update. Raises ``TrainingDiverged`` on NaN/inf."""
+        started, steps_before = time.perf_counter(), self.env_steps
+        episodes = self.collect()
+        advantages, returns = self.estimate()
+        metrics = self.update(advantages, returns)
+        self.updates += 1
+        now = time.perf_counter()
+        metrics["perf/steps_per_second"] = (self.env_steps - steps_before) / (now - started)
+        metrics["perf/wall_time"] = now - self._started
+        return StepResult(self.env_steps, metrics, episodes)
+
+    def collect(self) -> list[Episode]:
+        """Fill the rollout buffers with ``rollout_steps`` vector steps; return finished episodes.
+
+        NEXT_STEP autoreset: the step after an episode end only resets that env (action ignored,
+        reward 0), so that row is marked invalid. The observation returned at the end of an
+        episode is the true final one, hence ``next_values[t] = values[t+1]`` in ``estimate``.
+        """
+        rollout, model, env, rng = self._rollout, self.model, self.env, self._rng
+        obs, on_cpu = self._obs, self.device.type == "cpu"
+        episodes: list[Episode] = []
+        with torch.inference_mode():
+            for t in range(self.config.rollout_steps):
+                rollout.observations[t] = obs
+                valid = ~self._reset_next
+                rollout.valid[t] = valid
+                obs_tensor = (
+                    torch.from_numpy(obs) if on_cpu else torch.as_tensor(obs, device=self.device)
+                )
+                actions = model.sample(obs_tensor, rng)
+                rollout.actions[t] = actions
+                obs, rewards, terminated, truncated, _ = env.step(self._env_actions(actions))
+                rollout.rewards[t] = rewards
+                rollout.terminated[t] = terminated
+                rollout.truncated[t] = truncated
+                self._episode_returns += rewards
+                self._episode_lengths += valid
+                self._reset_next = terminated | truncated
+                if self._reset_next.any():
+                    episodes.extend(self._finish_episodes(t))
+        rollout.observations[-1] = obs
+        self._obs = obs
+        self.env_steps += int(rollout.valid.sum())
+        return episodes
+
+    def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE advantages and λ-returns ``[T, N]`` for the rollout just collected."""
+        rollout, config = self._rollout, self.config
+        with torch.no_grad():
+            observations = torch.as_tensor(rollout.observations, device=self.device)
+            all_values = self.model.values(observations).cpu().numpy()  # [T+1, N]
+        if not np.isfinite(all_values).all():
+            raise TrainingDiverged(f"critic values became non-finite at update {self.updates}")
+        values, next_values = all_values[:-1], all_values[1:]
+        advantages = gae(
+            rollout.rewards,
+            values,
+            next_values,
+            rollout.terminated,
+            rollout.truncated,
+            gamma=config.gamma,
+            lambda_=config.lambda_,
+        )
+        return torch.from_numpy(advantages), torch.from_numpy(advantages + values)
+
+    def update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+        """One gradient step on the valid rows; returns the loss metrics."""
+        rollout, config, device = self._rollout, self.config, self.device
+        valid = torch.from_numpy(rollout.valid.reshape(-1))
+        observations = torch.from_numpy(rollout.observations[:-1].reshape(valid.shape[0], -1))
+        actions = torch.from_numpy(
+            rollout.actions.reshape(valid.shape[0], *rollout.actions.shape[2:])
+        )
+        observations, actions = observations[valid].to(device), actions[valid].to(device)
+        advantages, returns = advantages.reshape(-1)[valid], returns.reshape(-1)[valid]
+        raw_advantages = advantages
+        if config.normalize_advantages and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+        advantages, returns = advantages.to(device), returns.to(device)
+
+        log_probs, entropy = self.model.log_probs_and_entropy(observations, actions)
+        values = self.model.values(observations)
+        policy_loss = -(advantages * log_probs).mean()
+        value_loss = (returns - values).square().mean()  # MSE as in SB3 (CleanRL halves it)
+        entropy_mean = entropy.mean()
+        loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(f"loss became {loss.item()} at update {self.updates}")
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if not torch.isfinite(grad_norm):
+            raise TrainingDiverged(
+                f"gradient norm became {grad_norm.item()} at update {self.updates}"
+            )
+        self.optimizer.step()
+        return {
+            "losses/policy_loss": policy_loss.item(),
+            "losses/value_loss": value_loss.item(),
+            "losses/entropy": entropy_mean.item(),
+            "losses/explained_variance": _explained_variance(values.detach().cpu(), returns.cpu()),
+            "advantages/mean": raw_advantages.mean().item(),
+            "advantages/std": raw_advantages.std(correction=0).item(),
+            "losses/grad_norm": grad_norm.item(),
+        }
+
+    def checkpoint_due(self) -> bool:
+        """True once ``checkpoint_every`` env steps have passed since the last checkpoint."""
+        every = self.config.checkpoint_every
+        return every > 0 and self.env_steps >= self._next_checkpoint
+
+    def checkpoint_bytes(self) -> bytes:
+        """``torch.save`` of the model's state_dict (CPU tensors); resets ``checkpoint_due``."""
+        every = self.config.checkpoint_every
+        if every > 0:
+            self._next_checkpoint = (self.env_steps // every + 1) * every
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        out = io.BytesIO()
+        torch.save(state, out)
+        return out.getvalue()
+
+    def record(self, episodes: int, seed: int) -> list[Trajectory]:
+        """``episodes`` evaluation episodes with the current policy (sampled actions) on a fresh
+        single env; the training envs and RNG are untouched, so training stays deterministic."""
+        env = make_eval_env(self.config.env_id)
+        rng = np.random.default_rng(seed)
+        try:
+            return [
+                _record_episode(env, self.model, rng, seed + k, self.device)
+                for k in range(episodes)
+            ]
+        finally:
+            env.close()
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
+        # Clip only what the env sees; the buffer keeps the sample whose log-prob we train on.
+        if self._action_bounds is None:
+            return actions
+        return np.clip(actions, *self._action_bounds)
+
+    def _finish_episodes(self, t: int) -> list[Episode]:
+        at_step = self.env_steps + int(self._rollout.valid[: t + 1].sum())
+        finished = []
+        for i in np.flatnonzero(self._reset_next):
+            finished.append(
+                Episode(at_step, float(self._episode_returns[i]), int(self._episode_lengths[i]))
+            )
+            self._episode_returns[i] = 0.0
+            self._episode_lengths[i] = 0
+        return finished
+
+
+def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined)."""
+    variance = returns.var(correction=0).item()
+    if variance == 0.0:
+        return 0.0
+    return 1.0 - (returns - values).var(correction=0).item() / variance
+
+
+def _record_episode(
+    env: gym.Env, model: ActorCritic, rng: np.random.Generator, seed: int, device: torch.device
+) -> Trajectory:
+    obs, _ = env.reset(seed=seed)
+    cap = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else _RECORD_CAP
+    bounds = None
+    if isinstance(env.action_space, gym.spaces.Box):
+        bounds = (env.action_space.low, env.action_space.high)
+    observations, actions, rewards, terminated, truncated = [obs], [], [], [], []
+    with torch.inference_mode():
+        while True:
+            action = model.sample(torch.as_tensor(obs[None], device=device), rng)[0]
+            env_action = action if bounds is None else np.clip(action, *bounds)
+            obs, reward, term, trunc, _ = env.step(env_action)
+            observations.append(obs)
+            actions.append(action)
+            rewards.append(reward)
+            terminated.append(term)
+            truncated.append(bool(trunc or (len(rewards) >= cap and not term)))
+            if terminated[-1] or truncated[-1]:
+                break
+        all_obs = torch.as_tensor(np.asarray(observations, np.float32), device=device)
+        all_values = model.values(all_obs).cpu().numpy()  # one batch: next_values = values[1:]
+        action_array = np.asarray(actions)
+        log_probs, _ = model.log_probs_and_entropy(
+            all_obs[:-1], torch.as_tensor(action_array, device=device)
+        )
+    all_obs = all_obs.cpu().numpy()
+    return Trajectory(
+        observations=all_obs[:-1],
+        next_observations=all_obs[1:],
+        actions=action_array,
+        rewards=np.asarray(rewards, np.float32),
+        values=all_values[:-1],
+        next_values=all_values[1:],
+        terminated=np.asarray(terminated, bool),
+        truncated=np.asarray(truncated, bool),
+        log_probs=log_probs.cpu().numpy().astype(np.float32),
+    )
+
+
+def evaluate_values(
+    config: TrainConfig, checkpoint_bytes: bytes, observations: np.ndarray
+) -> np.ndarray:
+    """V(s) for ``observations [T, obs_dim]`` under the critic saved in ``checkpoint_bytes``
+    (loaded with ``weights_only=True``); returns float32 ``[T]``."""
+    env = make_eval_env(config.env_id)
+    try:
+        model = ActorCritic(env.observation_space, env.action_space, config.hidden_sizes, 0)
+    finally:
+        env.close()
+    state = torch.load(io.BytesIO(checkpoint_bytes), weights_only=True, map_location="cpu")
+    model.load_state_dict(state)
+    observations = np.asarray(observations, np.float32)
+    obs_dim = env.observation_space.shape[0]
+    if observations.ndim != 2 or observations.shape[1] != obs_dim:
+        raise ValueError(f"observations must have shape [T, {obs_dim}], got {observations.shape}")
+    with torch.inference_mode():
+        return model.values(torch.from_numpy(observations)).numpy()
