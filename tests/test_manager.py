@@ -1,0 +1,197 @@
+"""Run manager with the real trainer: lifecycle, prompt stop, concurrency, failures."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gae_core.config import ConfigError, TrainConfig
+from gae_core.manager import RunManager, execute_run
+from gae_core.store import RunStore
+from gae_core.trainer import Trainer, TrainingDiverged, Trajectory
+
+SMALL = {"num_envs": 4, "rollout_steps": 16, "total_steps": 2000, "hidden_sizes": (16,)}
+LONG = {**SMALL, "total_steps": 10**8}
+
+
+def _run_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gae-run-")]
+
+
+@pytest.fixture
+def manager(tmp_path):
+    store = RunStore(tmp_path)
+    manager = RunManager(store)
+    yield manager
+    assert manager.shutdown(timeout=10)
+    store.close()
+
+
+def _wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_run_to_finish_with_checkpoints(manager):
+    config = TrainConfig(**SMALL, checkpoint_every=1000, record_episodes=2, seed=1)
+    run_id = manager.start(config, name="tiny")
+    assert manager.wait(run_id, timeout=60)
+    run = manager.store.get_run(run_id)
+    assert run.status == "finished", run.error
+    assert run.name == "tiny" and run.config == config.to_dict()
+    assert run.env_steps >= 2000 and run.started_at is not None and run.ended_at is not None
+    keys = set(manager.store.metric_keys(run_id))
+    assert {"losses/policy_loss", "losses/value_loss", "charts/episodic_return"} <= keys
+    returns = manager.store.metrics(run_id, ["charts/episodic_return"])
+    assert run.summary.episodes == len(returns) > 0
+    assert run.summary.final_return == pytest.approx(returns["value"].tail(100).mean())
+    assert run.summary.reward_threshold == 475.0 and run.summary.solved is False
+    steps = manager.store.checkpoint_steps(run_id)
+    assert steps[-1] == run.env_steps  # the final checkpoint
+    assert len(steps) >= 2 and steps[0] >= 1000
+    trajectories = manager.store.trajectories(run_id, steps[0])
+    assert len(trajectories) == 2 and all(isinstance(t, Trajectory) for t in trajectories)
+    assert len(trajectories[0].rewards) > 0
+    assert manager.outcome(run_id).status == "finished"
+    assert manager.active() == []
+
+
+def test_stop_within_one_second_and_no_thread_left(manager):
+    run_id = manager.start(TrainConfig(**LONG))
+    # Metrics reach the store while it runs: flushed at least every second.
+    assert _wait_for(lambda: manager.store.get_run(run_id).env_steps > 0, timeout=10)
+    assert len(manager.store.metrics(run_id)) > 0
+    assert manager.active() == [run_id] and _run_threads() == [f"gae-run-{run_id}"]
+    started = time.monotonic()
+    manager.stop(run_id)
+    assert manager.wait(run_id, timeout=5)
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0, f"stop took {elapsed:.2f}s"
+    assert _run_threads() == []
+    run = manager.store.get_run(run_id)
+    assert run.status == "stopped" and run.error is None
+    assert manager.store.checkpoint_steps(run_id)[-1] == run.env_steps
+    assert manager.store.metrics(run_id)["env_step"].max() <= run.env_steps
+
+
+def test_flush_interval_bounds_data_loss(manager):
+    run_id = manager.start(TrainConfig(**LONG))
+    assert _wait_for(lambda: manager.store.get_run(run_id).env_steps > 0, timeout=10)
+    first = manager.store.get_run(run_id).env_steps
+    time.sleep(1.3)
+    assert manager.store.get_run(run_id).env_steps > first  # another flush within ~1 s
+    manager.stop(run_id)
+    assert manager.wait(run_id, timeout=5)
+
+
+def test_stop_through_the_store(manager):
+    # The dashboard stops runs that another process owns by setting a flag in the store.
+    run_id = manager.start(TrainConfig(**LONG))
+    assert _wait_for(lambda: manager.store.get_run(run_id).status == "running")
+    manager.store.request_stop(run_id)
+    assert manager.wait(run_id, timeout=5)
+    assert manager.store.get_run(run_id).status == "stopped"
+
+
+def test_four_concurrent_runs_keep_their_data_apart(manager):
+    configs = [
+        TrainConfig(**SMALL, seed=seed, lambda_=lam)
+        for seed, lam in [(0, 0.9), (1, 0.95), (2, 1.0), (3, 0.0)]
+    ]
+    run_ids = [manager.start(c) for c in configs]
+    assert len(set(run_ids)) == 4
+    assert len(_run_threads()) >= 1
+    for run_id in run_ids:
+        assert manager.wait(run_id, timeout=60)
+    # Training is deterministic per seed: each run's stored losses must equal a fresh
+    # sequential run of its own config, so no row landed in the wrong run.
+    for run_id, config in zip(run_ids, configs, strict=True):
+        run = manager.store.get_run(run_id)
+        assert run.status == "finished", run.error
+        assert run.config["seed"] == config.seed and run.config["lambda_"] == config.lambda_
+        stored = manager.store.metrics(run_id, ["losses/value_loss"])
+        trainer = Trainer(config)
+        expected = []
+        while not trainer.done:
+            expected.append(trainer.step().metrics["losses/value_loss"])
+        trainer.close()
+        np.testing.assert_allclose(stored["value"].to_numpy(), expected, rtol=1e-6)
+        assert run.env_steps == trainer.env_steps
+
+
+def test_diverged_loss_marks_failed_with_reason(manager, monkeypatch):
+    real_update = Trainer.update
+
+    def update(self, advantages, returns):
+        if self.updates >= 2:
+            raise TrainingDiverged(f"loss became nan at update {self.updates}")
+        return real_update(self, advantages, returns)
+
+    monkeypatch.setattr(Trainer, "update", update)
+    run_id = manager.start(TrainConfig(**LONG))
+    assert manager.wait(run_id, timeout=30)
+    run = manager.store.get_run(run_id)
+    assert run.status == "failed"
+    assert run.error == "TrainingDiverged: loss became nan at update 2"
+    assert len(manager.store.metrics(run_id, ["losses/value_loss"])) == 2  # kept
+
+
+def test_nan_metric_without_exception_still_fails(manager, monkeypatch):
+    real_update = Trainer.update
+
+    def update(self, advantages, returns):
+        metrics = real_update(self, advantages, returns)
+        metrics["losses/value_loss"] = math.nan
+        return metrics
+
+    monkeypatch.setattr(Trainer, "update", update)
+    run_id = manager.start(TrainConfig(**LONG))
+    assert manager.wait(run_id, timeout=30)
+    run = manager.store.get_run(run_id)
+    assert run.status == "failed" and "losses/value_loss is nan" in run.error
+
+
+def test_any_other_exception_fails_with_traceback(manager, monkeypatch):
+    def collect(self):
+        raise KeyError("boom in collect")
+
+    monkeypatch.setattr(Trainer, "collect", collect)
+    run_id = manager.start(TrainConfig(**LONG))
+    assert manager.wait(run_id, timeout=30)
+    run = manager.store.get_run(run_id)
+    assert run.status == "failed"
+    assert run.error.startswith("Traceback") and "boom in collect" in run.error
+
+
+def test_bad_config_and_shutdown(tmp_path):
+    store = RunStore(tmp_path)
+    manager = RunManager(store)
+    with pytest.raises(ConfigError, match="lambda_"):
+        manager.start({**SMALL, "lambda_": 1.5})
+    assert store.list_runs() == []  # nothing half-created
+    run_ids = [manager.start(TrainConfig(**LONG, seed=s)) for s in range(2)]
+    assert _wait_for(lambda: all(store.get_run(r).status == "running" for r in run_ids))
+    assert manager.shutdown(timeout=5)
+    assert _run_threads() == []
+    assert {store.get_run(r).status for r in run_ids} == {"stopped"}
+    with pytest.raises(RuntimeError, match="shut down"):
+        manager.start(TrainConfig(**SMALL))
+    store.close()
+
+
+def test_execute_run_skips_cancelled_trial(tmp_path):
+    store = RunStore(tmp_path)
+    config = TrainConfig(**SMALL)
+    run_id = store.create_run(config.to_dict())
+    store.request_stop(run_id)
+    outcome = execute_run(store, run_id, config)
+    assert outcome.status == "stopped" and store.metrics(run_id).empty
+    store.close()
