@@ -1,0 +1,114 @@
+"""Figure builders: the frame returned is what the figure plots, downsampled and labelled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gae_core import analysis, figures
+
+
+def long_metrics(n: int, key: str = "charts/episodic_return") -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "env_step": np.arange(n) * 10,
+            "wall_time": np.arange(n) * 0.5,
+            "key": key,
+            "value": np.arange(n, dtype=float),
+        }
+    )
+
+
+def test_downsample_keeps_ends_and_caps_points():
+    idx = figures.downsample_indices(100_000)
+    assert len(idx) <= figures.MAX_POINTS and idx[0] == 0 and idx[-1] == 99_999
+    assert np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(figures.downsample_indices(5), np.arange(5))
+
+
+def test_smoothing_is_tensorboards_debiased_ema():
+    # weight 0.5 on [1, 3]: last = 0.5, debias 0.5 → 1; then last = 0.25 + 1.5 = 1.75,
+    # debias 1 − 0.25 = 0.75 → 2.3333
+    np.testing.assert_allclose(figures.smooth(np.array([1.0, 3.0]), 0.5), [1.0, 7 / 3])
+    np.testing.assert_allclose(figures.smooth(np.array([1.0, 3.0]), 0.0), [1.0, 3.0])
+    with pytest.raises(ValueError, match="smoothing weight must be in"):
+        figures.smooth(np.array([1.0]), 1.0)
+
+
+def test_metric_figure_frame_is_the_plotted_data():
+    metrics = pd.concat([long_metrics(5000), long_metrics(3, "losses/value_loss")])
+    figure, frame = figures.metric_figure(metrics, "charts/episodic_return", smoothing=0.6)
+    assert list(frame.columns) == [
+        "env_step",
+        "wall_time_s",
+        "episodic_return",
+        "episodic_return_smoothed",
+    ]
+    assert len(frame) <= figures.MAX_POINTS
+    np.testing.assert_array_equal(figure.data[0].y, frame["episodic_return"])
+    np.testing.assert_array_equal(figure.data[1].y, frame["episodic_return_smoothed"])
+    _, by_time = figures.metric_figure(metrics, "losses/value_loss", x="wall_time")
+    assert by_time["value_loss"].tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="x must be one of"):
+        figures.metric_figure(metrics, "losses/value_loss", x="episodes")
+
+
+def test_overlay_has_one_trace_per_run():
+    figure, frame = figures.overlay_figure(
+        {"a": long_metrics(10), "b": long_metrics(20)}, "charts/episodic_return"
+    )
+    assert [trace.name for trace in figure.data] == ["a", "b"]
+    assert frame.groupby("run").size().to_dict() == {"a": 10, "b": 20}
+
+
+def test_explorer_figure_marks_each_boundary_kind():
+    table = analysis.advantage_table(
+        np.ones(6),
+        np.zeros(6),
+        np.zeros(6),
+        np.array([0, 1, 0, 0, 0, 0], bool),
+        np.array([0, 0, 0, 1, 0, 0], bool),
+        gamma=0.9,
+        lambdas=[0.5, 0.95],
+        ks=[1, 3],
+    )
+    figure, frame = figures.explorer_figure(table)
+    lines = [shape.line for shape in figure.layout.shapes]
+    # terminated at t=1, truncated at t=3, end of rollout after t=5: three styles
+    assert sorted((line.dash, line.color) for line in lines) == sorted(
+        [("solid", "#d62728"), ("dash", "#ff7f0e"), ("dot", "#7f7f7f")]
+    )
+    assert "gae[lambda=0.95]" in frame and "k_step[k=3]" in frame and "delta" in frame
+    names = [trace.name for trace in figure.data]
+    assert "GAE λ=0.95" in names and "Â^(3)" in names and "δ_t" in names
+
+
+def test_heatmap_and_weights_figures():
+    heat = analysis.gae_heatmap(
+        np.ones(4),
+        np.zeros(4),
+        np.zeros(4),
+        np.zeros(4, bool),
+        np.zeros(4, bool),
+        gamma=0.9,
+        lambdas=[0, 0.5, 1],
+    )
+    figure, frame = figures.heatmap_figure(heat)
+    assert np.asarray(figure.data[0].z).shape == (3, 4)
+    assert frame is heat
+    figure, frame = figures.weights_figure(analysis.weights_table(0.9, 5), 0.9)
+    assert list(figure.data[0].y) == pytest.approx(list(frame["weight"]))
+
+
+def test_comparison_draws_one_band_per_lambda():
+    rows = [
+        {"lambda": lam, "seed": seed, "env_step": step, "return": float(seed + step)}
+        for lam in (0.9, 0.95, 1.0)
+        for seed in (0, 1, 2)
+        for step in (10, 20, 30)
+    ]
+    bands, aligned = analysis.aggregate_curves(pd.DataFrame(rows), points=4, window=1)
+    figure, frame = figures.comparison_figure(bands, aligned, show_seeds=True)
+    assert sum(trace.fill == "tonexty" for trace in figure.data) == 3
+    assert {"seed_0", "seed_1", "seed_2", "mean", "ci_low", "ci_high"} <= set(frame.columns)
