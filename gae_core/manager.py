@@ -191,6 +191,11 @@ def execute_run(
         flusher.flush(env_steps)
         if last_checkpoint != env_steps and env_steps > 0:
             _save_checkpoint(store, run_id, trainer, config)
+    except KeyboardInterrupt:
+        # No handler turned Ctrl-C into a stop event: still close the run as stopped.
+        status = "stopped"
+        flusher.flush(env_steps)
+        raise
     except Exception as exc:
         if _is_divergence(exc):
             error = f"{type(exc).__name__}: {exc}"
