@@ -1,6 +1,10 @@
-"""Streamlit entry point: navigation and the home page. Thin: all logic lives in gae_core."""
+"""Streamlit entry point: navigation, the home page and the sidebar's runs in progress.
+Thin: all logic lives in gae_core; pages/ hold one file per page."""
 
 import streamlit as st
+
+from gae_core import dashboard
+from pages import _ui
 
 st.set_page_config(page_title="GAE Lab", page_icon="λ", layout="wide")
 
@@ -10,10 +14,26 @@ def home() -> None:
     st.markdown(
         "A workbench for advantage estimators in policy-gradient RL: the TD residual "
         "δ_t, the k-step estimators Â^(k) and GAE(γ, λ) "
-        "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)).\n\n"
-        "The estimator library `gae_core` is ready; training, the advantage explorer and "
-        "λ comparisons arrive as pages in the sidebar."
+        "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)). Train A2C + GAE agents, "
+        "watch them learn, and see what λ does."
     )
+    st.page_link(train, label="Train — start A2C+GAE runs and watch them learn live", icon="🏋️")
+    st.page_link(runs, label="Runs — every run in the store: open, overlay, export", icon="📋")
 
 
-st.navigation([st.Page(home, title="Home", icon="🏠", default=True)]).run()
+@st.fragment(run_every=2.0)
+def runs_in_progress() -> None:
+    active = _ui.store().list_runs(status=["queued", "running"])
+    st.caption(f"Runs in progress: {len(active)}")
+    for run in active[:10]:
+        fraction, eta = dashboard.progress(run)
+        st.progress(fraction, text=f"{run.name} · ETA {dashboard.format_duration(eta)}")
+
+
+home_page = st.Page(home, title="Home", icon="🏠", default=True)
+train = st.Page("pages/train.py", title="Train", icon="🏋️")
+runs = st.Page("pages/runs.py", title="Runs", icon="📋")
+page = st.navigation([home_page, train, runs])
+with st.sidebar:
+    runs_in_progress()
+page.run()

@@ -1,0 +1,146 @@
+"""Streamlit glue shared by the pages: the process-wide run manager, the config form, CSV
+buttons. No estimator math and no training logic here: that is gae_core's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from gae_core import dashboard
+from gae_core.manager import RunManager
+from gae_core.store import RunStore
+
+
+@st.cache_resource
+def manager() -> RunManager:
+    """One RunManager per server process, shared by every session (threads live here)."""
+    return RunManager(RunStore())
+
+
+def store() -> RunStore:
+    return manager().store
+
+
+def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, key: str) -> None:
+    """A download button whose CSV is generated on click (exactly the frame that is plotted)."""
+    st.download_button(
+        label,
+        data=lambda: frame().to_csv(index=False),
+        file_name=file_name,
+        mime="text/csv",
+        key=key,
+        on_click="ignore",
+        icon=":material/download:",
+    )
+
+
+def _widget(spec: dashboard.FieldSpec, key: str) -> Any:
+    if spec.kind == "choice":
+        options = list(spec.choices or ())
+        index = options.index(spec.default) if spec.default in options else 0
+        return st.selectbox(spec.label, options, index=index, help=spec.help, key=key)
+    if spec.kind == "bool":
+        return st.checkbox(spec.label, value=spec.default, help=spec.help, key=key)
+    if spec.kind == "int":
+        return st.number_input(
+            spec.label,
+            value=int(spec.default),
+            min_value=int(spec.min) if spec.min is not None else None,
+            max_value=int(spec.max) if spec.max is not None else None,
+            step=1,
+            help=f"{spec.help} (range {spec.min:,} to {spec.max:,})",
+            key=key,
+        )
+    if spec.kind == "float":
+        return st.number_input(
+            spec.label,
+            value=float(spec.default),
+            min_value=float(spec.min) if spec.min is not None else None,
+            max_value=float(spec.max) if spec.max is not None else None,
+            format="%.6g",
+            help=f"{spec.help} (range {spec.min:g} to {spec.max:g})",
+            key=key,
+        )
+    return st.text_input(
+        spec.label,
+        value=", ".join(str(v) for v in spec.default),
+        help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]",
+        key=key,
+    )
+
+
+def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Widgets for every TrainConfig field (main ones first, the rest under "Advanced")."""
+    values: dict[str, Any] = {}
+    specs = [s for s in dashboard.form_fields() if s.name not in exclude]
+    main = [s for s in specs if s.name in dashboard.MAIN_FIELDS]
+    advanced = [s for s in specs if s.name not in dashboard.MAIN_FIELDS]
+    for spec in main:
+        values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
+    with st.expander("Advanced"):
+        for spec in advanced:
+            values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
+    return values
+
+
+def show_problems(errors: list[str], warnings: list[str]) -> None:
+    for error in errors:
+        st.error(error, icon=":material/error:")
+    for warning in warnings:
+        st.warning(warning, icon=":material/warning:")
+
+
+STATUS_ICONS = {
+    "queued": ":material/schedule:",
+    "running": ":material/play_circle:",
+    "stopped": ":material/stop_circle:",
+    "finished": ":material/check_circle:",
+    "failed": ":material/error:",
+    "interrupted": ":material/report:",
+}
+
+
+def run_label(run: Any) -> str:
+    return f"{run.name} · {run.status} · {run.id}"
+
+
+def run_header(run: Any) -> None:
+    """Status line and progress bar with ETA."""
+    fraction, eta = dashboard.progress(run)
+    icon = STATUS_ICONS.get(run.status, "")
+    st.markdown(f"{icon} **{run.name}** — {dashboard.status_text(run)}")
+    text = (
+        f"{run.env_steps:,} / {int(run.config.get('total_steps', 0)):,} env steps"
+        f" · elapsed {dashboard.format_duration(run.wall_seconds)}"
+        f" · ETA {dashboard.format_duration(eta)}"
+    )
+    st.progress(fraction, text=text)
+    if run.status == "failed" and run.error:
+        with st.expander("Error details"):
+            st.code(run.error)
+
+
+def run_charts(run_id: str, *, x: str, smoothing: float, prefix: str) -> None:
+    """The live metric charts of one run, two per row, each with its CSV."""
+    from gae_core import figures
+
+    metrics = store().metrics(run_id)
+    if metrics.empty:
+        st.info("No metrics yet: the first ones arrive after the first update.")
+        return
+    keys = [k for k in dashboard.LIVE_METRICS if k in set(metrics["key"])]
+    columns = st.columns(2)
+    for i, key in enumerate(keys):
+        weight = smoothing if key == "charts/episodic_return" else 0.0
+        figure, frame = figures.metric_figure(metrics, key, x=x, smoothing=weight)
+        with columns[i % 2]:
+            st.plotly_chart(figure, key=f"{prefix}.chart.{key}", config={"displaylogo": False})
+            csv_button(
+                "CSV",
+                lambda frame=frame: frame,
+                f"{run_id}_{figures.column_name(key)}.csv",
+                key=f"{prefix}.csv.{key}",
+            )
