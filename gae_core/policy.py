@@ -8,6 +8,7 @@ trainer's own ``np.random.Generator``: it is cheaper than ``torch.distributions`
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import gymnasium as gym
@@ -23,7 +24,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(sizes) - 2:
             layers.append(nn.Tanh())
