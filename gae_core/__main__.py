@@ -1,0 +1,7 @@
+"""``python -m gae_core``: the command line (see :mod:`gae_core.cli`)."""
+
+from gae_core.cli import main
+
+# Guarded: sweep workers start with "spawn", which imports this module as __mp_main__.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""The CLI through real subprocesses: train --json contract, bad config, runs, export, sweep,
+Ctrl-C, and a kill -9 mid-run followed by crash recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gae_core.cli import build_parser
+from gae_core.store import RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--num-envs", "4", "--rollout-steps", "16", "--hidden-sizes", "16"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("GAE_CORE_DATA", None)
+    env.update(extra)
+    return env
+
+
+def cli(tmp_path, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path / "data"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env=_env(**env),
+    )
+
+
+def _popen(tmp_path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path / "data"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+    )
+
+
+def _last_json(stdout: str):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _wait_for_metrics(data: Path, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (data / "runs.sqlite3").exists():
+            with RunStore(data, recover=False) as store:
+                runs = store.list_runs()
+                if runs and len(store.metrics(runs[0].id)) > 0:
+                    return runs[0].id
+        time.sleep(0.1)
+    raise AssertionError("no metrics appeared")
+
+
+def test_every_config_field_is_a_flag():
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            *("train", "--env", "Pendulum-v1", "--lambda", "0.9", "--total-steps", "1e4"),
+            *("--hidden-sizes", "8", "8", "--no-normalize-advantages", "--learning-rate", "1e-3"),
+        ]
+    )
+    assert args.env_id == "Pendulum-v1" and args.lambda_ == 0.9 and args.total_steps == 10_000
+    assert args.hidden_sizes == [8, 8] and args.normalize_advantages is False
+    assert not hasattr(args, "gamma")  # unset flags keep the dataclass default
+    help_text = parser._subparsers._group_actions[0].choices["train"].format_help()
+    for flag in ["--gamma", "--num-envs", "--rollout-steps", "--checkpoint-every", "--seed"]:
+        assert flag in help_text
+    assert "Discount γ" in help_text  # the field's help text
+
+
+def test_train_json_contract_runs_and_export(tmp_path):
+    done = cli(
+        tmp_path,
+        "train",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "3",
+        "--total-steps",
+        "2000",
+        *TINY,
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    result = _last_json(done.stdout)
+    assert result["status"] == "finished"
+    assert result["env_steps"] >= 2000
+    assert result["wall_seconds"] > 0
+    assert result["steps_per_second"] == pytest.approx(
+        result["env_steps"] / result["wall_seconds"], rel=1e-6
+    )
+    assert result["solved"] is False and result["solved_at_step"] is None  # 475 not reached
+    assert "%" in done.stderr  # the tqdm progress bar goes to stderr
+    run_id = result["run_id"]
+
+    listed = cli(tmp_path, "runs", "--json")
+    assert listed.returncode == 0
+    (row,) = _last_json(listed.stdout)
+    assert row["run_id"] == run_id and row["status"] == "finished" and row["seed"] == 3
+    table = cli(tmp_path, "runs")
+    assert run_id in table.stdout and "finished" in table.stdout
+
+    out = tmp_path / "metrics.csv"
+    exported = cli(tmp_path, "export", run_id, "--csv", str(out))
+    assert exported.returncode == 0, exported.stderr
+    frame = pd.read_csv(out)
+    assert list(frame.columns[:2]) == ["env_step", "wall_time"]
+    assert {"losses/value_loss", "charts/episodic_return"} <= set(frame.columns)
+    with RunStore(tmp_path / "data") as store:
+        long = store.metrics(run_id)
+    for key in ("losses/value_loss", "charts/episodic_return"):
+        assert frame[key].notna().sum() == (long["key"] == key).sum()
+    assert frame["env_step"].is_monotonic_increasing
+
+    missing = cli(tmp_path, "export", "nope", "--csv", str(out))
+    assert missing.returncode == 1 and "no run 'nope'" in missing.stderr
+
+
+def test_env_without_threshold_reports_null_solved(tmp_path):
+    done = cli(
+        tmp_path,
+        "train",
+        "--env",
+        "Pendulum-v1",
+        "--total-steps",
+        "800",
+        *TINY,
+        "--json",
+        "--no-progress",
+    )
+    assert done.returncode == 0, done.stderr
+    result = _last_json(done.stdout)
+    assert result["status"] == "finished"
+    assert result["solved"] is None and result["solved_at_step"] is None
+
+
+def test_bad_config_exits_2_naming_the_field(tmp_path):
+    bad = cli(tmp_path, "train", "--lambda", "1.5", "--json")
+    assert bad.returncode == 2
+    assert "lambda_" in bad.stderr and "[0.0, 1.0]" in bad.stderr and "1.5" in bad.stderr
+    assert bad.stdout == ""
+    bad_steps = cli(tmp_path, "train", "--num-envs", "0")
+    assert bad_steps.returncode == 2 and "num_envs" in bad_steps.stderr
+    assert "[1, 1024]" in bad_steps.stderr
+    not_a_number = cli(tmp_path, "train", "--gamma", "abc")
+    assert not_a_number.returncode == 2 and "--gamma" in not_a_number.stderr
+    listed = cli(tmp_path, "runs", "--json")
+    assert _last_json(listed.stdout) == []  # nothing was created
+
+
+def test_data_dir_from_environment(tmp_path):
+    env_dir = tmp_path / "from-env"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gae_core",
+            "train",
+            "--total-steps",
+            "500",
+            *TINY,
+            "--json",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_env(GAE_CORE_DATA=str(env_dir)),
+    )
+    assert done.returncode == 0, done.stderr
+    with RunStore(env_dir) as store:
+        assert [r.id for r in store.list_runs()] == [_last_json(done.stdout)["run_id"]]
+
+
+def test_sweep_json(tmp_path):
+    done = cli(
+        tmp_path,
+        "sweep",
+        "--env",
+        "CartPole-v1",
+        "--lambdas",
+        "0.9",
+        "1.0",
+        "--seeds",
+        "0",
+        "--workers",
+        "2",
+        "--total-steps",
+        "1000",
+        *TINY,
+        "--json",
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    result = _last_json(done.stdout)
+    assert result["status"] == "finished" and result["workers"] == 2
+    assert result["total"] == 2 and result["counts"]["finished"] == 2
+    assert sorted(r["lambda"] for r in result["runs"]) == [0.9, 1.0]
+    assert all(r["sweep_id"] == result["sweep_id"] for r in result["runs"])
+    listed = _last_json(cli(tmp_path, "runs", "--sweep", result["sweep_id"], "--json").stdout)
+    assert len(listed) == 2
+    bad = cli(tmp_path, "sweep", "--lambdas", "0.5", "2.0")
+    assert bad.returncode == 2 and "lambda_" in bad.stderr
+
+
+def test_ctrl_c_stops_and_keeps_data(tmp_path):
+    proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY, "--json")
+    try:
+        run_id = _wait_for_metrics(tmp_path / "data")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    result = _last_json(stdout)
+    assert result["run_id"] == run_id and result["status"] == "stopped"
+    with RunStore(tmp_path / "data") as store:
+        run = store.get_run(run_id)
+        assert run.status == "stopped" and run.env_steps == result["env_steps"] > 0
+        assert len(store.metrics(run_id)) > 0
+        assert store.checkpoint_steps(run_id)[-1] == run.env_steps
+
+
+def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
+    proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY, "--no-progress")
+    try:
+        run_id = _wait_for_metrics(tmp_path / "data")
+        time.sleep(1.5)  # a few more flushes
+        with RunStore(tmp_path / "data") as store:  # a second live process: run stays running
+            assert store.get_run(run_id).status == "running"
+            flushed = len(store.metrics(run_id))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    with RunStore(tmp_path / "data") as store:
+        run = store.get_run(run_id)
+        assert run.status == "interrupted"
+        assert "killed or crashed" in run.error
+        metrics = store.metrics(run_id)
+        assert len(metrics) >= flushed > 0
+        assert metrics["value"].notna().any()
+        assert store.metrics_wide(run_id)["env_step"].max() <= run.env_steps
+        assert store.integrity_check() == "ok"
+    listed = _last_json(cli(tmp_path, "runs", "--json").stdout)
+    assert listed[0]["status"] == "interrupted"
