@@ -1,0 +1,114 @@
+"""TrainConfig: validation names the field and its range, dict round trip, form metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from gae_core.config import ConfigError, TrainConfig
+from gae_core.envs import SUPPORTED_ENVS
+
+# Per field, values that must be rejected (each raises ConfigError naming the field).
+BAD_VALUES = {
+    "env_id": ["", "NoSuchEnv-v0", "gymnasium.envs.classic_control:CartPoleEnv", "a:b", 3],
+    "num_envs": [0, -1, 1025, 2.5, True, "8"],
+    "rollout_steps": [0, 4097, 1.0, None],
+    "total_steps": [0, -5, 10**11, "many"],
+    "gamma": [-0.1, 1.5, float("nan"), "0.9", True],
+    "lambda_": [-0.01, 1.01, float("inf"), None],
+    "learning_rate": [0.0, -1e-3, 2.0, float("nan")],
+    "optimizer": ["sgd", "Adam", None],
+    "value_coef": [-1.0, 101.0],
+    "entropy_coef": [-0.1, 11.0],
+    "max_grad_norm": [-0.5, float("inf")],
+    "hidden_sizes": [(), (0,), (64, -1), (64.0,), "64", 64, (True,), (1,) * 9, (5000,)],
+    "normalize_advantages": [1, "yes", None],
+    "seed": [-1, 2**31, 1.5],
+    "device": ["tpu", "", None],
+    "checkpoint_every": [-1, 0.5],
+    "record_episodes": [-1, 101],
+    "torch_threads": [0, 257, 1.0],
+}
+
+
+def test_every_field_has_bad_values_listed():
+    assert set(BAD_VALUES) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(name, v) for name, values in BAD_VALUES.items() for v in values]
+)
+def test_bad_value_raises_config_error_naming_the_field(name, value):
+    with pytest.raises(ConfigError, match=rf"^{name}\b"):
+        TrainConfig(**{name: value})
+
+
+def test_range_in_message():
+    with pytest.raises(ConfigError, match=r"gamma must be in \[0.0, 1.0\], got 1.5"):
+        TrainConfig(gamma=1.5)
+    with pytest.raises(ConfigError, match=r"optimizer must be one of \['adam', 'rmsprop'\]"):
+        TrainConfig(optimizer="sgd")
+
+
+def test_unknown_or_module_env_id_lists_supported_ids():
+    for env_id in ["NoSuchEnv-v0", "gymnasium.envs.classic_control:CartPoleEnv"]:
+        with pytest.raises(ConfigError) as info:
+            TrainConfig(env_id=env_id)
+        assert all(supported in str(info.value) for supported in SUPPORTED_ENVS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="cuda is available here")
+def test_cuda_rejected_when_unavailable():
+    with pytest.raises(ConfigError, match="device 'cuda' is not available"):
+        TrainConfig(device="cuda")
+
+
+def test_supported_envs_and_thresholds():
+    for env_id in [
+        "CartPole-v1",
+        "Acrobot-v1",
+        "MountainCar-v0",
+        "Pendulum-v1",
+        "MountainCarContinuous-v0",
+    ]:
+        assert env_id in SUPPORTED_ENVS
+    assert SUPPORTED_ENVS["CartPole-v1"] == 475.0
+    assert SUPPORTED_ENVS["Pendulum-v1"] is None  # its spec has no threshold
+    for env_id in SUPPORTED_ENVS:
+        TrainConfig(env_id=env_id)
+
+
+def test_dict_round_trip_is_json_safe():
+    config = TrainConfig(hidden_sizes=(32, 16), gamma=0.9, optimizer="rmsprop", seed=7)
+    data = json.loads(json.dumps(config.to_dict()))
+    assert TrainConfig.from_dict(data) == config
+    assert data["hidden_sizes"] == [32, 16]
+
+
+def test_from_dict_rejects_unknown_keys_and_fills_defaults():
+    with pytest.raises(ConfigError, match="unknown config keys \\['colour'\\]"):
+        TrainConfig.from_dict({"colour": "red"})
+    assert TrainConfig.from_dict({"seed": 3}) == TrainConfig(seed=3)
+
+
+def test_values_are_normalised_and_frozen():
+    config = TrainConfig(gamma=1, hidden_sizes=[8, 8])
+    assert isinstance(config.gamma, float) and config.hidden_sizes == (8, 8)
+    assert config.batch_size == config.num_envs * config.rollout_steps
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.gamma = 0.5
+
+
+def test_metadata_drives_form_and_docstring():
+    for f in dataclasses.fields(TrainConfig):
+        assert set(f.metadata) == {"help", "min", "max", "choices"}
+        assert f.metadata["help"]
+        assert f"{f.name}: {f.metadata['help']}" in TrainConfig.__doc__
+        default = f.default
+        if f.metadata["choices"] is not None:
+            assert default in f.metadata["choices"]
+        elif f.metadata["min"] is not None and not isinstance(default, tuple | bool):
+            assert f.metadata["min"] <= default <= f.metadata["max"]
