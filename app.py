@@ -19,6 +19,12 @@ def home() -> None:
     )
     st.page_link(train, label="Train — start A2C+GAE runs and watch them learn live", icon="🏋️")
     st.page_link(runs, label="Runs — every run in the store: open, overlay, export", icon="📋")
+    st.page_link(
+        explorer_page,
+        label="Advantage explorer — δ_t, Â^(k) and GAE step by step as λ moves",
+        icon="🔬",
+    )
+    st.page_link(compare, label="λ comparison — λ × seed sweeps with 95% bands", icon="📈")
 
 
 @st.fragment(run_every=2.0)
@@ -33,7 +39,9 @@ def runs_in_progress() -> None:
 home_page = st.Page(home, title="Home", icon="🏠", default=True)
 train = st.Page("pages/train.py", title="Train", icon="🏋️")
 runs = st.Page("pages/runs.py", title="Runs", icon="📋")
-page = st.navigation([home_page, train, runs])
+explorer_page = st.Page("pages/explorer.py", title="Advantage explorer", icon="🔬")
+compare = st.Page("pages/compare.py", title="λ comparison", icon="📈")
+page = st.navigation([home_page, train, runs, explorer_page, compare])
 with st.sidebar:
     runs_in_progress()
 page.run()

@@ -65,8 +65,6 @@ def advantage_table(
     rewards, values, next_values = (np.asarray(x) for x in (rewards, values, next_values))
     if rewards.ndim != 1:
         raise ValueError(f"rewards must be a 1-D trajectory [T], got shape {rewards.shape}")
-    if not len(lambdas):
-        raise ValueError("lambdas must be a non-empty sequence of numbers in [0, 1]")
     terminated = np.asarray(terminated, dtype=bool)
     truncated = np.asarray(truncated, dtype=bool)
     args = (rewards, values, next_values, terminated, truncated)
@@ -91,10 +89,46 @@ def advantage_table(
         stacked = estimators.k_step_advantages(*args, gamma=gamma, k=list(ks))
         for k, column in zip(ks, stacked, strict=True):
             table[k_step_column(k)] = column
-    sweep = estimators.gae_lambda_sweep(*args, gamma=gamma, lambdas=list(lambdas))
-    for lambda_, column in zip(lambdas, sweep, strict=True):
-        table[gae_column(lambda_)] = column
+    if len(lambdas):
+        sweep = estimators.gae_lambda_sweep(*args, gamma=gamma, lambdas=list(lambdas))
+        for lambda_, column in zip(lambdas, sweep, strict=True):
+            table[gae_column(lambda_)] = column
     return table
+
+
+#: The explorer's λ grid: one gae_lambda_sweep over it serves the slider, the pins and the map.
+LAMBDA_GRID = np.round(np.linspace(0.0, 1.0, 101), 2)
+
+
+def lambda_index(lambda_: float, grid: np.ndarray = LAMBDA_GRID) -> int:
+    """Position of ``lambda_`` in ``grid``; a ValueError names the grid when it is not on it."""
+    hits = np.flatnonzero(np.isclose(grid, lambda_, rtol=0.0, atol=1e-9))
+    if not len(hits):
+        raise ValueError(f"lambda {lambda_} is not on the grid (steps of {grid[1] - grid[0]:g})")
+    return int(hits[0])
+
+
+def with_gae_columns(
+    table: pd.DataFrame, sweep: np.ndarray, lambdas: Sequence[float], grid: np.ndarray = LAMBDA_GRID
+) -> pd.DataFrame:
+    """``table`` plus ``gae[lambda=L]`` columns read from a precomputed ``[len(grid), T]``
+    sweep: moving the λ slider costs a column copy, not a recomputation."""
+    table = table.copy()
+    for lambda_ in dict.fromkeys(lambdas):
+        table[gae_column(lambda_)] = sweep[lambda_index(lambda_, grid)]
+    return table
+
+
+def heatmap_from_sweep(sweep: np.ndarray, grid: np.ndarray = LAMBDA_GRID) -> pd.DataFrame:
+    """Long frame ``lambda, t, gae`` from a ``[len(grid), T]`` sweep."""
+    steps = sweep.shape[1]
+    return pd.DataFrame(
+        {
+            "lambda": np.repeat(grid, steps),
+            "t": np.tile(np.arange(steps), len(grid)),
+            "gae": sweep.reshape(-1),
+        }
+    )
 
 
 def steps_left(terminated: np.ndarray, truncated: np.ndarray) -> np.ndarray:
@@ -119,19 +153,12 @@ def gae_heatmap(
     lambdas: Sequence[float] | None = None,
 ) -> pd.DataFrame:
     """GAE over (t, λ) in long form: columns ``lambda``, ``t``, ``gae`` (one
-    :func:`~gae_core.estimators.gae_lambda_sweep` call; λ defaults to 0, 0.02, …, 1)."""
-    grid = np.linspace(0.0, 1.0, 51) if lambdas is None else np.asarray(lambdas, dtype=float)
+    :func:`~gae_core.estimators.gae_lambda_sweep` call; λ defaults to 0, 0.01, …, 1)."""
+    grid = LAMBDA_GRID if lambdas is None else np.asarray(lambdas, dtype=float)
     sweep = estimators.gae_lambda_sweep(
         rewards, values, next_values, terminated, truncated, gamma=gamma, lambdas=grid
     )
-    steps = sweep.shape[1]
-    return pd.DataFrame(
-        {
-            "lambda": np.repeat(grid, steps),
-            "t": np.tile(np.arange(steps), len(grid)),
-            "gae": sweep.reshape(-1),
-        }
-    )
+    return heatmap_from_sweep(sweep, grid)
 
 
 def weights_table(lambda_: float, horizon: int) -> pd.DataFrame:

@@ -248,20 +248,37 @@ def filter_runs(
     return table[keep]
 
 
+def parse_float_list(text: str, name: str, low: float = 0.0, high: float = 1.0) -> list[float]:
+    """``"0.9, 0.95, 1"`` → ``[0.9, 0.95, 1.0]`` (duplicates dropped, order kept); a ConfigError
+    naming ``name`` and the range otherwise."""
+    parts = [p.strip() for p in str(text).replace(";", ",").split(",") if p.strip()]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be comma-separated numbers in [{low:g}, {high:g}]"
+        ) from None
+    if not values:
+        raise ConfigError(f"{name} needs at least one value in [{low:g}, {high:g}]")
+    bad = [v for v in values if not low <= v <= high]
+    if bad:
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {bad}")
+    return list(dict.fromkeys(values))
+
+
 def episodes_frame(store: Any, run_ids: list[str], group: str) -> pd.DataFrame:
-    """Long frame ``group, seed, run_id, env_step, return`` of finished episodes of the runs,
-    grouped by a config field (λ by default) — the λ comparison's input."""
+    """Long frame ``<group>, seed, run_id, env_step, return`` of finished episodes of the runs,
+    ``group`` being a config field (``lambda_`` for the λ comparison)."""
     parts = []
     for run_id in run_ids:
         run = store.get_run(run_id)
         metrics = store.metrics(run_id, ["charts/episodic_return"])
         if metrics.empty:
             continue
-        key = "lambda_" if group == "lambda" else group
         parts.append(
             pd.DataFrame(
                 {
-                    group: run.config.get(key),
+                    group: run.config.get(group),
                     "seed": run.config.get("seed"),
                     "run_id": run_id,
                     "env_step": metrics["env_step"].to_numpy(),

@@ -261,7 +261,8 @@ def comparison_figure(
     figure = go.Figure()
     for i, (key, frame) in enumerate(bands.groupby(group, sort=True)):
         color = _PALETTE[i % len(_PALETTE)]
-        label = f"{group} = {key:g}" if isinstance(key, int | float) else f"{group} = {key}"
+        symbol = {"lambda_": "λ", "gamma": "γ"}.get(group, group)
+        label = f"{symbol} = {key:g}" if isinstance(key, int | float) else f"{symbol} = {key}"
         fill = _rgba(color, 0.2)
         figure.add_trace(
             go.Scatter(

@@ -104,7 +104,8 @@ STATUS_ICONS = {
 
 
 def run_label(run: Any) -> str:
-    return f"{run.name} · {run.status} · {run.id}"
+    """Stable label (no status: a label that changes under a selectbox resets it)."""
+    return f"{run.name} · {run.id}"
 
 
 def run_header(run: Any) -> None:
@@ -144,3 +145,9 @@ def run_charts(run_id: str, *, x: str, smoothing: float, prefix: str) -> None:
                 f"{run_id}_{figures.column_name(key)}.csv",
                 key=f"{prefix}.csv.{key}",
             )
+
+
+@st.cache_resource
+def sweeps() -> dict:
+    """Sweeps started by this server process (their coordinating threads live here)."""
+    return {}

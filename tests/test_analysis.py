@@ -53,7 +53,23 @@ def test_heatmap_matches_one_gae_per_lambda():
     for lambda_ in (0.0, 0.5, 1.0):
         row = heat[heat["lambda"] == lambda_].sort_values("t")["gae"].to_numpy()
         np.testing.assert_allclose(row, gae_core.gae(*trajectory, gamma=0.5, lambda_=lambda_))
-    assert analysis.gae_heatmap(*trajectory, gamma=0.5)["lambda"].nunique() == 51
+    assert analysis.gae_heatmap(*trajectory, gamma=0.5)["lambda"].nunique() == 101
+
+
+def test_gae_columns_from_a_cached_sweep_equal_direct_gae():
+    trajectory = small_trajectory()
+    base = analysis.advantage_table(*trajectory, gamma=0.5, lambdas=[], ks=[1])
+    assert not any(c.startswith("gae[") for c in base.columns)
+    sweep = gae_core.gae_lambda_sweep(*trajectory, gamma=0.5, lambdas=analysis.LAMBDA_GRID)
+    table = analysis.with_gae_columns(base, sweep, [0.37, 1.0])
+    np.testing.assert_allclose(
+        table["gae[lambda=0.37]"], gae_core.gae(*trajectory, gamma=0.5, lambda_=0.37)
+    )
+    assert "gae[lambda=0.37]" not in base  # the cached base table is not modified
+    with pytest.raises(ValueError, match="not on the grid"):
+        analysis.with_gae_columns(base, sweep, [0.375])
+    heat = analysis.heatmap_from_sweep(sweep)
+    assert heat[heat["lambda"] == 0.37]["gae"].tolist() == table["gae[lambda=0.37]"].tolist()
 
 
 def test_weights_table_hand_values():

@@ -1,0 +1,140 @@
+"""λ comparison: launch a λ × seed sweep in worker processes, or pick runs; compare the
+learning curves (mean and 95 % band across seeds) and a summary per λ."""
+
+import os
+
+import streamlit as st
+
+from gae_core import analysis, dashboard, figures
+from gae_core.config import ConfigError, TrainConfig
+from gae_core.sweep import cancel_sweep, grid_of, start_sweep, sweep_progress
+from pages import _ui
+
+st.title("λ comparison")
+store = _ui.store()
+launch_tab, analyse_tab = st.tabs(["Launch a sweep", "Compare"])
+
+with launch_tab:
+    left, right = st.columns([1, 2], gap="large")
+    with left:
+        lambdas_text = st.text_input("λ values", "0, 0.9, 0.95, 1", key="cmp.lambdas")
+        seeds = st.number_input("seeds per λ", 1, 50, 3, key="cmp.seeds")
+        workers = st.number_input(
+            "worker processes", 1, os.cpu_count() or 1, os.cpu_count() or 1, key="cmp.workers"
+        )
+        values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
+        errors = []
+        try:
+            lambdas = dashboard.parse_float_list(lambdas_text, "λ values")
+        except ConfigError as error:
+            lambdas, errors = [], [str(error)]
+        base, form_errors, warnings = dashboard.build_config(values)
+        _ui.show_problems(errors + form_errors, warnings)
+        trials = len(lambdas) * int(seeds)
+        label = f"Launch {trials} runs ({len(lambdas)} λ × {int(seeds)} seeds)"
+        if st.button(label, type="primary", disabled=bool(errors or form_errors), key="cmp.launch"):
+            sweep = start_sweep(
+                store, base, grid_of(lambdas=lambdas, seeds=range(int(seeds))), workers=int(workers)
+            )
+            _ui.sweeps()[sweep.sweep_id] = sweep
+            st.session_state["cmp.sweep"] = sweep.sweep_id
+    with right:
+        sweep_list = store.list_sweeps()
+        if not sweep_list:
+            st.info("No sweeps yet.")
+        else:
+            ids = [s.id for s in sweep_list]
+            chosen = st.session_state.get("cmp.sweep")
+            sweep_id = st.selectbox(
+                "sweep",
+                ids,
+                index=ids.index(chosen) if chosen in ids else 0,
+                format_func=lambda i: store.get_sweep(i).name,
+                key="cmp.progress_sweep",
+            )
+            running = store.get_sweep(sweep_id).status == "running"
+
+            @st.fragment(run_every=1.0 if running else None)
+            def progress() -> None:
+                state = sweep_progress(store, sweep_id)
+                st.progress(
+                    state.fraction,
+                    text=f"{state.done}/{state.total} trials ended · "
+                    + ", ".join(f"{k}: {v}" for k, v in state.counts.items() if v),
+                )
+                trials = dashboard.runs_table(store.list_runs(sweep_id=sweep_id))
+                trials["progress"] = trials["env_steps"] / [
+                    store.get_run(r).config["total_steps"] for r in trials["run_id"]
+                ]
+                st.dataframe(
+                    trials[["name", "status", "env_steps", "progress", "final_return"]],
+                    hide_index=True,
+                    column_config={
+                        "progress": st.column_config.ProgressColumn(
+                            "progress", min_value=0.0, max_value=1.0
+                        )
+                    },
+                )
+                if state.status == "running":
+                    if st.button("Cancel sweep", key="cmp.cancel"):
+                        cancel_sweep(store, sweep_id)
+                elif running:
+                    st.rerun()
+
+            progress()
+
+with analyse_tab:
+    source = st.radio("runs", ["a sweep", "pick runs"], horizontal=True, key="cmp.source")
+    if source == "a sweep":
+        sweep_list = store.list_sweeps()
+        if not sweep_list:
+            st.info("No sweeps yet: launch one, or pick runs.")
+            st.stop()
+        names = {s.id: s.name for s in sweep_list}
+        sweep_id = st.selectbox("sweep", list(names), format_func=names.get, key="cmp.sweep_pick")
+        run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
+    else:
+        all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
+        run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
+    fields = [name for name in TrainConfig.__dataclass_fields__ if name != "seed"]
+    group = st.selectbox("group curves by", fields, index=fields.index("lambda_"), key="cmp.group")
+    options = st.columns(3)
+    window = options[0].slider("episodes per seed's running mean", 1, 100, 10, key="cmp.window")
+    show_seeds = options[1].checkbox("show individual seeds", key="cmp.show_seeds")
+    episodes = dashboard.episodes_frame(store, run_ids, group)
+    if episodes.empty:
+        st.info("No finished episodes in these runs yet.")
+        st.stop()
+    threshold = store.get_run(run_ids[0]).summary.reward_threshold
+    bands, aligned = analysis.aggregate_curves(episodes, group=group, window=window)
+    figure, frame = figures.comparison_figure(bands, aligned, group=group, show_seeds=show_seeds)
+    st.plotly_chart(figure, key="cmp.curves", config={"displaylogo": False})
+    downloads = st.columns(3)
+    with downloads[0]:
+        _ui.csv_button(
+            "Curves CSV (long: group, seed, step, return)",
+            lambda: aligned,
+            "lambda_curves.csv",
+            "cmp.curves_csv",
+        )
+    with downloads[1]:
+        _ui.csv_button(
+            "Bands CSV (mean, 95% CI)", lambda: frame, "lambda_bands.csv", "cmp.bands_csv"
+        )
+    summary = analysis.summary_table(episodes, group=group, threshold=threshold)
+    st.subheader("Summary")
+    st.caption(
+        "Final return: mean ± std across seeds of each seed's last-100-episode mean. "
+        "AUC: area under the seed-mean curve divided by its step span (the average return "
+        "over training). Best (highlighted): highest AUC."
+        + (f" Solved: a 100-episode mean ≥ {threshold:g}." if threshold is not None else "")
+    )
+    st.dataframe(
+        summary.style.apply(
+            lambda row: ["background-color: #d4edda" if row["best"] else ""] * len(row), axis=1
+        ),
+        hide_index=True,
+        key="cmp.summary",
+    )
+    with downloads[2]:
+        _ui.csv_button("Summary CSV", lambda: summary, "lambda_summary.csv", "cmp.summary_csv")

@@ -1,0 +1,137 @@
+"""Advantage explorer: δ_t, Â^(k) and GAE(γ, λ) step by step on a recorded trajectory."""
+
+import streamlit as st
+
+from gae_core import analysis, explorer, figures
+from pages import _ui
+
+st.title("Advantage explorer")
+store = _ui.store()
+
+
+@st.cache_data(max_entries=32, show_spinner="Loading the trajectory…")
+def trajectory_arrays(run_id, policy_step, recorded, fresh_seed, critic_step):
+    trajectory = explorer.load_trajectory(
+        store,
+        run_id,
+        policy_step,
+        recorded=recorded,
+        fresh_seed=fresh_seed,
+        critic_step=critic_step,
+    )
+    return (
+        trajectory.rewards,
+        trajectory.values,
+        trajectory.next_values,
+        trajectory.terminated,
+        trajectory.truncated,
+    )
+
+
+@st.cache_data(max_entries=64)
+def estimates(arrays, gamma, ks):
+    """δ, Â^(k) table and one gae_lambda_sweep over the whole λ grid (slider moves are free)."""
+    import gae_core
+
+    base = analysis.advantage_table(*arrays, gamma=gamma, lambdas=[], ks=list(ks))
+    sweep = gae_core.gae_lambda_sweep(*arrays, gamma=gamma, lambdas=analysis.LAMBDA_GRID)
+    return base, sweep
+
+
+runs = [r for r in store.list_runs() if store.trajectory_steps(r.id)]
+if not runs:
+    st.info("No run has recorded trajectories yet: train one (checkpoints record them).")
+    st.stop()
+
+pick = st.columns([3, 2, 2, 2])
+labels = {r.id: _ui.run_label(r) for r in runs}
+run_id = pick[0].selectbox("run", list(labels), format_func=labels.get, key="ex.run")
+run = store.get_run(run_id)
+steps = store.checkpoint_steps(run_id)
+policy_step = pick[1].selectbox(
+    "policy checkpoint (env step)", steps, index=len(steps) - 1, key="ex.policy"
+)
+critic_step = pick[2].selectbox(
+    "critic checkpoint (values)",
+    steps,
+    index=steps.index(policy_step),
+    key="ex.critic",
+    help="Re-evaluate V with another checkpoint's critic: an early critic shows how critic "
+    "error turns into bias in the advantages.",
+)
+recorded = len(store.trajectory_blobs(run_id, policy_step))
+sources = [f"recorded #{i}" for i in range(recorded)] + ["fresh recording"]
+source = pick[3].selectbox("trajectory", sources, key="ex.source")
+fresh_seed = None
+if source == "fresh recording":
+    fresh_seed = int(st.number_input("seed of the fresh episode", 0, 2**31 - 1, 0, key="ex.seed"))
+arrays = trajectory_arrays(
+    run_id,
+    policy_step,
+    None if fresh_seed is not None else sources.index(source),
+    fresh_seed,
+    critic_step,
+)
+
+knobs = st.columns([2, 3, 3, 3])
+gamma = knobs[0].slider("γ", 0.0, 1.0, float(run.config["gamma"]), 0.001, key="ex.gamma")
+lambda_ = knobs[1].slider(
+    "λ", 0.0, 1.0, round(float(run.config["lambda_"]), 2), 0.01, key="ex.lambda"
+)
+pinned = knobs[2].multiselect(
+    "pinned λ (overlay)",
+    [float(x) for x in analysis.LAMBDA_GRID],
+    default=[0.0, 1.0],
+    key="ex.pinned",
+)
+ks = knobs[3].multiselect(
+    "k-step horizons k", [1, 2, 3, 5, 10, 20, 50, 100, 200, 500], default=[1, 10], key="ex.ks"
+)
+
+base, sweep = estimates(arrays, gamma, tuple(sorted(ks)))
+table = analysis.with_gae_columns(base, sweep, [lambda_, *pinned])
+shown = ["value", "delta", *[analysis.k_step_column(k) for k in sorted(ks)]]
+shown += [analysis.gae_column(x) for x in dict.fromkeys([*pinned, lambda_])]
+
+plot, text = st.columns([3, 1], gap="large")
+with plot:
+    figure, frame = figures.explorer_figure(table, show=shown)
+    st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
+    _ui.csv_button("Per-step table CSV", lambda: frame, f"{run_id}_advantages.csv", "ex.csv")
+with text:
+    st.markdown(
+        f"**{len(table)} steps**, episode ends: "
+        f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'}"
+    )
+    st.markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
+    st.latex(r"\delta_t = r_t + \gamma\,(1-\text{term}_t)\,V(s_{t+1}) - V(s_t)")
+    st.markdown("k-step estimator — k real rewards, then the critic (stops at the episode end):")
+    st.latex(r"\hat A^{(k)}_t = \sum_{l=0}^{k-1} \gamma^l \delta_{t+l}")
+    st.markdown("GAE — every k-step estimator, weighted geometrically:")
+    st.latex(
+        r"\hat A^{\mathrm{GAE}}_t = \sum_{l=0}^{L_t-1} (\gamma\lambda)^l \delta_{t+l}"
+        r" = (1-\lambda)\sum_{k=1}^{L_t-1}\lambda^{k-1}\hat A^{(k)}_t"
+        r" + \lambda^{L_t-1}\hat A^{(L_t)}_t"
+    )
+    st.markdown(
+        "λ = 0 is δ_t: low variance, biased by critic error. λ = 1 is the discounted return "
+        "minus V(s_t): unbiased for the γ-discounted objective, but it carries the noise of "
+        "every later reward. L_t counts the steps left in t's episode segment; truncated "
+        "steps bootstrap from V of the final observation, terminated ones do not."
+    )
+
+heat_column, weight_column = st.columns(2, gap="large")
+with heat_column:
+    figure, heat = figures.heatmap_figure(analysis.heatmap_from_sweep(sweep))
+    st.plotly_chart(figure, key="ex.heat", config={"displaylogo": False})
+    _ui.csv_button("Heat map CSV", lambda: heat, f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
+with weight_column:
+    t = st.slider("step t for the weights", 0, max(len(table) - 1, 0), 0, key="ex.t")
+    horizon = int(table["steps_left"].iloc[t])
+    figure, weights = figures.weights_figure(analysis.weights_table(lambda_, horizon), lambda_)
+    st.plotly_chart(figure, key="ex.weights", config={"displaylogo": False})
+    st.caption(
+        f"At t = {t}, {horizon} steps are left in the segment: Â^({horizon}) carries the tail "
+        f"λ^{horizon - 1} = {lambda_ ** (horizon - 1):.3g} of the weight (red)."
+    )
+    _ui.csv_button("Weights CSV", lambda: weights, f"{run_id}_weights.csv", "ex.weights_csv")
