@@ -1,0 +1,115 @@
+"""AppTest of the advantage explorer and the λ comparison with a tiny run and a tiny sweep."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_pages import TINY, app, data_dir, wait_for  # noqa: F401  (data_dir is a fixture)
+
+import gae_core
+from gae_core.config import TrainConfig
+from gae_core.store import RunStore
+from gae_core.sweep import grid_of, run_sweep
+from pages import _ui
+
+
+@pytest.fixture
+def recorded_run(data_dir):  # noqa: F811
+    manager = _ui.manager()
+    run_id = manager.start({**TINY, "total_steps": 1200, "checkpoint_every": 400})
+    assert manager.wait(run_id, 60)
+    return run_id
+
+
+def plotly_values(values):
+    """Plotly ≥ 6 sends numpy arrays as {"dtype", "bdata": base64}; plain lists otherwise."""
+    if isinstance(values, dict):
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"])
+    return np.asarray(values, dtype=float)
+
+
+def main_chart_gae(at, lambda_):
+    chart = next(c for c in at.get("plotly_chart") if "Advantage estimates" in c.proto.spec)
+    spec = json.loads(chart.proto.spec)
+    trace = next(d for d in spec["data"] if d.get("name") == f"GAE λ={lambda_:g}")
+    return plotly_values(trace["y"])
+
+
+def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir):  # noqa: F811
+    at = app("pages/explorer.py")
+    store = RunStore(data_dir)
+    assert at.selectbox(key="ex.run").value == recorded_run
+    steps = store.checkpoint_steps(recorded_run)
+    assert len(steps) >= 3
+    at.slider(key="ex.lambda").set_value(0.3).run()
+    at.multiselect(key="ex.pinned").set_value([]).run()
+    assert not at.exception
+    trajectory = store.trajectories(recorded_run, steps[-1])[0]
+    arrays = (
+        trajectory.rewards,
+        trajectory.values,
+        trajectory.next_values,
+        trajectory.terminated,
+        trajectory.truncated,
+    )
+    gamma = at.slider(key="ex.gamma").value
+    np.testing.assert_allclose(
+        main_chart_gae(at, 0.3), gae_core.gae(*arrays, gamma=gamma, lambda_=0.3), rtol=1e-5
+    )
+    at.slider(key="ex.lambda").set_value(0.9).run()
+    np.testing.assert_allclose(
+        main_chart_gae(at, 0.9), gae_core.gae(*arrays, gamma=gamma, lambda_=0.9), rtol=1e-5
+    )
+    assert len(at.get("plotly_chart")) == 3  # main plot, heat map, weights
+
+
+def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):  # noqa: F811
+    at = app("pages/explorer.py")
+    steps = RunStore(data_dir).checkpoint_steps(recorded_run)
+    at.selectbox(key="ex.source").set_value("fresh recording").run()
+    at.number_input(key="ex.seed").set_value(7).run()
+    assert not at.exception
+    at.selectbox(key="ex.critic").set_value(steps[0]).run()
+    assert not at.exception
+    assert at.slider(key="ex.t").max >= 1
+
+
+def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):  # noqa: F811
+    at = app("pages/compare.py")
+    at.text_input(key="cmp.lambdas").set_value("0.5, 1.5").run()
+    assert "λ values must be in [0, 1], got [1.5]" in at.error[0].value
+    assert at.button(key="cmp.launch").disabled
+    at.text_input(key="cmp.lambdas").set_value("0.8, 1").run()
+    at.number_input(key="cmp.seeds").set_value(2).run()
+    at.number_input(key="cmp.workers").set_value(1).run()
+    at.number_input(key="cmp.total_steps").set_value(1500).run()
+    at.button(key="cmp.launch").click().run()
+    assert not at.exception
+    store = RunStore(data_dir)
+    sweep_id = store.list_sweeps()[0].id
+    assert len(store.list_runs(sweep_id=sweep_id)) == 4
+    assert wait_for(lambda: store.get_sweep(sweep_id).status == "finished", 120)
+    at.run()
+    at.radio(key="cmp.source").set_value("a sweep").run()
+    assert not at.exception
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert sum(trace.get("fill") == "tonexty" for trace in spec["data"]) == 2
+    summary = at.dataframe[-1].value
+    assert sorted(summary["lambda_"]) == [0.8, 1.0] and summary["best"].sum() == 1
+
+
+def test_compare_groups_picked_runs_by_any_field(data_dir):  # noqa: F811
+    store = RunStore(data_dir)
+    base = TrainConfig(**{**TINY, "total_steps": 800})
+    run_sweep(store, base, grid_of(seeds=[0, 1], gamma=[0.9, 0.99]), workers=1)
+    at = app("pages/compare.py")
+    at.radio(key="cmp.source").set_value("pick runs").run()
+    at.multiselect(key="cmp.runs").set_value([r.id for r in store.list_runs()]).run()
+    at.selectbox(key="cmp.group").set_value("gamma").run()
+    assert not at.exception
+    summary = at.dataframe[-1].value
+    assert isinstance(summary, pd.DataFrame) and sorted(summary["gamma"]) == [0.9, 0.99]
