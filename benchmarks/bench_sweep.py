@@ -1,0 +1,77 @@
+"""Sweep scaling: the same λ × seed grid with 1 worker and with 2 workers.
+
+    python benchmarks/bench_sweep.py [--total-steps N] [--lambdas ...] [--seeds ...]
+
+Prints both wall times (grid submitted → every trial closed in the store, worker start-up
+included) and their ratio. Target: 2 workers take at most 0.6x the time of 1 worker. Each run
+uses a fresh temporary data folder; the trials are ordinary runs, checked to have finished.
+With ``--repeat K`` the 1- and 2-worker sweeps alternate K times and the best time of each
+counts. The load average is printed: on a machine whose cores are busy with other work, two
+workers cannot get two cores and the ratio says more about the neighbours than about the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gae_core.config import TrainConfig
+from gae_core.store import RunStore
+from gae_core.sweep import grid_of, run_sweep
+
+TARGET = 0.6
+
+
+def time_sweep(base: TrainConfig, grid: dict, workers: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as data_dir:
+        store = RunStore(data_dir)
+        started = time.perf_counter()
+        progress = run_sweep(store, base, grid, workers=workers)
+        elapsed = time.perf_counter() - started
+        if progress.counts["finished"] != progress.total:
+            raise SystemExit(f"sweep with {workers} workers did not finish: {progress.counts}")
+        store.close()
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--total-steps", type=int, default=200_000, help="per trial")
+    parser.add_argument("--lambdas", type=float, nargs="+", default=[0.9, 0.95, 1.0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--repeat", type=int, default=1, help="alternate K times, keep the best")
+    args = parser.parse_args()
+
+    base = TrainConfig(env_id=args.env, total_steps=args.total_steps, checkpoint_every=0)
+    grid = grid_of(lambdas=args.lambdas, seeds=args.seeds)
+    trials = len(args.lambdas) * len(args.seeds)
+    print(
+        f"grid: {trials} trials ({args.env}, {args.total_steps} env steps each, "
+        f"num_envs={base.num_envs}, rollout_steps={base.rollout_steps}); "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    ones, twos = [], []
+    for _ in range(args.repeat):
+        ones.append(time_sweep(base, grid, workers=1))
+        print(f"1 worker : {ones[-1]:7.2f} s", flush=True)
+        twos.append(time_sweep(base, grid, workers=2))
+        print(f"2 workers: {twos[-1]:7.2f} s", flush=True)
+    one, two = min(ones), min(twos)
+    print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
+    ratio = two / one
+    verdict = "meets" if ratio <= TARGET else "MISSES"
+    print(f"ratio 2 workers / 1 worker = {ratio:.3f} ({verdict} target <= {TARGET})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
