@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -516,15 +517,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"error: {_name_flag(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `... | head`
         sys.stderr.close()
         return EXIT_OK
+    except (StoreError, sqlite3.Error, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

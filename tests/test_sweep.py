@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
+
 import numpy as np
 import pytest
 
@@ -92,4 +96,27 @@ def test_cancel_stops_running_and_pending_trials(tmp_path):
     started = [r for r in runs if r.started_at is not None]
     assert len(started) == 2 and all(r.env_steps > 0 for r in started)
     assert all(r.env_steps == 0 for r in runs if r.started_at is None)  # never started
+    store.close()
+
+
+def test_killed_worker_fails_the_sweep_and_leaves_nothing_active(tmp_path):
+    store = RunStore(tmp_path)
+    long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
+    sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2)
+    assert wait_until(lambda: sweep.progress().counts["running"] >= 1, timeout=60)
+    raw = sqlite3.connect(store.path)
+    (victim_run, pid), *_ = raw.execute(
+        "SELECT id, owner_pid FROM runs WHERE status = 'running' AND sweep_id = ?",
+        (sweep.sweep_id,),
+    ).fetchall()
+    raw.close()
+    assert pid != os.getpid()  # claimed by a worker process
+    os.kill(pid, signal.SIGKILL)
+    assert sweep.wait(timeout=60)
+    progress = sweep.progress()
+    assert progress.status == "failed"
+    assert progress.counts["queued"] == progress.counts["running"] == 0
+    assert store.get_run(victim_run).status == "interrupted"
+    assert "BrokenProcessPool" in store.get_sweep(sweep.sweep_id).error
+    assert store.integrity_check() == "ok"
     store.close()
