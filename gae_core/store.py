@@ -386,6 +386,7 @@ class RunStore:
         *,
         busy_timeout_s: float = 30.0,
         recover: bool = True,
+        recover_every_s: float | None = 5.0,
     ) -> None:
         self.data_dir = resolve_data_dir(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -407,6 +408,10 @@ class RunStore:
         self._conn.execute("PRAGMA synchronous = NORMAL")
         self._conn.execute("PRAGMA foreign_keys = ON")
         self._migrate()
+        # A long-lived reader (the dashboard) re-checks owners now and then, so a CLI run killed
+        # while the page is open turns "interrupted" without reopening the store.
+        self._recover_every_s = recover_every_s if recover else None
+        self._last_recover = -math.inf
         if recover:
             self.recover()
 
@@ -473,11 +478,12 @@ class RunStore:
         their runs.
         """
         now = time.time()
+        self._last_recover = time.monotonic()
         rows = self._read(
             "SELECT id, owner_host, owner_pid, owner_token, heartbeat_at FROM runs "
             "WHERE status IN ('queued', 'running')"
         )
-        dead = [row[0] for row in rows if not owner_alive(*row[1:], now=now)]
+        dead = [row for row in rows if not owner_alive(*row[1:], now=now)]
         sweep_rows = self._read(
             "SELECT id, owner_host, owner_pid, owner_token, heartbeat_at FROM sweeps "
             "WHERE status = 'running'"
@@ -486,13 +492,15 @@ class RunStore:
         if not dead and not dead_sweeps:
             return []
         with self._write() as conn:
-            for run_id in dead:
+            for run_id, _, pid, token, _ in dead:
+                # Only if the owner is still the dead one: a live worker may have claimed the
+                # run since it was read.
                 conn.execute(
                     "UPDATE runs SET status = 'interrupted', ended_at = COALESCE(heartbeat_at, ?),"
                     " error = COALESCE(error, 'the process running it stopped without closing "
                     "the run (killed or crashed)') WHERE id = ? AND status IN ('queued', "
-                    "'running')",
-                    (now, run_id),
+                    "'running') AND owner_pid IS ? AND owner_token IS ?",
+                    (now, run_id, pid, token),
                 )
             for sweep_id in dead_sweeps:
                 conn.execute(
@@ -500,7 +508,7 @@ class RunStore:
                     "WHERE id = ? AND status = 'running'",
                     (now, sweep_id),
                 )
-        return dead
+        return [row[0] for row in dead]
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -680,7 +688,13 @@ class RunStore:
             ),
         )
 
+    def _maybe_recover(self) -> None:
+        every = self._recover_every_s
+        if every is not None and time.monotonic() - self._last_recover >= every:
+            self.recover()
+
     def get_run(self, run_id: str) -> RunRecord:
+        self._maybe_recover()
         rows = self._read(f"SELECT {self._RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
         if not rows:
             raise StoreError(f"no run {run_id!r} in {self.path}")
@@ -689,7 +703,11 @@ class RunStore:
     def list_runs(
         self, *, status: str | Sequence[str] | None = None, sweep_id: str | None = None
     ) -> list[RunRecord]:
-        """Runs, newest first, optionally filtered by status and sweep."""
+        """Runs, newest first, optionally filtered by status and sweep.
+
+        Like :meth:`get_run`, re-checks the owners of active runs every ``recover_every_s``.
+        """
+        self._maybe_recover()
         where, params = [], []
         if status is not None:
             statuses = [status] if isinstance(status, str) else list(status)

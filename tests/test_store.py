@@ -332,3 +332,20 @@ def test_zombie_and_recycled_pid_count_as_dead(tmp_path, monkeypatch):
     # Another host: only the heartbeat tells.
     assert store_mod.owner_alive("elsewhere", 1, "x:1", time.time())
     assert not store_mod.owner_alive("elsewhere", 1, "x:1", time.time() - 3600)
+
+
+def test_long_lived_store_notices_a_dead_owner(tmp_path):
+    store = RunStore(tmp_path, recover_every_s=0.0)
+    live = _writer(tmp_path, 5, "hold")
+    try:
+        run_id = live.stdout.readline().strip()
+        assert store.get_run(run_id).status == "running"
+        live.kill()
+        live.wait(timeout=10)
+        # No reopen: the next read re-checks owners.
+        assert store.get_run(run_id).status == "interrupted"
+        assert [r.status for r in store.list_runs()] == ["interrupted"]
+    finally:
+        live.kill()
+        live.wait(timeout=10)
+        store.close()
