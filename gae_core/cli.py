@@ -4,8 +4,9 @@ Every ``TrainConfig`` field is a flag of ``train`` and ``sweep``, generated from
 ``dataclasses.fields(TrainConfig)`` with its help text (``lambda_`` is ``--lambda``, ``env_id`` is
 ``--env``). Exit codes: 0 success, 1 the run or sweep failed (or something was not found),
 2 bad usage or a bad config value (the message names the field and its range), 130 stopped with
-Ctrl-C (the data so far is kept). With ``--json`` the last line on stdout is one JSON object
-(``runs --json``: one JSON array); progress bars and messages go to stderr.
+Ctrl-C or SIGTERM (the data so far is kept; a second Ctrl-C aborts at once). With ``--json``
+the last line on stdout is one JSON object (``runs --json``: one JSON array); progress bars and
+messages go to stderr.
 """
 
 from __future__ import annotations
@@ -233,26 +234,31 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec)
 
 
-class _StopOnSigint:
-    """First Ctrl-C sets ``event`` (a clean stop); a second one interrupts at once."""
+class _StopOnSignal:
+    """First Ctrl-C (or SIGTERM) sets ``event``: a clean stop that keeps the data. A second
+    Ctrl-C interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, event: threading.Event, message: str) -> None:
-        self.event, self.message, self.previous = event, message, None
+        self.event, self.message = event, message
+        self.previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.event.is_set():
+        if self.event.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.event.set()
         print(f"\n{self.message}", file=sys.stderr, flush=True)
 
-    def __enter__(self) -> _StopOnSigint:
+    def __enter__(self) -> _StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def _progress_bar(total: int, disable: bool, unit: str = "step") -> Any:
@@ -292,7 +298,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         bar.update(steps - last[0])
         last[0] = steps
 
-    with _StopOnSigint(stop, "stopping after this update (Ctrl-C again to abort)…"):
+    with _StopOnSignal(stop, "stopping after this update (Ctrl-C again to abort)…"):
         try:
             outcome = execute_run(store, run_id, config, stop, on_step=on_step)
         finally:
@@ -435,7 +441,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         flush=True,
     )
     cancel = threading.Event()
-    with _StopOnSigint(cancel, "cancelling the sweep (Ctrl-C again to abort)…"):
+    with _StopOnSignal(cancel, "cancelling the sweep (Ctrl-C again to abort)…"):
         while not sweep.wait(0.2):
             if cancel.is_set():
                 sweep.cancel()

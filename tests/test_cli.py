@@ -220,11 +220,12 @@ def test_sweep_json(tmp_path):
     assert bad.returncode == 2 and "lambda_" in bad.stderr
 
 
-def test_ctrl_c_stops_and_keeps_data(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
     proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY, "--json")
     try:
         run_id = _wait_for_metrics(tmp_path / "data")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
