@@ -1,0 +1,215 @@
+"""Our A2C+GAE trainer (default config) against Stable-Baselines3 A2C with RL-Zoo's CartPole-v1
+config, in one go on this machine. Run by hand, not by pytest:
+
+    python benchmarks/bench_train.py            # seeds 0..4
+    python benchmarks/bench_train.py --quick    # seeds 0 1, shorter throughput runs
+    python benchmarks/bench_train.py --seeds 0 1 2
+
+Every measurement runs in its own subprocess, one at a time, so each peak memory
+(``ru_maxrss``) is that of one run and runs do not compete for cores. Both sides use one torch
+thread (``torch.set_num_threads(1)``; our config's ``torch_threads`` default); SB3 with torch's
+default thread count was slower here. Timing starts when the side builds its env and model
+(imports excluded) and stops when the mean of the last 100 episodic returns reaches 475
+("solved"), or at the 500k-step budget (RL-Zoo's n_timesteps for CartPole A2C).
+
+Targets: median wall time to solve ≤ 0.5× SB3's; env steps/s at 8 envs ≥ 2× SB3's;
+peak memory of one run ≤ SB3's. Our env steps count real transitions only: the NEXT_STEP
+reset rows (one per episode end, see gae_core/envs.py) are not counted, so our rate is if
+anything understated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+ENV_ID = "CartPole-v1"
+SOLVED = 475.0
+BUDGET = 500_000  # RL-Zoo's n_timesteps for a2c CartPole-v1
+# RL-Zoo hyperparams/a2c.yml CartPole-v1: n_envs 8, ent_coef 0.0; the rest are SB3 A2C defaults:
+# n_steps 5, gamma 0.99, gae_lambda 1.0, RMSprop (alpha 0.99, eps 1e-5) lr 7e-4, vf_coef 0.5,
+# max_grad_norm 0.5, separate 64x64 tanh policy and value nets.
+ZOO = dict(
+    n_steps=5,
+    gamma=0.99,
+    gae_lambda=1.0,
+    learning_rate=7e-4,
+    use_rms_prop=True,
+    rms_prop_eps=1e-5,
+    ent_coef=0.0,
+    vf_coef=0.5,
+    max_grad_norm=0.5,
+    normalize_advantage=False,
+)
+ZOO_ENVS = 8
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _peak_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def ours_solve(seed: int) -> dict:
+    from gae_core.config import TrainConfig
+    from gae_core.trainer import Trainer
+
+    started = time.perf_counter()
+    trainer = Trainer(TrainConfig(env_id=ENV_ID, seed=seed, total_steps=BUDGET))
+    returns: deque[float] = deque(maxlen=100)
+    solved = False
+    while not trainer.done and not solved:
+        result = trainer.step()
+        if result.episodes:
+            returns.extend(e.return_ for e in result.episodes)
+            solved = len(returns) == 100 and sum(returns) / 100 >= SOLVED
+    elapsed = time.perf_counter() - started
+    trainer.close()
+    return {"solved": solved, "seconds": elapsed, "env_steps": trainer.env_steps}
+
+
+def ours_throughput(steps: int) -> dict:
+    from gae_core.config import TrainConfig
+    from gae_core.trainer import Trainer
+
+    trainer = Trainer(TrainConfig(env_id=ENV_ID, num_envs=ZOO_ENVS, total_steps=10**9))
+    trainer.step()  # warm-up: first numba/torch calls
+    start_steps, started = trainer.env_steps, time.perf_counter()
+    while trainer.env_steps - start_steps < steps:
+        trainer.step()
+    elapsed = time.perf_counter() - started
+    trainer.close()
+    return {"steps_per_second": (trainer.env_steps - start_steps) / elapsed}
+
+
+def _sb3_model(seed: int):
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(ENV_ID, n_envs=ZOO_ENVS, seed=seed)
+    return A2C("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **ZOO)
+
+
+def sb3_solve(seed: int) -> dict:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class StopWhenSolved(BaseCallback):
+        solved = False
+
+        def _on_step(self) -> bool:
+            # Only look when an episode ended, so the check costs SB3 next to nothing.
+            if any("episode" in info for info in self.locals["infos"]):
+                buffer = self.model.ep_info_buffer
+                if len(buffer) == 100 and sum(e["r"] for e in buffer) / 100 >= SOLVED:
+                    self.solved = True
+                    return False
+            return True
+
+    started = time.perf_counter()
+    model = _sb3_model(seed)
+    callback = StopWhenSolved()
+    model.learn(BUDGET, callback=callback)
+    elapsed = time.perf_counter() - started
+    return {"solved": callback.solved, "seconds": elapsed, "env_steps": model.num_timesteps}
+
+
+def sb3_throughput(steps: int) -> dict:
+    model = _sb3_model(0)
+    model.learn(ZOO_ENVS * ZOO["n_steps"] * 20)  # warm-up
+    started = time.perf_counter()
+    model.learn(steps, reset_num_timesteps=False)
+    elapsed = time.perf_counter() - started
+    return {"steps_per_second": steps / elapsed}
+
+
+def worker(side: str, task: str, arg: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    functions = {
+        ("ours", "solve"): ours_solve,
+        ("ours", "throughput"): ours_throughput,
+        ("sb3", "solve"): sb3_solve,
+        ("sb3", "throughput"): sb3_throughput,
+    }
+    result = functions[side, task](arg)
+    result["peak_mb"] = _peak_mb()
+    print(json.dumps(result))
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def spawn(side: str, task: str, arg: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, __file__, "--worker", side, task, str(arg)]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{side} {task} {arg} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_time(runs: list[dict]) -> float:
+    return statistics.median(r["seconds"] if r["solved"] else float("inf") for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3 4")
+    parser.add_argument("--quick", action="store_true", help="seeds 0 1, short throughput runs")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker[0], args.worker[1], int(args.worker[2]))
+        return
+    seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else list(range(5)))
+    throughput_steps = {"ours": 100_000, "sb3": 20_000}
+    if args.quick:
+        throughput_steps = {"ours": 30_000, "sb3": 5_000}
+
+    runs: dict[str, list[dict]] = {"ours": [], "sb3": []}
+    print(f"{'seed':>4} {'side':>5} {'solved':>6} {'seconds':>8} {'env steps':>10} {'peak MB':>8}")
+    for seed in seeds:
+        for side in ("ours", "sb3"):
+            r = spawn(side, "solve", seed)
+            runs[side].append(r)
+            print(
+                f"{seed:>4} {side:>5} {r['solved']!s:>6} {r['seconds']:>8.2f} "
+                f"{r['env_steps']:>10} {r['peak_mb']:>8.1f}",
+                flush=True,
+            )
+    rate = {side: spawn(side, "throughput", throughput_steps[side]) for side in ("ours", "sb3")}
+
+    ours_time, sb3_time = median_time(runs["ours"]), median_time(runs["sb3"])
+    ours_mem = statistics.median(r["peak_mb"] for r in runs["ours"])
+    sb3_mem = statistics.median(r["peak_mb"] for r in runs["sb3"])
+    rows = [
+        ("solved seeds", f"{sum(r['solved'] for r in runs['ours'])}/{len(seeds)}",
+         f"{sum(r['solved'] for r in runs['sb3'])}/{len(seeds)}", "", "all"),
+        ("median s to solve", f"{ours_time:.2f}", f"{sb3_time:.2f}",
+         f"{ours_time / sb3_time:.3f}", "<= 0.5"),
+        ("env steps/s, 8 envs", f"{rate['ours']['steps_per_second']:.0f}",
+         f"{rate['sb3']['steps_per_second']:.0f}",
+         f"{rate['ours']['steps_per_second'] / rate['sb3']['steps_per_second']:.1f}", ">= 2"),
+        ("peak MB, one run", f"{ours_mem:.0f}", f"{sb3_mem:.0f}", f"{ours_mem / sb3_mem:.2f}",
+         "<= 1"),
+    ]  # fmt: skip
+    print()
+    print(f"{'':<22}{'ours':>10}{'SB3 zoo':>10}{'ratio':>9}{'target':>9}")
+    for name, ours, sb3, ratio, target in rows:
+        print(f"{name:<22}{ours:>10}{sb3:>10}{ratio:>9}{target:>9}")
+
+
+if __name__ == "__main__":
+    main()
