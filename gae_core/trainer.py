@@ -46,6 +46,17 @@ __all__ = [
 _RECORD_CAP = 1000
 
 
+_LOSS_METRICS = (
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "advantages/mean",
+    "advantages/std",
+    "losses/grad_norm",
+)
+
+
 class TrainingDiverged(RuntimeError):
     """A loss, gradient or value became NaN or infinite; the run cannot continue."""
 
@@ -227,9 +238,15 @@ class Trainer:
         return torch.from_numpy(advantages), torch.from_numpy(advantages + values)
 
     def update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
-        """One gradient step on the valid rows; returns the loss metrics."""
+        """One gradient step on the valid rows; returns the loss metrics.
+
+        A rollout with no valid row (``rollout_steps`` 1 and every env just reset) has nothing
+        to learn from: no step is taken and the loss metrics are reported as 0.
+        """
         rollout, config, device = self._rollout, self.config, self.device
         valid = torch.from_numpy(rollout.valid.reshape(-1))
+        if not rollout.valid.any():
+            return dict.fromkeys(_LOSS_METRICS, 0.0)
         observations = torch.from_numpy(rollout.observations[:-1].reshape(valid.shape[0], -1))
         actions = torch.from_numpy(
             rollout.actions.reshape(valid.shape[0], *rollout.actions.shape[2:])

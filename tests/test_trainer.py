@@ -129,6 +129,14 @@ def test_reset_rows_masked_and_truncation_flagged():
     trainer.close()
 
 
+def test_rollout_of_reset_rows_only_is_skipped_not_diverged():
+    # rollout_steps 1, envs in lockstep: every 11th rollout is nothing but reset rows.
+    results, _ = run(tiny(CONSTANT_ID, num_envs=2, rollout_steps=1), updates=12)
+    assert results[10].metrics["losses/grad_norm"] == 0.0
+    assert results[10].env_steps == results[9].env_steps == 20
+    assert all(math.isfinite(v) for r in results for v in r.metrics.values())
+
+
 @pytest.mark.parametrize("lambda_", [0.0, 0.9])
 def test_truncation_bootstraps_to_the_infinite_horizon_value(lambda_):
     """With γ = 0.9 the critic must learn V = 1/(1−γ) = 10 although every episode is cut after
