@@ -10,7 +10,8 @@ One update per rollout, as a plain object a test can step:
 Deviations from the paper, all standard in A2C implementations: the paper fits the policy with
 TRPO and the critic with a trust-region regression on full batches; here both take one
 (Adam/RMSprop) gradient step per rollout on a shared loss, advantages are optionally
-standardised per batch, and the gradient norm is clipped.
+standardised per batch, the gradient norm is clipped, and the critic's target is the λ-return
+(the paper regresses V on discounted returns, eq. 28).
 
 Determinism: for a given config (seed and ``torch_threads`` included) ``step()`` yields the same
 metrics. Weights are initialised from a local ``torch.Generator`` and actions are sampled from
@@ -21,6 +22,7 @@ a local ``np.random.Generator``, so concurrent runs in other threads do not pert
 from __future__ import annotations
 
 import io
+import math
 import time
 from dataclasses import dataclass, fields
 
@@ -243,48 +245,70 @@ class Trainer:
         A rollout with no valid row (``rollout_steps`` 1 and every env just reset) has nothing
         to learn from: no step is taken and the loss metrics are reported as 0.
         """
-        rollout, config, device = self._rollout, self.config, self.device
-        valid = torch.from_numpy(rollout.valid.reshape(-1))
-        if not rollout.valid.any():
+        if not self._rollout.valid.any():
             return dict.fromkeys(_LOSS_METRICS, 0.0)
-        observations = torch.from_numpy(rollout.observations[:-1].reshape(valid.shape[0], -1))
-        actions = torch.from_numpy(
-            rollout.actions.reshape(valid.shape[0], *rollout.actions.shape[2:])
-        )
-        observations, actions = observations[valid].to(device), actions[valid].to(device)
-        advantages, returns = advantages.reshape(-1)[valid], returns.reshape(-1)[valid]
+        observations, actions, advantages, returns = self._valid_rows(advantages, returns)
         raw_advantages = advantages
-        if config.normalize_advantages and advantages.numel() > 1:
+        if self.config.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
-        advantages, returns = advantages.to(device), returns.to(device)
-
-        log_probs, entropy = self.model.log_probs_and_entropy(observations, actions)
-        values = self.model.values(observations)
-        policy_loss = -(advantages * log_probs).mean()
-        value_loss = (returns - values).square().mean()  # MSE as in SB3 (CleanRL halves it)
-        entropy_mean = entropy.mean()
-        loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"loss became {loss.item()} at update {self.updates}")
-
-        self.optimizer.zero_grad()
-        loss.backward()
-        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if not torch.isfinite(grad_norm):
-            raise TrainingDiverged(
-                f"gradient norm became {grad_norm.item()} at update {self.updates}"
-            )
-        self.optimizer.step()
+        losses, values = self._losses(observations, actions, advantages, returns)
+        grad_norm = self._descend(losses["loss"])
         return {
-            "losses/policy_loss": policy_loss.item(),
-            "losses/value_loss": value_loss.item(),
-            "losses/entropy": entropy_mean.item(),
-            "losses/explained_variance": _explained_variance(values.detach().cpu(), returns.cpu()),
+            "losses/policy_loss": losses["policy"].item(),
+            "losses/value_loss": losses["value"].item(),
+            "losses/entropy": losses["entropy"].item(),
+            "losses/explained_variance": _explained_variance(values, returns.cpu()),
             "advantages/mean": raw_advantages.mean().item(),
             "advantages/std": raw_advantages.std(correction=0).item(),
-            "losses/grad_norm": grad_norm.item(),
+            "losses/grad_norm": grad_norm,
         }
+
+    def _valid_rows(
+        self, advantages: torch.Tensor, returns: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Flatten ``[T, N]`` to rows and drop the NEXT_STEP reset rows; tensors on the device."""
+        rollout, device = self._rollout, self.device
+        valid = torch.from_numpy(rollout.valid.reshape(-1))
+        rows = valid.shape[0]
+        observations = torch.from_numpy(rollout.observations[:-1].reshape(rows, -1))
+        actions = torch.from_numpy(rollout.actions.reshape(rows, *rollout.actions.shape[2:]))
+        return tuple(
+            x[valid].to(device)
+            for x in (observations, actions, advantages.reshape(-1), returns.reshape(-1))
+        )
+
+    def _losses(
+        self,
+        observations: torch.Tensor,
+        actions: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A2C loss terms (differentiable) and the critic's values (detached, CPU)."""
+        config = self.config
+        log_probs, entropy = self.model.log_probs_and_entropy(observations, actions)
+        values = self.model.values(observations)
+        policy = -(advantages * log_probs).mean()
+        # The critic regresses on λ-returns; the paper (eq. 28) regresses on discounted
+        # returns. MSE as in SB3 (CleanRL halves it).
+        value = (returns - values).square().mean()
+        entropy = entropy.mean()
+        loss = policy + config.value_coef * value - config.entropy_coef * entropy
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(f"loss became {loss.item()} at update {self.updates}")
+        terms = {"loss": loss, "policy": policy, "value": value, "entropy": entropy}
+        return terms, values.detach().cpu()
+
+    def _descend(self, loss: torch.Tensor) -> float:
+        """Backward, clip the global gradient norm, step; returns the norm before clipping."""
+        self.optimizer.zero_grad()
+        loss.backward()
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        if not math.isfinite(grad_norm):
+            raise TrainingDiverged(f"gradient norm became {grad_norm} at update {self.updates}")
+        self.optimizer.step()
+        return grad_norm
 
     def checkpoint_due(self) -> bool:
         """True once ``checkpoint_every`` env steps have passed since the last checkpoint."""
