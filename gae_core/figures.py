@@ -15,6 +15,10 @@ import plotly.graph_objects as go
 #: Traces are cut to about this many points so a refresh stays fast however long the run.
 MAX_POINTS = 2000
 
+# SVG traces (go.Scatter), not WebGL (go.Scattergl): with at most MAX_POINTS points SVG draws
+# fast, while WebGL falls back to slow software rendering on machines without a GPU and each
+# live chart would hold a WebGL context of its own.
+
 X_AXES = {"env_step": "env steps", "wall_time": "wall time (s)"}
 
 # metric key -> (chart title, y-axis label)
@@ -96,7 +100,7 @@ def metric_figure(
     figure = go.Figure()
     smoothed = f"{name}_smoothed" in frame
     figure.add_trace(
-        go.Scattergl(
+        go.Scatter(
             x=frame[x_column],
             y=frame[name],
             mode="markers" if smoothed else "lines+markers",
@@ -106,7 +110,7 @@ def metric_figure(
     )
     if smoothed:
         figure.add_trace(
-            go.Scattergl(
+            go.Scatter(
                 x=frame[x_column],
                 y=frame[f"{name}_smoothed"],
                 mode="lines",
@@ -132,7 +136,7 @@ def overlay_figure(
         frame.insert(0, "run", run_name)
         parts.append(frame)
         figure.add_trace(
-            go.Scattergl(x=frame[x_column], y=frame[value_column], mode="lines", name=run_name)
+            go.Scatter(x=frame[x_column], y=frame[value_column], mode="lines", name=run_name)
         )
     title, y_label = METRIC_LABELS.get(key, (name, name))
     _layout(figure, title, X_AXES[x], y_label)
