@@ -17,6 +17,7 @@ import math
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -227,6 +228,37 @@ def _save_checkpoint(store: RunStore, run_id: str, trainer: Any, config: Any) ->
     store.save_checkpoint(run_id, int(trainer.env_steps), blob, recorded)
 
 
+_LIVE_MANAGERS: weakref.WeakSet[RunManager] = weakref.WeakSet()
+_EXIT_HOOK_INSTALLED = False
+#: At interpreter exit, how long to wait for stopped runs to close themselves.
+EXIT_JOIN_S = 3.0
+
+
+def _shutdown_live_managers() -> None:
+    """At interpreter exit: stop every run so it ends ``stopped`` with its data, instead of
+    being cut off mid-update and found ``interrupted`` later."""
+    managers = list(_LIVE_MANAGERS)
+    for manager in managers:
+        manager.stop_all()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for manager in managers:
+        manager.shutdown(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _install_exit_hook() -> None:
+    # threading._register_atexit runs before the interpreter kills daemon threads (and before
+    # concurrent.futures joins its pools); plain atexit would run too late for daemon threads.
+    global _EXIT_HOOK_INSTALLED
+    register = getattr(threading, "_register_atexit", None)
+    if _EXIT_HOOK_INSTALLED or register is None:
+        return
+    try:
+        register(_shutdown_live_managers)
+    except RuntimeError:  # already shutting down
+        return
+    _EXIT_HOOK_INSTALLED = True
+
+
 class RunManager:
     """Starts runs in background threads and stops them; safe to share between callers.
 
@@ -251,6 +283,8 @@ class RunManager:
         self._events: dict[str, threading.Event] = {}
         self._outcomes: dict[str, RunOutcome] = {}
         self._closed = False
+        _install_exit_hook()
+        _LIVE_MANAGERS.add(self)
 
     def start(
         self,

@@ -17,6 +17,7 @@ sees the flag on its next flush, within about a second).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import concurrent.futures.process  # noqa: F401  (see _install_exit_hook)
 import dataclasses
 import itertools
 import logging
@@ -26,6 +27,7 @@ import signal
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,13 +139,17 @@ def cancel_sweep(store: RunStore, sweep_id: str) -> None:
 # -- worker side ----------------------------------------------------------------------------
 
 _WORKER_STORE: RunStore | None = None
+_PARENT_PID: int | None = None
+#: How often a worker checks that the coordinating process still lives.
+ORPHAN_CHECK_S = 0.5
 
 
 def _init_worker(data_dir: str) -> None:
     """Pool initializer: one torch thread per worker (the workers are the parallelism)."""
-    global _WORKER_STORE
+    global _WORKER_STORE, _PARENT_PID
     import torch
 
+    _PARENT_PID = os.getppid()
     # Ctrl-C in a terminal reaches the whole process group; the coordinator turns it into a
     # cancel through the store, so a worker must not die of it mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -151,15 +157,82 @@ def _init_worker(data_dir: str) -> None:
     _WORKER_STORE = RunStore(data_dir)
 
 
+def _watch_parent(stop: threading.Event, orphaned: threading.Event, done: threading.Event) -> None:
+    while not done.wait(ORPHAN_CHECK_S):
+        if os.getppid() != _PARENT_PID:
+            orphaned.set()
+            stop.set()
+            return
+
+
 def _run_trial(run_id: str, config: dict[str, Any], flush_interval: float) -> dict[str, Any]:
-    assert _WORKER_STORE is not None, "worker not initialised"
-    outcome = execute_run(
-        _WORKER_STORE, run_id, TrainConfig.from_dict(config), flush_interval=flush_interval
+    """One trial in a worker. If the coordinating process dies (killed), the trial stops at its
+    next update, is marked ``interrupted`` and the worker exits: no orphan trains on."""
+    store = _WORKER_STORE
+    assert store is not None, "worker not initialised"
+    stop, orphaned, done = threading.Event(), threading.Event(), threading.Event()
+    watchdog = threading.Thread(
+        target=_watch_parent, args=(stop, orphaned, done), name="gae-sweep-watchdog", daemon=True
     )
+    watchdog.start()
+    try:
+        outcome = execute_run(
+            store, run_id, TrainConfig.from_dict(config), stop, flush_interval=flush_interval
+        )
+    finally:
+        done.set()
+    if orphaned.is_set():
+        store.finish_run(
+            run_id,
+            "interrupted",
+            f"the sweep's coordinating process died; stopped at env step {outcome.env_steps}",
+        )
+        store.close()
+        os._exit(1)
     return dataclasses.asdict(outcome)
 
 
 # -- coordinator ----------------------------------------------------------------------------
+
+_LIVE_SWEEPS: weakref.WeakSet[Sweep] = weakref.WeakSet()
+#: At interpreter exit, how long to wait for cancelled sweeps to wind down.
+EXIT_JOIN_S = 15.0
+_EXIT_HOOK_INSTALLED = False
+
+
+def _cancel_live_sweeps() -> None:
+    """At interpreter exit: cancel running sweeps so their trials end ``stopped``.
+
+    Registered with ``threading._register_atexit``, which runs before ``concurrent.futures``
+    joins its pools (it would otherwise wait for every trial to finish its budget).
+    """
+    sweeps = [sweep for sweep in list(_LIVE_SWEEPS) if not sweep.done]
+    for sweep in sweeps:
+        sweep.cancel()
+        try:
+            cancel_sweep(sweep.store, sweep.sweep_id)
+        except Exception:
+            log.exception("sweep %s: could not cancel at exit", sweep.sweep_id)
+    # Let the coordinators record the end (workers stop within about a second).
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for sweep in sweeps:
+        sweep.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _install_exit_hook() -> None:
+    # Exit hooks run last-registered first. concurrent.futures.process registers its own (join
+    # every pool) when it is imported — at the top of this module, so before this one, which
+    # therefore runs first and lets the pools wind down instead of waiting out every trial.
+    global _EXIT_HOOK_INSTALLED
+    if _EXIT_HOOK_INSTALLED:
+        return
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_cancel_live_sweeps)
+        except RuntimeError:  # already shutting down
+            return
+    _EXIT_HOOK_INSTALLED = True
 
 
 class Sweep:
@@ -302,6 +375,8 @@ def start_sweep(
         )
         trials.append((run_id, config))
     sweep = Sweep(store, sweep_id, trials, workers, on_progress, flush_interval)
+    _install_exit_hook()
+    _LIVE_SWEEPS.add(sweep)
     sweep._thread.start()
     return sweep
 

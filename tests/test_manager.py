@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +198,34 @@ def test_execute_run_skips_cancelled_trial(tmp_path):
     outcome = execute_run(store, run_id, config)
     assert outcome.status == "stopped" and store.metrics(run_id).empty
     store.close()
+
+
+_EXIT_SCRIPT = """
+import sys, time
+from gae_core.config import TrainConfig
+from gae_core.manager import RunManager
+from gae_core.store import RunStore
+store = RunStore(sys.argv[1])
+manager = RunManager(store)
+run_id = manager.start(TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8))
+while store.get_run(run_id).env_steps == 0:
+    time.sleep(0.05)
+print(run_id, flush=True)
+# The script ends with the run still going: the exit hook must stop it cleanly.
+"""
+
+
+def test_interpreter_exit_stops_runs_cleanly(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    with RunStore(tmp_path) as store:
+        run = store.get_run(run_id)
+        assert run.status == "stopped" and run.env_steps > 0
+        assert store.checkpoint_steps(run_id)[-1] == run.env_steps

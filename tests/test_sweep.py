@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +123,90 @@ def test_killed_worker_fails_the_sweep_and_leaves_nothing_active(tmp_path):
     assert "BrokenProcessPool" in store.get_sweep(sweep.sweep_id).error
     assert store.integrity_check() == "ok"
     store.close()
+
+
+_EXIT_SCRIPT = """
+import sys
+from gae_core.config import TrainConfig
+from gae_core.store import RunStore
+from gae_core.sweep import grid_of, start_sweep, wait_until
+store = RunStore(sys.argv[1])
+long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
+sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2)
+assert wait_until(lambda: sweep.progress().counts["running"] == 2, timeout=60)
+print(sweep.sweep_id, flush=True)
+# The script ends mid-sweep: the exit hook cancels it instead of waiting for 10**8 steps.
+"""
+
+
+def test_interpreter_exit_cancels_a_running_sweep(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    sweep_id = done.stdout.strip()
+    with RunStore(tmp_path) as store:
+        counts = store.sweep_status_counts(sweep_id)
+        assert counts["stopped"] == 3 and counts["running"] == counts["queued"] == 0
+        assert store.get_sweep(sweep_id).status == "cancelled"
+
+
+_ORPHAN_SCRIPT = """
+import os, signal, sys
+from gae_core.config import TrainConfig
+from gae_core.store import RunStore
+from gae_core.sweep import grid_of, start_sweep, wait_until
+store = RunStore(sys.argv[1])
+long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
+sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2)
+assert wait_until(lambda: sweep.progress().counts["running"] == 2, timeout=60)
+print(sweep.sweep_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    sweep_id = done.stdout.strip()
+    raw = sqlite3.connect(tmp_path / "runs.sqlite3")
+    workers = [
+        pid
+        for (pid,) in raw.execute(
+            "SELECT owner_pid FROM runs WHERE sweep_id = ? AND started_at IS NOT NULL",
+            (sweep_id,),
+        )
+    ]
+    raw.close()
+    assert len(workers) == 2
+
+    def gone(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+
+    try:
+        assert wait_until(lambda: all(gone(pid) for pid in workers), timeout=20)
+    finally:
+        for pid in workers:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    with RunStore(tmp_path) as store:
+        runs = store.list_runs(sweep_id=sweep_id)
+        assert {r.status for r in runs} == {"interrupted"}
+        started = [r for r in runs if r.started_at is not None]
+        assert all("coordinating process died" in r.error for r in started)
+        assert store.get_sweep(sweep_id).status == "interrupted"
+        assert store.integrity_check() == "ok"
