@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -28,16 +29,31 @@ from gae_core.sweep import grid_of, run_sweep
 TARGET = 0.6
 
 
-def time_sweep(base: TrainConfig, grid: dict, workers: int) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_sweep(base: TrainConfig, grid: dict, workers: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the worker processes) of one sweep."""
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as data_dir:
         store = RunStore(data_dir)
+        cpu_before = _children_cpu()
         started = time.perf_counter()
         progress = run_sweep(store, base, grid, workers=workers)
         elapsed = time.perf_counter() - started
+        cpu = _children_cpu() - cpu_before  # the pool has joined its workers: they are counted
         if progress.counts["finished"] != progress.total:
             raise SystemExit(f"sweep with {workers} workers did not finish: {progress.counts}")
         store.close()
-    return elapsed
+    return elapsed, cpu
+
+
+def wait_idle(limit_s: float, threshold: float = 0.5) -> None:
+    """Wait (at most ``limit_s``) for the 1-minute load average to drop below ``threshold``."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
+        time.sleep(5)
 
 
 def main() -> int:
@@ -47,6 +63,13 @@ def main() -> int:
     parser.add_argument("--lambdas", type=float, nargs="+", default=[0.9, 0.95, 1.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--repeat", type=int, default=1, help="alternate K times, keep the best")
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before each sweep wait up to S seconds for the load average to drop below 0.5",
+    )
     args = parser.parse_args()
 
     base = TrainConfig(env_id=args.env, total_steps=args.total_steps, checkpoint_every=0)
@@ -58,15 +81,19 @@ def main() -> int:
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
-    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     ones, twos = [], []
     for _ in range(args.repeat):
-        ones.append(time_sweep(base, grid, workers=1))
-        print(f"1 worker : {ones[-1]:7.2f} s", flush=True)
-        twos.append(time_sweep(base, grid, workers=2))
-        print(f"2 workers: {twos[-1]:7.2f} s", flush=True)
+        for workers, times in ((1, ones), (2, twos)):
+            wait_idle(args.wait_idle)
+            load = os.getloadavg()[0]
+            wall, cpu = time_sweep(base, grid, workers=workers)
+            times.append(wall)
+            print(
+                f"{workers} worker{'s' if workers > 1 else ' '}: {wall:7.2f} s wall, "
+                f"{cpu:7.2f} CPU-s in workers (load average before: {load:.2f})",
+                flush=True,
+            )
     one, two = min(ones), min(twos)
-    print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
     ratio = two / one
     verdict = "meets" if ratio <= TARGET else "MISSES"
     print(f"ratio 2 workers / 1 worker = {ratio:.3f} ({verdict} target <= {TARGET})")
