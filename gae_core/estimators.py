@@ -16,8 +16,12 @@ Conventions shared by every function (see also ``shared/GUIDE.md``):
   there unless ``terminated[T-1]``.
 * numpy arrays in → numpy arrays out; torch tensors in → torch tensors out on the same device
   (detached: these are targets, not part of a graph). float32 and float64 are kept as given
-  (mixed inputs give the wider type); accumulation is float64 on the CPU path. Inputs are never
-  modified. Bad input raises ``ValueError`` naming the argument and what was expected.
+  (mixed inputs give the wider type). Inputs are never modified. Bad input raises
+  ``ValueError`` naming the argument and what was expected.
+* Backends: numpy arrays and large CPU tensors run compiled numba kernels (float64
+  accumulation, imported on first use); tensors on an accelerator and CPU tensors of at most
+  :data:`TORCH_CPU_MAX_ELEMENTS` elements (a training rollout) run a log-depth doubling scan
+  in torch, in the tensors' dtype. Both are tested against the same references.
 
 Where our indexing differs from the paper: the paper writes sums to infinity over one
 episode; here every sum stops at the end of the segment that contains t (the first done step at
@@ -35,7 +39,19 @@ from typing import Any
 
 import numpy as np
 
-from gae_core import _kernels
+#: Torch tensors with at most this many elements stay in torch on the CPU too (the doubling
+#: scan of :mod:`gae_core._torch_scan`): a training rollout then never loads the numba
+#: runtime, which costs a process about 125 MB of memory. Larger CPU tensors take the
+#: compiled kernels (zero-copy), which win from a few hundred thousand elements on.
+TORCH_CPU_MAX_ELEMENTS = 1 << 16
+
+
+def _kernels():
+    """The compiled kernels, imported on first use (numba is heavy to import)."""
+    from gae_core import _kernels as kernels
+
+    return kernels
+
 
 __all__ = [
     "discounted_returns",
@@ -76,14 +92,11 @@ def _check_unit_interval(name: str, x: Any) -> float:
 class _Batch:
     """Validated inputs as C-contiguous 2-D numpy arrays, and how to give results back."""
 
-    arrays: dict[str, Any]  # numpy for the CPU kernels; torch tensors on an accelerator
+    arrays: dict[str, Any]  # numpy for the compiled kernels; torch tensors for the torch path
     dtype: Any
     one_dim: bool
     device: Any = None  # torch.device for tensor inputs, None for numpy
-
-    @property
-    def on_accelerator(self) -> bool:
-        return self.device is not None and self.device.type != "cpu"
+    in_torch: bool = False  # arrays are tensors: run the estimator in torch on their device
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -93,7 +106,7 @@ class _Batch:
         """Undo the 2-D view (``[..., T, 1]`` → ``[..., T]``) and return the caller's type."""
         if self.one_dim:
             out = out.reshape(out.shape[:-1])
-        if self.device is None or self.on_accelerator:
+        if self.device is None or self.in_torch:
             return out
         return _torch().from_numpy(out)
 
@@ -163,8 +176,10 @@ def _prepare(floats: dict[str, Any], flags: dict[str, Any], *, check_finite: boo
     """
     floats, flags, device = _validate(floats, flags)
     one_dim = next(iter(floats.values())).ndim == 1
-    if device is not None and device.type != "cpu":
-        return _prepare_on_device(floats, flags, device, one_dim)
+    if device is not None and (
+        device.type != "cpu" or _first_numel(floats) <= TORCH_CPU_MAX_ELEMENTS
+    ):
+        return _prepare_in_torch(floats, flags, device, one_dim)
     if device is not None:
         floats = {k: v.detach().cpu().numpy() for k, v in floats.items()}
         flags = {k: v.detach().cpu().numpy() for k, v in flags.items()}
@@ -183,8 +198,12 @@ def _prepare(floats: dict[str, Any], flags: dict[str, Any], *, check_finite: boo
     return _Batch(arrays, dtype, one_dim, device)
 
 
-def _prepare_on_device(floats: dict, flags: dict, device: Any, one_dim: bool) -> _Batch:
-    """Tensors on an accelerator stay there: 2-D views, one float dtype, bool flags."""
+def _first_numel(arrays: dict[str, Any]) -> int:
+    return next(iter(arrays.values())).numel()
+
+
+def _prepare_in_torch(floats: dict, flags: dict, device: Any, one_dim: bool) -> _Batch:
+    """Tensors that stay in torch: 2-D views, one float dtype, bool flags."""
     torch = _torch()
     dtype = functools.reduce(torch.promote_types, (v.dtype for v in floats.values()))
     arrays = {}
@@ -197,7 +216,7 @@ def _prepare_on_device(floats: dict, flags: dict, device: Any, one_dim: bool) ->
         arrays[name] = value.detach() != 0
     if one_dim:
         arrays = {k: v.unsqueeze(-1) for k, v in arrays.items()}
-    return _Batch(arrays, dtype, one_dim, device)
+    return _Batch(arrays, dtype, one_dim, device, in_torch=True)
 
 
 def _on_device(batch: _Batch, estimator: str, **params: Any) -> Any:
@@ -209,7 +228,7 @@ def _on_device(batch: _Batch, estimator: str, **params: Any) -> Any:
 
 def _raise_non_finite(arrays: dict[str, np.ndarray], names: list[str]) -> None:
     for name in names:
-        if not _kernels.all_finite(arrays[name]):
+        if not _kernels().all_finite(arrays[name]):
             raise ValueError(f"{name} must be finite, found NaN or infinite values")
 
 
@@ -238,11 +257,13 @@ def td_residuals(rewards, values, next_values, terminated, *, gamma: float):
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated},
     )
-    if batch.on_accelerator:
+    if batch.in_torch:
         return batch.wrap(_on_device(batch, "td_residuals", gamma=gamma))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
-    _kernels.td_residuals(a["rewards"], a["values"], a["next_values"], a["terminated"], gamma, out)
+    _kernels().td_residuals(
+        a["rewards"], a["values"], a["next_values"], a["terminated"], gamma, out
+    )
     return batch.wrap(out)
 
 
@@ -278,11 +299,11 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma: float, la
         {"terminated": terminated, "truncated": truncated},
         check_finite=False,
     )
-    if batch.on_accelerator:
+    if batch.in_torch:
         return batch.wrap(_on_device(batch, "gae", gamma=gamma, lambda_=lambda_))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
-    finite = _kernels.gae(
+    finite = _kernels().gae(
         a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
         gamma, lambda_, out,
     )  # fmt: skip
@@ -330,11 +351,11 @@ def discounted_returns(rewards, next_values, terminated, truncated, *, gamma: fl
         {"rewards": rewards, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
     )
-    if batch.on_accelerator:
+    if batch.in_torch:
         return batch.wrap(_on_device(batch, "discounted_returns", gamma=gamma))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
-    _kernels.discounted_returns(
+    _kernels().discounted_returns(
         a["rewards"], a["next_values"], a["terminated"], a["truncated"], gamma, out
     )
     return batch.wrap(out)
@@ -381,18 +402,18 @@ def k_step_advantages(rewards, values, next_values, terminated, truncated, *, ga
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
     )
-    if batch.on_accelerator:
+    if batch.in_torch:
         out = _on_device(batch, "k_step_advantages", gamma=gamma, ks=ks)
         return batch.wrap(out if stacked else out[0])
     a = batch.arrays
     deltas = np.empty(batch.shape, dtype=np.float64)
-    _kernels.td_residuals(
+    _kernels().td_residuals(
         a["rewards"], a["values"], a["next_values"], a["terminated"], gamma, deltas
     )
     done = a["terminated"] | a["truncated"]
     unique = np.unique(np.asarray(ks, dtype=np.int64))
     table = np.empty((len(unique), *batch.shape), dtype=batch.dtype)
-    _kernels.k_step(deltas, done, gamma, unique, table)
+    _kernels().k_step(deltas, done, gamma, unique, table)
     out = table[np.searchsorted(unique, ks)]
     return batch.wrap(out if stacked else out[0])
 
@@ -424,11 +445,11 @@ def gae_lambda_sweep(rewards, values, next_values, terminated, truncated, *, gam
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
     )
-    if batch.on_accelerator:
+    if batch.in_torch:
         return batch.wrap(_on_device(batch, "gae_lambda_sweep", gamma=gamma, lambdas=grid))
     out = np.empty((len(grid), *batch.shape), dtype=batch.dtype)
     a = batch.arrays
-    _kernels.gae_sweep(
+    _kernels().gae_sweep(
         a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
         gamma, grid, out,
     )  # fmt: skip

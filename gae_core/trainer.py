@@ -222,22 +222,25 @@ class Trainer:
     def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE advantages and λ-returns ``[T, N]`` for the rollout just collected."""
         rollout, config = self._rollout, self.config
+        device = self.device
         with torch.no_grad():
-            observations = torch.as_tensor(rollout.observations, device=self.device)
-            all_values = self.model.values(observations).cpu().numpy()  # [T+1, N]
-        if not np.isfinite(all_values).all():
+            observations = torch.as_tensor(rollout.observations, device=device)
+            all_values = self.model.values(observations)  # [T+1, N]
+        if not torch.isfinite(all_values).all():
             raise TrainingDiverged(f"critic values became non-finite at update {self.updates}")
         values, next_values = all_values[:-1], all_values[1:]
+        # Torch tensors in: gae stays in torch on the rollout's device (a doubling scan), so a
+        # training process never loads the numba runtime (see estimators.TORCH_CPU_MAX_ELEMENTS).
         advantages = gae(
-            rollout.rewards,
+            torch.as_tensor(rollout.rewards, device=device),
             values,
             next_values,
-            rollout.terminated,
-            rollout.truncated,
+            torch.as_tensor(rollout.terminated, device=device),
+            torch.as_tensor(rollout.truncated, device=device),
             gamma=config.gamma,
             lambda_=config.lambda_,
         )
-        return torch.from_numpy(advantages), torch.from_numpy(advantages + values)
+        return advantages.cpu(), (advantages + values).cpu()
 
     def update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
         """One gradient step on the valid rows; returns the loss metrics.

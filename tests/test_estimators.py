@@ -344,8 +344,32 @@ def test_numpy_torch_and_accelerator_path_agree(batch, gamma, lambda_):
     for name, (numpy_out, torch_out, scan_out) in cases.items():
         assert isinstance(numpy_out, np.ndarray), name
         assert isinstance(torch_out, torch.Tensor) and torch_out.dtype == torch.float64, name
-        np.testing.assert_allclose(torch_out.numpy(), numpy_out, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(torch_out.numpy(), numpy_out, rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(scan_out.numpy(), numpy_out, rtol=1e-9, atol=1e-9)
+
+
+def test_large_cpu_tensors_take_the_compiled_kernels_and_agree():
+    steps = gae_core.estimators.TORCH_CPU_MAX_ELEMENTS + 7  # one env: just over the threshold
+    batch = rollout(np.random.default_rng(9), steps, 1)
+    tensors = as_tensors(batch)
+    expected = gae_core.gae(*batch, gamma=0.99, lambda_=0.95)
+    got = gae_core.gae(*tensors, gamma=0.99, lambda_=0.95)
+    assert isinstance(got, torch.Tensor) and got.shape == (steps, 1)
+    np.testing.assert_array_equal(got.numpy(), expected)  # same kernel, bit for bit
+    scan = _torch_scan.gae(*tensors, gamma=0.99, lambda_=0.95)
+    np.testing.assert_allclose(scan.numpy(), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_small_torch_batches_do_not_load_numba():
+    """A training process (torch rollouts) never pays numba's ~125 MB; numpy callers do."""
+    code = (
+        "import sys, torch, gae_core; z = torch.zeros(64, 16); f = torch.zeros(64, 16, "
+        "dtype=torch.bool); gae_core.gae(z, z, z, f, f, gamma=0.9, lambda_=0.9); "
+        "print('numba' in sys.modules); gae_core.gae(z.numpy(), z.numpy(), z.numpy(), "
+        "f.numpy(), f.numpy(), gamma=0.9, lambda_=0.9); print('numba' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 64, 1000, 1025])
