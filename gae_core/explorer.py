@@ -5,30 +5,16 @@ next to a late one shows how critic error becomes bias in the advantages)."""
 from __future__ import annotations
 
 import dataclasses
-import io
 
 import numpy as np
 import torch
 
 from gae_core.config import TrainConfig
 from gae_core.envs import make_eval_env
-from gae_core.policy import ActorCritic
-from gae_core.trainer import Trajectory, _record_episode, evaluate_values
+from gae_core.trainer import Trajectory, evaluate_values, load_model, record_episode
 
 
-def load_model(config: TrainConfig, checkpoint: bytes) -> ActorCritic:
-    """The actor-critic saved in ``checkpoint`` (``torch.load(weights_only=True)``)."""
-    env = make_eval_env(config.env_id)
-    try:
-        model = ActorCritic(env.observation_space, env.action_space, config.hidden_sizes, 0)
-    finally:
-        env.close()
-    state = torch.load(io.BytesIO(checkpoint), weights_only=True, map_location="cpu")
-    model.load_state_dict(state)
-    return model.eval()
-
-
-def record_episode(config: TrainConfig, checkpoint: bytes, seed: int) -> Trajectory:
+def record_fresh(config: TrainConfig, checkpoint: bytes, seed: int) -> Trajectory:
     """One evaluation episode of the checkpoint's policy (sampled actions), env reset with
     ``seed``; values from the same checkpoint's critic."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
@@ -36,17 +22,18 @@ def record_episode(config: TrainConfig, checkpoint: bytes, seed: int) -> Traject
     model = load_model(config, checkpoint)
     env = make_eval_env(config.env_id)
     try:
-        return _record_episode(env, model, np.random.default_rng(seed), seed, torch.device("cpu"))
+        return record_episode(env, model, np.random.default_rng(seed), seed, torch.device("cpu"))
     finally:
         env.close()
 
 
 def revalue(trajectory: Trajectory, config: TrainConfig, checkpoint: bytes) -> Trajectory:
     """The same transitions with ``values`` and ``next_values`` from another checkpoint's
-    critic; rewards, flags and actions untouched."""
-    values = evaluate_values(config, checkpoint, trajectory.observations)
-    next_values = evaluate_values(config, checkpoint, trajectory.next_observations)
-    return dataclasses.replace(trajectory, values=values, next_values=next_values)
+    critic; rewards, flags and actions untouched. One batch over s_0..s_T, so
+    ``next_values[t] == values[t + 1]`` holds exactly inside the (single-episode) trajectory."""
+    states = np.concatenate([trajectory.observations, trajectory.next_observations[-1:]])
+    all_values = evaluate_values(config, checkpoint, states)
+    return dataclasses.replace(trajectory, values=all_values[:-1], next_values=all_values[1:])
 
 
 def load_trajectory(
@@ -73,7 +60,7 @@ def load_trajectory(
             )
         trajectory = saved[recorded]
     else:
-        trajectory = record_episode(config, store.load_checkpoint(run_id, policy_step), fresh_seed)
+        trajectory = record_fresh(config, store.load_checkpoint(run_id, policy_step), fresh_seed)
     if critic_step is not None and critic_step != policy_step:
         trajectory = revalue(trajectory, config, store.load_checkpoint(run_id, critic_step))
     return trajectory

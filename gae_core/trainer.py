@@ -335,8 +335,7 @@ class Trainer:
         rng = np.random.default_rng(seed)
         try:
             return [
-                _record_episode(env, self.model, rng, seed + k, self.device)
-                for k in range(episodes)
+                record_episode(env, self.model, rng, seed + k, self.device) for k in range(episodes)
             ]
         finally:
             env.close()
@@ -419,9 +418,11 @@ def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     return 1.0 - (returns - values).var(correction=0).item() / variance
 
 
-def _record_episode(
+def record_episode(
     env: gym.Env, model: ActorCritic, rng: np.random.Generator, seed: int, device: torch.device
 ) -> Trajectory:
+    """One episode of ``model``'s policy (actions sampled with ``rng``) on ``env`` reset with
+    ``seed``, capped at the spec's time limit (marked truncated); values in one batch."""
     obs, _ = env.reset(seed=seed)
     cap = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else _RECORD_CAP
     bounds = None
@@ -460,11 +461,9 @@ def _record_episode(
     )
 
 
-def evaluate_values(
-    config: TrainConfig, checkpoint_bytes: bytes, observations: np.ndarray
-) -> np.ndarray:
-    """V(s) for ``observations [T, obs_dim]`` under the critic saved in ``checkpoint_bytes``
-    (loaded with ``weights_only=True``); returns float32 ``[T]``."""
+def load_model(config: TrainConfig, checkpoint_bytes: bytes) -> ActorCritic:
+    """The actor-critic saved in ``checkpoint_bytes`` (``torch.load(weights_only=True)``), on
+    the CPU, in eval mode."""
     env = make_eval_env(config.env_id)
     try:
         model = ActorCritic(env.observation_space, env.action_space, config.hidden_sizes, 0)
@@ -472,8 +471,17 @@ def evaluate_values(
         env.close()
     state = torch.load(io.BytesIO(checkpoint_bytes), weights_only=True, map_location="cpu")
     model.load_state_dict(state)
+    return model.eval()
+
+
+def evaluate_values(
+    config: TrainConfig, checkpoint_bytes: bytes, observations: np.ndarray
+) -> np.ndarray:
+    """V(s) for ``observations [T, obs_dim]`` under the critic saved in ``checkpoint_bytes``
+    (loaded with ``weights_only=True``); returns float32 ``[T]``."""
+    model = load_model(config, checkpoint_bytes)
     observations = np.asarray(observations, np.float32)
-    obs_dim = env.observation_space.shape[0]
+    obs_dim = model.critic[0].in_features
     if observations.ndim != 2 or observations.shape[1] != obs_dim:
         raise ValueError(f"observations must have shape [T, {obs_dim}], got {observations.shape}")
     with torch.inference_mode():
