@@ -17,14 +17,26 @@ def home() -> None:
         "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)). Train A2C + GAE agents, "
         "watch them learn, and see what λ does."
     )
-    st.page_link(train, label="Train — start A2C+GAE runs and watch them learn live", icon="🏋️")
-    st.page_link(runs, label="Runs — every run in the store: open, overlay, export", icon="📋")
+    st.page_link(
+        train,
+        label="Train — start A2C+GAE runs and watch them learn live",
+        icon=":material/fitness_center:",
+    )
+    st.page_link(
+        runs,
+        label="Runs — every run in the store: open, overlay, export",
+        icon=":material/table_rows:",
+    )
     st.page_link(
         explorer_page,
         label="Advantage explorer — δ_t, Â^(k) and GAE step by step as λ moves",
-        icon="🔬",
+        icon=":material/biotech:",
     )
-    st.page_link(compare, label="λ comparison — λ × seed sweeps with 95% bands", icon="📈")
+    st.page_link(
+        compare,
+        label="λ comparison — λ × seed sweeps with 95% bands",
+        icon=":material/stacked_line_chart:",
+    )
 
 
 @st.fragment(run_every=2.0)
@@ -36,11 +48,11 @@ def runs_in_progress() -> None:
         st.progress(fraction, text=f"{run.name} · ETA {dashboard.format_duration(eta)}")
 
 
-home_page = st.Page(home, title="Home", icon="🏠", default=True)
-train = st.Page("pages/train.py", title="Train", icon="🏋️")
-runs = st.Page("pages/runs.py", title="Runs", icon="📋")
-explorer_page = st.Page("pages/explorer.py", title="Advantage explorer", icon="🔬")
-compare = st.Page("pages/compare.py", title="λ comparison", icon="📈")
+home_page = st.Page(home, title="Home", icon=":material/home:", default=True)
+train = st.Page("pages/train.py", title="Train", icon=":material/fitness_center:")
+runs = st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:")
+explorer_page = st.Page("pages/explorer.py", title="Advantage explorer", icon=":material/biotech:")
+compare = st.Page("pages/compare.py", title="λ comparison", icon=":material/stacked_line_chart:")
 page = st.navigation([home_page, train, runs, explorer_page, compare])
 with st.sidebar:
     runs_in_progress()

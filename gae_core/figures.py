@@ -99,22 +99,33 @@ def metric_figure(
     title, y_label = METRIC_LABELS.get(key, (name, name))
     figure = go.Figure()
     smoothed = f"{name}_smoothed" in frame
-    figure.add_trace(
-        go.Scatter(
-            x=frame[x_column],
-            y=frame[name],
-            mode="markers" if smoothed else "lines+markers",
-            marker={"size": 4, "opacity": 0.35 if smoothed else 0.9},
-            name=name,
+    if smoothed:  # raw points faint, the smoothed line on top (TensorBoard's look)
+        figure.add_trace(
+            go.Scatter(
+                x=frame[x_column],
+                y=frame[name],
+                mode="markers",
+                name=name,
+                marker={"size": 4, "color": "#9ecae1", "opacity": 0.6},
+            )
         )
-    )
-    if smoothed:
         figure.add_trace(
             go.Scatter(
                 x=frame[x_column],
                 y=frame[f"{name}_smoothed"],
                 mode="lines",
                 name=f"{name} (smoothed)",
+                line={"color": "#08519c", "width": 2},
+            )
+        )
+    else:
+        figure.add_trace(
+            go.Scatter(
+                x=frame[x_column],
+                y=frame[name],
+                mode="lines",
+                name=name,
+                line={"color": "#08519c", "width": 1.5},
             )
         )
     _layout(figure, title, X_AXES[x], y_label)

@@ -3,6 +3,7 @@ buttons. No estimator math and no training logic here: that is gae_core's."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,12 @@ from gae_core.store import RunStore
 
 @st.cache_resource
 def manager() -> RunManager:
-    """One RunManager per server process, shared by every session (threads live here)."""
+    """One RunManager per server process, shared by every session (threads live here).
+
+    Training threads are CPU-bound Python; a 1 ms GIL switch interval (default 5 ms) lets the
+    server's threads answer clicks and refreshes promptly while runs train.
+    """
+    sys.setswitchinterval(0.001)
     return RunManager(RunStore())
 
 

@@ -37,21 +37,22 @@ with live_column:
     labels = {r.id: _ui.run_label(r) for r in ordered}
     run_id = st.selectbox("run", ids, index=index, format_func=labels.get, key="train.view")
     st.session_state["train.run"] = run_id
-    controls = st.columns([2, 3])
-    x_axis = controls[0].radio(
-        "x axis",
-        ["env_step", "wall_time"],
-        format_func={"env_step": "env steps", "wall_time": "wall time"}.get,
-        horizontal=True,
-        key="train.x",
-    )
-    smoothing = controls[1].slider(
-        "return smoothing (TensorBoard EMA weight)", 0.0, 0.99, 0.6, 0.01, key="train.smooth"
-    )
     running = store.get_run(run_id).active
 
     @st.fragment(run_every=1.0 if running else None)
     def live() -> None:
+        # The chart controls live in the fragment: a click reruns only this part of the page.
+        controls = st.columns([2, 3])
+        x_axis = controls[0].radio(
+            "x axis",
+            ["env_step", "wall_time"],
+            format_func={"env_step": "env steps", "wall_time": "wall time"}.get,
+            horizontal=True,
+            key="train.x",
+        )
+        smoothing = controls[1].slider(
+            "return smoothing (TensorBoard EMA weight)", 0.0, 0.99, 0.6, 0.01, key="train.smooth"
+        )
         run = store.get_run(run_id)
         _ui.run_header(run)
         if run.active:
