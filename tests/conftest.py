@@ -1,0 +1,176 @@
+"""Shared fixtures. The browser ones (see GUIDE.md, "Testing in a real browser"): Debian's
+Chromium driven by Playwright, and one Streamlit server per session on a free port with an
+empty data folder. Without Chromium or Playwright the browser tests skip, except under
+``CI=true`` where they fail: CI must run them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1400, "height": 900}
+#: the app's root element once its script has run and the websocket is up
+APP_READY = (
+    '[data-testid="stApp"][data-test-script-state="notRunning"]'
+    '[data-test-connection-state="CONNECTED"]'
+)
+
+
+def _missing_browser() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright Python package is not installed (pip install playwright)"
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"{CHROMIUM} is missing (apt-get install chromium; never `playwright install`)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def chromium_browser():
+    """Headless Debian Chromium; skips without it, fails under CI=true."""
+    problem = _missing_browser()
+    if problem:
+        message = f"browser tests need Chromium and Playwright: {problem}"
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(f"CI=true: {message}", pytrace=False)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class AppServer:
+    url: str
+    data_dir: Path
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def _wait_healthy(server: AppServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"streamlit exited early:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/_stcore/health", timeout=2) as answer:
+                if answer.read().decode().strip() == "ok":
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"no 'ok' from {server.url}/_stcore/health in {timeout} s")
+
+
+def _stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()  # SIGTERM to this PID; streamlit shuts down cleanly
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+
+
+@contextmanager
+def running_app(data_dir: Path, log_path: Path, *, timeout: float = 60.0):
+    """``streamlit run app.py`` on a free port, repo root as cwd, ``GAE_CORE_DATA=data_dir``;
+    yields once /_stcore/health says ok; stops the server by its PID on exit."""
+    port = _free_port()
+    env = {**os.environ, "GAE_CORE_DATA": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.fileWatcherType",
+        "none",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = AppServer(f"http://localhost:{port}", Path(data_dir), process, Path(log_path))
+    try:
+        _wait_healthy(server, timeout)
+        yield server
+    finally:
+        _stop(process)
+
+
+@pytest.fixture(scope="session")
+def app_server(chromium_browser, tmp_path_factory):
+    """The session's app server on an empty data folder, ready once /_stcore/health says ok
+    and the home page's script has run (``data-test-script-state`` is ``notRunning``)."""
+    data_dir = tmp_path_factory.mktemp("gae_core_data")
+    log_path = tmp_path_factory.mktemp("streamlit_log") / "server.log"
+    with running_app(data_dir, log_path) as server:
+        context = chromium_browser.new_context(viewport=VIEWPORT)
+        try:
+            page = context.new_page()
+            page.goto(server.url)
+            page.wait_for_selector(APP_READY, timeout=60_000)
+        finally:
+            context.close()
+        yield server
+
+
+@pytest.fixture
+def fresh_app_server(chromium_browser, tmp_path):
+    """A server of its own that no browser has opened yet (for first-request behaviour)."""
+    (tmp_path / "data").mkdir()
+    with running_app(tmp_path / "data", tmp_path / "server.log") as server:
+        yield server
+
+
+@pytest.fixture
+def app_page(chromium_browser, app_server):
+    """A fresh browser context (1400x900, downloads accepted) per test."""
+    context = chromium_browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    yield page
+    context.close()

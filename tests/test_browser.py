@@ -1,0 +1,573 @@
+"""The dashboard in a real browser: headless Debian Chromium driven by Playwright against
+``streamlit run app.py`` (fixtures in conftest.py).
+
+Besides the assertions (loose bounds only, so a loaded CI machine does not flake), the module
+measures and prints what a user feels — Start to the first reward point, the live refresh
+interval, click-to-redraw latency — and writes them to ``docs/browser_timings.json``; it saves
+a 1400x900 screenshot of every page to ``docs/screenshots/`` (override the folder with
+``GAE_SCREENSHOTS_DIR``).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import APP_READY, ROOT
+
+import gae_core
+from gae_core.config import TrainConfig
+from gae_core.manager import RunManager
+from gae_core.store import DB_FILENAME, RunStore
+from gae_core.sweep import grid_of, run_sweep
+
+pytestmark = pytest.mark.browser
+
+SHOTS = Path(os.environ.get("GAE_SCREENSHOTS_DIR") or ROOT / "docs" / "screenshots")
+TIMINGS_FILE = SHOTS.parent / "browser_timings.json"
+TIMINGS: dict[str, object] = {}
+TINY = {"total_steps": 1200, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 400}
+REFRESH_WINDOW_S = 8
+PAGES = ["Home", "Train", "Runs", "Advantage explorer", "λ comparison"]
+
+# Every Plotly chart on the page: title, x-axis title and per trace its name, point count,
+# fill and (optionally) y values. Plotly ≥ 6 ships arrays base64-encoded in `data`; the
+# decoded typed arrays live in `_fullData`.
+CHARTS_JS = """(withY) => Array.from(document.querySelectorAll('.js-plotly-plot')).map(g => {
+  const text = (t) => String((t && (t.text ?? t)) || '').replace(/<[^>]+>/g, '');
+  const layout = g._fullLayout || g.layout || {};
+  return {
+    title: text(layout.title),
+    xtitle: text(layout.xaxis && layout.xaxis.title),
+    traces: (g._fullData || []).map(d => ({
+      name: d.name,
+      n: d._length ?? (d.x ? d.x.length : 0),
+      fill: d.fill || null,
+      y: withY && d.y ? Array.from(d.y, Number) : null,
+    })),
+  };
+})"""
+
+# Point count of the first trace of the chart titled `title` (-1 while there is none).
+POINTS_JS = """(title) => {
+  for (const g of document.querySelectorAll('.js-plotly-plot')) {
+    const t = g._fullLayout && g._fullLayout.title;
+    const text = String((t && (t.text ?? t)) || '').replace(/<[^>]+>/g, '');
+    if (text === title && g._fullData && g._fullData.length) return g._fullData[0]._length;
+  }
+  return -1;
+}"""
+
+# [point count, last x] of the first trace of the chart titled `title` (null while none):
+# the count stops at figures.MAX_POINTS, the last x (env step) keeps growing.
+EXTENT_JS = """(title) => {
+  for (const g of document.querySelectorAll('.js-plotly-plot')) {
+    const t = g._fullLayout && g._fullLayout.title;
+    const text = String((t && (t.text ?? t)) || '').replace(/<[^>]+>/g, '');
+    if (text === title && g._fullData && g._fullData.length) {
+      const d = g._fullData[0];
+      return [d._length, d._length ? Number(d.x[d._length - 1]) : null];
+    }
+  }
+  return null;
+}"""
+
+XTITLE_JS = """(title) => {
+  for (const g of document.querySelectorAll('.js-plotly-plot')) {
+    const l = g._fullLayout || {};
+    const text = String((l.title && (l.title.text ?? l.title)) || '').replace(/<[^>]+>/g, '');
+    if (text === title) return String(l.xaxis.title.text || '');
+  }
+  return null;
+}"""
+
+# Records every change of the live column's progress text and of the return chart's extent,
+# with performance.now() time stamps, sampled every 50 ms.
+SAMPLER_JS = (
+    """(title) => {
+  window.__samples = [];
+  let last = null;
+  const extent = """
+    + EXTENT_JS
+    + """;
+  window.__sampler = setInterval(() => {
+    const bar = document.querySelector('[data-testid="stMain"] [data-testid="stProgress"]');
+    const sample = [bar ? bar.innerText : '', extent(title)];
+    const key = JSON.stringify(sample);
+    if (key !== last) { window.__samples.push([performance.now(), ...sample]); last = key; }
+  }, 50);
+}"""
+)
+
+# Arms a watch for one click: the click event's timeStamp, then (polled every 20 ms) the
+# moment the chart titled title's x-axis title reads `expected`.
+CLICK_WATCH_JS = (
+    """([title, expected]) => {
+  window.__clickAt = null;
+  window.__redrawnAt = null;
+  const xtitle = """
+    + XTITLE_JS
+    + """;
+  document.addEventListener('click', (event) => { window.__clickAt = event.timeStamp; },
+                            {capture: true, once: true});
+  const timer = setInterval(() => {
+    if (window.__clickAt !== null && xtitle(title) === expected) {
+      window.__redrawnAt = performance.now();
+      clearInterval(timer);
+    }
+  }, 20);
+}"""
+)
+
+# Long tasks (> 50 ms) of the page's main thread from now on: count and total milliseconds.
+LONGTASKS_JS = """() => {
+  window.__busy = {since_ms: performance.now(), count: 0, total_ms: 0, longest_ms: 0};
+  new PerformanceObserver((list) => {
+    for (const entry of list.getEntries()) {
+      window.__busy.count += 1;
+      window.__busy.total_ms += Math.round(entry.duration);
+      window.__busy.longest_ms = Math.max(window.__busy.longest_ms, Math.round(entry.duration));
+    }
+  }).observe({type: 'longtask'});
+}"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_timings():
+    """Print the measured timings and write them next to the screenshots."""
+    yield
+    if not TIMINGS:
+        return
+    TIMINGS["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2, ensure_ascii=False) + "\n")
+    print(f"\nbrowser timings ({TIMINGS_FILE}):\n{json.dumps(TIMINGS, indent=2)}")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def store_of(server) -> RunStore:
+    """A reader on the server's store (no crash recovery: the server owns its runs)."""
+    return RunStore(server.data_dir, recover=False)
+
+
+def open_page(page, server, path: str = "") -> None:
+    page.goto(f"{server.url}/{path}")
+    page.wait_for_selector(APP_READY)
+    page.locator("h1").first.wait_for()
+
+
+def wait_idle(page) -> None:
+    page.wait_for_selector(APP_READY)
+
+
+def screenshot(page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(300)  # let Plotly finish drawing
+    page.screenshot(path=str(path))
+    return path
+
+
+def charts(page, with_y: bool = False) -> list[dict]:
+    return page.evaluate(CHARTS_JS, with_y)
+
+
+def chart(page, title: str, with_y: bool = False) -> dict:
+    found = [c for c in charts(page, with_y) if c["title"] == title]
+    assert found, f"no chart titled {title!r}: {[c['title'] for c in charts(page)]}"
+    return found[0]
+
+
+def set_number(page, key: str, value) -> None:
+    """Type into the number input with this widget key and commit it (Enter reruns)."""
+    field = page.locator(f".st-key-{key} input")
+    field.fill(str(value))
+    field.press("Enter")
+    page.wait_for_function(
+        "([sel, v]) => document.querySelector(sel).value == v",
+        arg=[f".st-key-{key} input", str(value)],
+    )
+    wait_idle(page)
+
+
+def download_csv(page, locator) -> tuple[str, pd.DataFrame]:
+    with page.expect_download() as info:
+        locator.click()
+    download = info.value
+    with open(download.path(), "rb") as handle:
+        return download.suggested_filename, pd.read_csv(io.BytesIO(handle.read()))
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def choose_run(page, run_id: str) -> None:
+    """Pick the run in the Train page's "run" selectbox (unless it is already shown)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    field = page.locator(".st-key-train-view input")
+    for _ in range(5):  # a rerun (the sidebar's timer) can close the list under the click
+        if field.input_value().endswith(run_id):
+            return
+        page.locator('.st-key-train-view button[aria-label="Open"]').click()
+        option = page.get_by_role("option").filter(has_text=run_id)
+        try:
+            option.click(timeout=5_000)
+            page.wait_for_function(
+                "([sel, id]) => document.querySelector(sel).value.endsWith(id)",
+                arg=[".st-key-train-view input", run_id],
+                timeout=5_000,
+            )
+        except PlaywrightTimeout:
+            page.keyboard.press("Escape")
+    assert field.input_value().endswith(run_id), field.input_value()
+
+
+def changes(samples: list, field: int) -> list:
+    """The samples where ``field`` changed (the first sample is the starting state)."""
+    return [b for a, b in itertools.pairwise(samples) if a[field] != b[field]]
+
+
+def median_gap(times: list[float]) -> float | None:
+    return round(float(np.median(np.diff(times))), 2) if len(times) > 1 else None
+
+
+def max_gap(times: list[float]) -> float | None:
+    return round(float(np.max(np.diff(times))), 2) if len(times) > 1 else None
+
+
+def nav_labels(page) -> list[str]:
+    """Sidebar navigation labels without their emoji icons."""
+    texts = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+    return [text.strip().split("\n")[-1].strip() for text in texts]
+
+
+def start_run(page, key_values: dict) -> float:
+    """Fill the Train form, click Start; returns the monotonic time of the click."""
+    for key, value in key_values.items():
+        set_number(page, f"train-{key}", value)
+    button = page.locator(".st-key-train-start button")
+    button.scroll_into_view_if_needed()
+    clicked = time.monotonic()
+    button.click()
+    return clicked, time.time()
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_home_starts_with_an_empty_data_folder(app_page, app_server):
+    page = app_page
+    open_page(page, app_server)
+    assert page.locator("h1").first.inner_text() == "GAE Lab"
+    assert nav_labels(page) == PAGES
+    assert page.get_by_text("Runs in progress: 0").is_visible()
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert store_of(app_server).list_runs() == []
+    # Nothing in the data folder but the (empty) store the app created.
+    assert all(p.name.startswith(DB_FILENAME) for p in app_server.data_dir.iterdir())
+    screenshot(page, "home")
+
+
+def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
+    """CartPole-v1 with the form's defaults (only a bigger budget, so the run is still live
+    when Stop is clicked): Start → first reward point, live refresh interval, x-axis click
+    latency, Stop → ``stopped`` in the store and on the page."""
+    page = app_page
+    open_page(page, app_server, "train")
+    assert page.get_by_text("No runs yet").is_visible()
+    assert page.locator(".st-key-train-env_id input").input_value() == "CartPole-v1"
+    clicked, clicked_at = start_run(page, {"total_steps": 5_000_000})
+    page.wait_for_function(
+        f"() => ({POINTS_JS})('Episodic return') > 0", timeout=30_000, polling=50
+    )
+    first_point = time.monotonic() - clicked
+    store = store_of(app_server)
+    (run,) = store.list_runs()
+    assert run.config["env_id"] == "CartPole-v1" and run.status == "running"
+    returns = store.metrics(run.id, ["charts/episodic_return"])
+    assert len(returns) > 0
+    TIMINGS["start_to_first_reward_point_s"] = round(first_point, 2)
+    TIMINGS["start_breakdown_s"] = {
+        "run_started_in_store": round(run.started_at - clicked_at, 2),
+        "first_return_stored": round(
+            run.started_at + float(returns["wall_time"].min()) - clicked_at, 2
+        ),
+        "first_return_on_page": round(first_point, 2),
+        "returns_stored_when_first_drawn": len(returns),
+    }
+    print(f"\nStart → first episodic-return point on the page: {first_point:.2f} s (target ≤ 5)")
+    assert first_point < 30
+
+    # Live refresh: every change of the progress text / the chart's extent over 8 s.
+    page.evaluate(LONGTASKS_JS)
+    page.evaluate(SAMPLER_JS, "Episodic return")
+    page.wait_for_timeout(REFRESH_WINDOW_S * 1000)
+    samples = page.evaluate("() => { clearInterval(window.__sampler); return window.__samples }")
+    text_times = [t / 1000 for t, *_ in changes(samples, 1)]
+    chart_times = [t / 1000 for t, *_ in changes(samples, 2)]
+    last_steps = [s[2][1] for s in samples if s[2]]
+    TIMINGS["live_refresh"] = {
+        "window_s": REFRESH_WINDOW_S,
+        "progress_text_updates": len(text_times),
+        "progress_median_interval_s": median_gap(text_times),
+        "progress_max_interval_s": max_gap(text_times),
+        "chart_updates": len(chart_times),
+        "chart_median_interval_s": median_gap(chart_times),
+        "chart_max_interval_s": max_gap(chart_times),
+        "chart_last_env_step": [min(last_steps), max(last_steps)],
+    }
+    print(f"live refresh: {TIMINGS['live_refresh']} (target: every ≤ 2 s)")
+    assert len(text_times) >= 1, samples  # loose: the fragment refreshed at all
+    assert max(last_steps) > min(last_steps), "the return chart did not grow while training"
+
+    # Click latency: the x-axis radio, from the click event (its timeStamp is when the input
+    # arrived, so the main thread's input delay counts) to the return chart's new x-axis
+    # title, both seen inside the page. force=True: no actionability wait, a user does not
+    # wait for the layout to hold still.
+    latencies, totals = [], []
+    for label, title in [("wall time", "wall time (s)"), ("env steps", "env steps")]:
+        page.evaluate(CLICK_WATCH_JS, ["Episodic return", title])
+        radio = page.locator(".st-key-train-x").get_by_text(label, exact=True)
+        start = time.monotonic()
+        radio.click(force=True)
+        page.wait_for_function("() => window.__redrawnAt !== null", polling=20, timeout=30_000)
+        totals.append(round(time.monotonic() - start, 2))
+        watch = page.evaluate("() => [window.__clickAt, window.__redrawnAt]")
+        latencies.append(round((watch[1] - watch[0]) / 1000, 2))
+    TIMINGS["x_axis_click_to_redraw_s"] = latencies
+    TIMINGS["x_axis_click_to_redraw_incl_playwright_s"] = totals
+    busy = page.evaluate("() => window.__busy")
+    TIMINGS["main_thread_long_tasks_during_live_view"] = busy
+    print(f"x-axis radio click → redrawn axis: {latencies} s (target ≤ 1); {busy}")
+    assert max(latencies) < 30
+    screenshot(page, "train")  # mid-run: the script state never rests while the timer runs
+
+    # Stop.
+    assert store.get_run(run.id).status == "running", "the run ended before Stop was clicked"
+    start = time.monotonic()
+    page.locator(".st-key-train-stop button").click(force=True)
+    assert wait_until(lambda: store.get_run(run.id).status == "stopped", 15)
+    page.get_by_text(re.compile(r"stopped at step [\d,]+")).wait_for(timeout=15_000)
+    TIMINGS["stop_click_to_stopped_on_page_s"] = round(time.monotonic() - start, 2)
+    stopped = store.get_run(run.id)
+    assert (
+        f"stopped at step {stopped.env_steps:,}"
+        in page.locator('[data-testid="stMain"]').inner_text()
+    )
+    assert page.locator(".st-key-train-stop").count() == 0
+    # Cross-check: after the final redraw the chart shows every stored point (≤ 2000 plotted).
+    stored = len(store.metrics(run.id, ["charts/episodic_return"]))
+    page.wait_for_function(
+        f"() => ({POINTS_JS})('Episodic return') === {min(stored, 2000)}", timeout=15_000
+    )
+
+
+def test_train_csv_download_matches_the_store(app_page, app_server):
+    page = app_page
+    open_page(page, app_server, "train")
+    store = store_of(app_server)
+    known = {r.id for r in store.list_runs()}
+    start_run(page, {"total_steps": 20_000})
+    assert wait_until(lambda: len(store.list_runs()) == len(known) + 1, 15)
+    (run_id,) = {r.id for r in store.list_runs()} - known
+    assert wait_until(lambda: store.get_run(run_id).status == "finished", 60)
+    choose_run(page, run_id)
+    page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
+    wait_idle(page)
+    name, frame = download_csv(
+        page, page.locator(".st-key-train-csv-charts-episodic_return button")
+    )
+    assert name == f"{run_id}_episodic_return.csv"
+    stored = store.metrics(run_id, ["charts/episodic_return"])
+    stored = stored.sort_values(["env_step", "wall_time"], kind="stable")
+    assert 0 < len(stored) <= 2000, len(stored)  # short run: every point is plotted
+    assert len(frame) == len(stored)
+    np.testing.assert_array_equal(frame["env_step"].to_numpy(), stored["env_step"].to_numpy())
+    np.testing.assert_allclose(
+        frame["episodic_return"].to_numpy(), stored["value"].to_numpy(), rtol=1e-12
+    )
+    assert chart(page, "Episodic return")["traces"][0]["n"] == len(stored)
+
+
+@pytest.mark.xfail(
+    reason="Train page: the keyed 'run' selectbox keeps its value, so once a run is shown, "
+    "Start leaves the view on the old run (index= is ignored for a widget with state)",
+    strict=False,
+)
+def test_start_switches_the_live_view_to_the_new_run(app_page, app_server):
+    page = app_page
+    open_page(page, app_server, "train")
+    store = store_of(app_server)
+    known = {r.id for r in store.list_runs()}
+    assert known, "needs an earlier run in the store"
+    start_run(page, {"total_steps": 5_000})
+    assert wait_until(lambda: len(store.list_runs()) == len(known) + 1, 15)
+    (run_id,) = {r.id for r in store.list_runs()} - known
+    page.wait_for_function(
+        "([sel, id]) => document.querySelector(sel).value.endsWith(id)",
+        arg=[".st-key-train-view input", run_id],
+        timeout=3_000,
+    )
+
+
+def test_runs_page_lists_the_runs_and_opens_one(app_page, app_server):
+    page = app_page
+    open_page(page, app_server, "runs")
+    store = store_of(app_server)
+    runs = store.list_runs()
+    assert len(runs) >= 2
+    # The dataframe is a canvas; its accessible grid and the CSV carry the ids.
+    grid = page.locator('[data-testid="stDataFrame"] table[role="grid"]')
+    grid.wait_for(state="attached")
+    grid_text = grid.inner_text()
+    for run in runs:
+        assert run.id in grid_text and run.name in grid_text
+    name, table = download_csv(page, page.get_by_role("button", name=re.compile("Runs table CSV")))
+    assert name == "runs.csv"
+    assert table["run_id"].astype(str).tolist() == [r.id for r in runs]
+    assert table["status"].tolist() == [r.status for r in runs]
+    # Select the first row by its checkbox in the canvas (row markers: first 35 px column,
+    # header and rows 35 px high).
+    box = page.locator('[data-testid="stDataFrame"]').bounding_box()
+    page.mouse.click(box["x"] + 17, box["y"] + 35 + 17)
+    page.locator(".st-key-runs-x").wait_for(timeout=15_000)
+    # the opened run's rename field is keyed by its id: the first row (newest run) is open
+    page.locator(f".st-key-runs-name-{runs[0].id}").wait_for()
+    page.wait_for_function(f"() => ({POINTS_JS})('Episodic return') > 0", timeout=15_000)
+    wait_idle(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    screenshot(page, "runs")
+
+
+@pytest.fixture(scope="module")
+def recorded_run(app_server):
+    """A tiny run with checkpoints and recorded trajectories, trained through the library on
+    the server's data folder."""
+    manager = RunManager(RunStore(app_server.data_dir, recover=False))
+    run_id = manager.start(dict(TINY))
+    assert manager.wait(run_id, 120)
+    manager.shutdown(timeout=10)
+    return run_id
+
+
+def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
+    app_page, app_server, recorded_run
+):
+    page = app_page
+    open_page(page, app_server, "explorer")
+    page.locator(".st-key-ex-main .js-plotly-plot").wait_for()
+    wait_idle(page)
+    assert page.locator(".st-key-ex-run input").input_value().endswith(recorded_run)
+    thumb = page.locator('.st-key-ex-lambda input[type="range"]')
+    lambda_ = float(thumb.input_value())
+    gamma = float(page.locator('.st-key-ex-gamma input[type="range"]').input_value())
+    before = chart(page, "Advantage estimates along the trajectory", with_y=True)
+    old = next(t for t in before["traces"] if t["name"] == f"GAE λ={lambda_:g}")
+
+    thumb.focus()
+    start = time.monotonic()
+    for _ in range(5):
+        page.keyboard.press("ArrowLeft")
+    moved = round(lambda_ - 0.05, 2)
+    page.wait_for_function(
+        """(name) => Array.from(document.querySelectorAll('.js-plotly-plot'))
+             .some(g => (g._fullData || []).some(d => d.name === name))""",
+        arg=f"GAE λ={moved:g}",
+        timeout=15_000,
+        polling=20,
+    )
+    TIMINGS["explorer_lambda_keys_to_redraw_s"] = round(time.monotonic() - start, 2)
+    wait_idle(page)
+    assert float(thumb.input_value()) == pytest.approx(moved)
+    after = chart(page, "Advantage estimates along the trajectory", with_y=True)
+    names = [t["name"] for t in after["traces"]]
+    assert f"GAE λ={lambda_:g}" not in names
+    new = next(t for t in after["traces"] if t["name"] == f"GAE λ={moved:g}")
+    assert len(new["y"]) == len(old["y"]) > 1
+    assert not np.allclose(new["y"], old["y"]), "moving λ did not change the GAE trace"
+
+    name, frame = download_csv(page, page.locator(".st-key-ex-csv button"))
+    assert name == f"{recorded_run}_advantages.csv"
+    arrays = (
+        frame["reward"].to_numpy(np.float32),  # the page computes in float32
+        frame["value"].to_numpy(np.float32),
+        frame["next_value"].to_numpy(np.float32),
+        frame["terminated"].to_numpy(bool),
+        frame["truncated"].to_numpy(bool),
+    )
+    gae_columns = [c for c in frame.columns if c.startswith("gae[lambda=")]
+    assert f"gae[lambda={moved:g}]" in gae_columns
+    for column in gae_columns:
+        lam = float(column[len("gae[lambda=") : -1])
+        expected = np.asarray(gae_core.gae(*arrays, gamma=gamma, lambda_=lam), dtype=float)
+        atol = 1e-5 * max(1.0, float(np.abs(expected).max()))  # float32 rounding
+        np.testing.assert_allclose(frame[column].to_numpy(), expected, rtol=1e-5, atol=atol)
+    np.testing.assert_allclose(new["y"], frame[f"gae[lambda={moved:g}]"], rtol=1e-6, atol=1e-6)
+    screenshot(page, "explorer")
+
+
+@pytest.fixture(scope="module")
+def lambda_sweep(app_server):
+    """A 2 λ × 2 seed sweep of tiny runs, through the library on the server's data folder."""
+    store = RunStore(app_server.data_dir, recover=False)
+    base = TrainConfig(**{**TINY, "total_steps": 1500, "checkpoint_every": 0})
+    sweep = run_sweep(store, base, grid_of(lambdas=[0.8, 1.0], seeds=[0, 1]), workers=2)
+    return sweep
+
+
+def test_compare_draws_one_band_per_lambda(app_page, app_server, lambda_sweep):
+    page = app_page
+    open_page(page, app_server, "compare")
+    page.get_by_role("tab", name="Compare").click()
+    page.locator(".st-key-cmp-curves .js-plotly-plot").wait_for(timeout=30_000)
+    wait_idle(page)
+    spec = page.evaluate(
+        """() => document.querySelector('.st-key-cmp-curves .js-plotly-plot').data
+                 .map(d => ({name: d.name, fill: d.fill || null}))"""
+    )
+    bands = [t for t in spec if t["fill"] == "tonexty"]
+    assert len(bands) == 2, spec
+    assert page.locator('[data-testid="stException"]').count() == 0
+    screenshot(page, "compare")
+
+
+@pytest.mark.xfail(
+    reason="pages/ next to app.py is also Streamlit's legacy multipage folder: until the "
+    "entry point has run once, a direct link to /runs runs pages/runs.py on its own "
+    "(legacy sidebar with 'app', 'ui', no wide layout). Renaming pages/ fixes it.",
+    strict=False,
+)
+def test_a_direct_link_on_a_fresh_server_gets_the_apps_navigation(
+    chromium_browser, fresh_app_server
+):
+    context = chromium_browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        open_page(page, fresh_app_server, "runs")
+        assert page.locator("h1").first.inner_text() == "Runs"
+        assert nav_labels(page) == PAGES
+    finally:
+        context.close()
