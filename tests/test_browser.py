@@ -37,6 +37,7 @@ TIMINGS_FILE = SHOTS.parent / "browser_timings.json"
 TIMINGS: dict[str, object] = {}
 TINY = {"total_steps": 1200, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 400}
 REFRESH_WINDOW_S = 8
+VIEWPORT_WIDTH, VIEWPORT_HEIGHT = 1400, 900
 PAGES = ["Home", "Train", "Runs", "Advantage explorer", "λ comparison"]
 
 # Every Plotly chart on the page: title, x-axis title and per trace its name, point count,
@@ -178,7 +179,8 @@ def wait_idle(page) -> None:
 def screenshot(page, name: str) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
-    page.evaluate("window.scrollTo(0, 0)")
+    page.locator("h1").first.scroll_into_view_if_needed()  # the main block scrolls, not window
+    page.mouse.move(VIEWPORT_WIDTH - 5, VIEWPORT_HEIGHT - 5)  # no hover toolbars in view
     page.wait_for_timeout(300)  # let Plotly finish drawing
     page.screenshot(path=str(path))
     return path
@@ -309,6 +311,7 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     assert run.config["env_id"] == "CartPole-v1" and run.status == "running"
     returns = store.metrics(run.id, ["charts/episodic_return"])
     assert len(returns) > 0
+    TIMINGS["chromium"] = page.context.browser.version
     TIMINGS["start_to_first_reward_point_s"] = round(first_point, 2)
     TIMINGS["start_breakdown_s"] = {
         "run_started_in_store": round(run.started_at - clicked_at, 2),
