@@ -93,7 +93,7 @@ table = analysis.with_gae_columns(base, sweep, [lambda_, *pinned])
 shown = ["value", "delta", *[analysis.k_step_column(k) for k in sorted(ks)]]
 shown += [analysis.gae_column(x) for x in dict.fromkeys([*pinned, lambda_])]
 
-plot, text = st.columns([3, 1], gap="large")
+plot, text = st.columns([5, 2], gap="medium")
 with plot:
     figure, frame = figures.explorer_figure(table, show=shown)
     st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
@@ -104,14 +104,17 @@ with text:
         f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'}"
     )
     st.markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
-    st.latex(r"\delta_t = r_t + \gamma\,(1-\text{term}_t)\,V(s_{t+1}) - V(s_t)")
+    st.latex(
+        r"\begin{aligned}\delta_t = r_t &+ \gamma\,(1-\text{term}_t)\,V(s_{t+1})"
+        r"\\ &- V(s_t)\end{aligned}"
+    )
     st.markdown("k-step estimator — k real rewards, then the critic (stops at the episode end):")
     st.latex(r"\hat A^{(k)}_t = \sum_{l=0}^{k-1} \gamma^l \delta_{t+l}")
     st.markdown("GAE — every k-step estimator, weighted geometrically:")
     st.latex(
-        r"\hat A^{\mathrm{GAE}}_t = \sum_{l=0}^{L_t-1} (\gamma\lambda)^l \delta_{t+l}"
-        r" = (1-\lambda)\sum_{k=1}^{L_t-1}\lambda^{k-1}\hat A^{(k)}_t"
-        r" + \lambda^{L_t-1}\hat A^{(L_t)}_t"
+        r"\begin{aligned}\hat A^{\mathrm{GAE}}_t &= \sum_{l=0}^{L_t-1}(\gamma\lambda)^l"
+        r"\,\delta_{t+l} \\ &= (1-\lambda)\sum_{k=1}^{L_t-1}\lambda^{k-1}\hat A^{(k)}_t"
+        r" \\ &\quad + \lambda^{L_t-1}\hat A^{(L_t)}_t\end{aligned}"
     )
     st.markdown(
         "λ = 0 is δ_t: low variance, biased by critic error. λ = 1 is the discounted return "
