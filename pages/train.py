@@ -22,7 +22,8 @@ with form_column:
     config, errors, warnings = dashboard.build_config(values)
     _ui.show_problems(errors, warnings)
     if st.button("Start", type="primary", disabled=config is None, key="train.start"):
-        st.session_state["train.run"] = manager.start(config, name=name.strip() or None)
+        # the run selectbox below is keyed: set its state, or it keeps showing the old run
+        st.session_state["train.view"] = manager.start(config, name=name.strip() or None)
 
 with live_column:
     runs = store.list_runs()
@@ -32,10 +33,11 @@ with live_column:
     active = [r for r in runs if r.active]
     ordered = active + [r for r in runs if not r.active]
     ids = [r.id for r in ordered]
-    chosen = st.session_state.get("train.run")
-    index = ids.index(chosen) if chosen in ids else 0
+    if st.session_state.get("train.view") not in ids:  # first visit, or the run was deleted
+        chosen = st.session_state.get("train.run")
+        st.session_state["train.view"] = chosen if chosen in ids else ids[0]
     labels = {r.id: _ui.run_label(r) for r in ordered}
-    run_id = st.selectbox("run", ids, index=index, format_func=labels.get, key="train.view")
+    run_id = st.selectbox("run", ids, format_func=labels.get, key="train.view")
     st.session_state["train.run"] = run_id
     running = store.get_run(run_id).active
 

@@ -125,3 +125,14 @@ def test_runs_page_lists_and_filters(data_dir):
     assert at.dataframe[0].value["run_id"].tolist() == [run_ids[0]]
     at.multiselect(key="runs.status").set_value(["failed"]).run()
     assert at.dataframe[0].value.empty
+
+
+def test_a_second_start_switches_the_view_to_the_new_run(data_dir):
+    at = app("pages/train.py")
+    set_fields(at, TINY)
+    at.button(key="train.start").click().run()
+    first = at.selectbox(key="train.view").value
+    at.button(key="train.start").click().run()
+    second = at.selectbox(key="train.view").value
+    assert first != second
+    assert second == RunStore(data_dir).list_runs()[0].id  # the newest run
