@@ -53,7 +53,12 @@ train = st.Page("pages/train.py", title="Train", icon=":material/fitness_center:
 runs = st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:")
 explorer_page = st.Page("pages/explorer.py", title="Advantage explorer", icon=":material/biotech:")
 compare = st.Page("pages/compare.py", title="λ comparison", icon=":material/stacked_line_chart:")
-page = st.navigation([home_page, train, runs, explorer_page, compare])
+pages = [home_page, train, runs, explorer_page, compare]
+st.session_state[_ui.NAVIGATION_FLAG] = True
+page = st.navigation(pages)
+wanted = st.session_state.pop(_ui.WANTED_PAGE, None)
+if wanted is not None:  # a direct link that reached a page before navigation existed
+    st.switch_page(wanted)
 with st.sidebar:
     runs_in_progress()
 page.run()

@@ -14,6 +14,22 @@ from gae_core import dashboard
 from gae_core.manager import RunManager
 from gae_core.store import RunStore
 
+NAVIGATION_FLAG = "gae.navigation"
+WANTED_PAGE = "gae.wanted_page"
+
+
+def require_navigation(page_file: str) -> None:
+    """Run a page only under app.py's navigation.
+
+    ``pages/`` is also Streamlit's legacy multipage folder: on a fresh server, a direct link
+    (``/runs``) runs ``pages/runs.py`` alone, before ``app.py`` has called ``st.navigation``
+    once, so the page would lack the app's sidebar and layout. Hand over to ``app.py``, which
+    sets the flag and switches back to the page asked for.
+    """
+    if not st.session_state.get(NAVIGATION_FLAG):
+        st.session_state[WANTED_PAGE] = page_file
+        st.switch_page("app.py")
+
 
 @st.cache_resource
 def manager() -> RunManager:

@@ -10,6 +10,8 @@ from gae_core.config import ConfigError, TrainConfig
 from gae_core.sweep import cancel_sweep, grid_of, start_sweep, sweep_progress
 from pages import _ui
 
+_ui.require_navigation("pages/compare.py")
+
 st.title("λ comparison")
 store = _ui.store()
 launch_tab, analyse_tab = st.tabs(["Launch a sweep", "Compare"])

@@ -5,6 +5,8 @@ import streamlit as st
 from gae_core import analysis, explorer, figures
 from pages import _ui
 
+_ui.require_navigation("pages/explorer.py")
+
 st.title("Advantage explorer")
 store = _ui.store()
 

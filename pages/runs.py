@@ -6,6 +6,8 @@ from gae_core import dashboard, figures
 from gae_core.store import STATUSES, StoreError
 from pages import _ui
 
+_ui.require_navigation("pages/runs.py")
+
 st.title("Runs")
 store = _ui.store()
 table = dashboard.runs_table(store.list_runs())

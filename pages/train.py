@@ -5,6 +5,8 @@ import streamlit as st
 from gae_core import dashboard
 from pages import _ui
 
+_ui.require_navigation("pages/train.py")
+
 st.title("Train")
 st.caption(
     "A2C with GAE(γ, λ) advantages on a gymnasium environment, trained in a background thread. "
