@@ -415,12 +415,9 @@ def test_train_csv_download_matches_the_store(app_page, app_server):
     assert chart(page, "Episodic return")["traces"][0]["n"] == len(stored)
 
 
-@pytest.mark.xfail(
-    reason="Train page: the keyed 'run' selectbox keeps its value, so once a run is shown, "
-    "Start leaves the view on the old run (index= is ignored for a widget with state)",
-    strict=False,
-)
 def test_start_switches_the_live_view_to_the_new_run(app_page, app_server):
+    """With a run already in view, Start shows the new run (the keyed 'run' selectbox used to
+    keep the old one)."""
     page = app_page
     open_page(page, app_server, "train")
     store = store_of(app_server)
@@ -557,20 +554,25 @@ def test_compare_draws_one_band_per_lambda(app_page, app_server, lambda_sweep):
     screenshot(page, "compare")
 
 
-@pytest.mark.xfail(
-    reason="pages/ next to app.py is also Streamlit's legacy multipage folder: until the "
-    "entry point has run once, a direct link to /runs runs pages/runs.py on its own "
-    "(legacy sidebar with 'app', 'ui', no wide layout). Renaming pages/ fixes it.",
-    strict=False,
-)
 def test_a_direct_link_on_a_fresh_server_gets_the_apps_navigation(
     chromium_browser, fresh_app_server
 ):
+    """pages/ is also Streamlit's legacy multipage folder: before app.py has run once, a
+    direct link to /runs would run pages/runs.py alone (legacy sidebar listing 'app' and
+    'ui', no wide layout). The page must hand over to app.py's navigation and come back."""
     context = chromium_browser.new_context(viewport={"width": 1400, "height": 900})
     try:
         page = context.new_page()
-        open_page(page, fresh_app_server, "runs")
-        assert page.locator("h1").first.inner_text() == "Runs"
+        page.goto(f"{fresh_app_server.url}/runs")
+        page.wait_for_function(
+            """() => document.querySelector('h1')?.innerText === 'Runs' &&
+                     Array.from(document.querySelectorAll('[data-testid="stSidebarNav"] a'))
+                       .some(a => a.innerText.includes('Advantage explorer'))""",
+            timeout=30_000,
+        )
+        page.wait_for_selector(APP_READY)
         assert nav_labels(page) == PAGES
+        assert page.url.rstrip("/").endswith("/runs")
+        assert page.get_by_text("No runs in the store yet").is_visible()
     finally:
         context.close()
