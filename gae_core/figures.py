@@ -169,7 +169,17 @@ def explorer_figure(
     ]
     columns = list(show) if show is not None else estimate_columns
     figure = go.Figure()
-    figure.add_trace(go.Bar(x=table["t"], y=table["reward"], name="reward r_t", opacity=0.35))
+    # rewards on their own right-hand axis: r_t is often tiny next to V and the returns
+    figure.add_trace(
+        go.Bar(
+            x=table["t"],
+            y=table["reward"],
+            name="reward r_t (right axis)",
+            opacity=0.3,
+            yaxis="y2",
+            marker_color="#7f7f7f",
+        )
+    )
     for column in columns:
         dash = "dot" if column.startswith("k_step[") else None
         width = 3 if column.startswith("gae[") else 1.5
@@ -196,6 +206,19 @@ def explorer_figure(
             )
         )
     _layout(figure, "Advantage estimates along the trajectory", "step t", "value / advantage")
+    low = min(0.0, float(table["reward"].min())) if len(table) else 0.0
+    high = max(0.0, float(table["reward"].max())) if len(table) else 1.0
+    span = (high - low) or 1.0
+    figure.update_layout(  # the bars fill the lowest quarter of the plot, under the lines
+        yaxis2={
+            "title": "reward",
+            "overlaying": "y",
+            "side": "right",
+            "showgrid": False,
+            "range": [low, low + 4 * span],
+        },
+        height=420,
+    )
     keep = ["t", "reward", "value", "next_value", "terminated", "truncated", "end_of_rollout"]
     frame = table[list(dict.fromkeys([*keep, "delta", *columns]))]
     return figure, frame

@@ -31,8 +31,13 @@ selection = st.dataframe(
         "lambda": st.column_config.NumberColumn("λ", format="%.3g"),
         "gamma": st.column_config.NumberColumn("γ", format="%.3g"),
         "env_steps": st.column_config.NumberColumn("steps", format="localized"),
-        "best_return": st.column_config.NumberColumn("best return (100-ep mean)", format="%.1f"),
-        "final_return": st.column_config.NumberColumn("final return (100-ep mean)", format="%.1f"),
+        "best_return": st.column_config.NumberColumn(
+            "best return", format="%.1f", help="best mean of 100 consecutive episodes"
+        ),
+        "final_return": st.column_config.NumberColumn(
+            "final return", format="%.1f", help="mean of the last 100 episodes"
+        ),
+        "sweep_id": None,  # in the CSV, not on screen
         "solved_at_step": st.column_config.NumberColumn("solved at step", format="localized"),
         "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
     },

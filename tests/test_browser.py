@@ -3,9 +3,9 @@
 
 Besides the assertions (loose bounds only, so a loaded CI machine does not flake), the module
 measures and prints what a user feels — Start to the first reward point, the live refresh
-interval, click-to-redraw latency — and writes them to ``docs/browser_timings.json``; it saves
-a 1400x900 screenshot of every page to ``docs/screenshots/`` (override the folder with
-``GAE_SCREENSHOTS_DIR``).
+interval, click-to-redraw latency — and writes them to ``browser_timings.json`` beside the
+screenshots: a 1400x900 one of every page, in a temp folder unless ``GAE_SCREENSHOTS_DIR`` names
+one (``docs/screenshots`` refreshes the README's).
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import json
 import os
 import platform
 import re
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import APP_READY, ROOT
+from conftest import APP_READY
 
 import gae_core
 from gae_core.config import TrainConfig
@@ -32,7 +33,12 @@ from gae_core.sweep import grid_of, run_sweep
 
 pytestmark = pytest.mark.browser
 
-SHOTS = Path(os.environ.get("GAE_SCREENSHOTS_DIR") or ROOT / "docs" / "screenshots")
+# Artifacts go to a temp folder so a test run leaves the work tree clean; refresh the README's
+# images with GAE_SCREENSHOTS_DIR=docs/screenshots python -m pytest tests/test_browser.py
+SHOTS = Path(
+    os.environ.get("GAE_SCREENSHOTS_DIR")
+    or Path(tempfile.gettempdir()) / "gae-browser-artifacts" / "screenshots"
+)
 TIMINGS_FILE = SHOTS.parent / "browser_timings.json"
 TIMINGS: dict[str, object] = {}
 TINY = {"total_steps": 1200, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 400}
