@@ -536,6 +536,32 @@ def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
     screenshot(page, "explorer")
 
 
+def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_server):
+    """The page's own Launch button: spawned workers from the Streamlit server process."""
+    page = app_page
+    open_page(page, app_server, "compare")
+    store = store_of(app_server)
+    before = {s.id for s in store.list_sweeps()}
+    field = page.locator(".st-key-cmp-lambdas input")
+    field.fill("0.5, 1")
+    field.press("Enter")
+    wait_idle(page)
+    set_number(page, "cmp-seeds", 1)
+    set_number(page, "cmp-workers", 1)
+    set_number(page, "cmp-total_steps", 1500)
+    page.locator(".st-key-cmp-launch button").click()
+    assert wait_until(lambda: len({s.id for s in store.list_sweeps()} - before) == 1, 30)
+    sweep_id = ({s.id for s in store.list_sweeps()} - before).pop()
+    assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 120), store.get_sweep(
+        sweep_id
+    ).status
+    runs = store.list_runs(sweep_id=sweep_id)
+    assert sorted(r.config["lambda_"] for r in runs) == [0.5, 1.0]
+    assert {r.status for r in runs} == {"finished"}
+    page.get_by_text("2/2 trials ended").wait_for(timeout=30_000)
+    assert page.locator('[data-testid="stException"]').count() == 0
+
+
 @pytest.fixture(scope="module")
 def lambda_sweep(app_server):
     """A 2 λ × 2 seed sweep of tiny runs, through the library on the server's data folder."""
