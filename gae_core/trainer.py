@@ -119,6 +119,15 @@ class Trajectory:
 class _Rollout:
     """Preallocated time-major buffers for one rollout (reused every update)."""
 
+    def head(self, steps: int) -> _Rollout:
+        """Views of the first ``steps`` rows (and ``steps + 1`` observations): the last rollout
+        of a run is cut so the run stops at its budget instead of a whole rollout past it."""
+        view = object.__new__(_Rollout)
+        view.observations = self.observations[: steps + 1]
+        for name in ("actions", "rewards", "terminated", "truncated", "valid"):
+            setattr(view, name, getattr(self, name)[:steps])
+        return view
+
     def __init__(self, steps: int, num_envs: int, env: gym.vector.VectorEnv) -> None:
         obs_dim = env.single_observation_space.shape[0]
         action_space = env.single_action_space
@@ -154,6 +163,7 @@ class Trainer:
         )
         self._rng = np.random.default_rng(config.seed)
         self._rollout = _Rollout(config.rollout_steps, config.num_envs, self.env)
+        self._batch = self._rollout  # the rows of the rollout being processed
         action_space = self.env.single_action_space
         self._action_bounds = (
             None
@@ -186,17 +196,25 @@ class Trainer:
         return StepResult(self.env_steps, metrics, episodes)
 
     def collect(self) -> list[Episode]:
-        """Fill the rollout buffers with ``rollout_steps`` vector steps; return finished episodes.
+        """Fill the rollout buffers with ``rollout_steps`` vector steps (fewer for the last
+        rollout, so the run ends within ``num_envs`` steps of its budget); return the episodes
+        that finished.
 
         NEXT_STEP autoreset: the step after an episode end only resets that env (action ignored,
         reward 0), so that row is marked invalid. The observation returned at the end of an
         episode is the true final one, hence ``next_values[t] = values[t+1]`` in ``estimate``.
         """
-        rollout, model, env, rng = self._rollout, self.model, self.env, self._rng
+        config = self.config
+        remaining = -(-(config.total_steps - self.env_steps) // config.num_envs)  # ceil
+        # only the rollout that crosses the budget is cut; stepping past it (a caller that
+        # ignores ``done``) runs whole rollouts as before
+        steps = config.rollout_steps if remaining <= 0 else min(config.rollout_steps, remaining)
+        rollout = self._batch = self._rollout.head(steps)
+        model, env, rng = self.model, self.env, self._rng
         obs, on_cpu = self._obs, self.device.type == "cpu"
         episodes: list[Episode] = []
         with torch.inference_mode():
-            for t in range(self.config.rollout_steps):
+            for t in range(steps):
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
                 rollout.valid[t] = valid
@@ -221,7 +239,7 @@ class Trainer:
 
     def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE advantages and λ-returns ``[T, N]`` for the rollout just collected."""
-        rollout, config = self._rollout, self.config
+        rollout, config = self._batch, self.config
         device = self.device
         with torch.no_grad():
             observations = torch.as_tensor(rollout.observations, device=device)
@@ -248,7 +266,7 @@ class Trainer:
         A rollout with no valid row (``rollout_steps`` 1 and every env just reset) has nothing
         to learn from: no step is taken and the loss metrics are reported as 0.
         """
-        if not self._rollout.valid.any():
+        if not self._batch.valid.any():
             return dict.fromkeys(_LOSS_METRICS, 0.0)
         observations, actions, advantages, returns = self._valid_rows(advantages, returns)
         raw_advantages = advantages
@@ -270,7 +288,7 @@ class Trainer:
         self, advantages: torch.Tensor, returns: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         """Flatten ``[T, N]`` to rows and drop the NEXT_STEP reset rows; tensors on the device."""
-        rollout, device = self._rollout, self.device
+        rollout, device = self._batch, self.device
         valid = torch.from_numpy(rollout.valid.reshape(-1))
         rows = valid.shape[0]
         observations = torch.from_numpy(rollout.observations[:-1].reshape(rows, -1))

@@ -109,7 +109,8 @@ def test_same_seed_same_metrics_and_episodes():
 
 
 def test_episodes_report_step_return_and_length():
-    config = tiny(CONSTANT_ID, num_envs=3, rollout_steps=8, gamma=0.9)
+    # a budget far away: no rollout is cut short (see test_last_rollout_is_cut_at_the_budget)
+    config = tiny(CONSTANT_ID, num_envs=3, rollout_steps=8, gamma=0.9, total_steps=10_000)
     results, _ = run(config, updates=6)
     episodes = [e for r in results for e in r.episodes]
     # 3 envs in lockstep: 10 real steps, then one NEXT_STEP reset row that is not counted.
@@ -285,3 +286,18 @@ def test_optimizer_matches_torch_optim(kind):
             optimizer.step()
     for a, b in zip(net.parameters(), reference_net.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_last_rollout_is_cut_at_the_budget():
+    # 16 envs × 64 steps = 1024 rows per update; a 2500-step budget needs a 3rd, shorter rollout
+    config = tiny("CartPole-v1", num_envs=16, rollout_steps=64, total_steps=2500)
+    trainer = Trainer(config)
+    try:
+        while not trainer.done:
+            trainer.step()
+        # reset rows do not count, so the run can end a little below a multiple of 16 but
+        # never a whole rollout past the budget
+        assert config.total_steps <= trainer.env_steps < config.total_steps + config.num_envs
+        assert trainer._batch.rewards.shape[0] < config.rollout_steps  # the last one was cut
+    finally:
+        trainer.close()
