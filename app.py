@@ -3,10 +3,12 @@ Thin: all logic lives in gae_core; pages/ hold one file per page."""
 
 import streamlit as st
 
-from gae_core import dashboard
+from gae_core.inert import markdown_text
+from gae_core.insight import views
+from gae_core.labels import label
 from pages import _ui
 
-st.set_page_config(page_title="GAE Lab", page_icon="λ", layout="wide")
+st.set_page_config(page_title="GAE Lab", page_icon=label("lambda_"), layout="wide")
 
 
 def home() -> None:
@@ -44,8 +46,8 @@ def runs_in_progress() -> None:
     active = _ui.store().list_runs(status=["queued", "running"])
     st.caption(f"Runs in progress: {len(active)}")
     for run in active[:10]:
-        fraction, eta = dashboard.progress(run)
-        st.progress(fraction, text=f"{run.name} · ETA {dashboard.format_duration(eta)}")
+        fraction, eta = views.progress(run)
+        st.progress(fraction, text=f"{markdown_text(run.name)} · ETA {views.format_duration(eta)}")
 
 
 home_page = st.Page(home, title="Home", icon=":material/home:", default=True)

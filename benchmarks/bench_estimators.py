@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gae_core
-from gae_core import _kernels
+from gae_core.estimators import _kernels
 
 
 def loop_gae(rewards, values, next_values, terminated, truncated, gamma, lambda_):

@@ -62,8 +62,8 @@ def _peak_mb() -> float:
 
 
 def ours_solve(seed: int) -> dict:
-    from gae_core.config import TrainConfig
-    from gae_core.trainer import Trainer
+    from gae_core.agent.config import TrainConfig
+    from gae_core.agent.trainer import Trainer
 
     started = time.perf_counter()
     trainer = Trainer(TrainConfig(env_id=ENV_ID, seed=seed, total_steps=BUDGET))
@@ -80,8 +80,8 @@ def ours_solve(seed: int) -> dict:
 
 
 def ours_throughput(steps: int) -> dict:
-    from gae_core.config import TrainConfig
-    from gae_core.trainer import Trainer
+    from gae_core.agent.config import TrainConfig
+    from gae_core.agent.trainer import Trainer
 
     trainer = Trainer(TrainConfig(env_id=ENV_ID, num_envs=ZOO_ENVS, total_steps=10**9))
     trainer.step()  # warm-up: first numba/torch calls

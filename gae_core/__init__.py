@@ -1,6 +1,12 @@
-"""gae_core: advantage estimators (δ_t, Â^(k), GAE(γ, λ)), an A2C+GAE trainer, a run store.
+"""gae_core: advantage estimators (δ_t, Â^(k), GAE(γ, λ)), an A2C+GAE trainer, a run store, and
+the analyses behind the dashboard.
 
-The library never imports Streamlit; the dashboard in ``app.py`` and ``pages/`` imports it.
+Layers (``docs/DESIGN.md``): :mod:`gae_core.estimators` (the math) ← :mod:`gae_core.agent`
+(config, envs, trainer) ← :mod:`gae_core.runs` (store, run manager, sweeps) ←
+:mod:`gae_core.insight` and :mod:`gae_core.lab` (what the pages show) ← :mod:`gae_core.cli`. The
+top-level modules (:mod:`~gae_core.metrics`, :mod:`~gae_core.outcome`, :mod:`~gae_core.labels`,
+:mod:`~gae_core.trajectory`, :mod:`~gae_core.inert`, :mod:`~gae_core.errors`) are the vocabulary
+every layer shares. The library never imports Streamlit; ``app.py`` and ``pages/`` do.
 """
 
 from gae_core.estimators import (
@@ -22,4 +28,4 @@ __all__ = [
     "lambda_returns",
     "td_residuals",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -2,6 +2,6 @@
 
 from gae_core.cli import main
 
-# Guarded: sweep workers start with "spawn", which imports this module as __mp_main__.
+# Guarded: sweep workers start with "spawn", which imports the parent's main module.
 if __name__ == "__main__":
     raise SystemExit(main())

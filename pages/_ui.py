@@ -10,9 +10,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from gae_core import dashboard
-from gae_core.manager import RunManager
-from gae_core.store import RunStore
+from gae_core import metrics as M
+from gae_core.agent.config import FieldSpec
+from gae_core.errors import StoreError
+from gae_core.inert import markdown_text, to_csv
+from gae_core.insight import views
+from gae_core.runs.manager import RunManager
+from gae_core.runs.store import RunStore
 
 NAVIGATION_FLAG = "gae.navigation"
 WANTED_PAGE = "gae.wanted_page"
@@ -32,7 +36,7 @@ def require_navigation(page_file: str) -> None:
 
 
 @st.cache_resource
-def manager() -> RunManager:
+def _manager() -> RunManager:
     """One RunManager per server process, shared by every session (threads live here).
 
     Training threads are CPU-bound Python; a 1 ms GIL switch interval (default 5 ms) lets the
@@ -40,6 +44,18 @@ def manager() -> RunManager:
     """
     sys.setswitchinterval(0.001)
     return RunManager(RunStore())
+
+
+def manager() -> RunManager:
+    """The process-wide run manager; a store that cannot be opened (damaged file, data folder
+    that is a file or read-only) stops the page with one message naming the path."""
+    try:
+        return _manager()
+    except StoreError as error:
+        st.error(f"The run store cannot be used: {error}", icon=":material/error:")
+        st.caption("Set GAE_CORE_DATA to another folder, or move the file away, and reload.")
+        st.stop()
+        raise  # st.stop() raises; this keeps type checkers informed
 
 
 def store() -> RunStore:
@@ -50,7 +66,7 @@ def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, ke
     """A download button whose CSV is generated on click (exactly the frame that is plotted)."""
     st.download_button(
         label,
-        data=lambda: frame().to_csv(index=False),
+        data=lambda: to_csv(frame()),
         file_name=file_name,
         mime="text/csv",
         key=key,
@@ -59,7 +75,7 @@ def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, ke
     )
 
 
-def _widget(spec: dashboard.FieldSpec, key: str) -> Any:
+def _widget(spec: FieldSpec, key: str) -> Any:
     if spec.kind == "choice":
         options = list(spec.choices or ())
         index = options.index(spec.default) if spec.default in options else 0
@@ -97,9 +113,7 @@ def _widget(spec: dashboard.FieldSpec, key: str) -> Any:
 def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Widgets for every TrainConfig field (main ones first, the rest under "Advanced")."""
     values: dict[str, Any] = {}
-    specs = [s for s in dashboard.form_fields() if s.name not in exclude]
-    main = [s for s in specs if s.name in dashboard.MAIN_FIELDS]
-    advanced = [s for s in specs if s.name not in dashboard.MAIN_FIELDS]
+    main, advanced = views.form_specs(exclude)
     for spec in main:
         values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
     with st.expander("Advanced"):
@@ -132,13 +146,13 @@ def run_label(run: Any) -> str:
 
 def run_header(run: Any) -> None:
     """Status line and progress bar with ETA."""
-    fraction, eta = dashboard.progress(run)
+    fraction, eta = views.progress(run)
     icon = STATUS_ICONS.get(run.status, "")
-    st.markdown(f"{icon} **{run.name}** — {dashboard.status_text(run)}")
+    st.markdown(f"{icon} **{markdown_text(run.name)}** — {markdown_text(views.status_text(run))}")
     text = (
-        f"{run.env_steps:,} / {int(run.config.get('total_steps', 0)):,} env steps"
-        f" · elapsed {dashboard.format_duration(run.wall_seconds)}"
-        f" · ETA {dashboard.format_duration(eta)}"
+        f"{run.env_steps:,} / {run.total_steps:,} env steps"
+        f" · elapsed {views.format_duration(run.wall_seconds)}"
+        f" · ETA {views.format_duration(eta)}"
     )
     st.progress(fraction, text=text)
     if run.status == "failed" and run.error:
@@ -148,23 +162,24 @@ def run_header(run: Any) -> None:
 
 def run_charts(run_id: str, *, x: str, smoothing: float, prefix: str) -> None:
     """The live metric charts of one run, two per row, each with its CSV."""
-    from gae_core import figures
+    from gae_core.insight import figures
 
     metrics = store().metrics(run_id)
     if metrics.empty:
         st.info("No metrics yet: the first ones arrive after the first update.")
         return
-    keys = [k for k in dashboard.LIVE_METRICS if k in set(metrics["key"])]
+    present = set(metrics["key"])
+    keys = [m.key for m in M.LIVE if m.key in present]
     columns = st.columns(2)
     for i, key in enumerate(keys):
-        weight = smoothing if key == "charts/episodic_return" else 0.0
+        weight = smoothing if key == M.EPISODIC_RETURN.key else 0.0
         figure, frame = figures.metric_figure(metrics, key, x=x, smoothing=weight)
         with columns[i % 2]:
             st.plotly_chart(figure, key=f"{prefix}.chart.{key}", config={"displaylogo": False})
             csv_button(
                 "CSV",
                 lambda frame=frame: frame,
-                f"{run_id}_{figures.column_name(key)}.csv",
+                f"{run_id}_{M.get(key).column}.csv",
                 key=f"{prefix}.csv.{key}",
             )
 

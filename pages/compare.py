@@ -5,9 +5,11 @@ import os
 
 import streamlit as st
 
-from gae_core import analysis, dashboard, figures
-from gae_core.config import ConfigError, TrainConfig
-from gae_core.sweep import cancel_sweep, grid_of, start_sweep, sweep_progress
+from gae_core.agent.config import FIELD_SPECS
+from gae_core.errors import ConfigError
+from gae_core.insight import compare, figures, views
+from gae_core.runs.sweep import cancel_sweep, grid_of, start_sweep, sweep_progress
+from gae_core.runs.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/compare.py")
@@ -27,10 +29,10 @@ with launch_tab:
         values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
         errors = []
         try:
-            lambdas = dashboard.parse_float_list(lambdas_text, "λ values")
+            lambdas = views.parse_float_list(lambdas_text, "λ values")
         except ConfigError as error:
             lambdas, errors = [], [str(error)]
-        base, form_errors, warnings = dashboard.build_config(values)
+        base, form_errors, warnings = views.build_config(values)
         _ui.show_problems(errors + form_errors, warnings)
         trials = len(lambdas) * int(seeds)
         label = f"Launch {trials} runs ({len(lambdas)} λ × {int(seeds)} seeds)"
@@ -64,10 +66,8 @@ with launch_tab:
                     text=f"{state.done}/{state.total} trials ended · "
                     + ", ".join(f"{k}: {v}" for k, v in state.counts.items() if v),
                 )
-                trials = dashboard.runs_table(store.list_runs(sweep_id=sweep_id))
-                trials["progress"] = trials["env_steps"] / [
-                    store.get_run(r).config["total_steps"] for r in trials["run_id"]
-                ]
+                trials = runs_frame(store.list_runs(sweep_id=sweep_id))
+                trials["progress"] = (trials["env_steps"] / trials["total_steps"]).clip(0.0, 1.0)
                 st.dataframe(
                     trials[["name", "status", "env_steps", "progress", "final_return"]],
                     hide_index=True,
@@ -98,17 +98,17 @@ with analyse_tab:
     else:
         all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
         run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
-    fields = [name for name in TrainConfig.__dataclass_fields__ if name != "seed"]
+    fields = [name for name in FIELD_SPECS if name != "seed"]
     group = st.selectbox("group curves by", fields, index=fields.index("lambda_"), key="cmp.group")
     options = st.columns(3)
     window = options[0].slider("episodes per seed's running mean", 1, 100, 10, key="cmp.window")
     show_seeds = options[1].checkbox("show individual seeds", key="cmp.show_seeds")
-    episodes = dashboard.episodes_frame(store, run_ids, group)
+    episodes = compare.episodes_frame(store, run_ids, group)
     if episodes.empty:
         st.info("No finished episodes in these runs yet.")
         st.stop()
     threshold = store.get_run(run_ids[0]).summary.reward_threshold
-    bands, aligned = analysis.aggregate_curves(episodes, group=group, window=window)
+    bands, aligned = compare.aggregate_curves(episodes, group=group, window=window)
     figure, frame = figures.comparison_figure(bands, aligned, group=group, show_seeds=show_seeds)
     st.plotly_chart(figure, key="cmp.curves", config={"displaylogo": False})
     downloads = st.columns(3)
@@ -123,7 +123,7 @@ with analyse_tab:
         _ui.csv_button(
             "Bands CSV (mean, 95% CI)", lambda: frame, "lambda_bands.csv", "cmp.bands_csv"
         )
-    summary = analysis.summary_table(episodes, group=group, threshold=threshold)
+    summary = compare.summary_table(episodes, group=group, threshold=threshold)
     st.subheader("Summary")
     st.caption(
         "Final return: mean ± std across seeds of each seed's last-100-episode mean. "

@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from gae_core import analysis, explorer, figures
+from gae_core.insight import explorer, figures
+from gae_core.labels import label
 from pages import _ui
 
 _ui.require_navigation("pages/explorer.py")
@@ -35,12 +36,13 @@ def estimates(arrays, gamma, ks):
     """δ, Â^(k) table and one gae_lambda_sweep over the whole λ grid (slider moves are free)."""
     import gae_core
 
-    base = analysis.advantage_table(*arrays, gamma=gamma, lambdas=[], ks=list(ks))
-    sweep = gae_core.gae_lambda_sweep(*arrays, gamma=gamma, lambdas=analysis.LAMBDA_GRID)
+    base = explorer.advantage_table(*arrays, gamma=gamma, lambdas=[], ks=list(ks))
+    sweep = gae_core.gae_lambda_sweep(*arrays, gamma=gamma, lambdas=explorer.LAMBDA_GRID)
     return base, sweep
 
 
-runs = [r for r in store.list_runs() if store.trajectory_steps(r.id)]
+with_trajectories = store.runs_with_trajectories()
+runs = [r for r in store.list_runs() if r.id in with_trajectories and not r.damaged]
 if not runs:
     st.info("No run has recorded trajectories yet: train one (checkpoints record them).")
     st.stop()
@@ -76,13 +78,13 @@ arrays = trajectory_arrays(
 )
 
 knobs = st.columns([2, 3, 3, 3])
-gamma = knobs[0].slider("γ", 0.0, 1.0, float(run.config["gamma"]), 0.001, key="ex.gamma")
+gamma = knobs[0].slider(label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, key="ex.gamma")
 lambda_ = knobs[1].slider(
-    "λ", 0.0, 1.0, round(float(run.config["lambda_"]), 2), 0.01, key="ex.lambda"
+    label("lambda_"), 0.0, 1.0, round(float(run.config["lambda_"]), 2), 0.01, key="ex.lambda"
 )
 pinned = knobs[2].multiselect(
     "pinned λ (overlay)",
-    [float(x) for x in analysis.LAMBDA_GRID],
+    [float(x) for x in explorer.LAMBDA_GRID],
     default=[0.0, 1.0],
     key="ex.pinned",
 )
@@ -91,9 +93,9 @@ ks = knobs[3].multiselect(
 )
 
 base, sweep = estimates(arrays, gamma, tuple(sorted(ks)))
-table = analysis.with_gae_columns(base, sweep, [lambda_, *pinned])
-shown = ["value", "delta", *[analysis.k_step_column(k) for k in sorted(ks)]]
-shown += [analysis.gae_column(x) for x in dict.fromkeys([*pinned, lambda_])]
+table = explorer.with_gae_columns(base, sweep, [lambda_, *pinned])
+shown = ["value", "delta", *[explorer.k_step_column(k) for k in sorted(ks)]]
+shown += [explorer.gae_column(x) for x in dict.fromkeys([*pinned, lambda_])]
 
 plot, text = st.columns([5, 2], gap="medium")
 with plot:
@@ -127,13 +129,13 @@ with text:
 
 heat_column, weight_column = st.columns(2, gap="large")
 with heat_column:
-    figure, heat = figures.heatmap_figure(analysis.heatmap_from_sweep(sweep))
+    figure, heat = figures.heatmap_figure(explorer.heatmap_from_sweep(sweep))
     st.plotly_chart(figure, key="ex.heat", config={"displaylogo": False})
     _ui.csv_button("Heat map CSV", lambda: heat, f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
 with weight_column:
     t = st.slider("step t for the weights", 0, max(len(table) - 1, 0), 0, key="ex.t")
     horizon = int(table["steps_left"].iloc[t])
-    figure, weights = figures.weights_figure(analysis.weights_table(lambda_, horizon), lambda_)
+    figure, weights = figures.weights_figure(explorer.weights_table(lambda_, horizon), lambda_)
     st.plotly_chart(figure, key="ex.weights", config={"displaylogo": False})
     st.caption(
         f"At t = {t}, {horizon} steps are left in the segment: Â^({horizon}) carries the tail "

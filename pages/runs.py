@@ -1,50 +1,75 @@
 """Runs page: every run in the store; filter, sort, open, overlay, rename, delete, export."""
 
+import hashlib
+
 import streamlit as st
 
-from gae_core import dashboard, figures
-from gae_core.store import STATUSES, StoreError
+from gae_core import metrics as M
+from gae_core.errors import StoreError
+from gae_core.inert import markdown_text
+from gae_core.insight import figures, views
+from gae_core.labels import label
+from gae_core.runs.records import STATUSES
+from gae_core.runs.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/runs.py")
 
 st.title("Runs")
 store = _ui.store()
-table = dashboard.runs_table(store.list_runs())
+table = runs_frame(store.list_runs())
 if table.empty:
     st.info("No runs in the store yet. Start one on the Train page.")
     st.stop()
 
 filters = st.columns([2, 2, 3])
 statuses = filters[0].multiselect("status", list(STATUSES), key="runs.status")
-envs = filters[1].multiselect("environment", sorted(table["env"].dropna().unique()), key="runs.env")
+envs = filters[1].multiselect(
+    "environment", sorted(table["env_id"].dropna().unique()), key="runs.env"
+)
 text = filters[2].text_input("name or id contains", key="runs.text")
-shown = dashboard.filter_runs(table, statuses=statuses, envs=envs, text=text)
+shown = views.filter_runs(table, statuses=statuses, envs=envs, text=text).reset_index(drop=True)
 
+# The table's widget key names the exact list of run ids it shows: selections are row
+# positions, so when another process adds or deletes a run the key changes and the selection
+# starts empty, instead of pointing at whichever run moved into the selected row.
+shown_ids = shown["run_id"].tolist()
+table_key = "runs.table." + hashlib.sha1("\n".join(shown_ids).encode()).hexdigest()[:16]
+on_screen = [
+    "name", "run_id", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
+    "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds",
+]  # fmt: skip
 selection = st.dataframe(
     shown,
     hide_index=True,
     on_select="rerun",
     selection_mode="multi-row",
-    key="runs.table",
+    key=table_key,
+    column_order=on_screen,
     column_config={
-        "lambda": st.column_config.NumberColumn("λ", format="%.3g"),
-        "gamma": st.column_config.NumberColumn("γ", format="%.3g"),
-        "env_steps": st.column_config.NumberColumn("steps", format="localized"),
+        "name": st.column_config.TextColumn(label("name")),
+        "run_id": st.column_config.TextColumn(label("run_id")),
+        "env_id": st.column_config.TextColumn(label("env_id")),
+        "lambda_": st.column_config.NumberColumn(label("lambda_"), format="%.3g"),
+        "gamma": st.column_config.NumberColumn(label("gamma"), format="%.4g"),
+        "env_steps": st.column_config.NumberColumn(label("env_steps"), format="localized"),
         "best_return": st.column_config.NumberColumn(
-            "best return", format="%.1f", help="best mean of 100 consecutive episodes"
+            label("best_return"), format="%.1f", help="best mean of 100 consecutive episodes"
         ),
         "final_return": st.column_config.NumberColumn(
-            "final return", format="%.1f", help="mean of the last 100 episodes"
+            label("final_return"), format="%.1f", help="mean of the last 100 episodes"
         ),
-        "sweep_id": None,  # in the CSV, not on screen
-        "solved_at_step": st.column_config.NumberColumn("solved at step", format="localized"),
-        "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
+        "solved_at_step": st.column_config.NumberColumn(
+            label("solved_at_step"), format="localized"
+        ),
+        "started_at": st.column_config.TextColumn(label("started_at")),
+        "wall_seconds": st.column_config.NumberColumn(label("wall_seconds"), format="%.1f"),
     },
 )
 _ui.csv_button("Runs table CSV", lambda: shown, "runs.csv", key="runs.csv")
 
-selected = shown.iloc[selection.selection.rows]["run_id"].tolist() if selection else []
+rows = selection.selection.rows if selection else []
+selected = [shown_ids[i] for i in rows if 0 <= i < len(shown_ids)]
 if not selected:
     st.caption("Select one run to open it, several to overlay them.")
     st.stop()
@@ -58,7 +83,11 @@ x_axis = st.radio(
 )
 
 if len(selected) == 1:
-    run = store.get_run(selected[0])
+    try:
+        run = store.get_run(selected[0])
+    except StoreError:
+        st.warning("That run was deleted meanwhile.")
+        st.stop()
     _ui.run_header(run)
     actions = st.columns([3, 1, 1])
     new_name = actions[0].text_input("name", value=run.name, key=f"runs.name.{run.id}")
@@ -71,7 +100,10 @@ if len(selected) == 1:
 
     @st.dialog("Delete run")
     def confirm_delete(run_id: str, name: str) -> None:
-        st.write(f"Delete **{name}** ({run_id}) with its metrics, checkpoints and trajectories?")
+        st.markdown(
+            f"Delete **{markdown_text(name)}** ({run_id}) with its metrics, checkpoints and "
+            "trajectories?"
+        )
         st.write("This cannot be undone.")
         if st.button("Delete", type="primary", key="runs.delete.confirm"):
             try:
@@ -90,8 +122,8 @@ if len(selected) == 1:
 else:
     metric = st.selectbox(
         "metric",
-        list(dashboard.LIVE_METRICS),
-        format_func=lambda k: figures.METRIC_LABELS[k][0],
+        [m.key for m in M.LIVE],
+        format_func=lambda k: M.get(k).title,
         key="runs.metric",
     )
     smoothing = st.slider("smoothing", 0.0, 0.99, 0.6, 0.01, key="runs.overlay_smooth")
@@ -99,4 +131,4 @@ else:
     runs = {f"{names[r]} ({r})": store.metrics(r, [metric]) for r in selected}
     figure, frame = figures.overlay_figure(runs, metric, x=x_axis, smoothing=smoothing)
     st.plotly_chart(figure, key="runs.overlay", config={"displaylogo": False})
-    _ui.csv_button("CSV", lambda: frame, f"overlay_{figures.column_name(metric)}.csv", "runs.ocsv")
+    _ui.csv_button("CSV", lambda: frame, f"overlay_{M.get(metric).column}.csv", "runs.ocsv")

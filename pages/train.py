@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from gae_core import dashboard
+from gae_core.insight import views
 from pages import _ui
 
 _ui.require_navigation("pages/train.py")
@@ -21,7 +21,7 @@ with form_column:
     st.subheader("Configuration")
     values = _ui.config_form("train")
     name = st.text_input("run name (optional)", key="train.name", max_chars=80)
-    config, errors, warnings = dashboard.build_config(values)
+    config, errors, warnings = views.build_config(values)
     _ui.show_problems(errors, warnings)
     if st.button("Start", type="primary", disabled=config is None, key="train.start"):
         # the run selectbox below is keyed: set its state, or it keeps showing the old run

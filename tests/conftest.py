@@ -1,7 +1,12 @@
-"""Shared fixtures. The browser ones (see GUIDE.md, "Testing in a real browser"): Debian's
-Chromium driven by Playwright, and one Streamlit server per session on a free port with an
-empty data folder. Without Chromium or Playwright the browser tests skip, except under
-``CI=true`` where they fail: CI must run them."""
+"""Shared fixtures and helpers; no test module imports another.
+
+* ``data_dir`` and :func:`app`: an empty store per AppTest and the app at a page.
+* :func:`wait_until`: poll a condition with a deadline.
+* The browser fixtures (docs/DESIGN.md, "Testing in a real browser"): Debian's Chromium driven by
+  Playwright, and one Streamlit server per session on a free port with an empty data folder.
+  Without Chromium or Playwright the browser tests skip, except under ``CI=true`` where they
+  fail: CI must run them.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+#: A run that trains in about a second: the pages' AppTests and the browser tests use it.
+TINY = {"total_steps": 600, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 0}
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -174,3 +182,41 @@ def app_page(chromium_browser, app_server):
     page = context.new_page()
     yield page
     context.close()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """An empty store per test, and a fresh process-wide manager (cache_resource is global)."""
+    import streamlit as st
+
+    from pages import _ui
+
+    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path))
+    st.cache_resource.clear()
+    yield tmp_path
+    _ui.manager().shutdown(timeout=10)
+    st.cache_resource.clear()
+
+
+def app(page: str | None = None):
+    """The app (``app.py``) run once under AppTest, switched to ``page`` if given."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file("../app.py", default_timeout=60).run()
+    if page:
+        at.switch_page(page).run()
+    assert not at.exception, at.exception
+    return at

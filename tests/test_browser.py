@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import APP_READY
+from conftest import APP_READY, wait_until
 
 import gae_core
-from gae_core.config import TrainConfig
-from gae_core.manager import RunManager
-from gae_core.store import DB_FILENAME, RunStore
-from gae_core.sweep import grid_of, run_sweep
+from gae_core.agent.config import TrainConfig
+from gae_core.runs.manager import RunManager
+from gae_core.runs.store import DB_FILENAME, RunStore
+from gae_core.runs.sweep import grid_of, run_sweep
 
 pytestmark = pytest.mark.browser
 
@@ -220,15 +220,6 @@ def download_csv(page, locator) -> tuple[str, pd.DataFrame]:
     download = info.value
     with open(download.path(), "rb") as handle:
         return download.suggested_filename, pd.read_csv(io.BytesIO(handle.read()))
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def choose_run(page, run_id: str) -> None:
@@ -542,6 +533,7 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     open_page(page, app_server, "compare")
     store = store_of(app_server)
     before = {s.id for s in store.list_sweeps()}
+    log_before = app_server.log_path.read_text(errors="replace")
     field = page.locator(".st-key-cmp-lambdas input")
     field.fill("0.5, 1")
     field.press("Enter")
@@ -560,6 +552,9 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     assert {r.status for r in runs} == {"finished"}
     page.get_by_text("2/2 trials ended").wait_for(timeout=30_000)
     assert page.locator('[data-testid="stException"]').count() == 0
+    # the spawned workers do not re-run Streamlit's launcher: no context warnings in the log
+    new_log = app_server.log_path.read_text(errors="replace")[len(log_before) :]
+    assert "missing ScriptRunContext" not in new_log, new_log[-2000:]
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gae_core import metrics as M
 from gae_core.cli import build_parser
-from gae_core.store import RunStore
+from gae_core.cli.commands import config_from_args
+from gae_core.runs.store import RunStore
+from gae_core.runs.table import RUN_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--num-envs", "4", "--rollout-steps", "16", "--hidden-sizes", "16"]
@@ -76,7 +79,14 @@ def test_every_config_field_is_a_flag():
         ]
     )
     assert args.env_id == "Pendulum-v1" and args.lambda_ == 0.9 and args.total_steps == 10_000
-    assert args.hidden_sizes == [8, 8] and args.normalize_advantages is False
+    config = config_from_args(args)
+    assert config.hidden_sizes == (8, 8) and config.normalize_advantages is False
+    assert config_from_args(
+        parser.parse_args(["train", "--hidden-sizes", "64x32"])
+    ).hidden_sizes == (
+        64,
+        32,
+    )
     assert not hasattr(args, "gamma")  # unset flags keep the dataclass default
     help_text = parser._subparsers._group_actions[0].choices["train"].format_help()
     for flag in ["--gamma", "--num-envs", "--rollout-steps", "--checkpoint-every", "--seed"]:
@@ -121,10 +131,10 @@ def test_train_json_contract_runs_and_export(tmp_path):
     assert exported.returncode == 0, exported.stderr
     frame = pd.read_csv(out)
     assert list(frame.columns[:2]) == ["env_step", "wall_time"]
-    assert {"losses/value_loss", "charts/episodic_return"} <= set(frame.columns)
+    assert {M.VALUE_LOSS.key, M.EPISODIC_RETURN.key} <= set(frame.columns)
     with RunStore(tmp_path / "data") as store:
         long = store.metrics(run_id)
-    for key in ("losses/value_loss", "charts/episodic_return"):
+    for key in (M.VALUE_LOSS.key, M.EPISODIC_RETURN.key):
         assert frame[key].notna().sum() == (long["key"] == key).sum()
     assert frame["env_step"].is_monotonic_increasing
 
@@ -212,7 +222,8 @@ def test_sweep_json(tmp_path):
     result = _last_json(done.stdout)
     assert result["status"] == "finished" and result["workers"] == 2
     assert result["total"] == 2 and result["counts"]["finished"] == 2
-    assert sorted(r["lambda"] for r in result["runs"]) == [0.9, 1.0]
+    assert sorted(r["lambda_"] for r in result["runs"]) == [0.9, 1.0]
+    assert all(list(r) == list(RUN_COLUMNS) for r in result["runs"])
     assert all(r["sweep_id"] == result["sweep_id"] for r in result["runs"])
     listed = _last_json(cli(tmp_path, "runs", "--sweep", result["sweep_id"], "--json").stdout)
     assert len(listed) == 2
@@ -240,7 +251,13 @@ def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
 
 
 def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
-    proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY, "--no-progress")
+    # frequent checkpoints: a kill lands near one, where a checkpoint written before the
+    # run's step count would be ahead of it
+    proc = _popen(
+        tmp_path,
+        *("train", "--total-steps", "100000000", *TINY, "--no-progress"),
+        *("--checkpoint-every", "3000", "--record-episodes", "0"),
+    )
     try:
         run_id = _wait_for_metrics(tmp_path / "data")
         time.sleep(1.5)  # a few more flushes
@@ -261,6 +278,8 @@ def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
         assert len(metrics) >= flushed > 0
         assert metrics["value"].notna().any()
         assert store.metrics_wide(run_id)["env_step"].max() <= run.env_steps
+        steps = store.checkpoint_steps(run_id)
+        assert len(steps) >= 2 and max(steps) <= run.env_steps  # never ahead of the run
         assert store.integrity_check() == "ok"
     listed = _last_json(cli(tmp_path, "runs", "--json").stdout)
     assert listed[0]["status"] == "interrupted"
@@ -273,12 +292,15 @@ def test_solved_flag_matches_the_stored_returns(tmp_path):
     assert done.returncode == 0, done.stderr
     result = _last_json(done.stdout)
     with RunStore(tmp_path / "data") as store:
-        returns = store.metrics(result["run_id"], ["charts/episodic_return"])
+        returns = store.metrics(result["run_id"], [M.EPISODIC_RETURN.key])
     window = returns["value"].rolling(100).mean()
     reached = returns["env_step"][window >= 475.0]
     assert result["solved"] is True
     assert result["solved_at_step"] == int(reached.iloc[0])
     assert result["final_return"] == pytest.approx(returns["value"].tail(100).mean())
-    # Best: the best moving mean, averaging fewer episodes until 100 have finished.
-    moving = returns["value"].rolling(100, min_periods=1).mean()
-    assert result["best_return"] == pytest.approx(moving.max())
+    # Best: the best mean of 100 consecutive episodes (full windows only).
+    assert result["best_return"] == pytest.approx(window.max())
+    below = returns["env_step"][(window < 475.0) & (returns["env_step"] > reached.iloc[0])]
+    expected_fall = None if below.empty else int(below.iloc[0])
+    assert result["fell_below_at_step"] == expected_fall
+    assert result["stayed_solved"] == bool(window.iloc[-1] >= 475.0)

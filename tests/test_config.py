@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from gae_core.config import ConfigError, TrainConfig
-from gae_core.envs import SUPPORTED_ENVS
+from gae_core.agent.config import ConfigError, TrainConfig
+from gae_core.agent.envs import SUPPORTED_ENVS
 
 # Per field, values that must be rejected (each raises ConfigError naming the field).
 BAD_VALUES = {

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gae_core
-from gae_core import _torch_scan
+from gae_core.estimators import _torch_scan
 
 # ----------------------------------------------------------------------------- references
-# Written from GUIDE.md's definitions, one step and one environment at a time.
+# Written from docs/DESIGN.md's definitions, one step and one environment at a time.
 
 
 def segment_end(done, t, n):
@@ -486,9 +486,23 @@ def good():
         (
             lambda b: b.__setitem__(4, b[4].astype(float) + 2),
             {},
-            "truncated must be boolean or 0/1",
+            "truncated must be boolean or 0/1, got 2.0 at index (0, 0)",
         ),
-        (lambda b: b.__setitem__(3, np.full((6, 2), "x")), {}, "terminated must be boolean or 0/1"),
+        (
+            lambda b: b.__setitem__(3, np.full((6, 2), "x")),
+            {},
+            "terminated must be an array of numbers or booleans, got dtype <U1",
+        ),
+        (
+            lambda b: b.__setitem__(3, [[0, 1]] * 5 + [[0, 7]]),
+            {},
+            "terminated must be boolean or 0/1, got 7 at index (5, 1)",
+        ),
+        (
+            lambda b: b.__setitem__(1, [[0.0, 1.0], [2.0]] + [[0.0, 0.0]] * 4),
+            {},
+            "values must be a rectangular array of numbers",
+        ),
         (lambda b: b[0].__setitem__((2, 1), np.nan), {}, "rewards must be finite"),
         (lambda b: b[1].__setitem__((0, 0), np.inf), {}, "values must be finite"),
         (lambda b: b[2].__setitem__((5, 1), -np.inf), {}, "next_values must be finite"),
@@ -518,12 +532,14 @@ def _escape(text):
 @pytest.mark.parametrize(
     ("k", "message"),
     [
-        (0, "k must be >= 1"),
-        (-3, "k must be >= 1"),
+        (0, "k must be in [1, 9223372036854775807] (int64), got 0"),
+        (-3, "k must be in [1, 9223372036854775807] (int64), got -3"),
+        (2**63, f"k must be in [1, 9223372036854775807] (int64), got {2**63}"),
         (2.0, "k must be an integer"),
         (True, "k must be an integer"),
+        ("5", "k must be an integer"),
         ([], "k must be a non-empty sequence"),
-        ([1, 0], "k must be >= 1"),
+        ([1, 0], "k must be in [1, 9223372036854775807] (int64), got 0"),
         ([1, 2.5], "k must be an integer"),
     ],
 )
@@ -550,8 +566,9 @@ def test_sweep_bad_lambdas(lambdas, message):
     ("args", "message"),
     [
         ((1.5, 3), "lambda_ must be in [0, 1]"),
-        ((0.5, 0), "horizon must be an integer >= 1"),
-        ((0.5, 2.0), "horizon must be an integer >= 1"),
+        ((0.5, 0), "horizon must be in [1, 10000000], got 0"),
+        ((0.5, 10_000_001), "horizon must be in [1, 10000000], got 10000001"),
+        ((0.5, 2.0), "horizon must be an integer in [1, 10000000], got 2.0"),
     ],
 )
 def test_estimator_weights_bad_input(args, message):
@@ -571,12 +588,81 @@ def test_other_functions_validate_too():
 
 def test_mixing_numpy_and_torch_is_rejected():
     r, v, nv, term, trunc = good()
-    with pytest.raises(ValueError, match="pass all numpy arrays or all torch tensors"):
+    with pytest.raises(ValueError, match=r"pass all numpy arrays .or lists. or all torch tensors"):
         gae_core.gae(torch.from_numpy(r), v, nv, term, trunc, gamma=0.9, lambda_=0.9)
 
 
-def test_package_does_not_import_streamlit():
-    code = "import sys, gae_core; print('streamlit' in sys.modules, 'torch' in sys.modules)"
+def test_python_lists_are_converted_like_numpy_arrays():
+    batch = good()
+    as_lists = [x.tolist() for x in batch]
+    np.testing.assert_array_equal(
+        gae_core.gae(*as_lists, gamma=0.9, lambda_=0.8),
+        gae_core.gae(*batch, gamma=0.9, lambda_=0.8),
+    )
+    np.testing.assert_array_equal(
+        gae_core.k_step_advantages(*as_lists, gamma=0.9, k=[1, 3]),
+        gae_core.k_step_advantages(*batch, gamma=0.9, k=[1, 3]),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_empty_tensors_behave_like_empty_arrays(dtype):
+    empty = [torch.zeros(0, dtype=dtype)] * 3 + [torch.zeros(0, dtype=torch.bool)] * 2
+    as_numpy = [x.numpy() for x in empty]
+    for name, kwargs in [
+        ("gae", {"gamma": 0.9, "lambda_": 0.5}),
+        ("k_step_advantages", {"gamma": 0.9, "k": [1, 4]}),
+        ("gae_lambda_sweep", {"gamma": 0.9, "lambdas": [0.0, 1.0]}),
+        ("lambda_returns", {"gamma": 0.9, "lambda_": 0.5}),
+    ]:
+        out = getattr(gae_core, name)(*empty, **kwargs)
+        expected = getattr(gae_core, name)(*as_numpy, **kwargs)
+        assert isinstance(out, torch.Tensor) and out.dtype == dtype, name
+        assert tuple(out.shape) == expected.shape, name
+    out = gae_core.td_residuals(*empty[:4], gamma=0.9)
+    assert tuple(out.shape) == (0,)
+    out = gae_core.discounted_returns(empty[0], empty[2], empty[3], empty[4], gamma=0.9)
+    assert tuple(out.shape) == (0,)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_k_step_is_linear_in_t_for_any_k(backend):
+    """Â^(k) costs O(T) whatever k: one segment of a million steps with k up to 2**62 finishes
+    (a sum of k terms per step would take T·min(k, T) = 10^12 operations) and equals GAE(λ=1)
+    for k ≥ the segment length, S_t − γ^k S_{t+k} below it."""
+    steps = 1_000_000 if backend == "numpy" else 60_000  # the torch path serves small tensors
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=steps)
+    values = rng.normal(size=steps)
+    next_values = np.append(values[1:], 0.0)
+    flags = np.zeros(steps, bool)
+    batch = [rewards, values, next_values, flags, flags]
+    if backend == "torch":
+        batch = [torch.from_numpy(x) for x in batch]
+    ks = [1, 7, steps - 1, steps, 2**62]
+    out = gae_core.k_step_advantages(*batch, gamma=0.999, k=ks)
+    full = gae_core.gae(*batch, gamma=0.999, lambda_=1.0)
+    out, full = np.asarray(out), np.asarray(full)
+    deltas = np.asarray(gae_core.td_residuals(*batch[:4], gamma=0.999))
+    np.testing.assert_allclose(out[0], deltas, rtol=1e-9, atol=1e-9)
+    for i in (3, 4):  # k ≥ T: the whole segment
+        np.testing.assert_allclose(out[i], full, rtol=1e-9, atol=1e-9)
+    # k = 7 against the direct sum on a stretch
+    direct = sum(0.999**j * deltas[j : j + 1000] for j in range(7))
+    np.testing.assert_allclose(out[1][:1000], direct, rtol=1e-7, atol=1e-7)
+
+
+def test_package_modules_do_not_import_streamlit():
+    """Every module of the library (walked, not just gae_core/__init__) imports without
+    Streamlit being loaded."""
+    code = (
+        "import importlib, pkgutil, sys, gae_core\n"
+        "names = [m.name for m in pkgutil.walk_packages(gae_core.__path__, 'gae_core.')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "print(len(names), 'streamlit' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    imported_streamlit, _ = out.stdout.split()
+    count, imported_streamlit = out.stdout.split()
+    assert int(count) >= 30
     assert imported_streamlit == "False"

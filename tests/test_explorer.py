@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gae_core import explorer
-from gae_core.config import TrainConfig
-from gae_core.trainer import Trainer
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.trainer import Trainer
+from gae_core.insight import explorer
 
 
 @pytest.fixture(scope="module")

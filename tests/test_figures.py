@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gae_core import analysis, figures
+from gae_core.insight import compare, explorer, figures
 
 
 def long_metrics(n: int, key: str = "charts/episodic_return") -> pd.DataFrame:
@@ -63,7 +63,7 @@ def test_overlay_has_one_trace_per_run():
 
 
 def test_explorer_figure_marks_each_boundary_kind():
-    table = analysis.advantage_table(
+    table = explorer.advantage_table(
         np.ones(6),
         np.zeros(6),
         np.zeros(6),
@@ -85,7 +85,7 @@ def test_explorer_figure_marks_each_boundary_kind():
 
 
 def test_heatmap_and_weights_figures():
-    heat = analysis.gae_heatmap(
+    heat = explorer.gae_heatmap(
         np.ones(4),
         np.zeros(4),
         np.zeros(4),
@@ -97,7 +97,7 @@ def test_heatmap_and_weights_figures():
     figure, frame = figures.heatmap_figure(heat)
     assert np.asarray(figure.data[0].z).shape == (3, 4)
     assert frame is heat
-    figure, frame = figures.weights_figure(analysis.weights_table(0.9, 5), 0.9)
+    figure, frame = figures.weights_figure(explorer.weights_table(0.9, 5), 0.9)
     assert list(figure.data[0].y) == pytest.approx(list(frame["weight"]))
 
 
@@ -108,7 +108,7 @@ def test_comparison_draws_one_band_per_lambda():
         for seed in (0, 1, 2)
         for step in (10, 20, 30)
     ]
-    bands, aligned = analysis.aggregate_curves(pd.DataFrame(rows), points=4, window=1)
+    bands, aligned = compare.aggregate_curves(pd.DataFrame(rows), points=4, window=1)
     figure, frame = figures.comparison_figure(bands, aligned, show_seeds=True)
     assert sum(trace.fill == "tonexty" for trace in figure.data) == 3
     assert {"seed_0", "seed_1", "seed_2", "mean", "ci_low", "ci_high"} <= set(frame.columns)

@@ -8,17 +8,19 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from test_pages import TINY, app, data_dir, wait_for  # noqa: F401  (data_dir is a fixture)
+from conftest import TINY, app, wait_until
 
 import gae_core
-from gae_core.config import TrainConfig
-from gae_core.store import RunStore
-from gae_core.sweep import grid_of, run_sweep
+from gae_core.agent.config import TrainConfig
+from gae_core.insight import explorer
+from gae_core.runs.store import RunStore
+from gae_core.runs.sweep import grid_of, run_sweep
+from gae_core.trajectory import Trajectory
 from pages import _ui
 
 
 @pytest.fixture
-def recorded_run(data_dir):  # noqa: F811
+def recorded_run(data_dir):
     manager = _ui.manager()
     run_id = manager.start({**TINY, "total_steps": 1200, "checkpoint_every": 400})
     assert manager.wait(run_id, 60)
@@ -32,14 +34,18 @@ def plotly_values(values):
     return np.asarray(values, dtype=float)
 
 
-def main_chart_gae(at, lambda_):
+def main_chart_trace(at, name):
     chart = next(c for c in at.get("plotly_chart") if "Advantage estimates" in c.proto.spec)
     spec = json.loads(chart.proto.spec)
-    trace = next(d for d in spec["data"] if d.get("name") == f"GAE λ={lambda_:g}")
+    trace = next(d for d in spec["data"] if d.get("name") == name)
     return plotly_values(trace["y"])
 
 
-def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir):  # noqa: F811
+def main_chart_gae(at, lambda_):
+    return main_chart_trace(at, f"GAE λ={lambda_:g}")
+
+
+def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir):
     at = app("pages/explorer.py")
     store = RunStore(data_dir)
     assert at.selectbox(key="ex.run").value == recorded_run
@@ -48,7 +54,7 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
     at.slider(key="ex.lambda").set_value(0.3).run()
     at.multiselect(key="ex.pinned").set_value([]).run()
     assert not at.exception
-    trajectory = store.trajectories(recorded_run, steps[-1])[0]
+    trajectory = Trajectory.from_bytes(store.trajectory_blobs(recorded_run, steps[-1])[0])
     arrays = (
         trajectory.rewards,
         trajectory.values,
@@ -67,18 +73,38 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
     assert len(at.get("plotly_chart")) == 3  # main plot, heat map, weights
 
 
-def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):  # noqa: F811
+def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
+    """The page draws the seed-7 episode of the chosen policy, and V(s_t) of the chosen critic:
+    the early checkpoint's values, not the policy's own."""
     at = app("pages/explorer.py")
-    steps = RunStore(data_dir).checkpoint_steps(recorded_run)
+    store = RunStore(data_dir)
+    steps = store.checkpoint_steps(recorded_run)
     at.selectbox(key="ex.source").set_value("fresh recording").run()
     at.number_input(key="ex.seed").set_value(7).run()
     assert not at.exception
+    own = explorer.load_trajectory(store, recorded_run, steps[-1], fresh_seed=7)
+    np.testing.assert_allclose(main_chart_trace(at, "V(s_t)"), own.values, rtol=1e-6)
     at.selectbox(key="ex.critic").set_value(steps[0]).run()
     assert not at.exception
-    assert at.slider(key="ex.t").max >= 1
+    early = explorer.load_trajectory(
+        store, recorded_run, steps[-1], fresh_seed=7, critic_step=steps[0]
+    )
+    np.testing.assert_array_equal(early.rewards, own.rewards)  # the same episode
+    shown = main_chart_trace(at, "V(s_t)")
+    np.testing.assert_allclose(shown, early.values, rtol=1e-6)
+    assert not np.allclose(shown, own.values)  # a different critic
+    gamma = at.slider(key="ex.gamma").value
+    arrays = (early.rewards, early.values, early.next_values, early.terminated, early.truncated)
+    np.testing.assert_allclose(
+        main_chart_trace(at, "δ_t"),
+        gae_core.td_residuals(*arrays[:4], gamma=gamma),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    assert at.slider(key="ex.t").max == len(early) - 1
 
 
-def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):  # noqa: F811
+def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):
     at = app("pages/compare.py")
     at.text_input(key="cmp.lambdas").set_value("0.5, 1.5").run()
     assert "λ values must be in [0, 1], got [1.5]" in at.error[0].value
@@ -92,7 +118,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     store = RunStore(data_dir)
     sweep_id = store.list_sweeps()[0].id
     assert len(store.list_runs(sweep_id=sweep_id)) == 4
-    assert wait_for(lambda: store.get_sweep(sweep_id).status == "finished", 120)
+    assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 120)
     at.run()
     at.radio(key="cmp.source").set_value("a sweep").run()
     assert not at.exception
@@ -102,7 +128,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert sorted(summary["lambda_"]) == [0.8, 1.0] and summary["best"].sum() == 1
 
 
-def test_compare_groups_picked_runs_by_any_field(data_dir):  # noqa: F811
+def test_compare_groups_picked_runs_by_any_field(data_dir):
     store = RunStore(data_dir)
     base = TrainConfig(**{**TINY, "total_steps": 800})
     run_sweep(store, base, grid_of(seeds=[0, 1], gamma=[0.9, 0.99]), workers=1)

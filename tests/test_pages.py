@@ -5,49 +5,18 @@ AppTest never fires ``run_every``: the tests call ``run()`` again to refresh a f
 
 from __future__ import annotations
 
-import time
-
-import pytest
-import streamlit as st
+from conftest import TINY, app, wait_until
 from streamlit.testing.v1 import AppTest
 
-from gae_core.store import RunStore
+from gae_core.inert import markdown_text
+from gae_core.runs.store import RunStore
 from pages import _ui
-
-TINY = {"total_steps": 600, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 0}
-
-
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    """An empty store per test, and a fresh process-wide manager (cache_resource is global)."""
-    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path))
-    st.cache_resource.clear()
-    yield tmp_path
-    _ui.manager().shutdown(timeout=10)
-    st.cache_resource.clear()
-
-
-def app(page: str | None = None) -> AppTest:
-    at = AppTest.from_file("../app.py", default_timeout=60).run()
-    if page:
-        at.switch_page(page).run()
-    assert not at.exception, at.exception
-    return at
 
 
 def set_fields(at: AppTest, values: dict) -> None:
     for name, value in values.items():
         at.number_input(key=f"train.{name}").set_value(value)
     at.run()
-
-
-def wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_home_lists_the_pages(data_dir):
@@ -59,7 +28,7 @@ def test_home_lists_the_pages(data_dir):
 def test_train_page_renders_with_a_field_for_every_config_field(data_dir):
     from dataclasses import fields
 
-    from gae_core.config import TrainConfig
+    from gae_core.agent.config import TrainConfig
 
     at = app("pages/train.py")
     keys = {w.key for w in [*at.number_input, *at.selectbox, *at.checkbox, *at.text_input]}
@@ -72,7 +41,7 @@ def test_train_page_renders_with_a_field_for_every_config_field(data_dir):
 def test_train_form_explains_invalid_values_before_start(data_dir):
     at = app("pages/train.py")
     at.text_input(key="train.hidden_sizes").set_value("64, lots").run()
-    assert "hidden_sizes must be comma-separated positive integers" in at.error[0].value
+    assert "hidden_sizes: cannot read '64, lots'; expected 1 to 8 integers" in at.error[0].value
     assert at.button(key="train.start").disabled
     at.text_input(key="train.hidden_sizes").set_value("64, 0").run()
     assert "hidden_sizes" in at.error[0].value and at.button(key="train.start").disabled
@@ -90,8 +59,8 @@ def test_start_puts_a_run_in_the_store_and_the_page_shows_it(data_dir):
     at.button(key="train.start").click().run()
     runs = RunStore(data_dir).list_runs()
     assert len(runs) == 1 and runs[0].config["total_steps"] == 600
-    assert any(runs[0].name in m.value for m in at.markdown)
-    assert wait_for(lambda: RunStore(data_dir).get_run(runs[0].id).status == "finished")
+    assert any(markdown_text(runs[0].name) in m.value for m in at.markdown)
+    assert wait_until(lambda: RunStore(data_dir).get_run(runs[0].id).status == "finished")
     at.run()
     assert any("finished" in m.value for m in at.markdown)
     assert any("Episodic return" in str(c.proto.spec) for c in at.get("plotly_chart"))
@@ -102,10 +71,10 @@ def test_stop_button_stops_the_run(data_dir):
     set_fields(at, {"total_steps": 10_000_000, "checkpoint_every": 0})
     at.button(key="train.start").click().run()
     run_id = RunStore(data_dir).list_runs()[0].id
-    assert wait_for(lambda: RunStore(data_dir).get_run(run_id).status == "running")
+    assert wait_until(lambda: RunStore(data_dir).get_run(run_id).status == "running")
     at.run()
     at.button(key="train.stop").click().run()
-    assert wait_for(lambda: RunStore(data_dir).get_run(run_id).status == "stopped", 5)
+    assert wait_until(lambda: RunStore(data_dir).get_run(run_id).status == "stopped", 5)
     at.run()
     assert any("stopped at step" in m.value for m in at.markdown)
 
@@ -136,3 +105,67 @@ def test_a_second_start_switches_the_view_to_the_new_run(data_dir):
     second = at.selectbox(key="train.view").value
     assert first != second
     assert second == RunStore(data_dir).list_runs()[0].id  # the newest run
+
+
+def _table_key(at) -> str:
+    """The runs table's widget key (it names the ids the table shows)."""
+    return next(str(e.key) for e in at.dataframe if str(e.key).startswith("runs.table"))
+
+
+def test_runs_selection_follows_run_ids_when_another_process_adds_a_run(data_dir):
+    """Rows are positions; a run created elsewhere between two clicks shifts them. The page must
+    never open (or offer to delete) the run that moved into the selected row."""
+    store = RunStore(data_dir)
+    older = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="older run")
+    store.finish_run(older, "stopped")
+    newer = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="newer run")
+    store.finish_run(newer, "stopped")
+    at = app("pages/runs.py")
+    key = _table_key(at)
+    at.session_state[key] = {"selection": {"rows": [1], "columns": [], "cells": []}}
+    at.run()
+    headers = [m.value for m in at.markdown if "—" in m.value]
+    assert any("older run" in h for h in headers) and not any("newer run" in h for h in headers)
+    # another process adds a run: it takes row 0, pushing "older run" to row 2
+    intruder = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="intruder")
+    store.finish_run(intruder, "stopped")
+    at.run()
+    headers = [m.value for m in at.markdown if "—" in m.value]
+    assert not any("newer run" in h or "intruder" in h for h in headers), headers
+    if not headers:  # the selection was dropped, not redirected
+        assert "Select one run to open it" in at.caption[-1].value
+    at.session_state[_table_key(at)] = {"selection": {"rows": [2], "columns": [], "cells": []}}
+    at.run()
+    assert any("older run" in m.value for m in at.markdown if "—" in m.value)
+    assert at.text_input(key=f"runs.name.{older}").value == "older run"  # rename acts on the id
+
+
+def test_a_run_name_renders_as_text_in_the_header(data_dir):
+    evil = "**bold** [x](javascript:alert(1)) ![i](http://e/x.png) <b>h</b> :red[r] $x^2$"
+    store = RunStore(data_dir)
+    run_id = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name=evil)
+    store.finish_run(run_id, "stopped")
+    at = app("pages/runs.py")
+    at.session_state[_table_key(at)] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    at.run()
+    header = next(m.value for m in at.markdown if "—" in m.value)
+    assert markdown_text(evil) in header  # every markdown character escaped: shown as typed
+
+
+def test_an_unusable_store_gets_one_message_naming_the_path(tmp_path, monkeypatch):
+    import streamlit as st
+
+    (tmp_path / "runs.sqlite3").write_bytes(b"garbage" * 500)
+    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path))
+    st.cache_resource.clear()
+    try:
+        for page in (None, "pages/train.py", "pages/runs.py"):
+            at = AppTest.from_file("../app.py", default_timeout=60).run()
+            if page:
+                at.switch_page(page).run()
+            assert not at.exception
+            errors = [e.value for e in at.error]
+            assert errors and str(tmp_path / "runs.sqlite3") in errors[0]
+            assert "not a database" in errors[0]
+    finally:
+        st.cache_resource.clear()

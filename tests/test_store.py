@@ -14,18 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gae_core import store as store_mod
-from gae_core.store import (
-    DB_FILENAME,
-    SCHEMA_VERSION,
-    MetricRow,
-    ReturnTracker,
-    RunStore,
-    StoreError,
-    resolve_data_dir,
-    summarize_returns,
-    to_wide,
-)
+from gae_core.errors import StoreError
+from gae_core.outcome import ReturnTracker, summarize_returns
+from gae_core.runs import ownership
+from gae_core.runs.records import MetricRow
+from gae_core.runs.schema import SCHEMA_VERSION
+from gae_core.runs.store import DB_FILENAME, RunStore, resolve_data_dir, to_wide
+from gae_core.runs.table import RUN_COLUMNS, runs_frame
 
 CONFIG = {"env_id": "CartPole-v1", "seed": 3, "lambda_": 0.95, "gamma": 0.99}
 
@@ -93,7 +88,7 @@ def test_run_round_trip_and_lifecycle(store):
     assert run.env_steps == 128
     assert run.ended_at >= run.started_at >= run.created_at
     assert run.summary.episodes == 1
-    assert run.summary.final_return == 20.0 and run.summary.best_return == 20.0
+    assert run.summary.final_return == 20.0 and run.summary.best_return is None  # 1 < 100
     assert run.summary.solved is False and run.summary.solved_at_step is None
 
     long = store.metrics(run_id)
@@ -195,9 +190,11 @@ def test_list_runs_filters_and_frame(store):
     assert [r.id for r in store.list_runs()] == [b, a]  # newest first
     assert [r.id for r in store.list_runs(status="failed")] == [b]
     assert [r.id for r in store.list_runs(sweep_id=sweep_id)] == [a]
-    frame = store.runs_frame()
-    assert set(frame["run_id"]) == {a, b}
-    assert "config.lambda_" in frame.columns and "final_return" in frame.columns
+    frame = runs_frame(store.list_runs())
+    assert set(frame["run_id"]) == {a, b} and list(frame.columns) == list(RUN_COLUMNS)
+    assert frame.set_index("run_id").loc[a, "lambda_"] == 0.95
+    with pytest.raises(ValueError, match=r"unknown status .'bogus'.; statuses: queued, running"):
+        store.list_runs(status="bogus")
     assert store.sweep_status_counts(sweep_id)["queued"] == 1
     sweep = store.get_sweep(sweep_id)
     assert sweep.grid == {"lambda_": [0.9, 1.0]} and sweep.status == "running"
@@ -220,19 +217,41 @@ def test_return_tracker_matches_closed_form():
     returns = rng.normal(100, 30, size=250)
     steps = np.arange(250) * 10
     summary = summarize_returns(steps, returns, reward_threshold=None)
-    means = pd.Series(returns).rolling(100, min_periods=1).mean()
+    means = pd.Series(returns).rolling(100).mean()  # full windows only
     assert summary.episodes == 250
     assert summary.final_return == pytest.approx(returns[-100:].mean())
     assert summary.best_return == pytest.approx(means.max())
     assert summary.solved is None and summary.solved_at_step is None
+    assert summary.stayed_solved is None
+    # Fewer than 100 episodes: no best return at all (a partial window is never "best").
+    assert summarize_returns([1, 2], [63.6, 10.0], None).best_return is None
     # Solved: first step where a full 100-episode window averages at least the threshold.
     ramp = np.concatenate([np.zeros(50), np.full(200, 500.0)])
     solved = summarize_returns(np.arange(250), ramp, reward_threshold=475.0)
     window_means = pd.Series(ramp).rolling(100).mean()
     first = int(np.argmax(window_means.to_numpy() >= 475.0))
     assert solved.solved is True and solved.solved_at_step == first
+    assert solved.fell_below_at_step is None and solved.stayed_solved is True
     # Fewer than 100 episodes never count as solved, however good.
     assert summarize_returns([1, 2], [500.0, 500.0], 475.0).solved is False
+
+
+def test_a_collapsed_run_says_it_fell_below():
+    """Solved at one step, then the 100-episode mean falls below the threshold: the summary
+    keeps both steps and says it did not stay solved; a dip that recovers says so too."""
+    up, down = np.full(150, 500.0), np.full(150, 9.0)
+    collapsed = summarize_returns(np.arange(300) * 10, np.concatenate([up, down]), 475.0)
+    means = pd.Series(np.concatenate([up, down])).rolling(100).mean().to_numpy()
+    assert collapsed.solved_at_step == 99 * 10
+    first_below = int(np.flatnonzero((np.arange(300) >= 99) & (means < 475.0))[0])
+    assert collapsed.fell_below_at_step == first_below * 10
+    assert collapsed.stayed_solved is False and collapsed.solved is True
+    assert collapsed.final_return == pytest.approx(9.0)
+    assert collapsed.best_return == pytest.approx(500.0)
+    recovered = summarize_returns(
+        np.arange(450), np.concatenate([up, np.full(20, 0.0), np.full(280, 500.0)]), 475.0
+    )
+    assert recovered.fell_below_at_step is not None and recovered.stayed_solved is True
 
 
 def test_threads_share_one_store(store):
@@ -256,7 +275,7 @@ def test_threads_share_one_store(store):
 _WRITER = textwrap.dedent(
     """
     import sys, time
-    from gae_core.store import RunStore
+    from gae_core.runs.store import RunStore
     store = RunStore(sys.argv[1])
     run_id = store.create_run({"seed": int(sys.argv[2])})
     store.claim_run(run_id)
@@ -322,29 +341,41 @@ def test_dead_owner_interrupted_live_owner_kept(tmp_path):
 def test_zombie_and_recycled_pid_count_as_dead(tmp_path, monkeypatch):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     time.sleep(1.0)  # exited but not yet reaped: a zombie
-    owner = store_mod.Owner.current()
-    assert not store_mod.owner_alive(owner.host, proc.pid, owner.token, time.time())
+    owner = ownership.Owner.current()
+    assert not ownership.owner_alive(owner.host, proc.pid, owner.token, time.time())
     proc.wait()
     # Our own pid with another start token: a different process that reused the pid.
     boot = owner.token.partition(":")[0]
-    assert store_mod.owner_alive(owner.host, owner.pid, owner.token, None)
-    assert not store_mod.owner_alive(owner.host, owner.pid, f"{boot}:1", time.time())
+    assert ownership.owner_alive(owner.host, owner.pid, owner.token, None)
+    assert not ownership.owner_alive(owner.host, owner.pid, f"{boot}:1", time.time())
     # Another host: only the heartbeat tells.
-    assert store_mod.owner_alive("elsewhere", 1, "x:1", time.time())
-    assert not store_mod.owner_alive("elsewhere", 1, "x:1", time.time() - 3600)
+    assert ownership.owner_alive("elsewhere", 1, "x:1", time.time())
+    assert not ownership.owner_alive("elsewhere", 1, "x:1", time.time() - 3600)
 
 
-def test_long_lived_store_notices_a_dead_owner(tmp_path):
-    store = RunStore(tmp_path, recover_every_s=0.0)
+def test_reads_never_recover_the_manager_does(tmp_path):
+    """get_run/list_runs are pure reads; a long-lived process finds dead owners through the run
+    manager's recovery schedule."""
+    from gae_core.runs.manager import RunManager
+
+    store = RunStore(tmp_path)
     live = _writer(tmp_path, 5, "hold")
     try:
         run_id = live.stdout.readline().strip()
         assert store.get_run(run_id).status == "running"
         live.kill()
         live.wait(timeout=10)
-        # No reopen: the next read re-checks owners.
-        assert store.get_run(run_id).status == "interrupted"
-        assert [r.status for r in store.list_runs()] == ["interrupted"]
+        time.sleep(0.3)
+        assert store.get_run(run_id).status == "running"  # reading changed nothing
+        assert [r.status for r in store.list_runs()] == ["running"]
+        manager = RunManager(store, recover_every_s=0.1)
+        try:
+            deadline = time.monotonic() + 10
+            while store.get_run(run_id).status != "interrupted" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert store.get_run(run_id).status == "interrupted"
+        finally:
+            manager.shutdown()
     finally:
         live.kill()
         live.wait(timeout=10)

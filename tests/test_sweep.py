@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
-from gae_core.config import ConfigError, TrainConfig
-from gae_core.store import RunStore
-from gae_core.sweep import expand_grid, grid_of, run_sweep, start_sweep, wait_until
-from gae_core.trainer import Trainer
+from gae_core.agent.config import ConfigError, TrainConfig
+from gae_core.agent.trainer import Trainer
+from gae_core.runs.store import RunStore
+from gae_core.runs.sweep import expand_grid, grid_of, run_sweep, start_sweep
 
 BASE = TrainConfig(num_envs=4, rollout_steps=16, total_steps=2000, hidden_sizes=(16,))
 
@@ -33,12 +33,17 @@ def test_expand_grid_order_and_validation():
     assert all(c.total_steps == 2000 for c in configs)
     extra = expand_grid(BASE, grid_of(lambdas=[0.5], gamma=[0.9, 0.99]))
     assert [(c.lambda_, c.gamma) for c in extra] == [(0.5, 0.9), (0.5, 0.99)]
-    with pytest.raises(ConfigError, match="lambda_"):
+    with pytest.raises(ConfigError, match=r"sweep grid lambda_: lambda_ must be in \[0.0, 1.0\]"):
         expand_grid(BASE, grid_of(lambdas=[0.9, 1.5]))
-    with pytest.raises(ConfigError, match="unknown config field 'lamda'"):
+    with pytest.raises(ConfigError, match="sweep grid: unknown config field 'lamda'"):
         expand_grid(BASE, {"lamda": [0.9]})
-    with pytest.raises(ConfigError, match="seed needs at least one value"):
+    with pytest.raises(ConfigError, match="sweep grid seed: needs at least one value"):
         expand_grid(BASE, grid_of(seeds=[]))
+    # the same λ twice (1 and 1.0 are one value) would run the same trials twice
+    with pytest.raises(ConfigError, match=r"sweep grid lambda_: duplicate value 1\.0"):
+        expand_grid(BASE, grid_of(lambdas=[1, 0.9, 1.0]))
+    with pytest.raises(ConfigError, match="sweep grid hidden_sizes: duplicate value"):
+        expand_grid(BASE, {"hidden_sizes": [(8,), [8]]})
 
 
 def test_sweep_with_two_workers(tmp_path):
@@ -102,34 +107,83 @@ def test_cancel_stops_running_and_pending_trials(tmp_path):
     store.close()
 
 
-def test_killed_worker_fails_the_sweep_and_leaves_nothing_active(tmp_path):
+def test_a_dead_worker_costs_only_its_own_trial(tmp_path):
+    """kill -9 of the worker training one trial: the trial starts again from scratch (one retry
+    by default); killed again, it ends interrupted naming the worker; the others finish."""
     store = RunStore(tmp_path)
-    long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
-    sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2)
-    assert wait_until(lambda: sweep.progress().counts["running"] >= 1, timeout=60)
-    raw = sqlite3.connect(store.path)
-    (victim_run, pid), *_ = raw.execute(
-        "SELECT id, owner_pid FROM runs WHERE status = 'running' AND sweep_id = ?",
-        (sweep.sweep_id,),
-    ).fetchall()
-    raw.close()
-    assert pid != os.getpid()  # claimed by a worker process
-    os.kill(pid, signal.SIGKILL)
-    assert sweep.wait(timeout=60)
-    progress = sweep.progress()
-    assert progress.status == "failed"
-    assert progress.counts["queued"] == progress.counts["running"] == 0
-    assert store.get_run(victim_run).status == "interrupted"
-    assert "BrokenProcessPool" in store.get_sweep(sweep.sweep_id).error
+    config = TrainConfig(num_envs=4, rollout_steps=16, total_steps=120_000, hidden_sizes=(16,))
+    sweep = start_sweep(store, config, grid_of(seeds=[0, 1, 2]), workers=2)
+    victim = sweep.run_ids[0]
+    for attempt in (1, 2):
+        assert wait_until(
+            lambda: victim in sweep.trial_pids() and store.get_run(victim).env_steps > 0, 60
+        ), f"attempt {attempt} never started"
+        pid = sweep.trial_pids()[victim]
+        assert pid != os.getpid()
+        os.kill(pid, signal.SIGKILL)
+        if attempt == 1:  # reset and queued again, its data from the dead attempt dropped
+            assert wait_until(
+                lambda: "attempt 2: the previous worker pid" in (store.get_run(victim).error or ""),
+                30,
+            )
+    assert sweep.wait(timeout=120)
+    run = store.get_run(victim)
+    assert run.status == "interrupted"
+    assert f"worker pid {pid} died (exit code -9)" in run.error and "retries used up" in run.error
+    others = [store.get_run(r) for r in sweep.run_ids[1:]]
+    assert [r.status for r in others] == ["finished", "finished"]
+    assert all(r.env_steps >= 120_000 for r in others)
+    record = store.get_sweep(sweep.sweep_id)
+    assert record.status == "finished"  # two of three trials ran to the end
+    assert record.error.startswith(f"1 of 3 trials did not finish: {victim} (λ=0.95 seed=0)")
+    counts = store.sweep_status_counts(sweep.sweep_id)
+    assert counts["queued"] == counts["running"] == 0
     assert store.integrity_check() == "ok"
     store.close()
 
 
-_EXIT_SCRIPT = """
+def test_a_sweep_whose_every_trial_failed_is_failed(tmp_path):
+    """Trials that fail inside their worker (here: an env registered only in this process,
+    which the spawned workers do not know) end failed with the reason; all failed → the sweep
+    is failed, naming them."""
+    import gymnasium as gym
+
+    env_id = "GAETest/CartPoleHereOnly-v0"
+    if env_id not in gym.envs.registry:
+        gym.register(
+            env_id,
+            entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+            max_episode_steps=200,
+        )
+    store = RunStore(tmp_path)
+    base = TrainConfig(env_id=env_id, num_envs=2, rollout_steps=8, total_steps=400)
+    progress = run_sweep(store, base, grid_of(seeds=[0, 1]), workers=2)
+    assert progress.status == "failed" and progress.counts["failed"] == 2
+    record = store.get_sweep(progress.sweep_id)
+    assert record.error.startswith("2 of 2 trials did not finish")
+    for run in store.list_runs(sweep_id=progress.sweep_id):
+        assert run.status == "failed" and "unknown environment" in run.error
+    store.close()
+
+
+_WAIT = """
+import time
+def wait_until(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+"""
+
+_EXIT_SCRIPT = (
+    _WAIT
+    + """
 import sys
-from gae_core.config import TrainConfig
-from gae_core.store import RunStore
-from gae_core.sweep import grid_of, start_sweep, wait_until
+from gae_core.agent.config import TrainConfig
+from gae_core.runs.store import RunStore
+from gae_core.runs.sweep import grid_of, start_sweep
 store = RunStore(sys.argv[1])
 long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
 sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2)
@@ -137,6 +191,7 @@ assert wait_until(lambda: sweep.progress().counts["running"] == 2, timeout=60)
 print(sweep.sweep_id, flush=True)
 # The script ends mid-sweep: the exit hook cancels it instead of waiting for 10**8 steps.
 """
+)
 
 
 def test_interpreter_exit_cancels_a_running_sweep(tmp_path):
@@ -155,18 +210,21 @@ def test_interpreter_exit_cancels_a_running_sweep(tmp_path):
         assert store.get_sweep(sweep_id).status == "cancelled"
 
 
-_ORPHAN_SCRIPT = """
+_ORPHAN_SCRIPT = (
+    _WAIT
+    + """
 import os, signal, sys
-from gae_core.config import TrainConfig
-from gae_core.store import RunStore
-from gae_core.sweep import grid_of, start_sweep, wait_until
+from gae_core.agent.config import TrainConfig
+from gae_core.runs.store import RunStore
+from gae_core.runs.sweep import grid_of, start_sweep
 store = RunStore(sys.argv[1])
 long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
 sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2)
-assert wait_until(lambda: sweep.progress().counts["running"] == 2, timeout=60)
-print(sweep.sweep_id, flush=True)
+assert wait_until(lambda: len(sweep.trial_pids()) == 2, timeout=60)
+print(sweep.sweep_id, *sweep.trial_pids().values(), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+)
 
 
 def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
@@ -178,16 +236,8 @@ def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
         cwd=Path(__file__).resolve().parents[1],
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
-    sweep_id = done.stdout.strip()
-    raw = sqlite3.connect(tmp_path / "runs.sqlite3")
-    workers = [
-        pid
-        for (pid,) in raw.execute(
-            "SELECT owner_pid FROM runs WHERE sweep_id = ? AND started_at IS NOT NULL",
-            (sweep_id,),
-        )
-    ]
-    raw.close()
+    sweep_id, *pids = done.stdout.split()
+    workers = [int(pid) for pid in pids]
     assert len(workers) == 2
 
     def gone(pid):
@@ -207,6 +257,7 @@ def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
         runs = store.list_runs(sweep_id=sweep_id)
         assert {r.status for r in runs} == {"interrupted"}
         started = [r for r in runs if r.started_at is not None]
-        assert all("coordinating process died" in r.error for r in started)
+        assert len(started) == 2
+        assert all("stopped without closing the run" in r.error for r in started)
         assert store.get_sweep(sweep_id).status == "interrupted"
         assert store.integrity_check() == "ok"

@@ -12,6 +12,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from gae_core import metrics as M
+from gae_core.inert import plotly_text
+from gae_core.labels import group_label, label
+
 #: Traces are cut to about this many points so a refresh stays fast however long the run.
 MAX_POINTS = 2000
 
@@ -21,30 +25,11 @@ MAX_POINTS = 2000
 
 X_AXES = {"env_step": "env steps", "wall_time": "wall time (s)"}
 
-# metric key -> (chart title, y-axis label)
-METRIC_LABELS = {
-    "charts/episodic_return": ("Episodic return", "return"),
-    "charts/episodic_length": ("Episode length", "steps"),
-    "losses/policy_loss": ("Policy loss", "loss"),
-    "losses/value_loss": ("Value loss", "loss"),
-    "losses/entropy": ("Entropy", "nats"),
-    "losses/explained_variance": ("Explained variance", "1 − Var[R − V]/Var[R]"),
-    "losses/grad_norm": ("Gradient norm", "L2 norm"),
-    "advantages/mean": ("Advantage mean", "advantage"),
-    "advantages/std": ("Advantage std", "advantage"),
-    "perf/steps_per_second": ("Env steps per second", "steps/s"),
-}
-
 _BOUNDARY_STYLE = {
     "terminated": {"color": "#d62728", "dash": "solid"},
     "truncated": {"color": "#ff7f0e", "dash": "dash"},
     "end_of_rollout": {"color": "#7f7f7f", "dash": "dot"},
 }
-
-
-def column_name(key: str) -> str:
-    """``charts/episodic_return`` → ``episodic_return`` (CSV-friendly)."""
-    return key.rsplit("/", 1)[-1]
 
 
 def downsample_indices(length: int, max_points: int = MAX_POINTS) -> np.ndarray:
@@ -73,7 +58,7 @@ def metric_frame(metrics: pd.DataFrame, key: str, *, smoothing: float = 0.0) -> 
     """One metric of one run from the store's long frame (``env_step, wall_time, key, value``):
     ``env_step``, ``wall_time_s``, the value column and, with smoothing, ``<name>_smoothed``
     (computed on every point, then downsampled to :data:`MAX_POINTS`)."""
-    name = column_name(key)
+    name = M.get(key).column
     rows = metrics[metrics["key"] == key].sort_values(["env_step", "wall_time"], kind="stable")
     frame = pd.DataFrame(
         {
@@ -94,9 +79,10 @@ def metric_figure(
     if x not in X_AXES:
         raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
     frame = metric_frame(metrics, key, smoothing=smoothing)
-    name = column_name(key)
+    metric = M.get(key)
+    name = metric.column
     x_column = "env_step" if x == "env_step" else "wall_time_s"
-    title, y_label = METRIC_LABELS.get(key, (name, name))
+    title, y_label = metric.title, metric.unit
     figure = go.Figure()
     smoothed = f"{name}_smoothed" in frame
     if smoothed:  # raw points faint, the smoothed line on top (TensorBoard's look)
@@ -138,7 +124,8 @@ def overlay_figure(
     """One metric of several runs on one chart; the frame is long with a ``run`` column."""
     if x not in X_AXES:
         raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
-    name = column_name(key)
+    metric = M.get(key)
+    name = metric.column
     x_column = "env_step" if x == "env_step" else "wall_time_s"
     value_column = f"{name}_smoothed" if smoothing > 0 else name
     figure, parts = go.Figure(), []
@@ -147,10 +134,11 @@ def overlay_figure(
         frame.insert(0, "run", run_name)
         parts.append(frame)
         figure.add_trace(
-            go.Scatter(x=frame[x_column], y=frame[value_column], mode="lines", name=run_name)
+            go.Scatter(
+                x=frame[x_column], y=frame[value_column], mode="lines", name=plotly_text(run_name)
+            )
         )
-    title, y_label = METRIC_LABELS.get(key, (name, name))
-    _layout(figure, title, X_AXES[x], y_label)
+    _layout(figure, metric.title, X_AXES[x], metric.unit)
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return figure, frame
 
@@ -240,7 +228,7 @@ def heatmap_figure(heat: pd.DataFrame) -> tuple[go.Figure, pd.DataFrame]:
             colorbar={"title": "GAE"},
         )
     )
-    _layout(figure, "GAE(γ, λ) over steps and λ", "step t", "λ")
+    _layout(figure, "GAE(γ, λ) over steps and λ", "step t", label("lambda_"))
     return figure, heat
 
 
@@ -299,8 +287,7 @@ def comparison_figure(
     figure = go.Figure()
     for i, (key, frame) in enumerate(bands.groupby(group, sort=True)):
         color = _PALETTE[i % len(_PALETTE)]
-        symbol = {"lambda_": "λ", "gamma": "γ"}.get(group, group)
-        label = f"{symbol} = {key:g}" if isinstance(key, int | float) else f"{symbol} = {key}"
+        label = plotly_text(group_label(group, key))
         fill = _rgba(color, 0.2)
         figure.add_trace(
             go.Scatter(
@@ -393,7 +380,6 @@ def _layout(figure: go.Figure, title: str, x_label: str, y_label: str) -> None:
 
 __all__ = [
     "MAX_POINTS",
-    "METRIC_LABELS",
     "X_AXES",
     "comparison_figure",
     "downsample_indices",

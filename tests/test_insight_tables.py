@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gae_core
-from gae_core import analysis
+from gae_core.insight import compare, explorer
 
 
 def small_trajectory():
@@ -27,7 +27,7 @@ def small_trajectory():
 
 
 def test_advantage_table_columns_and_hand_values():
-    table = analysis.advantage_table(*small_trajectory(), gamma=0.5, lambdas=[0.5, 1.0], ks=[1, 2])
+    table = explorer.advantage_table(*small_trajectory(), gamma=0.5, lambdas=[0.5, 1.0], ks=[1, 2])
     assert list(table.columns) == [
         "t", "reward", "value", "next_value", "terminated", "truncated", "end_of_rollout",
         "steps_left", "delta", "k_step[k=1]", "k_step[k=2]", "gae[lambda=0.5]", "gae[lambda=1]",
@@ -43,37 +43,37 @@ def test_advantage_table_columns_and_hand_values():
 
 def test_advantage_table_rejects_batches():
     with pytest.raises(ValueError, match="1-D trajectory"):
-        analysis.advantage_table(*(np.zeros((3, 2)),) * 5, gamma=0.9, lambdas=[0.9])
+        explorer.advantage_table(*(np.zeros((3, 2)),) * 5, gamma=0.9, lambdas=[0.9])
 
 
 def test_heatmap_matches_one_gae_per_lambda():
     trajectory = small_trajectory()
-    heat = analysis.gae_heatmap(*trajectory, gamma=0.5, lambdas=[0.0, 0.5, 1.0])
+    heat = explorer.gae_heatmap(*trajectory, gamma=0.5, lambdas=[0.0, 0.5, 1.0])
     assert len(heat) == 3 * 4
     for lambda_ in (0.0, 0.5, 1.0):
         row = heat[heat["lambda"] == lambda_].sort_values("t")["gae"].to_numpy()
         np.testing.assert_allclose(row, gae_core.gae(*trajectory, gamma=0.5, lambda_=lambda_))
-    assert analysis.gae_heatmap(*trajectory, gamma=0.5)["lambda"].nunique() == 101
+    assert explorer.gae_heatmap(*trajectory, gamma=0.5)["lambda"].nunique() == 101
 
 
 def test_gae_columns_from_a_cached_sweep_equal_direct_gae():
     trajectory = small_trajectory()
-    base = analysis.advantage_table(*trajectory, gamma=0.5, lambdas=[], ks=[1])
+    base = explorer.advantage_table(*trajectory, gamma=0.5, lambdas=[], ks=[1])
     assert not any(c.startswith("gae[") for c in base.columns)
-    sweep = gae_core.gae_lambda_sweep(*trajectory, gamma=0.5, lambdas=analysis.LAMBDA_GRID)
-    table = analysis.with_gae_columns(base, sweep, [0.37, 1.0])
+    sweep = gae_core.gae_lambda_sweep(*trajectory, gamma=0.5, lambdas=explorer.LAMBDA_GRID)
+    table = explorer.with_gae_columns(base, sweep, [0.37, 1.0])
     np.testing.assert_allclose(
         table["gae[lambda=0.37]"], gae_core.gae(*trajectory, gamma=0.5, lambda_=0.37)
     )
     assert "gae[lambda=0.37]" not in base  # the cached base table is not modified
     with pytest.raises(ValueError, match="not on the grid"):
-        analysis.with_gae_columns(base, sweep, [0.375])
-    heat = analysis.heatmap_from_sweep(sweep)
+        explorer.with_gae_columns(base, sweep, [0.375])
+    heat = explorer.heatmap_from_sweep(sweep)
     assert heat[heat["lambda"] == 0.37]["gae"].tolist() == table["gae[lambda=0.37]"].tolist()
 
 
 def test_weights_table_hand_values():
-    table = analysis.weights_table(0.5, 3)
+    table = explorer.weights_table(0.5, 3)
     # (1−λ)λ^0 = 0.5, (1−λ)λ^1 = 0.25, tail λ^2 = 0.25
     assert table["weight"].tolist() == [0.5, 0.25, 0.25]
     assert table["geometric_weight"].tolist() == [0.5, 0.25, 0.125]
@@ -82,22 +82,19 @@ def test_weights_table_hand_values():
 
 @given(lambda_=st.floats(0, 1), horizon=st.integers(1, 300))
 def test_weights_sum_to_one_for_every_lambda_and_horizon(lambda_, horizon):
-    assert analysis.weights_table(lambda_, horizon)["weight"].sum() == pytest.approx(1.0)
+    assert explorer.weights_table(lambda_, horizon)["weight"].sum() == pytest.approx(1.0)
 
 
-def test_running_mean_and_t_quantiles():
-    np.testing.assert_allclose(analysis.running_mean([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
-    assert analysis.t_quantile_975(1) == 12.706
-    assert analysis.t_quantile_975(4) == 2.776
-    assert analysis.t_quantile_975(200) == 1.96
+def test_running_mean():
+    np.testing.assert_allclose(compare.running_mean([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
 
 
 def test_align_curve_takes_last_episode_at_or_before_each_grid_step():
     grid = np.array([0.0, 5.0, 10.0, 15.0, 20.0])
     # episodes finish at steps 5 (return 1), 12 (return 3), 20 (return 5)
-    aligned = analysis.align_curve([5, 12, 20], [1.0, 3.0, 5.0], grid)
+    aligned = compare.align_curve([5, 12, 20], [1.0, 3.0, 5.0], grid)
     np.testing.assert_array_equal(aligned, [np.nan, 1, 1, 3, 5])
-    smoothed = analysis.align_curve([5, 12, 20], [1.0, 3.0, 5.0], grid, window=2)
+    smoothed = compare.align_curve([5, 12, 20], [1.0, 3.0, 5.0], grid, window=2)
     np.testing.assert_array_equal(smoothed, [np.nan, 1, 1, 2, 4])
 
 
@@ -111,14 +108,14 @@ def episodes_frame():
 
 
 def test_aggregate_curves_band_by_hand():
-    bands, aligned = analysis.aggregate_curves(episodes_frame(), points=5, window=1)
+    bands, aligned = compare.aggregate_curves(episodes_frame(), points=5, window=1)
     # grid from 0 to the shortest curve's end (40): 0, 10, 20, 30, 40
     np.testing.assert_array_equal(bands["env_step"].unique(), [0, 10, 20, 30, 40])
     lam09 = bands[bands["lambda"] == 0.9].set_index("env_step")
     assert math.isnan(lam09.loc[0, "mean"])  # no episode finished at step 0
     # two seeds 10 and 20: mean 15, s = 7.0711, half-width t_{0.975,1}·s/√2 = 12.706·5 = 63.53
     assert lam09.loc[20, "mean"] == pytest.approx(15.0)
-    assert lam09.loc[20, "ci_high"] - 15.0 == pytest.approx(12.706 * 5.0)
+    assert lam09.loc[20, "ci_high"] - 15.0 == pytest.approx(12.706205 * 5.0)
     assert lam09.loc[20, "seeds"] == 2
     lam1 = bands[bands["lambda"] == 1.0].set_index("env_step")
     assert lam1.loc[40, "mean"] == 5.0 and math.isnan(lam1.loc[40, "ci_low"])  # one seed: no band
@@ -129,34 +126,34 @@ def test_aggregate_curves_band_by_hand():
 def test_aggregate_curves_grid_stops_at_the_shortest_run():
     frame = episodes_frame()
     frame = frame[~((frame["lambda"] == 1.0) & (frame["env_step"] > 20))]
-    bands, _ = analysis.aggregate_curves(frame, points=3, window=1)
+    bands, _ = compare.aggregate_curves(frame, points=3, window=1)
     assert bands["env_step"].max() == 20
 
 
 def test_aggregate_curves_bad_input():
     with pytest.raises(ValueError, match="missing columns"):
-        analysis.aggregate_curves(pd.DataFrame({"seed": [0]}))
+        compare.aggregate_curves(pd.DataFrame({"seed": [0]}))
     with pytest.raises(ValueError, match="empty"):
-        analysis.aggregate_curves(episodes_frame().iloc[0:0])
+        compare.aggregate_curves(episodes_frame().iloc[0:0])
 
 
 def test_area_under_curve_by_hand():
     # a ramp 0 → 10 over steps 0..100: area 500, normalised by span 100 → 5
-    assert analysis.area_under_curve([0, 50, 100], [0, 5, 10]) == pytest.approx(5.0)
-    assert analysis.area_under_curve([0, 50, 100], [np.nan, 4, 4]) == pytest.approx(4.0)
+    assert compare.area_under_curve([0, 50, 100], [0, 5, 10]) == pytest.approx(5.0)
+    assert compare.area_under_curve([0, 50, 100], [np.nan, 4, 4]) == pytest.approx(4.0)
 
 
 def test_steps_to_solve_needs_a_full_window():
     steps = np.arange(1, 11) * 100
     returns = np.array([0, 0, 0, 10, 10, 10, 10, 10, 10, 10], float)
     # window 3: means at episodes 3.. are 0, 3.33, 6.67, 10 → first ≥ 10 at episode 6 (step 600)
-    assert analysis.steps_to_solve(steps, returns, 10.0, window=3) == 600
-    assert math.isnan(analysis.steps_to_solve(steps, returns, 11.0, window=3))
-    assert math.isnan(analysis.steps_to_solve(steps[:2], returns[:2], 0.0, window=3))
+    assert compare.steps_to_solve(steps, returns, 10.0, window=3) == 600
+    assert math.isnan(compare.steps_to_solve(steps, returns, 11.0, window=3))
+    assert math.isnan(compare.steps_to_solve(steps[:2], returns[:2], 0.0, window=3))
 
 
 def test_summary_table_by_hand():
-    table = analysis.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
+    table = compare.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
     lam09 = table[table["lambda"] == 0.9].iloc[0]
     assert lam09["final_return_mean"] == 15.0
     assert lam09["final_return_std"] == pytest.approx(math.sqrt(50.0))

@@ -52,7 +52,7 @@ def gae_lambda_sweep(
 
 def discounted_returns(rewards, next_values, terminated, truncated, *, gamma) -> torch.Tensor:
     cut = truncated.clone()
-    cut[-1] = True  # the end of the rollout is an implicit cut
+    cut[-1:] = True  # the end of the rollout is an implicit cut (no row to cut when T = 0)
     alive = ~terminated
     # R_t = r_t + γ(1 − term_t)[cut_t·V(s_{t+1}) + (1 − cut_t)·R_{t+1}]
     b = rewards + gamma * _mask(alive & cut, rewards) * next_values
@@ -62,23 +62,21 @@ def discounted_returns(rewards, next_values, terminated, truncated, *, gamma) ->
 def k_step_advantages(
     rewards, values, next_values, terminated, truncated, *, gamma, ks
 ) -> torch.Tensor:
-    """``[K, T, N]`` for the horizons ``ks``; max(ks) rounds of shifted adds."""
+    """``[K, T, N]`` for the horizons ``ks``, linear in T for any k: with S_t the full segment
+    sum (GAE λ = 1) and L_t the steps left in t's segment, Â^(k)_t = S_t − γ^k S_{t+k} while
+    k < L_t, else S_t."""
     deltas = td_residuals(rewards, values, next_values, terminated, gamma=gamma)
     steps = deltas.shape[0]
-    live = ~(terminated | truncated)
-    acc = torch.zeros_like(deltas)
-    # alive[t]: no done in rows t .. t+l−1 and t+l < T, i.e. δ_{t+l} still belongs to t's sum
-    alive = torch.ones_like(live)
-    wanted = {k: i for i, k in enumerate(sorted(set(ks)))}
-    table = torch.empty((len(wanted), *deltas.shape), dtype=deltas.dtype, device=deltas.device)
-    for step in range(min(max(ks), steps)):
-        if step:
-            alive[: steps - step] &= live[step - 1 : steps - 1]
-            alive[steps - step :] = False
-        acc[: steps - step] += (gamma**step) * _mask(alive[: steps - step], acc) * deltas[step:]
-        if step + 1 in wanted:
-            table[wanted[step + 1]] = acc
-    for k, i in wanted.items():  # horizons past the rollout end equal the full sum
-        if k > steps:
-            table[i] = acc
-    return table[[wanted[k] for k in ks]]
+    cut = terminated | truncated
+    cut[-1:] = True  # the end of the rollout ends every segment (no row when T = 0)
+    alive = _mask(~cut, deltas)
+    suffix = reverse_affine_scan(deltas, gamma * alive)
+    # L_t = 1 + (1 − cut_t)·L_{t+1}, in float64 so counts stay exact on long rollouts
+    left = reverse_affine_scan(torch.ones_like(alive, dtype=torch.float64), alive.double())
+    table = torch.empty((len(ks), *deltas.shape), dtype=deltas.dtype, device=deltas.device)
+    for i, k in enumerate(ks):
+        table[i] = suffix
+        if k < steps:
+            inside = (left[: steps - k] > k).to(deltas.dtype)
+            table[i, : steps - k] -= (gamma**k) * inside * suffix[k:]
+    return table

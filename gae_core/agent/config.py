@@ -1,5 +1,9 @@
-"""The one training configuration: a frozen, validated dataclass whose field metadata drives the
-dashboard form, the CLI help and the saved run config."""
+"""The one training configuration: a frozen, validated dataclass, and the field specs built from it.
+
+``TrainConfig`` validates every value on construction (``ConfigError`` names the field and its
+range). :func:`field_specs` turns its fields' metadata into :class:`FieldSpec` objects, the one
+description that the dashboard form, the CLI flags and ``sweep --grid`` parsing all read: kind,
+range, choices, help, label, flag names and how a value is typed as text."""
 
 from __future__ import annotations
 
@@ -9,17 +13,15 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from gae_core.envs import SUPPORTED_ENVS, env_id_problem
+from gae_core.agent.envs import SUPPORTED_ENVS, env_id_problem
+from gae_core.errors import ConfigError, UnsupportedEnvError
+from gae_core.labels import label
 
-__all__ = ["ConfigError", "TrainConfig"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and what it allows."""
+__all__ = ["FIELD_SPECS", "ConfigError", "FieldSpec", "TrainConfig", "field_spec", "parse_int"]
 
 
 def _field(default: Any, help: str, *, min=None, max=None, choices=None) -> Any:
-    """A dataclass field whose metadata the dashboard reads (ENGINE.md, "Config")."""
+    """A dataclass field whose metadata :func:`field_specs` reads."""
     meta = {"help": help, "min": min, "max": max, "choices": choices}
     return field(default=default, metadata=meta)
 
@@ -114,7 +116,7 @@ def _check(f: dataclasses.Field, value: Any) -> Any:
     if name == "env_id":
         problem = env_id_problem(value)
         if problem:
-            raise ConfigError(f"env_id {problem}")
+            raise UnsupportedEnvError(f"env_id {problem}")
         return value
     if name == "hidden_sizes":
         return _check_hidden_sizes(value, meta)
@@ -173,3 +175,127 @@ def _check_device(value: Any) -> str:
 TrainConfig.__doc__ = "A2C+GAE training configuration (frozen; validated on construction).\n\n" + (
     "\n".join(f"{f.name}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig))
 )
+
+
+# ----------------------------------------------------------------------------- field specs
+
+
+def parse_int(text: str) -> int:
+    """An integer typed as text: ``100000``, ``100_000`` or ``1e6``; ``ValueError`` otherwise."""
+    text = str(text).strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"invalid integer {text!r}") from None
+    if not value.is_integer():
+        raise ValueError(f"invalid integer {text!r}")
+    return int(value)
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+# CLI flag spellings that differ from ``--field-name``.
+_FLAG_NAMES = {"env_id": ("--env", "--env-id"), "lambda_": ("--lambda",)}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One ``TrainConfig`` field as the form, the CLI and ``--grid`` see it.
+
+    ``kind`` is ``choice``, ``bool``, ``int``, ``float`` or ``int_list``; :meth:`parse` reads a
+    value typed as text (a CLI flag, a ``--grid`` item, a form text box); ``TrainConfig`` then
+    checks its range.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        return label(self.name)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return _FLAG_NAMES.get(self.name, (f"--{self.name.rstrip('_').replace('_', '-')}",))
+
+    @property
+    def allowed(self) -> str:
+        """What the field allows, in words (for help texts and messages)."""
+        if self.choices:
+            return f"one of {', '.join(map(str, self.choices))}"
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "int_list":
+            return f"1 to 8 integers in [{self.min}, {self.max}], written 64x64 or '64, 64'"
+        return f"in [{self.min:g}, {self.max:g}]"
+
+    def parse(self, text: str) -> Any:
+        """The value typed as ``text``; ``ConfigError`` naming the field if it cannot be read."""
+        item = str(text).strip()
+        try:
+            if self.kind == "bool":
+                if item.lower() not in _TRUE + _FALSE:
+                    raise ValueError(item)
+                return item.lower() in _TRUE
+            if self.kind == "int_list":
+                parts = [p for p in item.lower().replace(",", " ").replace("x", " ").split()]
+                if not parts:
+                    raise ValueError(item)
+                return tuple(parse_int(p) for p in parts)
+            if self.kind == "int" or (self.kind == "choice" and isinstance(self.default, int)):
+                return parse_int(item)
+            if self.kind == "float":
+                return float(item)
+            return item
+        except ValueError:
+            raise ConfigError(
+                f"{self.name}: cannot read {text!r}; expected {self.allowed}"
+            ) from None
+
+
+def _spec(f: dataclasses.Field) -> FieldSpec:
+    default, meta = f.default, f.metadata
+    if meta.get("choices"):
+        kind = "choice"
+    elif isinstance(default, bool):
+        kind = "bool"
+    elif isinstance(default, int):
+        kind = "int"
+    elif isinstance(default, float):
+        kind = "float"
+    elif isinstance(default, tuple):
+        kind = "int_list"
+    else:  # pragma: no cover - a new field type needs a widget and a parser
+        raise TypeError(f"no field spec for {f.name} ({type(default).__name__})")
+    return FieldSpec(
+        name=f.name,
+        kind=kind,
+        default=default,
+        help=meta.get("help", ""),
+        min=meta.get("min"),
+        max=meta.get("max"),
+        choices=tuple(meta["choices"]) if meta.get("choices") else None,
+    )
+
+
+#: Every ``TrainConfig`` field's spec, in declaration order.
+FIELD_SPECS: dict[str, FieldSpec] = {f.name: _spec(f) for f in dataclasses.fields(TrainConfig)}
+
+
+def field_spec(name: str) -> FieldSpec:
+    """The spec of field ``name`` (``lambda`` and ``env`` are accepted for ``lambda_`` and
+    ``env_id``); ``ConfigError`` listing the fields otherwise."""
+    key = name.strip().replace("-", "_")
+    key = {"lambda": "lambda_", "env": "env_id"}.get(key, key)
+    if key not in FIELD_SPECS:
+        raise ConfigError(f"unknown config field {name!r}; fields: {', '.join(FIELD_SPECS)}")
+    return FIELD_SPECS[key]

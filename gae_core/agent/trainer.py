@@ -24,39 +24,22 @@ from __future__ import annotations
 import io
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from gae_core.config import TrainConfig
-from gae_core.envs import make_eval_env, make_vector_env
+from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.envs import make_eval_env, make_vector_env
+from gae_core.agent.optim import Optimizer
+from gae_core.agent.policy import ActorCritic
+from gae_core.agent.recording import record_episode
 from gae_core.estimators import gae
-from gae_core.policy import ActorCritic
+from gae_core.trajectory import Trajectory
 
-__all__ = [
-    "Episode",
-    "StepResult",
-    "Trainer",
-    "TrainingDiverged",
-    "Trajectory",
-    "evaluate_values",
-]
-
-# Recording cap for envs whose spec has no TimeLimit (the last step is then marked truncated).
-_RECORD_CAP = 1000
-
-
-_LOSS_METRICS = (
-    "losses/policy_loss",
-    "losses/value_loss",
-    "losses/entropy",
-    "losses/explained_variance",
-    "advantages/mean",
-    "advantages/std",
-    "losses/grad_norm",
-)
+__all__ = ["Episode", "StepResult", "Trainer", "TrainingDiverged"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -79,41 +62,6 @@ class StepResult:
     env_steps: int
     metrics: dict[str, float]
     episodes: list[Episode]
-
-
-@dataclass
-class Trajectory:
-    """One recorded evaluation episode of length T (numpy arrays, row t is s_t → s_{t+1}).
-
-    ``next_observations[t]`` is the true next observation (the final one on truncation), and
-    ``next_values[t]`` its value, also on termination: the estimators apply the mask.
-    ``actions`` are the sampled actions (unclipped for continuous spaces) whose ``log_probs``
-    are stored.
-    """
-
-    observations: np.ndarray  # [T, obs_dim] float32
-    next_observations: np.ndarray  # [T, obs_dim] float32
-    actions: np.ndarray  # [T] int64 or [T, action_dim] float32
-    rewards: np.ndarray  # [T] float32
-    values: np.ndarray  # [T] float32
-    next_values: np.ndarray  # [T] float32
-    terminated: np.ndarray  # [T] bool
-    truncated: np.ndarray  # [T] bool
-    log_probs: np.ndarray  # [T] float32
-
-    def __len__(self) -> int:
-        return len(self.rewards)
-
-    def to_bytes(self) -> bytes:
-        """npz bytes; ``Trajectory.from_bytes`` inverts it."""
-        out = io.BytesIO()
-        np.savez(out, **{f.name: getattr(self, f.name) for f in fields(self)})
-        return out.getvalue()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Trajectory:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return cls(**{f.name: npz[f.name] for f in fields(cls)})
 
 
 class _Rollout:
@@ -140,12 +88,12 @@ class _Rollout:
         self.rewards = np.zeros((steps, num_envs), np.float32)
         self.terminated = np.zeros((steps, num_envs), bool)
         self.truncated = np.zeros((steps, num_envs), bool)
-        # False on NEXT_STEP reset rows (the step after an episode end; see gae_core.envs).
+        # False on NEXT_STEP reset rows (the step after an episode end; see gae_core.agent.envs).
         self.valid = np.ones((steps, num_envs), bool)
 
 
 class Trainer:
-    """A2C+GAE on a gymnasium vector env; see the module docstring and docs/ENGINE.md."""
+    """A2C+GAE on a gymnasium vector env; see the module docstring and docs/DESIGN.md."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -158,7 +106,7 @@ class Trainer:
             config.hidden_sizes,
             config.seed,
         ).to(self.device)
-        self.optimizer = _Optimizer(
+        self.optimizer = Optimizer(
             list(self.model.parameters()), config.optimizer, config.learning_rate
         )
         self._rng = np.random.default_rng(config.seed)
@@ -174,7 +122,7 @@ class Trainer:
         self._reset_next = np.zeros(config.num_envs, bool)  # next row is a reset row
         self._episode_returns = np.zeros(config.num_envs, np.float64)
         self._episode_lengths = np.zeros(config.num_envs, np.int64)
-        self._next_checkpoint = config.checkpoint_every
+        self._steps_before_update = 0
         self._started = time.perf_counter()
         self.env_steps = 0
         self.updates = 0
@@ -186,13 +134,14 @@ class Trainer:
     def step(self) -> StepResult:
         """One update: collect → estimate → update. Raises ``TrainingDiverged`` on NaN/inf."""
         started, steps_before = time.perf_counter(), self.env_steps
+        self._steps_before_update = steps_before
         episodes = self.collect()
         advantages, returns = self.estimate()
         metrics = self.update(advantages, returns)
         self.updates += 1
         now = time.perf_counter()
-        metrics["perf/steps_per_second"] = (self.env_steps - steps_before) / (now - started)
-        metrics["perf/wall_time"] = now - self._started
+        metrics[M.STEPS_PER_SECOND.key] = (self.env_steps - steps_before) / (now - started)
+        metrics[M.WALL_TIME.key] = now - self._started
         return StepResult(self.env_steps, metrics, episodes)
 
     def collect(self) -> list[Episode]:
@@ -267,7 +216,7 @@ class Trainer:
         to learn from: no step is taken and the loss metrics are reported as 0.
         """
         if not self._batch.valid.any():
-            return dict.fromkeys(_LOSS_METRICS, 0.0)
+            return {m.key: 0.0 for m in M.LOSSES}
         observations, actions, advantages, returns = self._valid_rows(advantages, returns)
         raw_advantages = advantages
         if self.config.normalize_advantages and advantages.numel() > 1:
@@ -275,13 +224,13 @@ class Trainer:
         losses, values = self._losses(observations, actions, advantages, returns)
         grad_norm = self._descend(losses["loss"])
         return {
-            "losses/policy_loss": losses["policy"].item(),
-            "losses/value_loss": losses["value"].item(),
-            "losses/entropy": losses["entropy"].item(),
-            "losses/explained_variance": _explained_variance(values, returns.cpu()),
-            "advantages/mean": raw_advantages.mean().item(),
-            "advantages/std": raw_advantages.std(correction=0).item(),
-            "losses/grad_norm": grad_norm,
+            M.POLICY_LOSS.key: losses["policy"].item(),
+            M.VALUE_LOSS.key: losses["value"].item(),
+            M.ENTROPY.key: losses["entropy"].item(),
+            M.EXPLAINED_VARIANCE.key: _explained_variance(values, returns.cpu()),
+            M.ADVANTAGE_MEAN.key: raw_advantages.mean().item(),
+            M.ADVANTAGE_STD.key: raw_advantages.std(correction=0).item(),
+            M.GRAD_NORM.key: grad_norm,
         }
 
     def _valid_rows(
@@ -332,15 +281,15 @@ class Trainer:
         return grad_norm
 
     def checkpoint_due(self) -> bool:
-        """True once ``checkpoint_every`` env steps have passed since the last checkpoint."""
+        """True when the last update crossed a multiple of ``checkpoint_every`` env steps.
+
+        A pure read: asking, or saving a checkpoint, never moves the schedule.
+        """
         every = self.config.checkpoint_every
-        return every > 0 and self.env_steps >= self._next_checkpoint
+        return every > 0 and self.env_steps // every > self._steps_before_update // every
 
     def checkpoint_bytes(self) -> bytes:
-        """``torch.save`` of the model's state_dict (CPU tensors); resets ``checkpoint_due``."""
-        every = self.config.checkpoint_every
-        if every > 0:
-            self._next_checkpoint = (self.env_steps // every + 1) * every
+        """``torch.save`` of the model's state_dict (CPU tensors)."""
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         out = io.BytesIO()
         torch.save(state, out)
@@ -379,128 +328,9 @@ class Trainer:
         return finished
 
 
-class _Optimizer:
-    """Adam or RMSprop with ``torch.optim``'s update rules (eps 1e-5; RMSprop α = 0.99 as in
-    SB3's A2C), on foreach kernels.
-
-    Why not ``torch.optim``: its first ``step`` imports ``torch._dynamo`` and sympy, +70 MB
-    resident (measured with ``ru_maxrss``), a fifth of a whole run's memory, for a dozen lines
-    of arithmetic. ``tests/test_trainer.py`` checks the parameters match ``torch.optim`` step
-    for step.
-    """
-
-    def __init__(self, params: list[torch.Tensor], kind: str, learning_rate: float) -> None:
-        self.params, self.kind, self.learning_rate = params, kind, learning_rate
-        self.eps, self.beta1, self.beta2, self.alpha = 1e-5, 0.9, 0.999, 0.99
-        self.steps = 0
-        self.first_moments = [torch.zeros_like(p) for p in params]  # Adam only
-        self.second_moments = [torch.zeros_like(p) for p in params]
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self.steps += 1
-        params = [p for p in self.params if p.grad is not None]
-        index = [i for i, p in enumerate(self.params) if p.grad is not None]
-        grads = [p.grad for p in params]
-        second = [self.second_moments[i] for i in index]
-        if self.kind == "rmsprop":
-            # v ← αv + (1−α)g²;  θ ← θ − lr·g / (√v + ε)
-            torch._foreach_mul_(second, self.alpha)
-            torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.alpha)
-            denominators = torch._foreach_add(torch._foreach_sqrt(second), self.eps)
-            torch._foreach_addcdiv_(params, grads, denominators, value=-self.learning_rate)
-            return
-        # Adam: m ← β1·m + (1−β1)g;  v ← β2·v + (1−β2)g²;
-        # θ ← θ − lr/(1−β1^t) · m / (√v/√(1−β2^t) + ε)
-        first = [self.first_moments[i] for i in index]
-        torch._foreach_lerp_(first, grads, 1.0 - self.beta1)
-        torch._foreach_mul_(second, self.beta2)
-        torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.beta2)
-        correction1 = 1.0 - self.beta1**self.steps
-        correction2_sqrt = (1.0 - self.beta2**self.steps) ** 0.5
-        denominators = torch._foreach_div(torch._foreach_sqrt(second), correction2_sqrt)
-        torch._foreach_add_(denominators, self.eps)
-        step_size = self.learning_rate / correction1
-        torch._foreach_addcdiv_(params, first, denominators, value=-step_size)
-
-
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined)."""
     variance = returns.var(correction=0).item()
     if variance == 0.0:
         return 0.0
     return 1.0 - (returns - values).var(correction=0).item() / variance
-
-
-def record_episode(
-    env: gym.Env, model: ActorCritic, rng: np.random.Generator, seed: int, device: torch.device
-) -> Trajectory:
-    """One episode of ``model``'s policy (actions sampled with ``rng``) on ``env`` reset with
-    ``seed``, capped at the spec's time limit (marked truncated); values in one batch."""
-    obs, _ = env.reset(seed=seed)
-    cap = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else _RECORD_CAP
-    bounds = None
-    if isinstance(env.action_space, gym.spaces.Box):
-        bounds = (env.action_space.low, env.action_space.high)
-    observations, actions, rewards, terminated, truncated = [obs], [], [], [], []
-    with torch.inference_mode():
-        while True:
-            action = model.sample(torch.as_tensor(obs[None], device=device), rng)[0]
-            env_action = action if bounds is None else np.clip(action, *bounds)
-            obs, reward, term, trunc, _ = env.step(env_action)
-            observations.append(obs)
-            actions.append(action)
-            rewards.append(reward)
-            terminated.append(term)
-            truncated.append(bool(trunc or (len(rewards) >= cap and not term)))
-            if terminated[-1] or truncated[-1]:
-                break
-        all_obs = torch.as_tensor(np.asarray(observations, np.float32), device=device)
-        all_values = model.values(all_obs).cpu().numpy()  # one batch: next_values = values[1:]
-        action_array = np.asarray(actions)
-        log_probs, _ = model.log_probs_and_entropy(
-            all_obs[:-1], torch.as_tensor(action_array, device=device)
-        )
-    all_obs = all_obs.cpu().numpy()
-    return Trajectory(
-        observations=all_obs[:-1],
-        next_observations=all_obs[1:],
-        actions=action_array,
-        rewards=np.asarray(rewards, np.float32),
-        values=all_values[:-1],
-        next_values=all_values[1:],
-        terminated=np.asarray(terminated, bool),
-        truncated=np.asarray(truncated, bool),
-        log_probs=log_probs.cpu().numpy().astype(np.float32),
-    )
-
-
-def load_model(config: TrainConfig, checkpoint_bytes: bytes) -> ActorCritic:
-    """The actor-critic saved in ``checkpoint_bytes`` (``torch.load(weights_only=True)``), on
-    the CPU, in eval mode."""
-    env = make_eval_env(config.env_id)
-    try:
-        model = ActorCritic(env.observation_space, env.action_space, config.hidden_sizes, 0)
-    finally:
-        env.close()
-    state = torch.load(io.BytesIO(checkpoint_bytes), weights_only=True, map_location="cpu")
-    model.load_state_dict(state)
-    return model.eval()
-
-
-def evaluate_values(
-    config: TrainConfig, checkpoint_bytes: bytes, observations: np.ndarray
-) -> np.ndarray:
-    """V(s) for ``observations [T, obs_dim]`` under the critic saved in ``checkpoint_bytes``
-    (loaded with ``weights_only=True``); returns float32 ``[T]``."""
-    model = load_model(config, checkpoint_bytes)
-    observations = np.asarray(observations, np.float32)
-    obs_dim = model.critic[0].in_features
-    if observations.ndim != 2 or observations.shape[1] != obs_dim:
-        raise ValueError(f"observations must have shape [T, {obs_dim}], got {observations.shape}")
-    with torch.inference_mode():
-        return model.values(torch.from_numpy(observations)).numpy()

@@ -136,30 +136,35 @@ def discounted_returns(rewards, next_values, terminated, truncated, gamma, out):
 
 @nb.njit(**_JIT)
 def k_step(deltas, done, gamma, ks, out):  # pragma: no cover
-    # ks: ascending distinct horizons; out: [K, T, N]. Â^(k)_t sums γ^l δ_{t+l} for l < k and
-    # stops after the first done step or the last row; horizons past that copy the full sum.
+    # ks: ascending distinct horizons in [1, T]; out: [K, T, N]. Linear in T for any k:
+    # S_t (the full segment sum, GAE λ=1) and L_t (steps left in t's segment) in one backward
+    # pass, then Â^(k)_t = S_t − γ^k S_{t+k} while k < L_t, else S_t.
     rows, cols = deltas.shape
     n_ks = ks.shape[0]
-    max_k = ks[n_ks - 1]
+    powers = np.empty(n_ks, dtype=np.float64)
+    for i in range(n_ks):
+        powers[i] = gamma ** float(ks[i])
+    suffix = np.empty(rows, dtype=np.float64)
+    left = np.empty(rows, dtype=np.int64)
     for n in range(cols):
+        acc = 0.0
+        remaining = 0
+        for t in range(rows - 1, -1, -1):
+            if done[t, n] != 0 or t == rows - 1:
+                acc = deltas[t, n]
+                remaining = 1
+            else:
+                acc = deltas[t, n] + gamma * acc
+                remaining += 1
+            suffix[t] = acc
+            left[t] = remaining
         for t in range(rows):
-            acc = 0.0
-            discount = 1.0
-            i = 0
-            step = 0
-            while step < max_k:
-                j = t + step
-                acc += discount * deltas[j, n]
-                discount *= gamma
-                step += 1
-                while i < n_ks and ks[i] == step:
-                    out[i, t, n] = acc
-                    i += 1
-                if done[j, n] != 0 or j == rows - 1:
-                    break
-            while i < n_ks:
-                out[i, t, n] = acc
-                i += 1
+            for i in range(n_ks):
+                k = ks[i]
+                if k < left[t]:
+                    out[i, t, n] = suffix[t] - powers[i] * suffix[t + k]
+                else:
+                    out[i, t, n] = suffix[t]
 
 
 @nb.njit(**_JIT)

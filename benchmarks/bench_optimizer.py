@@ -1,0 +1,72 @@
+"""Why the trainer's optimizer is not ``torch.optim``: memory and import time, side by side.
+
+Each case runs in a fresh subprocess (so one case's imports cannot help another): build the
+default actor-critic, take 20 optimizer steps on CartPole-sized batches, and report peak resident
+memory (``ru_maxrss``) and the seconds the first ``step()`` took. ``ours`` is
+``gae_core.agent.optim.Optimizer``; ``torch.optim`` is ``torch.optim.Adam`` with the same
+hyperparameters. ``tests/test_trainer.py`` checks the two agree step for step.
+
+    python benchmarks/bench_optimizer.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASE = """
+import json, resource, sys, time
+import torch
+torch.set_num_threads(1)
+from gae_core.agent.optim import Optimizer
+net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                          torch.nn.Tanh(), torch.nn.Linear(64, 2))
+params = list(net.parameters())
+built = time.perf_counter()
+if sys.argv[1] == "ours":
+    opt = Optimizer(params, "adam", 5e-3)
+else:
+    opt = torch.optim.Adam(params, lr=5e-3, eps=1e-5)
+first = None
+for i in range(20):
+    loss = net(torch.randn(1024, 4)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if first is None:
+        first = time.perf_counter() - built  # construction and the first step
+print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "to_first_step_s": first, "dynamo": "torch._dynamo" in sys.modules}))
+"""
+
+
+def run(case: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CASE, case],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    results = {case: min((run(case) for _ in range(3)), key=lambda r: r["peak_mb"])
+               for case in ("ours", "torch.optim")}  # fmt: skip
+    ours, theirs = results["ours"], results["torch.optim"]
+    print(f"{'':<14}{'peak MB':>10}{'to 1st step s':>14}{'imports dynamo':>16}")
+    for name, r in results.items():
+        print(f"{name:<14}{r['peak_mb']:>10.1f}{r['to_first_step_s']:>14.3f}{r['dynamo']!s:>16}")
+    extra = theirs["peak_mb"] - ours["peak_mb"]
+    seconds = theirs["to_first_step_s"]
+    print(f"torch.optim costs {extra:+.1f} MB, and {seconds:.3f} s to its first step")
+    print(f"ratio peak memory ours / torch.optim = {ours['peak_mb'] / theirs['peak_mb']:.4f}")
+
+
+if __name__ == "__main__":
+    main()

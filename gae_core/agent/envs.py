@@ -1,0 +1,188 @@
+"""Gymnasium environments for the trainer: which ids can be trained, and how they are built.
+
+Autoreset mode (gymnasium >= 1.0). We use ``AutoresetMode.NEXT_STEP`` for every vector env, chosen
+explicitly for sync envs and checked for native ones, because:
+
+* CartPole's native vector env (``vector_entry_point``, about 3x faster than a sync vector of
+  single envs) implements only NEXT_STEP, and one mode for all envs means one rollout loop;
+* in NEXT_STEP mode the observation returned by the step that ends an episode *is* the true final
+  observation, so ``next_values[t] = values[t+1]`` holds for every row, truncated ones included,
+  and the critic needs no extra forward pass for final observations.
+
+The price is one "reset row" after every episode end: the env ignores the action, returns
+reward 0 and the reset observation. The trainer marks those rows invalid and leaves them out of
+the loss, the step count and the episode statistics (see ``Trainer.collect``).
+
+Observations are cast to float32 at the env boundary (MuJoCo returns float64), so the network
+never sees another dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import gymnasium as gym
+import numpy as np
+
+from gae_core.errors import UnsupportedEnvError
+
+__all__ = [
+    "CLASSIC_CONTROL",
+    "MUJOCO",
+    "SUPPORTED_ENVS",
+    "check_env_id",
+    "env_id_problem",
+    "make_eval_env",
+    "make_vector_env",
+    "reward_threshold",
+]
+
+#: Classic-control ids the trainer is tested on (flat Box observations; Discrete or 1-D Box
+#: actions).
+CLASSIC_CONTROL = (
+    "CartPole-v1",
+    "Acrobot-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Pendulum-v1",
+)
+#: The GAE paper's kind of task: MuJoCo locomotion and balancing (``gymnasium[mujoco]``).
+MUJOCO = (
+    "InvertedPendulum-v5",
+    "InvertedDoublePendulum-v5",
+    "HalfCheetah-v5",
+    "Hopper-v5",
+    "Walker2d-v5",
+)
+#: Supported ids and their spec's "solved" level (None where the spec has none).
+SUPPORTED_ENVS: Mapping[str, float | None] = MappingProxyType(
+    {env_id: gym.spec(env_id).reward_threshold for env_id in CLASSIC_CONTROL + MUJOCO}
+)
+
+_DEFAULT_EPISODE_CAP = 1000
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The env's "solved" level from its gymnasium spec, or None where it has none."""
+    try:
+        threshold = gym.spec(env_id).reward_threshold
+    except gym.error.Error:
+        return None
+    return None if threshold is None else float(threshold)
+
+
+def env_id_problem(env_id: object) -> str | None:
+    """Why ``env_id`` cannot be trained, in one line, or None if it can.
+
+    Accepted: registered gymnasium ids (the ones in :data:`SUPPORTED_ENVS` are tested) that build
+    here and whose spaces the trainer handles. Rejected: ``module:Class`` strings and any id with
+    a ':' (``gym.make`` would import the module, i.e. run code named by user input), ids gymnasium
+    does not know, ids whose package is missing (the message says what to install) and ids with
+    spaces the trainer cannot handle. The env is built once per id and process to find out.
+    """
+    supported = ", ".join(SUPPORTED_ENVS)
+    if not isinstance(env_id, str) or not env_id:
+        return f"must be a non-empty string, one of: {supported}"
+    if ":" in env_id:
+        return f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported}"
+    if env_id not in gym.envs.registry:
+        return f"unknown environment {env_id!r}; supported: {supported}"
+    return _build_problem(env_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_problem(env_id: str) -> str | None:
+    try:
+        env = gym.make(env_id)
+    except gym.error.DependencyNotInstalled as exc:
+        return f"{env_id} needs a package that is not installed: {_one_line(exc)}"
+    except ImportError as exc:
+        return f"{env_id} needs a package that is not installed: {_one_line(exc)}"
+    except Exception as exc:  # any failure to build is reported, not raised into a form
+        return f"{env_id} could not be built: {type(exc).__name__}: {_one_line(exc)}"
+    try:
+        return _spaces_problem(env_id, env.observation_space, env.action_space)
+    finally:
+        env.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def check_env_id(env_id: object) -> str:
+    """``env_id`` if it can be trained, else :class:`UnsupportedEnvError` with the reason."""
+    problem = env_id_problem(env_id)
+    if problem:
+        raise UnsupportedEnvError(f"env_id {problem}")
+    return env_id  # type: ignore[return-value]
+
+
+def _spaces_problem(
+    env_id: str, observation_space: gym.Space, action_space: gym.Space
+) -> str | None:
+    if not (isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1):
+        return (
+            f"{env_id} has observation space {observation_space}; the trainer needs a flat Box "
+            "(vector observations)"
+        )
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+    if not (discrete or box):
+        return f"{env_id} has action space {action_space}; the trainer needs Discrete or a flat Box"
+    if box and not (
+        np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))
+    ):
+        return f"{env_id} has unbounded actions; clipping needs finite bounds"
+    return None
+
+
+def _float32_observations(env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    if env.single_observation_space.dtype == np.float32:
+        return env
+    return gym.wrappers.vector.DtypeObservation(env, np.float32)
+
+
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    """A vector env in NEXT_STEP autoreset mode (the native one where gymnasium has it) with
+    float32 observations."""
+    check_env_id(env_id)
+    spec = gym.spec(env_id)
+    if spec.vector_entry_point is not None:
+        env = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
+    else:
+        env = gym.make_vec(
+            env_id,
+            num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+        )
+    mode = env.metadata.get("autoreset_mode")
+    if mode is not gym.vector.AutoresetMode.NEXT_STEP:
+        env.close()
+        raise UnsupportedEnvError(
+            f"env_id {env_id}: the trainer's rollout loop needs NEXT_STEP autoreset, "
+            f"the env uses {mode}"
+        )
+    return _float32_observations(env)
+
+
+def make_eval_env(env_id: str) -> gym.Env:
+    """One plain env (with the spec's TimeLimit) for recording trajectories; float32
+    observations."""
+    check_env_id(env_id)
+    env = gym.make(env_id)
+    if env.observation_space.dtype != np.float32:
+        env = gym.wrappers.DtypeObservation(env, np.float32)
+    return env
+
+
+def episode_cap(env: gym.Env) -> int:
+    """The spec's time limit, or a cap for specs without one (the last step is then marked
+    truncated)."""
+    spec = env.spec
+    if spec is not None and spec.max_episode_steps:
+        return int(spec.max_episode_steps)
+    return _DEFAULT_EPISODE_CAP

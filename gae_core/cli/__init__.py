@@ -1,0 +1,173 @@
+"""Command line: ``python -m gae_core [--data-dir DIR] {train,runs,export,sweep,...}``.
+
+Every ``TrainConfig`` field is a flag of ``train`` and ``sweep``, generated from its
+:class:`~gae_core.agent.config.FieldSpec` (``lambda_`` is ``--lambda``, ``env_id`` is ``--env``)
+and parsed by the same spec that reads ``sweep --grid`` values and the form's text boxes.
+
+Exit codes: 0 success, 1 the run or sweep failed (or something was not found, or the store is
+unusable: the message names the path), 2 bad usage or a bad config value (the message names the
+field and its range), 130 stopped with Ctrl-C or SIGTERM (the data so far is kept; a second
+Ctrl-C aborts at once). With ``--json`` the last line on stdout is one JSON object (``runs
+--json``: one JSON array); progress bars and messages go to stderr. Names typed by users are
+printed without control characters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from gae_core.agent.config import FIELD_SPECS, FieldSpec
+from gae_core.cli import commands
+from gae_core.errors import ConfigError, StoreError
+from gae_core.runs.records import STATUSES
+from gae_core.runs.store import DATA_ENV_VAR
+
+__all__ = ["build_parser", "main"]
+
+
+def _flag_type(spec: FieldSpec) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        try:
+            return spec.parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = spec.kind  # argparse names the type in its message
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``TrainConfig`` field; unset flags are absent from the namespace."""
+    group = parser.add_argument_group("training config (TrainConfig fields)")
+    for spec in FIELD_SPECS.values():
+        default = spec.default
+        if isinstance(default, tuple):
+            default = " ".join(map(str, default))
+        common = {
+            "dest": spec.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{spec.help}; {spec.allowed} (default: {default})".replace("%", "%%"),
+        }
+        if spec.kind == "bool":
+            group.add_argument(*spec.flags, action=argparse.BooleanOptionalAction, **common)
+        elif spec.kind == "int_list":  # --hidden-sizes 64 64, or --hidden-sizes 64x64
+            group.add_argument(*spec.flags, type=_flag_type(spec), nargs="+", metavar="N", **common)
+        else:
+            metavar = {"int": "N", "float": "X"}.get(spec.kind, "VALUE")
+            group.add_argument(*spec.flags, type=_flag_type(spec), metavar=metavar, **common)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument(
+        "--data-dir",
+        default=argparse.SUPPRESS,
+        help=f"folder of the run store (default: ${DATA_ENV_VAR}, else ./runs)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m gae_core",
+        description="Train A2C+GAE agents, list and export runs, run λ × seed sweeps.",
+        parents=[data_dir],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train",
+        parents=[data_dir],
+        help="train one run in the foreground",
+        description="Train one A2C+GAE run headless; Ctrl-C stops it and keeps its data.",
+    )
+    train.add_argument("--name", help="run name (default: env, λ, γ and seed)")
+    train.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_config_flags(train)
+    train.set_defaults(handler=commands.train)
+
+    runs = sub.add_parser("runs", parents=[data_dir], help="list runs with their status")
+    runs.add_argument("--status", nargs="+", choices=STATUSES, help="only runs with these statuses")
+    runs.add_argument("--sweep", help="only the trials of this sweep id")
+    runs.add_argument("--json", action="store_true", help="print one JSON array")
+    runs.add_argument(
+        "--csv",
+        metavar="PATH",
+        help="write the runs table as CSV ('-' for stdout), the columns of the Runs page's CSV",
+    )
+    runs.set_defaults(handler=commands.runs)
+
+    export = sub.add_parser("export", parents=[data_dir], help="export a run's metrics as CSV")
+    export.add_argument("run_id")
+    export.add_argument("--csv", required=True, metavar="PATH", help="output file ('-' for stdout)")
+    export.add_argument(
+        "--long", action="store_true", help="long rows (env_step, wall_time, key, value)"
+    )
+    export.set_defaults(handler=commands.export)
+
+    sweep = sub.add_parser(
+        "sweep",
+        parents=[data_dir],
+        help="run a λ × seed grid in worker processes",
+        description="Run every combination of the grid as its own run, in worker processes. "
+        "Ctrl-C cancels: pending trials are skipped, running ones stop; data is kept.",
+    )
+    sweep.add_argument("--lambdas", type=float, nargs="+", metavar="L", help="λ values")
+    sweep.add_argument("--seeds", type=_flag_type(FIELD_SPECS["seed"]), nargs="+", metavar="S")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
+        help="more grid axes over any config field (repeatable); tuple values as 64x64",
+    )
+    sweep.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: CPU count)"
+    )
+    sweep.add_argument(
+        "--retries", type=int, default=1, help="restarts of a trial whose worker died (default 1)"
+    )
+    sweep.add_argument("--name", help="sweep name")
+    sweep.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_config_flags(sweep)
+    sweep.set_defaults(handler=commands.sweep)
+
+    stop = sub.add_parser("stop", parents=[data_dir], help="ask a running run to stop")
+    stop.add_argument("run_id")
+    stop.set_defaults(handler=commands.stop)
+
+    rename = sub.add_parser("rename", parents=[data_dir], help="rename a run")
+    rename.add_argument("run_id")
+    rename.add_argument("name")
+    rename.set_defaults(handler=commands.rename)
+
+    delete = sub.add_parser("delete", parents=[data_dir], help="delete a run and its data")
+    delete.add_argument("run_id")
+    delete.add_argument(
+        "--force", action="store_true", help="even if it is active: stop it first, then delete"
+    )
+    delete.set_defaults(handler=commands.delete)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return commands.EXIT_USAGE
+    try:
+        return handler(args)
+    except (ConfigError, commands.UsageError) as exc:
+        print(f"error: {commands.name_flag(str(exc))}", file=sys.stderr)
+        return commands.EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return commands.EXIT_INTERRUPTED
+    except BrokenPipeError:  # `... | head`
+        sys.stderr.close()
+        return commands.EXIT_OK
+    except (StoreError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return commands.EXIT_FAILED

@@ -1,0 +1,367 @@
+"""The CLI's commands: one function per subcommand, returning the exit code (see
+:mod:`gae_core.cli` for the codes and the ``--json`` contract)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_spec
+from gae_core.agent.envs import reward_threshold
+from gae_core.errors import ConfigError
+from gae_core.inert import terminal_text, to_csv
+from gae_core.runs.store import RunStore, folder_is_writable, resolve_data_dir
+from gae_core.runs.table import run_row, runs_frame
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+#: How long ``delete --force`` waits for an active run to stop before deleting it anyway.
+DELETE_STOP_WAIT_S = 30.0
+
+
+class UsageError(Exception):
+    """Bad command-line input; reported on stderr with exit code 2."""
+
+
+def name_flag(message: str) -> str:
+    """Prefix a ConfigError message that starts with a field name with that field's flag."""
+    field = message.split(" ", 1)[0].rstrip(":")
+    spec = FIELD_SPECS.get(field)
+    return f"{spec.flags[0]}: {message}" if spec else message
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
+    values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
+    for name, value in values.items():
+        if FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
+            values[name] = tuple(int(x) for part in value for x in part)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def open_store(args: argparse.Namespace) -> RunStore:
+    return RunStore(getattr(args, "data_dir", None))
+
+
+def open_store_for_reading(args: argparse.Namespace) -> RunStore:
+    """The store, recovered if it can be written; read-only where the folder is read-only."""
+    folder = resolve_data_dir(getattr(args, "data_dir", None))
+    if folder.is_dir() and not folder_is_writable(folder):
+        return RunStore(folder, read_only=True)
+    return RunStore(folder)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=list), flush=True)
+
+
+class _StopOnSignal:
+    """First Ctrl-C (or SIGTERM) sets ``event``: a clean stop that keeps the data. A second
+    Ctrl-C interrupts at once. ``received`` tells a signal stop from one asked through the
+    store."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, event: threading.Event, message: str) -> None:
+        self.event, self.message = event, message
+        self.previous: dict[int, Any] = {}
+        self.received = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.event.is_set() and signum == signal.SIGINT and self.received:
+            raise KeyboardInterrupt
+        self.received = True
+        self.event.set()
+        print(f"\n{self.message}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def _progress_bar(total: int, disable: bool, unit: str = "step") -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        file=sys.stderr,
+        unit=unit,
+        unit_scale=True,
+        dynamic_ncols=True,
+        disable=disable,
+        mininterval=0.5,
+    )
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+# -- train ----------------------------------------------------------------------------------
+
+
+def train(args: argparse.Namespace) -> int:
+    from gae_core.runs.execute import StoreSink, default_run_name, execute_run
+
+    config = config_from_args(args)  # ConfigError (exit 2) before any run exists
+    store = open_store(args)
+    try:
+        run_id = store.create_run(
+            config.to_dict(),
+            name=args.name if args.name is not None else default_run_name(config),
+            reward_threshold=reward_threshold(config.env_id),
+        )
+    except ValueError as exc:  # a name with nothing printable in it
+        raise UsageError(f"--name: {exc}") from None
+    print(f"run {run_id} in {store.path}", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    bar = _progress_bar(config.total_steps, args.no_progress)
+    shown = [0]
+
+    def on_step(result: Any) -> None:
+        steps = min(int(result.env_steps), config.total_steps)
+        bar.update(steps - shown[0])
+        shown[0] = steps
+
+    with _StopOnSignal(stop, "stopping after this update (Ctrl-C again to abort)…") as signals:
+        try:
+            outcome = execute_run(StoreSink(store, run_id), run_id, config, stop, on_step=on_step)
+        finally:
+            bar.close()
+    if outcome.status == "deleted":
+        result: dict[str, Any] = {"run_id": run_id, "status": "deleted", "name": None}
+    else:
+        result = run_row(store.get_run(run_id))
+    store.close()
+    result.update(
+        wall_seconds=outcome.wall_seconds,
+        steps_per_second=outcome.steps_per_second,
+        env_steps=outcome.env_steps,
+        data_dir=str(store.data_dir),
+    )
+    if outcome.status == "failed":
+        print(f"run {run_id} failed: {outcome.error}", file=sys.stderr)
+    if args.json:
+        _print_json(result)
+    else:
+        print(
+            f"run {run_id} {outcome.status}: {outcome.env_steps:,} env steps in "
+            f"{outcome.wall_seconds:.1f} s ({outcome.steps_per_second:,.0f} steps/s), "
+            f"final return {_fmt(result.get('final_return'), '.2f')}, "
+            f"solved {_fmt(result.get('solved'))}"
+            + (f" at step {result['solved_at_step']:,}" if result.get("solved_at_step") else ""),
+            flush=True,
+        )
+    if outcome.status == "stopped":
+        # Ctrl-C/SIGTERM: 130; a stop asked through the store (UI, `stop`, `delete --force`)
+        # is a normal end.
+        return EXIT_INTERRUPTED if signals.received else EXIT_OK
+    return EXIT_OK if outcome.status in ("finished", "deleted") else EXIT_FAILED
+
+
+# -- runs, export ---------------------------------------------------------------------------
+
+
+def runs(args: argparse.Namespace) -> int:
+    with open_store_for_reading(args) as store:
+        found = store.list_runs(status=args.status, sweep_id=args.sweep)
+    if args.csv:
+        frame = runs_frame(found)
+        if args.csv == "-":
+            to_csv(frame, sys.stdout)
+            return EXIT_OK
+        to_csv(frame, args.csv)
+        print(f"wrote {len(frame)} runs to {args.csv}", file=sys.stderr)
+    if args.json:
+        _print_json([run_row(r) for r in found])
+        return EXIT_OK
+    if not found:
+        print("no runs", file=sys.stderr)
+        return EXIT_OK
+    print(f"{'RUN_ID':<12}  {'STATUS':<11}  {'ENV_STEPS':>11}  {'RETURN':>9}  {'SOLVED':<6}  NAME")
+    for run in found:
+        print(
+            f"{run.id:<12}  {run.status:<11}  {run.env_steps:>11,}  "
+            f"{_fmt(run.summary.final_return, '9.2f'):>9}  {_fmt(run.summary.solved):<6}  "
+            f"{terminal_text(run.name)}"
+        )
+    return EXIT_OK
+
+
+def export(args: argparse.Namespace) -> int:
+    with open_store_for_reading(args) as store:
+        store.get_run(args.run_id)  # StoreError if unknown
+        frame = store.metrics(args.run_id) if args.long else store.metrics_wide(args.run_id)
+    if args.csv == "-":
+        to_csv(frame, sys.stdout)
+    else:
+        to_csv(frame, args.csv)
+        print(f"wrote {len(frame)} rows to {args.csv}", file=sys.stderr)
+    return EXIT_OK
+
+
+# -- sweep ----------------------------------------------------------------------------------
+
+
+def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
+    grid: dict[str, list[Any]] = {}
+
+    def add(name: str, values: list[Any], source: str) -> None:
+        spec = field_spec(name)
+        if spec.name in grid:
+            raise UsageError(f"{source}: {spec.label} is already a grid axis (given twice)")
+        if hasattr(args, spec.name):
+            raise UsageError(
+                f"{source} conflicts with {spec.flags[0]}: give {spec.label} either as one value "
+                "or as a grid axis"
+            )
+        grid[spec.name] = values
+
+    if args.lambdas is not None:
+        add("lambda_", list(args.lambdas), "--lambdas")
+    if args.seeds is not None:
+        add("seed", list(args.seeds), "--seeds")
+    for axis in args.grid:
+        name, sep, raw = axis.partition("=")
+        if not sep or not raw.strip():
+            raise UsageError(f"--grid expects FIELD=V1,V2; got {axis!r}")
+        try:
+            spec = field_spec(name)
+        except ConfigError as exc:
+            raise UsageError(f"--grid: {exc}") from None
+        try:
+            values = [spec.parse(item) for item in raw.split(",")]
+        except ConfigError as exc:
+            raise UsageError(f"--grid {spec.name}: {exc}") from None
+        add(spec.name, values, f"--grid {spec.name}")
+    if not grid:
+        raise UsageError("a sweep needs at least one of --lambdas, --seeds, --grid")
+    return grid
+
+
+def sweep(args: argparse.Namespace) -> int:
+    from gae_core.runs.sweep import SweepProgress, expand_grid, start_sweep
+
+    grid = _grid(args)
+    base = config_from_args(args)
+    expand_grid(base, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
+    store = open_store(args)
+    bar = _progress_bar(100, args.no_progress, unit="%")
+    shown = [0]
+
+    def on_progress(progress: SweepProgress) -> None:
+        percent = int(progress.fraction * 100)
+        bar.update(percent - shown[0])
+        shown[0] = percent
+        counts = progress.counts
+        bar.set_postfix_str(
+            f"{progress.done}/{progress.total} done, {counts['running']} running, "
+            f"{counts['failed']} failed",
+            refresh=False,
+        )
+
+    started = time.monotonic()
+    handle = start_sweep(
+        store,
+        base,
+        grid,
+        workers=args.workers,
+        name=args.name,
+        on_progress=on_progress,
+        retries=args.retries,
+    )
+    print(
+        f"sweep {handle.sweep_id}: {len(handle.run_ids)} trials on {handle.workers} workers "
+        f"in {store.path}",
+        file=sys.stderr,
+        flush=True,
+    )
+    cancel = threading.Event()
+    with _StopOnSignal(cancel, "cancelling the sweep (Ctrl-C again to abort)…"):
+        while not handle.wait(0.2):
+            if cancel.is_set():
+                handle.cancel()
+    bar.close()
+    wall = time.monotonic() - started
+    progress = handle.progress()
+    record = store.get_sweep(handle.sweep_id)
+    found = [store.get_run(r) for r in handle.run_ids if store.run_exists(r)]
+    store.close()
+    result = {
+        "sweep_id": handle.sweep_id,
+        "name": record.name,
+        "status": progress.status,
+        "error": record.error,
+        "workers": handle.workers,
+        "total": progress.total,
+        "counts": progress.counts,
+        "wall_seconds": wall,
+        "grid": grid,
+        "runs": [run_row(r) for r in found],
+    }
+    if args.json:
+        _print_json(result)
+    else:
+        for run in found:
+            print(
+                f"{run.id}  {run.status:<11}  {run.env_steps:>11,}  "
+                f"{_fmt(run.summary.final_return, '9.2f'):>9}  {terminal_text(run.name)}"
+            )
+        print(f"sweep {handle.sweep_id} {progress.status} in {wall:.1f} s: {progress.counts}")
+        if record.error:
+            print(terminal_text(record.error), file=sys.stderr)
+    if progress.status == "cancelled" or cancel.is_set():
+        return EXIT_INTERRUPTED
+    return EXIT_OK if progress.counts["finished"] == progress.total else EXIT_FAILED
+
+
+# -- stop, rename, delete -------------------------------------------------------------------
+
+
+def stop(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        status = store.request_stop(args.run_id)
+    print(f"run {args.run_id}: {status} (a running run stops on its next flush)", file=sys.stderr)
+    return EXIT_OK
+
+
+def rename(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        try:
+            store.rename_run(args.run_id, args.name)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return EXIT_OK
+
+
+def delete(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        run = store.get_run(args.run_id)
+        if run.active and args.force:
+            # Stop it cleanly first, so its process ends and reports instead of failing on a
+            # vanished run; delete anyway if it does not stop in time.
+            store.request_stop(run.id)
+            deadline = time.monotonic() + DELETE_STOP_WAIT_S
+            while store.get_run(run.id).active and time.monotonic() < deadline:
+                time.sleep(0.1)
+                store.recover()
+            if store.get_run(run.id).active:
+                print(
+                    f"run {run.id} did not stop within {DELETE_STOP_WAIT_S:.0f} s; deleting it "
+                    "anyway (its process ends as 'deleted' at its next flush)",
+                    file=sys.stderr,
+                )
+        store.delete_run(run.id, force=args.force)
+    print(f"deleted run {args.run_id}", file=sys.stderr)
+    return EXIT_OK

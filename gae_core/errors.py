@@ -1,0 +1,23 @@
+"""The library's error types, in one place so that no layer imports another just to raise.
+
+Every message names the field, path or id at fault and what is allowed instead: the CLI prints it
+as one line and the dashboard shows it as is.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "StoreError", "UnsupportedEnvError"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and what it allows."""
+
+
+class UnsupportedEnvError(ConfigError):
+    """An env id that cannot be trained here: unknown, a missing package, or spaces the trainer
+    does not handle. The message names the id and what to install or why it is unsupported."""
+
+
+class StoreError(RuntimeError):
+    """The run store cannot do what was asked: unknown run, damaged or unreadable database
+    (the message names the path), newer schema, run still active."""

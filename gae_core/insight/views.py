@@ -1,0 +1,185 @@
+"""What the dashboard pages show that is not a chart, without Streamlit: the config form's
+validation, a run's status line, progress and ETA, and filtering of the runs table.
+
+Pages stay thin: they draw widgets from :data:`gae_core.agent.config.FIELD_SPECS`, call
+:func:`build_config` and show what it returns.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pandas as pd
+
+from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
+from gae_core.errors import ConfigError
+from gae_core.labels import format_value
+from gae_core.runs.records import RunRecord
+
+__all__ = [
+    "MAIN_FIELDS",
+    "build_config",
+    "config_warnings",
+    "filter_runs",
+    "form_specs",
+    "format_duration",
+    "parse_float_list",
+    "progress",
+    "status_text",
+]
+
+#: Fields shown first in the form; the rest go under "Advanced".
+MAIN_FIELDS = ("env_id", "total_steps", "gamma", "lambda_", "seed", "num_envs", "rollout_steps")
+
+
+def form_specs(exclude: tuple[str, ...] = ()) -> tuple[list[FieldSpec], list[FieldSpec]]:
+    """``(main, advanced)`` field specs for the form, main ones in :data:`MAIN_FIELDS` order."""
+    specs = [s for s in FIELD_SPECS.values() if s.name not in exclude]
+    order = {name: i for i, name in enumerate(MAIN_FIELDS)}
+    main = sorted((s for s in specs if s.name in order), key=lambda s: order[s.name])
+    return main, [s for s in specs if s.name not in order]
+
+
+def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str], list[str]]:
+    """Validate form values: ``(config or None, errors, warnings)``.
+
+    Text values (a list typed into a text box) are read with the field's own parser. Errors make
+    the config unusable (the Start button stays disabled); warnings explain combinations that
+    are valid but probably not what the user wants.
+    """
+    values = dict(values)
+    try:
+        for name, value in values.items():
+            spec = FIELD_SPECS.get(name)
+            if spec is not None and spec.kind == "int_list" and isinstance(value, str):
+                values[name] = spec.parse(value)
+        config = TrainConfig(**values)
+    except ConfigError as error:
+        return None, [str(error)], []
+    except TypeError as error:  # unknown field from a stale form
+        return None, [str(error)], []
+    return config, [], config_warnings(config)
+
+
+def config_warnings(config: TrainConfig) -> list[str]:
+    warnings = []
+    if config.batch_size > config.total_steps:
+        warnings.append(
+            f"total_steps ({config.total_steps:,}) is smaller than one update "
+            f"(num_envs × rollout_steps = {config.batch_size:,}): the run will do one update."
+        )
+    if config.checkpoint_every and config.checkpoint_every > config.total_steps:
+        warnings.append(
+            f"checkpoint_every ({config.checkpoint_every:,}) exceeds total_steps: only the final "
+            "checkpoint will be saved, so the explorer will have one checkpoint to compare."
+        )
+    if config.record_episodes == 0:
+        warnings.append("record_episodes is 0: no trajectories for the advantage explorer.")
+    if config.gamma == 1.0 and config.lambda_ == 1.0:
+        warnings.append(
+            "γ = λ = 1: undiscounted Monte Carlo advantages, the highest-variance setting."
+        )
+    return warnings
+
+
+# ----------------------------------------------------------------------------- run state
+
+
+def _steps(value: int | None) -> str:
+    return "–" if value is None else format_value(int(value))
+
+
+def status_text(run: RunRecord) -> str:
+    """One line a user reads: the state and, where it applies, how it ended (solved at which
+    step and whether it stayed there), the error, or why it stopped."""
+    if run.damaged:
+        return f"damaged: {run.damaged}"
+    summary = run.summary
+    if run.status == "failed":
+        reason = (run.error or "unknown error").strip().splitlines()
+        return f"failed: {reason[-1] if reason else 'unknown error'}"
+    if run.status == "interrupted":
+        return "interrupted: its process ended before the run did (data up to then is kept)"
+    if run.status in ("queued", "running"):
+        return run.status
+    head = "finished" if run.status == "finished" else f"stopped at step {run.env_steps:,}"
+    final = summary.final_return
+    tail = "" if final is None else f"; final return {final:.1f}"
+    if summary.solved is None:
+        return head + tail
+    if not summary.solved:
+        return f"{head}: not solved{tail}"
+    solved = f"solved at {_steps(summary.solved_at_step)}"
+    if summary.fell_below_at_step is None:
+        return f"{head}: {solved}, stayed solved{tail}"
+    if summary.stayed_solved:
+        return (
+            f"{head}: {solved}, dipped below at {_steps(summary.fell_below_at_step)} and "
+            f"recovered{tail}"
+        )
+    return f"{head}: {solved}, fell below at {_steps(summary.fell_below_at_step)}{tail}"
+
+
+def progress(run: RunRecord, now: float | None = None) -> tuple[float, float | None]:
+    """``(fraction done in [0, 1], seconds left or None)``; the ETA assumes the rate so far."""
+    total = run.total_steps or 1
+    fraction = min(1.0, max(0.0, run.env_steps / total))
+    if run.status != "running" or run.started_at is None or run.env_steps <= 0:
+        return fraction, None
+    elapsed = (now if now is not None else time.time()) - run.started_at
+    rate = run.env_steps / elapsed if elapsed > 0 else 0.0
+    return fraction, max(0.0, total - run.env_steps) / rate if rate > 0 else None
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "–"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def filter_runs(
+    table: pd.DataFrame,
+    *,
+    statuses: list[str] | None = None,
+    envs: list[str] | None = None,
+    text: str = "",
+) -> pd.DataFrame:
+    """Rows of a :func:`~gae_core.runs.table.runs_frame` whose status and env are among those
+    given (all when None) and whose name or id contains ``text`` (case-insensitive)."""
+    keep = pd.Series(True, index=table.index)
+    if statuses:
+        keep &= table["status"].isin(statuses)
+    if envs:
+        keep &= table["env_id"].isin(envs)
+    if text.strip():
+        needle = text.strip().lower()
+        keep &= table["name"].str.lower().str.contains(needle, regex=False) | table[
+            "run_id"
+        ].str.lower().str.contains(needle, regex=False)
+    return table[keep]
+
+
+def parse_float_list(text: str, name: str, low: float = 0.0, high: float = 1.0) -> list[float]:
+    """``"0.9, 0.95, 1"`` → ``[0.9, 0.95, 1.0]``; a ConfigError naming ``name`` and the range
+    for a bad or duplicated value."""
+    parts = [p.strip() for p in str(text).replace(";", ",").split(",") if p.strip()]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be comma-separated numbers in [{low:g}, {high:g}]"
+        ) from None
+    if not values:
+        raise ConfigError(f"{name} needs at least one value in [{low:g}, {high:g}]")
+    bad = [v for v in values if not low <= v <= high]
+    if bad:
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {bad}")
+    duplicates = sorted({v for i, v in enumerate(values) if v in values[:i]})
+    if duplicates:
+        raise ConfigError(f"{name}: {', '.join(f'{v:g}' for v in duplicates)} given twice")
+    return values

@@ -1,0 +1,60 @@
+"""Display labels: the one map from data names (config fields, table columns) to what people read.
+
+Data keeps one spelling (``lambda_``, ``gamma``, ``env_id``) in the store, the CSV files and
+``--json``; only what is drawn on screen goes through :func:`label`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+__all__ = ["LABELS", "format_value", "group_label", "label"]
+
+LABELS: dict[str, str] = {
+    "lambda_": "λ",
+    "gamma": "γ",
+    "env_id": "environment",
+    "run_id": "run id",
+    "env_steps": "env steps",
+    "total_steps": "budget (env steps)",
+    "best_return": "best return",
+    "final_return": "final return",
+    "reward_threshold": "solved threshold",
+    "solved_at_step": "solved at step",
+    "fell_below_at_step": "fell below at step",
+    "stayed_solved": "stayed solved",
+    "wall_seconds": "duration (s)",
+    "steps_per_second": "env steps/s",
+    "sweep_id": "sweep",
+    "created_at": "created",
+    "started_at": "started",
+    "critic_lambda": "critic target λ",
+    "num_envs": "envs",
+}
+
+
+def label(name: str) -> str:
+    """``lambda_`` → ``λ``; unknown names read with spaces (``rollout_steps`` → ``rollout
+    steps``)."""
+    return LABELS.get(name, name.replace("_", " ").strip())
+
+
+def format_value(value: Any) -> str:
+    """A config value as people read it: ``0.95``, ``500,000``, ``64x64``, ``True``."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    if isinstance(value, tuple | list):
+        return "x".join(format_value(v).replace(",", "") for v in value)
+    return str(value)
+
+
+def group_label(field: str, value: Any) -> str:
+    """``λ = 0.95``: a curve or a group of seeds in a comparison."""
+    return f"{label(field)} = {format_value(value)}"

@@ -1,0 +1,475 @@
+"""The run store: every run's config, status, metrics, checkpoints and trajectories, and the
+sweeps they belong to, as reads and writes of the SQLite tables (:mod:`gae_core.runs.database`
+opens the file, refuses a damaged one and recovers runs of dead processes).
+
+Everything flushed before a crash stays readable: each flush is one committed transaction, and a
+checkpoint is written together with the run's step count, so a checkpoint is never ahead of the
+steps the run reports. Metrics are long rows ``(run_id, key, env_step, wall_time, value)`` with
+the keys of :mod:`gae_core.metrics`; ``wall_time`` is seconds since the run started.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from gae_core.errors import StoreError
+from gae_core.inert import clean_name
+from gae_core.outcome import RunSummary
+from gae_core.runs.database import (
+    DATA_ENV_VAR,
+    DB_FILENAME,
+    Database,
+    dumps,
+    finite_or_none,
+    flag,
+    folder_is_writable,
+    new_id,
+    resolve_data_dir,
+)
+from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
+from gae_core.runs.sweep_table import SweepTable
+
+__all__ = [
+    "DATA_ENV_VAR",
+    "DB_FILENAME",
+    "RunStore",
+    "folder_is_writable",
+    "new_id",
+    "resolve_data_dir",
+    "to_wide",
+]
+
+class RunStore(SweepTable, Database):
+    """The run store (see the module docstring); methods return dataclasses or pandas
+    DataFrames, never cursors."""
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        config: dict[str, Any],
+        *,
+        name: str | None = None,
+        sweep_id: str | None = None,
+        run_id: str | None = None,
+        reward_threshold: float | None = None,
+    ) -> str:
+        """Insert a ``queued`` run owned by this process; returns its id. The name is cleaned
+        (:func:`gae_core.inert.clean_name`): ``ValueError`` if nothing printable is left."""
+        run_id = run_id or new_id()
+        name = clean_name(name, field="run name") if name is not None else run_id
+        now = time.time()
+        owner = self.owner
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO runs (id, name, config, status, created_at, sweep_id, owner_host, "
+                "owner_pid, owner_token, heartbeat_at, reward_threshold) "
+                "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    name,
+                    dumps(config),
+                    now,
+                    sweep_id,
+                    owner.host,
+                    owner.pid,
+                    owner.token,
+                    now,
+                    finite_or_none(reward_threshold),
+                ),
+            )
+        return run_id
+
+    def claim_run(self, run_id: str) -> bool:
+        """Move a ``queued`` run to ``running`` owned by this process.
+
+        False when the run is no longer queued (cancelled, or claimed by someone else).
+        """
+        now = time.time()
+        owner = self.owner
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET status = 'running', started_at = ?, heartbeat_at = ?, "
+                "owner_host = ?, owner_pid = ?, owner_token = ? "
+                "WHERE id = ? AND status = 'queued'",
+                (now, now, owner.host, owner.pid, owner.token, run_id),
+            )
+            return cursor.rowcount == 1
+
+    def flush(
+        self,
+        run_id: str,
+        rows: Iterable[MetricRow | tuple[str, int, float, float]] = (),
+        *,
+        env_steps: int | None = None,
+        summary: RunSummary | None = None,
+    ) -> bool:
+        """Append metric rows and update progress in one transaction; refreshes the heartbeat.
+
+        Non-finite values are stored as NULL (SQLite has no NaN). Returns whether a stop was
+        requested for the run (see :meth:`request_stop`), so a writer in another process can
+        be stopped through the database. ``StoreError`` if the run no longer exists.
+        """
+        now = time.time()
+        params = []
+        for row in rows:
+            key, env_step, wall_time, value = (
+                (row.key, row.env_step, row.wall_time, row.value)
+                if isinstance(row, MetricRow)
+                else row
+            )
+            params.append((run_id, key, int(env_step), float(wall_time), finite_or_none(value)))
+        with self._write() as conn:
+            exists = conn.execute("SELECT stop_requested FROM runs WHERE id = ?", (run_id,))
+            if exists.fetchone() is None:
+                raise StoreError(f"no run {run_id!r} in {self.path} (deleted?)")
+            if params:
+                conn.executemany(
+                    "INSERT INTO metrics (run_id, key, env_step, wall_time, value) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    params,
+                )
+            sets, values = ["heartbeat_at = ?"], [now]
+            if env_steps is not None:
+                sets.append("env_steps = MAX(env_steps, ?)")
+                values.append(int(env_steps))
+            if summary is not None:
+                sets += [
+                    "episodes = ?",
+                    "best_return = ?",
+                    "final_return = ?",
+                    "solved = ?",
+                    "solved_at_step = ?",
+                    "fell_below_at_step = ?",
+                    "stayed_solved = ?",
+                ]
+                values += [
+                    summary.episodes,
+                    finite_or_none(summary.best_return),
+                    finite_or_none(summary.final_return),
+                    flag(summary.solved),
+                    summary.solved_at_step,
+                    summary.fell_below_at_step,
+                    flag(summary.stayed_solved),
+                ]
+                if summary.reward_threshold is not None:
+                    sets.append("reward_threshold = ?")
+                    values.append(summary.reward_threshold)
+            row = conn.execute(
+                f"UPDATE runs SET {', '.join(sets)} WHERE id = ? RETURNING stop_requested",
+                (*values, run_id),
+            ).fetchone()
+        return bool(row[0])
+
+    def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
+        """Close a run: ``finished``, ``stopped``, ``failed`` or ``interrupted``."""
+        if status not in STATUSES or status in ACTIVE_STATUSES:
+            raise ValueError(f"status must be one of stopped/finished/failed/interrupted: {status}")
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE runs SET status = ?, error = ?, ended_at = ?, heartbeat_at = ? "
+                "WHERE id = ?",
+                (status, error, now, now, run_id),
+            )
+
+    def reset_run(self, run_id: str, note: str) -> None:
+        """Put a run back to ``queued`` with no data, for a retry (its trial died): metrics,
+        checkpoints and progress are dropped; ``note`` is kept in ``error`` so the retry shows."""
+        now = time.time()
+        with self._write() as conn:
+            conn.execute("DELETE FROM trajectories WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            conn.execute(
+                "UPDATE runs SET status = 'queued', error = ?, started_at = NULL, ended_at = NULL,"
+                " env_steps = 0, episodes = 0, best_return = NULL, final_return = NULL,"
+                " solved = NULL, solved_at_step = NULL, fell_below_at_step = NULL,"
+                " stayed_solved = NULL, stop_requested = 0, heartbeat_at = ?, owner_host = ?,"
+                " owner_pid = ?, owner_token = ? WHERE id = ?",
+                (note, now, self.owner.host, self.owner.pid, self.owner.token, run_id),
+            )
+
+    def request_stop(self, run_id: str) -> str:
+        """Ask a run to stop, wherever it runs: a queued run is stopped at once, a running one
+        sees the flag on its next flush. Returns the run's status after the request."""
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE runs SET status = 'stopped', ended_at = ?, stop_requested = 1 "
+                "WHERE id = ? AND status = 'queued'",
+                (now, run_id),
+            )
+            conn.execute(
+                "UPDATE runs SET stop_requested = 1 WHERE id = ? AND status = 'running'", (run_id,)
+            )
+            row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no run {run_id!r} in {self.path}")
+        return row[0]
+
+    def stop_requested(self, run_id: str) -> bool:
+        rows = self._read("SELECT stop_requested FROM runs WHERE id = ?", (run_id,))
+        return bool(rows and rows[0][0])
+
+    @staticmethod
+    def _run_from_row(row: Sequence[Any]) -> RunRecord:
+        (rid, name, config, status, error, created, started, ended, steps, sweep_id, stop) = row[
+            :11
+        ]
+        episodes, best, final, threshold, solved_at, fell_below, stayed = row[11:]
+        damaged = None
+        try:
+            config = json.loads(config)
+            if not isinstance(config, dict):
+                raise ValueError("not an object")
+        except (TypeError, ValueError) as exc:
+            config, damaged = {}, f"its config is not a valid JSON object ({exc})"
+        return RunRecord(
+            id=rid,
+            name=name,
+            config=config,
+            status=status,
+            error=error,
+            created_at=created,
+            started_at=started,
+            ended_at=ended,
+            env_steps=steps,
+            sweep_id=sweep_id,
+            stop_requested=bool(stop),
+            summary=RunSummary(
+                episodes=episodes,
+                best_return=best,
+                final_return=final,
+                reward_threshold=threshold,
+                solved_at_step=solved_at,
+                fell_below_at_step=fell_below,
+                stayed_solved=None if stayed is None else bool(stayed),
+            ),
+            damaged=damaged,
+        )
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run's record (a pure read; see :meth:`recover`)."""
+        rows = self._read(f"SELECT {self._run_select} FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            raise StoreError(f"no run {run_id!r} in {self.path}")
+        return self._run_from_row(rows[0])
+
+    def list_runs(
+        self, *, status: str | Sequence[str] | None = None, sweep_id: str | None = None
+    ) -> list[RunRecord]:
+        """Runs, newest first, optionally filtered by status and sweep (a pure read)."""
+        where, params = [], []
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            unknown = sorted(set(statuses) - set(STATUSES))
+            if unknown:
+                raise ValueError(f"unknown status {unknown}; statuses: {', '.join(STATUSES)}")
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
+            params += statuses
+        if sweep_id is not None:
+            where.append("sweep_id = ?")
+            params.append(sweep_id)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._read(
+            f"SELECT {self._run_select} FROM runs {clause} ORDER BY created_at DESC, rowid DESC",
+            params,
+        )
+        return [self._run_from_row(row) for row in rows]
+
+    def rename_run(self, run_id: str, name: str) -> str:
+        """Rename a run; returns the cleaned name (``ValueError`` for an empty one)."""
+        name = clean_name(name, field="run name")
+        with self._write() as conn:
+            if conn.execute("UPDATE runs SET name = ? WHERE id = ?", (name, run_id)).rowcount == 0:
+                raise StoreError(f"no run {run_id!r} in {self.path}")
+        return name
+
+    def delete_run(self, run_id: str, *, force: bool = False) -> None:
+        """Delete a run and its metrics, checkpoints and trajectories.
+
+        A run that is still active is refused unless ``force``. With ``force`` the caller is
+        expected to have asked it to stop first (the CLI's ``delete --force`` does, and waits);
+        a writer that finds its run gone ends with status ``deleted`` instead of failing.
+        """
+        run = self.get_run(run_id)
+        if run.active and not force:
+            raise StoreError(f"run {run_id} is {run.status}; stop it before deleting it")
+        with self._write() as conn:
+            # Explicit deletes in dependency order: cascades do it too, but this keeps working
+            # on a connection where foreign keys were left off.
+            conn.execute("DELETE FROM trajectories WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+    def run_exists(self, run_id: str) -> bool:
+        return bool(self._read("SELECT 1 FROM runs WHERE id = ?", (run_id,)))
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def metrics(
+        self,
+        run_id: str,
+        keys: Sequence[str] | None = None,
+        *,
+        since_step: int | None = None,
+    ) -> pd.DataFrame:
+        """Long DataFrame with columns ``env_step, wall_time, key, value`` in insertion order.
+
+        ``since_step`` keeps rows with ``env_step > since_step`` (for incremental polling).
+        Values stored as non-finite come back as NaN.
+        """
+        where, params = ["run_id = ?"], [run_id]
+        if keys is not None:
+            keys = list(keys)
+            if not keys:
+                return _empty_metrics()
+            where.append(f"key IN ({', '.join('?' * len(keys))})")
+            params += keys
+        if since_step is not None:
+            where.append("env_step > ?")
+            params.append(int(since_step))
+        rows = self._read(
+            "SELECT env_step, wall_time, key, value FROM metrics "
+            f"WHERE {' AND '.join(where)} ORDER BY rowid",
+            params,
+        )
+        if not rows:
+            return _empty_metrics()
+        frame = pd.DataFrame(rows, columns=["env_step", "wall_time", "key", "value"])
+        frame["env_step"] = frame["env_step"].astype("int64")
+        frame["wall_time"] = frame["wall_time"].astype("float64")
+        frame["value"] = frame["value"].astype("float64")
+        return frame
+
+    def metrics_wide(self, run_id: str, keys: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per env step and one column per key: ``env_step, wall_time, <keys...>``."""
+        return to_wide(self.metrics(run_id, keys))
+
+    def metric_keys(self, run_id: str) -> list[str]:
+        rows = self._read(
+            "SELECT DISTINCT key FROM metrics WHERE run_id = ? ORDER BY key", (run_id,)
+        )
+        return [row[0] for row in rows]
+
+    # -- checkpoints and trajectories -------------------------------------------------------
+
+    def save_checkpoint(
+        self,
+        run_id: str,
+        env_step: int,
+        blob: bytes,
+        trajectories: Sequence[bytes] = (),
+    ) -> None:
+        """Store a model checkpoint and the trajectories recorded with it (replacing any at the
+        same env step); the run's step count moves up to ``env_step`` in the same transaction."""
+        with self._write() as conn:
+            conn.execute(
+                "DELETE FROM trajectories WHERE run_id = ? AND env_step = ?", (run_id, env_step)
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO checkpoints (run_id, env_step, created_at, blob) "
+                "VALUES (?, ?, ?, ?)",
+                (run_id, int(env_step), time.time(), sqlite3.Binary(blob)),
+            )
+            conn.executemany(
+                "INSERT INTO trajectories (run_id, env_step, idx, blob) VALUES (?, ?, ?, ?)",
+                [
+                    (run_id, int(env_step), i, sqlite3.Binary(traj))
+                    for i, traj in enumerate(trajectories)
+                ],
+            )
+            conn.execute(
+                "UPDATE runs SET env_steps = MAX(env_steps, ?) WHERE id = ?",
+                (int(env_step), run_id),
+            )
+
+    def checkpoint_steps(self, run_id: str) -> list[int]:
+        rows = self._read(
+            "SELECT env_step FROM checkpoints WHERE run_id = ? ORDER BY env_step", (run_id,)
+        )
+        return [row[0] for row in rows]
+
+    def load_checkpoint(self, run_id: str, env_step: int | None = None) -> bytes:
+        """The checkpoint at ``env_step``, or the latest one."""
+        if env_step is None:
+            rows = self._read(
+                "SELECT blob FROM checkpoints WHERE run_id = ? ORDER BY env_step DESC LIMIT 1",
+                (run_id,),
+            )
+        else:
+            rows = self._read(
+                "SELECT blob FROM checkpoints WHERE run_id = ? AND env_step = ?",
+                (run_id, int(env_step)),
+            )
+        if not rows:
+            at = "" if env_step is None else f" at env step {env_step}"
+            raise StoreError(f"run {run_id} has no checkpoint{at}")
+        return bytes(rows[0][0])
+
+    def trajectory_blobs(self, run_id: str, env_step: int | None = None) -> list[bytes]:
+        """Serialized trajectories (``gae_core.trajectory.Trajectory.to_bytes``) recorded at
+        checkpoint ``env_step`` (or the latest one that has any), in recording order."""
+        if env_step is None:
+            rows = self._read("SELECT MAX(env_step) FROM trajectories WHERE run_id = ?", (run_id,))
+            if rows[0][0] is None:
+                return []
+            env_step = rows[0][0]
+        rows = self._read(
+            "SELECT blob FROM trajectories WHERE run_id = ? AND env_step = ? ORDER BY idx",
+            (run_id, int(env_step)),
+        )
+        return [bytes(row[0]) for row in rows]
+
+    def trajectory_steps(self, run_id: str) -> list[int]:
+        """Checkpoint env steps that have recorded trajectories."""
+        rows = self._read(
+            "SELECT DISTINCT env_step FROM trajectories WHERE run_id = ? ORDER BY env_step",
+            (run_id,),
+        )
+        return [row[0] for row in rows]
+
+    def runs_with_trajectories(self) -> set[str]:
+        """Ids of the runs that have at least one recorded trajectory (one query)."""
+        return {row[0] for row in self._read("SELECT DISTINCT run_id FROM trajectories")}
+
+
+def _empty_metrics() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "env_step": pd.Series(dtype="int64"),
+            "wall_time": pd.Series(dtype="float64"),
+            "key": pd.Series(dtype="object"),
+            "value": pd.Series(dtype="float64"),
+        }
+    )
+
+
+def to_wide(long: pd.DataFrame) -> pd.DataFrame:
+    """Long metrics (``env_step, wall_time, key, value``) to ``env_step, wall_time, <keys>``.
+
+    Rows are ordered by env step; the n-th value of a key at one env step lands on the n-th row
+    of that step, so repeated values (two envs ending an episode on the same step) are kept, not
+    averaged. ``wall_time`` is the latest one among the values of the row.
+    """
+    if long.empty:
+        return pd.DataFrame(
+            {"env_step": pd.Series(dtype="int64"), "wall_time": pd.Series(dtype="float64")}
+        )
+    frame = long.copy()
+    frame["_n"] = frame.groupby(["env_step", "key"]).cumcount()
+    values = frame.pivot(index=["env_step", "_n"], columns="key", values="value")
+    wall = frame.groupby(["env_step", "_n"])["wall_time"].max()
+    wide = values.join(wall).reset_index().sort_values(["env_step", "_n"], kind="stable")
+    keys = sorted(frame["key"].unique())
+    wide = wide[["env_step", "wall_time", *keys]]
+    wide.columns.name = None
+    return wide.reset_index(drop=True)

@@ -1,0 +1,476 @@
+"""Sweeps: every combination of a grid (λ × seed × any config field) as its own run.
+
+A coordinating thread in the process that starts the sweep is the only writer to the store: it
+claims each trial, hands it to a backend worker, and writes the metric batches, checkpoints and
+endings that the worker streams back. A trial never touches the store, so a worker on another
+machine needs no access to it (:mod:`gae_core.runs.pool` is the local backend).
+
+Failures stay local: a worker that dies (killed, out of memory) costs only the trial it held,
+which is retried once by default from the start (trials are deterministic per seed) and
+otherwise ends ``interrupted`` with the worker's pid and exit code; the other trials run to the
+end. A coordinator killed with -9 leaves its trials owned by a dead process: the next recovery
+marks every one of them ``interrupted``, and its workers exit when its pipes close.
+
+>>> sweep = start_sweep(RunStore(), TrainConfig(total_steps=50_000),
+...                     grid_of(lambdas=[0.9, 0.95, 1.0], seeds=[0, 1, 2]), workers=2)
+>>> sweep.progress().fraction        # poll from the UI
+>>> sweep.cancel()                   # or sweep.wait()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gae_core.agent.config import TrainConfig, field_spec
+from gae_core.agent.envs import reward_threshold
+from gae_core.errors import ConfigError, StoreError
+from gae_core.labels import label
+from gae_core.runs.pool import LocalPool
+from gae_core.runs.records import ENDED_STATUSES
+from gae_core.runs.store import RunStore
+
+__all__ = [
+    "Sweep",
+    "SweepProgress",
+    "cancel_sweep",
+    "expand_grid",
+    "grid_of",
+    "run_sweep",
+    "start_sweep",
+    "sweep_progress",
+]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.25
+_HEARTBEAT_S = 5.0
+
+
+@dataclass(frozen=True)
+class SweepProgress:
+    """Where a sweep stands, read from the store (works for sweeps of other processes too)."""
+
+    sweep_id: str
+    status: str
+    total: int
+    counts: dict[str, int]
+    env_steps: int
+    total_steps: int
+
+    @property
+    def done(self) -> int:
+        """Trials that have ended, however they ended."""
+        return sum(self.counts[s] for s in ENDED_STATUSES)
+
+    @property
+    def fraction(self) -> float:
+        """Share of the whole grid's env-step budget spent (ended trials count in full), in
+        [0, 1]."""
+        return min(1.0, self.env_steps / self.total_steps) if self.total_steps else 1.0
+
+
+def grid_of(
+    lambdas: Sequence[float] | None = None,
+    seeds: Sequence[int] | None = None,
+    **fields: Sequence[Any],
+) -> dict[str, list[Any]]:
+    """``{"lambda_": lambdas, "seed": seeds, **fields}`` without the empty entries."""
+    grid: dict[str, list[Any]] = {}
+    if lambdas is not None:
+        grid["lambda_"] = list(lambdas)
+    if seeds is not None:
+        grid["seed"] = list(seeds)
+    grid.update({name: list(values) for name, values in fields.items()})
+    return grid
+
+
+def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[TrainConfig]:
+    """Every combination of the grid's values applied to ``base`` (last key varies fastest).
+
+    Raises ``ConfigError`` naming the grid field for an unknown field, an empty value list, a bad
+    value or a duplicate (``1`` and ``1.0`` are the same λ) — before anything is started.
+    """
+    normalised: dict[str, list[Any]] = {}
+    for name, values in grid.items():
+        try:
+            spec = field_spec(name)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep grid: {exc}") from None
+        values = list(values)
+        if not values:
+            raise ConfigError(f"sweep grid {spec.name}: needs at least one value")
+        checked = []
+        for value in values:
+            try:
+                checked.append(getattr(dataclasses.replace(base, **{spec.name: value}), spec.name))
+            except ConfigError as exc:
+                raise ConfigError(f"sweep grid {spec.name}: {exc}") from None
+            except TypeError:
+                raise ConfigError(
+                    f"sweep grid {spec.name}: cannot use {value!r}; expected {spec.allowed}"
+                ) from None
+        duplicates = [v for i, v in enumerate(checked) if v in checked[:i]]
+        if duplicates:
+            raise ConfigError(
+                f"sweep grid {spec.name}: duplicate value {duplicates[0]!r} "
+                "(each value may appear once)"
+            )
+        normalised[spec.name] = checked
+    names = list(normalised)
+    return [
+        dataclasses.replace(base, **dict(zip(names, combo, strict=True)))
+        for combo in itertools.product(*(normalised[n] for n in names))
+    ] or [base]
+
+
+def _trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
+    names = [field_spec(n).name for n in grid]
+    return " ".join([prefix, *(f"{label(n)}={getattr(config, n)}" for n in names)])
+
+
+def sweep_progress(store: RunStore, sweep_id: str) -> SweepProgress:
+    """Progress of any sweep in the store."""
+    sweep = store.get_sweep(sweep_id)
+    runs = store.list_runs(sweep_id=sweep_id)
+    counts = store.sweep_status_counts(sweep_id)
+    env_steps = total_steps = 0
+    for run in runs:
+        budget = run.total_steps
+        total_steps += budget
+        env_steps += budget if run.status in ENDED_STATUSES else min(run.env_steps, budget)
+    return SweepProgress(sweep_id, sweep.status, len(runs), counts, env_steps, total_steps)
+
+
+def cancel_sweep(store: RunStore, sweep_id: str) -> None:
+    """Stop a sweep's trials, from any process: queued ones at once, running ones on their next
+    flush (the coordinator relays the store's stop flag to the worker)."""
+    for run in store.list_runs(sweep_id=sweep_id, status=("queued", "running")):
+        store.request_stop(run.id)
+
+
+# -- coordinator ----------------------------------------------------------------------------
+
+_LIVE_SWEEPS: weakref.WeakSet[Sweep] = weakref.WeakSet()
+#: At interpreter exit, how long to wait for cancelled sweeps to wind down.
+EXIT_JOIN_S = 15.0
+_EXIT_HOOK_INSTALLED = False
+
+
+def _cancel_live_sweeps() -> None:
+    """At interpreter exit: cancel running sweeps so their trials end ``stopped``."""
+    sweeps = [sweep for sweep in list(_LIVE_SWEEPS) if not sweep.done]
+    for sweep in sweeps:
+        sweep.cancel()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for sweep in sweeps:
+        sweep.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _install_exit_hook() -> None:
+    # threading._register_atexit runs before the interpreter joins non-daemon threads and kills
+    # daemon ones, so the coordinator still runs while it winds the sweep down.
+    global _EXIT_HOOK_INSTALLED
+    register = getattr(threading, "_register_atexit", None)
+    if _EXIT_HOOK_INSTALLED or register is None:
+        return
+    try:
+        register(_cancel_live_sweeps)
+    except RuntimeError:  # already shutting down
+        return
+    _EXIT_HOOK_INSTALLED = True
+
+
+@dataclass
+class _Trial:
+    run_id: str
+    config: TrainConfig
+    attempts: int = 0
+    status: str = "queued"
+    deleted: bool = False
+
+
+class Backend(Protocol):
+    """Where trials train: :class:`~gae_core.runs.pool.LocalPool` (worker processes on this
+    machine) or the Ray backend. Events are the workers' ``("flush", i, rows, env_steps,
+    summary)``, ``("checkpoint", i, env_step, blob, trajectories)``, ``("finish", i, status,
+    error)`` and ``("lost", i, why)`` when the worker of trial ``i`` died."""
+
+    name: str
+
+    def idle_slots(self) -> int: ...
+
+    def submit(self, index: int, run_id: str, config: dict) -> None: ...
+
+    def stop(self, index: int) -> None: ...
+
+    def events(self, timeout: float) -> list[tuple]: ...
+
+    def trial_pids(self) -> dict[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+BackendFactory = Callable[[int, int, float], Backend]
+
+
+class Sweep:
+    """Handle on a running sweep and its coordinating thread; see :func:`start_sweep`."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        sweep_id: str,
+        trials: list[tuple[str, TrainConfig]],
+        workers: int,
+        on_progress: Callable[[SweepProgress], None] | None,
+        flush_interval: float,
+        retries: int,
+        backend: BackendFactory = LocalPool,
+    ) -> None:
+        self.store = store
+        self.sweep_id = sweep_id
+        self.run_ids = [run_id for run_id, _ in trials]
+        self.workers = workers
+        self.retries = retries
+        self._trials = [_Trial(run_id, config) for run_id, config in trials]
+        self._on_progress = on_progress
+        self._flush_interval = flush_interval
+        self._backend_factory = backend
+        self._backend: Backend | None = None
+        self._cancel = threading.Event()
+        self._cancelled = False
+        self._error: str | None = None
+        self._thread = threading.Thread(
+            target=self._coordinate, name=f"gae-sweep-{sweep_id}", daemon=True
+        )
+
+    def progress(self) -> SweepProgress:
+        return sweep_progress(self.store, self.sweep_id)
+
+    def cancel(self) -> None:
+        """Stop pending trials and ask running ones to stop; returns at once."""
+        self._cancel.set()
+
+    def trial_pids(self) -> dict[str, int]:
+        """``{run id: worker pid}`` of the trials training now (local backend)."""
+        backend = self._backend
+        if backend is None:
+            return {}
+        return {self._trials[i].run_id: pid for i, pid in backend.trial_pids().items()}
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Join the coordinator; True when the sweep has ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the coordinating thread ------------------------------------------------------------
+
+    def _report(self, last: SweepProgress | None) -> SweepProgress | None:
+        if self._on_progress is None:
+            return None
+        progress = self.progress()
+        if progress != last:
+            try:
+                self._on_progress(progress)
+            except Exception:  # a UI callback must not take the sweep down
+                log.exception("sweep %s: progress callback failed", self.sweep_id)
+        return progress
+
+    def _coordinate(self) -> None:
+        status = "failed"
+        try:
+            status = self._drive()
+        except Exception:
+            self._error = traceback.format_exc()
+            log.error("sweep %s failed: %s", self.sweep_id, self._error)
+        finally:
+            # Whatever did not run (the coordinator broke) must not stay queued or running.
+            for trial in self._trials:
+                if trial.status in ("queued", "running") and not trial.deleted:
+                    trial.status = "interrupted"
+                    self.store.finish_run(
+                        trial.run_id, "interrupted", "the sweep ended before this trial did"
+                    )
+            self.store.finish_sweep(self.sweep_id, status, self._error)
+            self._report(None)
+
+    def _drive(self) -> str:
+        pending = deque(range(len(self._trials)))
+        backend = self._backend = self._backend_factory(
+            self.workers, len(self._trials), self._flush_interval
+        )
+        last_report: SweepProgress | None = None
+        last_heartbeat = 0.0
+        try:
+            while pending or any(t.status == "running" for t in self._trials):
+                if self._cancel.is_set() and not self._cancelled:
+                    self._cancel_all(backend, pending)
+                while pending and backend.idle_slots() > 0:
+                    self._dispatch(backend, pending.popleft())
+                for event in backend.events(_POLL_S):
+                    self._handle(backend, event, pending)
+                now = time.monotonic()
+                if now - last_heartbeat >= _HEARTBEAT_S:
+                    self.store.heartbeat_sweep(self.sweep_id)
+                    last_heartbeat = now
+                last_report = self._report(last_report)
+        finally:
+            backend.close()
+        return self._final_status()
+
+    def _dispatch(self, backend: Backend, index: int) -> None:
+        trial = self._trials[index]
+        # The coordinator owns every running trial: if it dies, recovery marks them interrupted.
+        if not self.store.claim_run(trial.run_id):
+            trial.status = self.store.get_run(trial.run_id).status  # stopped before it started
+            return
+        trial.status = "running"
+        backend.submit(index, trial.run_id, trial.config.to_dict())
+
+    def _handle(self, backend: Backend, event: tuple, pending: deque[int]) -> None:
+        kind, index = event[0], event[1]
+        trial = self._trials[index]
+        if trial.deleted or trial.status != "running":
+            return  # a late message of a trial that ended or was deleted
+        try:
+            if kind == "flush":
+                _, _, rows, env_steps, summary = event
+                stop = self.store.flush(trial.run_id, rows, env_steps=env_steps, summary=summary)
+                if stop or self._cancelled:
+                    backend.stop(index)
+            elif kind == "checkpoint":
+                _, _, env_step, blob, trajectories = event
+                self.store.save_checkpoint(trial.run_id, env_step, blob, trajectories)
+            elif kind == "finish":
+                _, _, status, error = event
+                trial.status = status
+                self.store.finish_run(trial.run_id, status, error)
+            elif kind == "lost":
+                self._retry_or_interrupt(index, event[2], pending)
+        except StoreError:
+            if self.store.run_exists(trial.run_id):
+                raise
+            trial.deleted, trial.status = True, "deleted"  # deleted from the UI or the CLI
+            backend.stop(index)
+
+    def _retry_or_interrupt(self, index: int, why: str, pending: deque[int]) -> None:
+        """A worker died mid-trial: start the trial again from scratch, or end it
+        ``interrupted`` once its retries are used up."""
+        trial = self._trials[index]
+        log.warning("sweep %s: trial %s: %s", self.sweep_id, trial.run_id, why)
+        if trial.attempts < self.retries and not self._cancelled:
+            trial.attempts += 1
+            trial.status = "queued"
+            self.store.reset_run(trial.run_id, f"attempt {trial.attempts + 1}: the previous {why}")
+            pending.appendleft(index)
+        else:
+            trial.status = "interrupted"
+            self.store.finish_run(trial.run_id, "interrupted", f"{why}; retries used up")
+
+    def _cancel_all(self, backend: Backend, pending: deque[int]) -> None:
+        self._cancelled = True
+        for index in pending:
+            self.store.request_stop(self._trials[index].run_id)
+            self._trials[index].status = "stopped"
+        pending.clear()
+        for index, trial in enumerate(self._trials):
+            if trial.status == "running":
+                backend.stop(index)
+
+    def _final_status(self) -> str:
+        live = [t for t in self._trials if not t.deleted]
+        if self._cancelled or any(t.status == "stopped" for t in live):
+            return "cancelled"
+        broken = [t for t in live if t.status != "finished"]
+        if not broken:
+            return "finished"
+        names = ", ".join(f"{t.run_id} ({_describe(t.config)}): {t.status}" for t in broken[:5]) + (
+            f" and {len(broken) - 5} more" if len(broken) > 5 else ""
+        )
+        self._error = f"{len(broken)} of {len(live)} trials did not finish: {names}"
+        return "failed" if len(broken) == len(live) else "finished"
+
+
+def _describe(config: TrainConfig) -> str:
+    return f"λ={config.lambda_:g} seed={config.seed}"
+
+
+def start_sweep(
+    store: RunStore,
+    base: TrainConfig,
+    grid: dict[str, Sequence[Any]],
+    *,
+    workers: int | None = None,
+    name: str | None = None,
+    on_progress: Callable[[SweepProgress], None] | None = None,
+    flush_interval: float = 1.0,
+    retries: int = 1,
+    backend: BackendFactory = LocalPool,
+) -> Sweep:
+    """Create the sweep and its trials (``queued``) in the store and start it; returns at once.
+
+    ``workers`` defaults to the CPU count, capped at the number of trials; ``retries`` is how
+    often a trial whose worker died is started again; ``backend`` builds where trials train
+    (``backend(workers, trials, flush_interval)``, the local process pool by default).
+    ``on_progress`` is called from the coordinating thread whenever the progress changes. Bad grid values raise ``ConfigError``
+    before anything is created.
+    """
+    configs = expand_grid(base, grid)
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        raise ConfigError(f"workers must be an integer in [1, 256], got {workers!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
+        raise ConfigError(f"retries must be an integer in [0, 10], got {retries!r}")
+    workers = min(workers, len(configs))
+    grid_json = {field_spec(n).name: list(v) for n, v in grid.items()}
+    sweep_id = store.create_sweep(grid_json, base.to_dict(), name=name)
+    prefix = store.get_sweep(sweep_id).name
+    trials = []
+    for config in configs:
+        run_id = store.create_run(
+            config.to_dict(),
+            name=_trial_name(prefix, config, grid),
+            sweep_id=sweep_id,
+            reward_threshold=reward_threshold(config.env_id),
+        )
+        trials.append((run_id, config))
+    sweep = Sweep(store, sweep_id, trials, workers, on_progress, flush_interval, retries, backend)
+    _install_exit_hook()
+    _LIVE_SWEEPS.add(sweep)
+    sweep._thread.start()
+    return sweep
+
+
+def run_sweep(
+    store: RunStore,
+    base: TrainConfig,
+    grid: dict[str, Sequence[Any]],
+    **options: Any,
+) -> SweepProgress:
+    """:func:`start_sweep` (same options) and wait for it; Ctrl-C cancels the sweep and waits for
+    the trials to stop (their data is kept)."""
+    sweep = start_sweep(store, base, grid, **options)
+    try:
+        while not sweep.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        sweep.cancel()
+        while not sweep.wait(0.2):
+            pass
+    return sweep.progress()

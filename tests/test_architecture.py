@@ -1,0 +1,179 @@
+"""The layout is the architecture: layers import only downwards, no module imports itself back in
+a cycle, modules stay small, and each fact has one owner (metric keys, the λ label).
+
+Layers, bottom up (docs/DESIGN.md, "Layout"): the shared vocabulary (top-level modules) and the
+estimators; the agent; runs; insight and the lab; the CLI. Pages and app.py sit on top and are
+the only code that imports Streamlit.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gae_core import metrics as M
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gae_core"
+
+VOCABULARY = {"errors", "metrics", "outcome", "labels", "trajectory", "inert"}
+#: What each part may import from gae_core (besides itself and the vocabulary).
+ALLOWED = {
+    "vocabulary": set(),
+    "estimators": set(),
+    "agent": {"estimators"},
+    "runs": {"estimators", "agent"},
+    "insight": {"estimators", "agent", "runs"},
+    "lab": {"estimators", "agent", "runs", "insight"},
+    "cli": {"estimators", "agent", "runs", "insight", "lab"},
+    "package": {"estimators"},  # gae_core/__init__.py re-exports the estimators
+}
+#: Storage modules never import the agent (they keep bytes and records, not trainers).
+STORAGE = {"gae_core.runs.store", "gae_core.runs.schema", "gae_core.runs.records",
+           "gae_core.runs.ownership", "gae_core.runs.table"}  # fmt: skip
+MAX_LINES = 500
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def part(module: str) -> str:
+    pieces = module.split(".")
+    if len(pieces) == 1 or pieces[1] == "__main__":
+        return "package"
+    if pieces[1] in VOCABULARY:
+        return "vocabulary"
+    return pieces[1]
+
+
+def imports(path: Path) -> set[str]:
+    """gae_core modules imported by the file (top level and inside functions)."""
+    known = modules()
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("gae_core")}
+        elif (
+            isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gae_core")
+        ):
+            for alias in node.names:
+                # `from gae_core.x import y`: the module y if it is one, else the package x
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else node.module)
+    return {name for name in found if name in known}
+
+
+def test_layers_import_only_downwards():
+    problems = []
+    for module, path in modules().items():
+        mine = part(module)
+        for target in imports(path):
+            theirs = part(target)
+            if theirs in (mine, "vocabulary") or theirs in ALLOWED[mine]:
+                continue
+            if mine == "package" and module == "gae_core.__main__" and theirs == "cli":
+                continue
+            problems.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert problems == []
+
+
+def test_storage_never_imports_the_agent_and_vocabulary_imports_no_layer():
+    for module in STORAGE:
+        assert not [t for t in imports(modules()[module]) if part(t) == "agent"], module
+    for module, path in modules().items():
+        if part(module) == "vocabulary":
+            assert {part(t) for t in imports(path)} <= {"vocabulary"}, module
+
+
+def test_no_import_cycles():
+    graph = defaultdict(set)
+    for module, path in modules().items():
+        graph[module] = {t for t in imports(path) if t != module}
+
+    def visit(node, stack, done):
+        if node in stack:
+            cycle = [*stack[stack.index(node) :], node]
+            # a package importing its own submodule is not a cycle of modules
+            if not all(b.startswith(a + ".") for a, b in itertools.pairwise(cycle)):
+                pytest.fail(f"import cycle: {' -> '.join(cycle)}")
+            return
+        if node in done:
+            return
+        for target in graph[node]:
+            visit(target, [*stack, node], done)
+        done.add(node)
+
+    done: set[str] = set()
+    for module in graph:
+        visit(module, [], done)
+
+
+def test_no_library_module_over_500_lines():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def _string_constants(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]  # fmt: skip
+
+
+def test_each_metric_key_is_written_once_in_the_package_and_pages():
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "pages").glob("*.py"), ROOT / "app.py"]
+    counts = {m.key: 0 for m in M.REGISTRY.values()}
+    for path in sources:
+        for value in _string_constants(path):
+            if value in counts:
+                counts[value] += 1
+    assert counts == dict.fromkeys(counts, 1)
+
+
+def test_the_lambda_label_has_one_owner():
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "pages").glob("*.py"), ROOT / "app.py"]
+    owners = [
+        str(path.relative_to(ROOT))
+        for path in sources
+        if any(value == "λ" for value in _string_constants(path))
+    ]
+    assert owners == ["gae_core/labels.py"]
+
+
+def test_metric_keys_follow_cleanrl_namespaces():
+    # The one place the tests spell keys out: the names users see in CSV files and charts.
+    assert M.EPISODIC_RETURN.key == "charts/episodic_return"
+    assert M.VALUE_LOSS.key == "losses/value_loss"
+    assert {m.namespace for m in M.REGISTRY.values()} == {
+        "charts",
+        "eval",
+        "losses",
+        "advantages",
+        "perf",
+    }
+    assert len({m.column for m in M.REGISTRY.values()}) == len(M.REGISTRY)  # CSV columns

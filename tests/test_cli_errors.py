@@ -1,0 +1,247 @@
+"""The CLI when things are wrong: unusable env ids, bad flags, broken or read-only stores, a run
+deleted while it trains, and names that try to do things. Every case gets one clear line (no
+traceback) and loses nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gae_core.runs.store import DB_FILENAME, RunStore
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--num-envs", "2", "--rollout-steps", "8", "--hidden-sizes", "8"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("GAE_CORE_DATA", None)
+    return env
+
+
+def cli(data: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gae_core", "--data-dir", str(data), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def tiny_run(data: Path, *extra: str) -> str:
+    done = cli(data, "train", "--total-steps", "400", *TINY, "--json", "--no-progress", *extra)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])["run_id"]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "expected"),
+    [
+        ("LunarLander-v3", "LunarLander-v3 needs a package that is not installed: Box2D"),
+        ("Blackjack-v1", "Blackjack-v1 has observation space Tuple"),
+        ("FrozenLake-v1", "FrozenLake-v1 has observation space Discrete(16)"),
+        ("NoSuchEnv-v0", "unknown environment 'NoSuchEnv-v0'"),
+        ("os:system", "not a 'module:Class' path"),
+    ],
+)
+def test_unusable_env_ids_exit_2_with_one_line_and_leave_no_run(tmp_path, env_id, expected):
+    done = cli(tmp_path, "train", "--env", env_id, "--json")
+    assert done.returncode == 2
+    line = one_line_error(done)
+    assert line.startswith("error: --env: env_id") and expected in line
+    if "Box2D" in expected:
+        assert "pip install" in line  # what to install
+    assert done.stdout == ""
+    assert not (tmp_path / DB_FILENAME).exists()  # not even a store, let alone a failed run
+
+
+def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
+    bogus = cli(tmp_path, "runs", "--status", "bogus")
+    assert bogus.returncode == 2
+    assert "invalid choice: 'bogus'" in bogus.stderr
+    assert "'queued', 'running', 'stopped', 'finished', 'failed', 'interrupted'" in bogus.stderr
+    both = cli(tmp_path, "sweep", "--lambda", "0.9", "--lambdas", "0.9", "1.0")
+    assert both.returncode == 2
+    assert "--lambdas conflicts with --lambda" in one_line_error(both)
+    twice = cli(tmp_path, "sweep", "--lambdas", "0.9", "--grid", "lambda=0.8,1")
+    assert twice.returncode == 2 and "λ is already a grid axis" in one_line_error(twice)
+    duplicate = cli(tmp_path, "sweep", "--lambdas", "0.9", "0.90", "1")
+    assert duplicate.returncode == 2
+    assert "sweep grid lambda_: duplicate value 0.9" in one_line_error(duplicate)
+    unreadable = cli(tmp_path, "sweep", "--seeds", "0", "--grid", "gamma=0.9,abc")
+    assert unreadable.returncode == 2
+    line = one_line_error(unreadable)
+    assert "--grid gamma" in line and "cannot read 'abc'" in line and "in [0, 1]" in line
+    unknown = cli(tmp_path, "sweep", "--grid", "gama=0.9")
+    assert unknown.returncode == 2 and "unknown config field 'gama'" in one_line_error(unknown)
+    assert not (tmp_path / DB_FILENAME).exists()
+
+
+def test_delete_force_stops_a_running_run_and_its_process_exits_0(tmp_path):
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), "train"),
+            *("--total-steps", "100000000", *TINY, "--json", "--no-progress"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        run_id = None
+        while run_id is None and time.monotonic() < deadline:
+            if (tmp_path / DB_FILENAME).exists():
+                with RunStore(tmp_path, recover=False) as store:
+                    running = [r for r in store.list_runs() if r.env_steps > 0]
+                    run_id = running[0].id if running else None
+            time.sleep(0.1)
+        assert run_id is not None
+        deleted = cli(tmp_path, "delete", run_id, "--force")
+        assert deleted.returncode == 0, deleted.stderr
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    result = json.loads(stdout.splitlines()[-1])
+    assert result["run_id"] == run_id and result["status"] in ("stopped", "deleted")
+    with RunStore(tmp_path) as store:
+        assert store.list_runs() == []
+        assert store.metrics(run_id).empty and store.checkpoint_steps(run_id) == []
+
+
+def test_a_garbage_file_or_a_file_as_data_folder_gets_one_line_naming_the_path(tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / DB_FILENAME).write_bytes(b"this is not a database\n" * 200)
+    before = (garbage / DB_FILENAME).read_bytes()
+    for args in (["runs"], ["train", "--total-steps", "100", *TINY]):
+        done = cli(garbage, *args)
+        assert done.returncode == 1
+        line = one_line_error(done)
+        assert str(garbage / DB_FILENAME) in line and "not" in line
+    assert (garbage / DB_FILENAME).read_bytes() == before  # nothing written into it
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    done = cli(a_file, "runs")
+    assert done.returncode == 1
+    assert f"{a_file} is a file, not a folder" in one_line_error(done)
+
+
+def test_corrupt_json_in_a_row_keeps_the_rest_readable(tmp_path):
+    good, bad = tiny_run(tmp_path), tiny_run(tmp_path)
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)
+    raw.execute("UPDATE runs SET config = '{broken' WHERE id = ?", (bad,))
+    raw.commit()
+    raw.close()
+    listed = cli(tmp_path, "runs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["run_id"]: row for row in json.loads(listed.stdout.splitlines()[-1])}
+    assert rows[good]["env_id"] == "CartPole-v1" and rows[good]["error"] is None
+    assert "config is not a valid JSON object" in rows[bad]["error"]
+    exported = cli(tmp_path, "export", bad, "--csv", "-")
+    assert exported.returncode == 0 and len(pd.read_csv(io.StringIO(exported.stdout))) > 0
+
+
+def test_a_damaged_database_is_refused_for_writing_and_left_untouched(tmp_path):
+    tiny_run(tmp_path, "--total-steps", "3000")
+    path = tmp_path / DB_FILENAME
+    with RunStore(tmp_path, recover=False) as store:
+        assert store.integrity_check() == "ok"
+    page = 4096
+    data = bytearray(path.read_bytes())
+    assert len(data) > 6 * page
+    data[3 * page : 5 * page] = os.urandom(2 * page)  # two b-tree pages of garbage
+    path.write_bytes(bytes(data))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    done = cli(tmp_path, "train", "--total-steps", "100", *TINY)
+    assert done.returncode == 1
+    line = one_line_error(done)
+    assert str(path) in line and "damaged" in line and "refusing to write" in line
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+@contextlib.contextmanager
+def read_only_folder(folder: Path):
+    """Make ``folder`` refuse new files, also for root: chattr +i where we are root (root
+    ignores permission bits), chmod otherwise."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+        if done.returncode != 0:
+            message = f"cannot make {folder} immutable: {done.stderr.strip()}"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(message)
+            pytest.skip(message)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+
+
+def test_read_only_folder_still_lists_and_exports(tmp_path):
+    run_id = tiny_run(tmp_path)
+    with read_only_folder(tmp_path):
+        listed = cli(tmp_path, "runs", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [r["run_id"] for r in json.loads(listed.stdout.splitlines()[-1])] == [run_id]
+        exported = cli(tmp_path, "export", run_id, "--csv", "-")
+        assert exported.returncode == 0, exported.stderr
+        assert len(pd.read_csv(io.StringIO(exported.stdout))) > 0
+        train = cli(tmp_path, "train", "--total-steps", "100", *TINY)
+        assert train.returncode == 1
+        line = one_line_error(train)
+        assert f"{tmp_path} is read-only" in line and "`runs` and `export` still work" in line
+
+
+def test_names_are_inert_in_csv_and_terminal_output(tmp_path):
+    formula = '=HYPERLINK("http://evil.example","click")'
+    run_id = tiny_run(tmp_path, "--name", formula)
+    csv = cli(tmp_path, "runs", "--csv", "-")
+    assert csv.returncode == 0
+    frame = pd.read_csv(io.StringIO(csv.stdout))
+    assert frame.loc[0, "name"] == "'" + formula  # OWASP: a quote before a formula
+    assert frame.loc[0, "lambda_"] == 0.95 and list(frame.columns)[:3] == [
+        "run_id",
+        "name",
+        "env_id",
+    ]
+    for prefix in ("+", "-", "@", "\t", "\r"):
+        renamed = cli(tmp_path, "rename", run_id, "--", f"{prefix}cmd|calc")
+        assert renamed.returncode == 0, renamed.stderr
+        cell = pd.read_csv(io.StringIO(cli(tmp_path, "runs", "--csv", "-").stdout)).loc[0, "name"]
+        assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), repr(cell)
+    escape = "\x1b[2J\x1b[31mred\x07 name\x7f"
+    assert cli(tmp_path, "rename", run_id, escape).returncode == 0
+    with RunStore(tmp_path) as store:
+        assert store.get_run(run_id).name == "[2J[31mred name"  # control characters dropped
+    table = cli(tmp_path, "runs")
+    assert "\x1b" not in table.stdout and "\x07" not in table.stdout and "red name" in table.stdout
+    empty = cli(tmp_path, "rename", run_id, "\x1b\x07  ")
+    assert empty.returncode == 2 and "run name cannot be empty" in one_line_error(empty)

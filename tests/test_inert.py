@@ -1,0 +1,127 @@
+"""User text made inert (gae_core.inert), and the views that show runs (status line, progress)."""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gae_core import inert
+from gae_core.insight import compare, figures, views
+from gae_core.outcome import RunSummary
+from gae_core.runs.records import RunRecord
+
+EVIL = '=HYPERLINK("http://x","y") **b** [l](javascript:alert(1)) ![i](x.png) <b>h</b> :red[r] $x$'
+
+
+@given(st.lists(st.text(max_size=30), min_size=1, max_size=20))
+def test_csv_text_cells_never_start_a_formula(texts):
+    frame = pd.DataFrame({"name": texts, "final_return": np.linspace(-200.5, 5.0, len(texts))})
+    safe = inert.csv_safe(frame)
+    for original, cell in zip(texts, safe["name"], strict=True):
+        assert not cell.startswith(inert.CSV_FORMULA_PREFIXES)
+        assert cell in (original, "'" + original)
+    pd.testing.assert_series_equal(safe["final_return"], frame["final_return"])  # numbers stay
+    assert inert.csv_safe(frame.iloc[:0]).empty
+
+
+def test_to_csv_quotes_formulas_and_keeps_negative_numbers():
+    frame = pd.DataFrame({"name": ["-cmd", "@SUM(A1)", "ok"], "final_return": [-1.5, 2.0, 3.0]})
+    lines = inert.to_csv(frame).splitlines()
+    assert lines == ["name,final_return", "'-cmd,-1.5", "'@SUM(A1),2.0", "ok,3.0"]
+
+
+@given(st.text(max_size=60))
+def test_markdown_text_escapes_every_ascii_punctuation(text):
+    out = inert.markdown_text(text)
+    i = 0
+    while i < len(out):
+        if out[i] == "\\":
+            assert out[i + 1] in string.punctuation
+            i += 2
+            continue
+        assert out[i] not in string.punctuation
+        i += 1
+    assert "\n" not in out
+
+
+@given(st.text(max_size=60))
+def test_plotly_and_terminal_text_are_inert(text):
+    assert "<" not in inert.plotly_text(text) and ">" not in inert.plotly_text(text)
+    shown = inert.terminal_text(text)
+    assert all(unicodedata.category(c) not in ("Cc", "Cf") or c == " " for c in shown), repr(shown)
+
+
+def test_clean_name_drops_control_characters_and_checks_length():
+    assert inert.clean_name("  a\x1b[31m\tb\x07\n c ") == "a[31m b c"
+    with pytest.raises(ValueError, match="run name cannot be empty"):
+        inert.clean_name("\x1b\x07 ", field="run name")
+    with pytest.raises(ValueError, match="at most 200 characters, got 201"):
+        inert.clean_name("x" * 201)
+
+
+def test_figure_legends_show_names_as_text():
+    metrics = pd.DataFrame(
+        {"env_step": [1, 2], "wall_time": [0.1, 0.2], "key": "losses/value_loss", "value": [1, 2]}
+    )
+    figure, _ = figures.overlay_figure({EVIL: metrics}, "losses/value_loss")
+    assert figure.data[0].name == inert.plotly_text(EVIL)
+    assert "<b>" not in figure.data[0].name and "&lt;b&gt;" in figure.data[0].name
+    episodes = pd.DataFrame(
+        {"sweep": EVIL, "seed": [0, 0, 1, 1], "env_step": [1, 2, 1, 2], "return": [1.0] * 4}
+    )
+    bands, aligned = compare.aggregate_curves(episodes, group="sweep", points=3, window=1)
+    figure, _ = figures.comparison_figure(bands, aligned, group="sweep")
+    assert all("<b>" not in (trace.name or "") for trace in figure.data)
+
+
+def _run(**summary) -> RunRecord:
+    return RunRecord(
+        id="r1",
+        name="n",
+        config={"total_steps": 1000},
+        status="finished",
+        error=None,
+        created_at=0.0,
+        started_at=1.0,
+        ended_at=2.0,
+        env_steps=1000,
+        sweep_id=None,
+        stop_requested=False,
+        summary=RunSummary(**summary),
+    )
+
+
+def test_status_text_says_how_a_run_ended():
+    base = {"episodes": 300, "final_return": 9.0, "reward_threshold": 475.0}
+    assert views.status_text(_run(**base)) == "finished: not solved; final return 9.0"
+    collapsed = _run(
+        **base, solved_at_step=180_000, fell_below_at_step=240_000, stayed_solved=False
+    )
+    assert views.status_text(collapsed) == (
+        "finished: solved at 180,000, fell below at 240,000; final return 9.0"
+    )
+    kept = _run(**{**base, "final_return": 498.0}, solved_at_step=180_000, stayed_solved=True)
+    assert (
+        views.status_text(kept) == "finished: solved at 180,000, stayed solved; final return 498.0"
+    )
+    dipped = _run(
+        **{**base, "final_return": 490.0},
+        solved_at_step=1,
+        fell_below_at_step=2_000,
+        stayed_solved=True,
+    )
+    assert "dipped below at 2,000 and recovered" in views.status_text(dipped)
+
+
+def test_progress_never_passes_100_percent():
+    over = _run()
+    over = RunRecord(**{**over.__dict__, "env_steps": 1500, "status": "running"})
+    fraction, eta = views.progress(over, now=10.0)
+    assert fraction == 1.0 and eta == 0.0
+    assert views.progress(_run())[0] == 1.0
