@@ -1,0 +1,315 @@
+"""The run store's database: opening (and refusing) the SQLite file, transactions, crash
+recovery. :class:`~gae_core.runs.store.RunStore` builds its tables' reads and writes on this.
+
+One database file, ``<data_dir>/runs.sqlite3``, in WAL mode so that readers (the dashboard) never
+block the writer and several processes can share it. ``data_dir`` is the argument, else
+``$GAE_CORE_DATA``, else ``./runs``.
+
+A damaged store is refused, never written into: opening one for writing runs
+``PRAGMA quick_check``; a file that is not a database, a data folder that is a file or a folder
+that cannot be written gets a :class:`~gae_core.errors.StoreError` naming the path. A read-only
+folder can still be read (``read_only=True``).
+
+Crash safety: active runs record their owner process (:mod:`gae_core.runs.ownership`) and a
+heartbeat; :meth:`Database.recover` marks runs whose owner is gone as ``interrupted``. Reads never
+recover: a long-lived process (the dashboard's run manager) calls it on its own schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+from gae_core.errors import StoreError
+from gae_core.runs.ownership import Owner, owner_alive
+from gae_core.runs.schema import SCHEMA_VERSION, migrate
+
+__all__ = [
+    "DATA_ENV_VAR",
+    "DB_FILENAME",
+    "Database",
+    "folder_is_writable",
+    "new_id",
+    "resolve_data_dir",
+]
+
+DB_FILENAME = "runs.sqlite3"
+DATA_ENV_VAR = "GAE_CORE_DATA"
+DEFAULT_DATA_DIR = "runs"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``data_dir``, else ``$GAE_CORE_DATA``, else ``./runs``."""
+    if data_dir is None or str(data_dir) == "":
+        data_dir = os.environ.get(DATA_ENV_VAR) or DEFAULT_DATA_DIR
+    return Path(data_dir).expanduser()
+
+
+def folder_is_writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (tried, not guessed from permission bits:
+    root ignores those, and a read-only mount or an immutable folder refuses even root)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    raise TypeError(f"not JSON-serialisable: {value!r}")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=json_default, sort_keys=True, allow_nan=False)
+
+
+def finite_or_none(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def flag(value: bool | None) -> int | None:
+    return None if value is None else int(value)
+
+
+RUN_COLUMNS = (
+    "id", "name", "config", "status", "error", "created_at", "started_at", "ended_at",
+    "env_steps", "sweep_id", "stop_requested", "episodes", "best_return", "final_return",
+    "reward_threshold", "solved_at_step", "fell_below_at_step", "stayed_solved",
+)  # fmt: skip
+_SWEEP_COLUMNS = "id, name, grid, base_config, status, error, created_at, ended_at"
+
+
+class Database:
+    """Thread-safe handle on the run database; share one per process.
+
+    One SQLite connection guarded by a lock (``check_same_thread=False``); every write is one
+    ``BEGIN IMMEDIATE`` transaction, so concurrent processes queue on SQLite's busy timeout
+    instead of failing. Any SQLite failure surfaces as ``StoreError`` naming the file.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        read_only: bool = False,
+        busy_timeout_s: float = 30.0,
+        recover: bool = True,
+    ) -> None:
+        self.data_dir = resolve_data_dir(data_dir)
+        self.path = self.data_dir / DB_FILENAME
+        self.read_only = read_only
+        self.owner = Owner.current()
+        self._lock = threading.RLock()
+        self._conn = self._connect(busy_timeout_s)
+        try:
+            self._prepare()
+        except BaseException:
+            self._conn.close()
+            raise
+        if recover and not read_only:
+            self.recover()
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _connect(self, busy_timeout_s: float) -> sqlite3.Connection:
+        folder = self.data_dir
+        if folder.exists() and not folder.is_dir():
+            raise StoreError(f"{folder} is a file, not a folder: choose another data folder")
+        if self.read_only:
+            if not self.path.is_file():
+                raise StoreError(f"no run store at {self.path}")
+            # mode=ro needs the -shm file (or a writable folder to make one); a read-only
+            # folder whose store was closed cleanly has neither, so fall back to immutable.
+            uris = [f"file:{self.path}?mode=ro", f"file:{self.path}?immutable=1"]
+        else:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create the data folder {folder}: {exc.strerror}"
+                ) from None
+            if not folder_is_writable(folder):
+                raise StoreError(
+                    f"{folder} is read-only: the run store needs to write there (read-only "
+                    "commands such as `runs` and `export` still work)"
+                )
+            uris = [f"file:{self.path}"]
+        last: Exception | None = None
+        for uri in uris:
+            try:
+                conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    timeout=busy_timeout_s,
+                    isolation_level=None,  # autocommit; transactions are explicit
+                    check_same_thread=False,
+                )
+                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+                conn.execute("PRAGMA schema_version").fetchone()  # fails on a non-database
+                return conn
+            except sqlite3.Error as exc:
+                last = exc
+        raise StoreError(f"cannot open the run store {self.path}: {last}")
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        try:
+            if self.read_only:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path} has schema version {version}; this gae_core reads up to "
+                        f"{SCHEMA_VERSION}"
+                    )
+            else:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreError(f"could not switch {self.path} to WAL mode (got {mode!r})")
+                check = conn.execute("PRAGMA quick_check").fetchall()
+                if [row[0] for row in check] != ["ok"]:
+                    first = check[0][0] if check else "no answer"
+                    raise StoreError(
+                        f"{self.path} is damaged (SQLite quick_check: {first}); refusing to "
+                        "write into it. Move it away (or restore a backup) and start again."
+                    )
+                # NORMAL is durable across process crashes in WAL mode (only power loss can
+                # drop the last commits), and much faster than FULL.
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA foreign_keys = ON")
+                with self._write() as tx:
+                    migrate(tx, self.path)
+            names = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        except sqlite3.DatabaseError as exc:
+            if self.read_only:
+                raise StoreError(f"{self.path} cannot be read as a run store: {exc}") from None
+            raise StoreError(
+                f"{self.path} is damaged or not a run store (SQLite: {exc}); refusing to write "
+                "into it. Move it away (or restore a backup) and start again."
+            ) from None
+        if self.read_only and not names:
+            raise StoreError(f"{self.path} holds no runs table: not a run store")
+        # an older store opened read-only lacks the newer columns: read them as NULL
+        self._run_select = ", ".join(c if c in names else f"NULL AS {c}" for c in RUN_COLUMNS)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise StoreError(f"{self.path} is open read-only")
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write to {self.path}: {exc}") from None
+            try:
+                yield self._conn
+            except BaseException as exc:
+                self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{self.path}: {exc}") from exc
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read {self.path}: {exc}") from None
+
+    @property
+    def journal_mode(self) -> str:
+        return self._read("PRAGMA journal_mode")[0][0]
+
+    @property
+    def schema_version(self) -> int:
+        return self._read("PRAGMA user_version")[0][0]
+
+    def integrity_check(self) -> str:
+        """``"ok"`` when SQLite finds the database intact."""
+        return "\n".join(row[0] for row in self._read("PRAGMA integrity_check"))
+
+    def size_bytes(self) -> int:
+        """Bytes on disk: the database file and its write-ahead log."""
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += Path(f"{self.path}{suffix}").stat().st_size
+            except OSError:
+                pass
+        return total
+
+    # -- crash recovery ---------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Mark active runs (and sweeps) whose owner process is gone as ``interrupted``.
+
+        Returns the ids of the runs it marked. Live owners — this process or any other — keep
+        their runs. Does nothing on a read-only store.
+        """
+        if self.read_only:
+            return []
+        now = time.time()
+        rows = self._read(
+            "SELECT id, owner_host, owner_pid, owner_token, heartbeat_at FROM runs "
+            "WHERE status IN ('queued', 'running')"
+        )
+        dead = [row for row in rows if not owner_alive(*row[1:], now=now)]
+        sweep_rows = self._read(
+            "SELECT id, owner_host, owner_pid, owner_token, heartbeat_at FROM sweeps "
+            "WHERE status = 'running'"
+        )
+        dead_sweeps = [row[0] for row in sweep_rows if not owner_alive(*row[1:], now=now)]
+        if not dead and not dead_sweeps:
+            return []
+        with self._write() as conn:
+            for run_id, _, pid, token, _ in dead:
+                # Only if the owner is still the dead one: a live process may have claimed the
+                # run since it was read.
+                conn.execute(
+                    "UPDATE runs SET status = 'interrupted', ended_at = COALESCE(heartbeat_at, ?),"
+                    " error = COALESCE(error, 'the process running it stopped without closing "
+                    "the run (killed or crashed)') WHERE id = ? AND status IN ('queued', "
+                    "'running') AND owner_pid IS ? AND owner_token IS ?",
+                    (now, run_id, pid, token),
+                )
+            for sweep_id in dead_sweeps:
+                conn.execute(
+                    "UPDATE sweeps SET status = 'interrupted', ended_at = ? "
+                    "WHERE id = ? AND status = 'running'",
+                    (now, sweep_id),
+                )
+        return [row[0] for row in dead]

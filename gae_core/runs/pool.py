@@ -1,0 +1,261 @@
+"""The local sweep backend: warm worker processes that train trials and stream their data back.
+
+Each worker is a spawned process with one duplex pipe to the coordinator. The coordinator sends
+it one trial at a time; the worker runs :func:`~gae_core.runs.execute.execute_run` with a
+:class:`PipeSink`, which sends every flush, checkpoint and the end of the trial back through the
+pipe, and never touches the store: the coordinator is the store's single writer.
+
+Why pipes, one per worker, and not a shared ``multiprocessing.Queue``: a queue's writers share
+a lock, and a worker killed with -9 while holding it would block every other worker; a broken
+pipe only ever affects its own worker. Stop requests travel through a shared byte array (no
+lock either), read by the worker between updates, so a stop reaches a trial within one update.
+
+Workers ignore SIGINT (the coordinator turns Ctrl-C into a cancel) and exit when the
+coordinator's end of the pipe goes away, so a coordinator killed with -9 leaves no orphan
+training on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gae_core.outcome import RunSummary
+
+__all__ = ["LocalPool", "PipeSink"]
+
+#: Workers that die before they are ready this many times in a row fail the sweep.
+MAX_START_FAILURES = 3
+
+
+class _FlagEvent:
+    """``threading.Event``'s ``is_set``/``set`` over one byte of a shared array."""
+
+    def __init__(self, flags: Any, index: int) -> None:
+        self.flags, self.index = flags, index
+
+    def is_set(self) -> bool:
+        return bool(self.flags[self.index])
+
+    def set(self) -> None:
+        self.flags[self.index] = 1
+
+
+class PipeSink:
+    """A :class:`~gae_core.runs.execute.RunSink` that streams to the coordinator.
+
+    The coordinator claimed the run before sending it, so :meth:`claim` is always true; a stop
+    (cancel, ``stop`` from the UI or CLI, a deleted run) arrives as the trial's flag.
+    """
+
+    def __init__(self, conn: multiprocessing.connection.Connection, index: int, flags: Any):
+        self.conn, self.index, self.flags = conn, index, flags
+
+    def claim(self) -> bool:
+        return True
+
+    def flush(self, rows: list, env_steps: int, summary: RunSummary) -> bool:
+        self.conn.send(("flush", self.index, rows, env_steps, summary))
+        return bool(self.flags[self.index])
+
+    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None:
+        self.conn.send(("checkpoint", self.index, env_step, blob, list(trajectories)))
+
+    def finish(self, status: str, error: str | None) -> None:
+        self.conn.send(("finish", self.index, status, error))
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush: float) -> None:
+    """A worker process: import the trainer once (warm), then train the trials it is sent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import torch
+
+        from gae_core.agent.config import TrainConfig
+        from gae_core.runs.execute import execute_run
+
+        torch.set_num_threads(1)  # the workers are the parallelism
+        conn.send(("ready", os.getpid()))
+        while True:
+            message = conn.recv()
+            if message[0] == "exit":
+                return
+            _, index, run_id, config = message
+            try:
+                execute_run(
+                    PipeSink(conn, index, flags),
+                    run_id,
+                    TrainConfig.from_dict(config),
+                    _FlagEvent(flags, index),
+                    flush_interval=flush,
+                )
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception:  # the config cannot be built here (an env this host lacks)
+                conn.send(("finish", index, "failed", traceback.format_exc()))
+            conn.send(("idle", index))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        os._exit(0)  # the coordinator is gone: nothing to report to
+
+
+@dataclass
+class WorkerHandle:
+    """The pool's view of one worker."""
+
+    process: multiprocessing.process.BaseProcess
+    conn: multiprocessing.connection.Connection
+    trial: int | None = None  # the trial it is training
+    ready: bool = False
+    pid: int | None = None
+    steps: int = 0  # env steps of its trial at the last flush
+
+
+class LocalPool:
+    """``workers`` spawned processes on this machine: a sweep backend (see the module docstring).
+
+    The coordinator submits trials (:meth:`submit`) while :meth:`idle_slots` is positive, reads
+    :meth:`events`: the workers' ``flush``, ``checkpoint`` and ``finish`` messages, and
+    ``("lost", index, why)`` when a worker died in the middle of a trial. A dead worker is
+    replaced at once; workers that die before they are ready :data:`MAX_START_FAILURES` times
+    in a row raise ``RuntimeError`` (they cannot start at all: a broken install).
+    """
+
+    name = "local"
+
+    def __init__(self, workers: int, trials: int, flush_interval: float) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self.flags = self._context.Array("b", max(trials, 1), lock=False)
+        self.flush_interval = flush_interval
+        self._start_failures = 0
+        self.workers: list[WorkerHandle] = [self._spawn() for _ in range(workers)]
+
+    def _spawn(self) -> WorkerHandle:
+        parent, child = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=_worker_main,
+            args=(child, self.flags, self.flush_interval),
+            name="gae-sweep-worker",
+            daemon=True,
+        )
+        with _main_module_hidden():
+            process.start()
+        child.close()
+        return WorkerHandle(process, parent)
+
+    def idle_slots(self) -> int:
+        return sum(1 for w in self.workers if w.ready and w.trial is None)
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        worker = next(w for w in self.workers if w.ready and w.trial is None)
+        self.flags[index] = 0
+        worker.trial, worker.steps = index, 0
+        worker.conn.send(("trial", index, run_id, config))
+
+    def stop(self, index: int) -> None:
+        self.flags[index] = 1
+
+    def trial_pids(self) -> dict[int, int]:
+        """``{trial index: worker pid}`` of the trials being trained now."""
+        return {w.trial: w.pid for w in self.workers if w.trial is not None and w.pid}
+
+    def events(self, timeout: float) -> list[tuple]:
+        """Messages from the workers (waiting up to ``timeout`` for the first), and a ``lost``
+        event for each trial whose worker died."""
+        by_key: dict[Any, WorkerHandle] = {}
+        for worker in self.workers:
+            by_key[worker.conn] = worker
+            by_key[worker.process.sentinel] = worker
+        ready = multiprocessing.connection.wait(list(by_key), timeout)
+        out: list[tuple] = []
+        seen: list[WorkerHandle] = []
+        for key in ready:
+            if by_key[key] not in seen:
+                seen.append(by_key[key])
+        for worker in seen:
+            if not self._drain(worker, out):
+                self._bury(worker, out)
+        return out
+
+    def _drain(self, worker: WorkerHandle, out: list[tuple]) -> bool:
+        """Every message the worker has sent; False once it is dead."""
+        while True:
+            try:
+                if not worker.conn.poll():
+                    break
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                return False
+            kind = message[0]
+            if kind == "ready":
+                worker.ready, worker.pid = True, message[1]
+                self._start_failures = 0
+            elif kind == "idle":
+                worker.trial = None
+            else:
+                if kind == "flush":
+                    worker.steps = message[3]
+                elif kind == "finish":
+                    worker.trial = None  # it ended: a death from here on costs no trial
+                out.append(message)
+        return worker.process.is_alive()
+
+    def _bury(self, worker: WorkerHandle, out: list[tuple]) -> None:
+        worker.process.join(1.0)
+        if worker.trial is not None:
+            why = (
+                f"worker pid {worker.pid} died (exit code {worker.process.exitcode}) at env step "
+                f"{worker.steps:,}"
+            )
+            out.append(("lost", worker.trial, why))
+        if not worker.ready:
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                raise RuntimeError(
+                    f"sweep workers die before they start (exit code "
+                    f"{worker.process.exitcode}); see the log for the worker's error"
+                )
+        worker.conn.close()
+        self.workers[self.workers.index(worker)] = self._spawn()
+
+    def close(self, timeout: float = 5.0) -> None:
+        for worker in self.workers:
+            try:
+                worker.conn.send(("exit",))
+            except OSError:
+                pass
+        for worker in self.workers:
+            worker.process.join(timeout)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout)
+            worker.conn.close()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start a spawned worker without re-importing the parent's ``__main__``.
+
+    ``spawn`` re-runs the parent's main module in the child unless it has no file. The worker's
+    code lives in this package and needs nothing from ``__main__``; under Streamlit the main
+    module is Streamlit's own launcher, whose import in a bare child logs "missing
+    ScriptRunContext" warnings, so hide it for the moment of the start.
+    """
+    main = sys.modules.get("__main__")
+    saved = {}
+    for name in ("__file__", "__spec__"):
+        if main is not None and hasattr(main, name):
+            saved[name] = getattr(main, name)
+            setattr(main, name, None) if name == "__spec__" else delattr(main, name)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)

@@ -1,0 +1,88 @@
+"""The run store's records: runs, sweeps and metric rows as frozen dataclasses, and the statuses
+they can be in. Plain data: no database, no agent."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gae_core.outcome import RunSummary
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "ENDED_STATUSES",
+    "STATUSES",
+    "SWEEP_STATUSES",
+    "MetricRow",
+    "RunRecord",
+    "SweepRecord",
+]
+
+STATUSES = ("queued", "running", "stopped", "finished", "failed", "interrupted")
+ACTIVE_STATUSES = ("queued", "running")
+ENDED_STATUSES = ("stopped", "finished", "failed", "interrupted")
+SWEEP_STATUSES = ("running", "finished", "cancelled", "failed", "interrupted")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of the ``runs`` table.
+
+    ``damaged`` says why a row could not be read whole (its config is not valid JSON, say); such
+    a run is listed, with an empty config, so the rest of the store stays usable.
+    """
+
+    id: str
+    name: str
+    config: dict[str, Any]
+    status: str
+    error: str | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    env_steps: int
+    sweep_id: str | None
+    stop_requested: bool
+    summary: RunSummary = field(default_factory=RunSummary)
+    damaged: str | None = None
+
+    @property
+    def wall_seconds(self) -> float | None:
+        """Seconds from start to end (or to now while it runs); None before it starts."""
+        if self.started_at is None:
+            return None
+        end = self.ended_at if self.ended_at is not None else time.time()
+        return max(0.0, end - self.started_at)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.config.get("total_steps", 0) or 0)
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """One row of the ``sweeps`` table; ``grid`` maps a config field to its list of values."""
+
+    id: str
+    name: str
+    grid: dict[str, list[Any]]
+    base_config: dict[str, Any]
+    status: str
+    error: str | None
+    created_at: float
+    ended_at: float | None
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One metric value; ``wall_time`` is seconds since the run started."""
+
+    key: str
+    env_step: int
+    wall_time: float
+    value: float

@@ -1,0 +1,121 @@
+"""The ``sweeps`` table's reads and writes, a part of :class:`~gae_core.runs.store.RunStore`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gae_core.errors import StoreError
+from gae_core.inert import clean_name
+from gae_core.runs.database import Database, dumps, new_id
+from gae_core.runs.records import STATUSES, SWEEP_STATUSES, SweepRecord
+
+__all__ = ["SweepTable"]
+
+_SWEEP_COLUMNS = "id, name, grid, base_config, status, error, created_at, ended_at"
+
+
+class SweepTable(Database):
+    """Sweeps: a grid, its base config and status; the trials are runs with its ``sweep_id``."""
+
+    def create_sweep(
+        self,
+        grid: dict[str, list[Any]],
+        base_config: dict[str, Any],
+        *,
+        name: str | None = None,
+        sweep_id: str | None = None,
+    ) -> str:
+        sweep_id = sweep_id or new_id()
+        name = clean_name(name, field="sweep name") if name else f"sweep-{sweep_id}"
+        now = time.time()
+        owner = self.owner
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO sweeps (id, name, grid, base_config, status, created_at, owner_host,"
+                " owner_pid, owner_token, heartbeat_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, "
+                "?, ?)",
+                (
+                    sweep_id,
+                    name,
+                    dumps(grid),
+                    dumps(base_config),
+                    now,
+                    owner.host,
+                    owner.pid,
+                    owner.token,
+                    now,
+                ),
+            )
+        return sweep_id
+
+    def heartbeat_sweep(self, sweep_id: str) -> None:
+        """Refresh the heartbeat of the sweep and of its queued trials (owned by the sweep's
+        coordinating process until a worker claims them)."""
+        now = time.time()
+        with self._write() as conn:
+            conn.execute("UPDATE sweeps SET heartbeat_at = ? WHERE id = ?", (now, sweep_id))
+            conn.execute(
+                "UPDATE runs SET heartbeat_at = ? WHERE sweep_id = ? AND status = 'queued'",
+                (now, sweep_id),
+            )
+
+    def finish_sweep(self, sweep_id: str, status: str, error: str | None = None) -> None:
+        if status not in SWEEP_STATUSES or status == "running":
+            raise ValueError(f"bad final sweep status {status!r}")
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE sweeps SET status = ?, error = ?, ended_at = ? WHERE id = ?",
+                (status, error, time.time(), sweep_id),
+            )
+
+    @staticmethod
+    def _sweep_from_row(row: Sequence[Any]) -> SweepRecord:
+        sid, name, grid, base, status, error, created, ended = row
+        try:
+            grid, base = json.loads(grid), json.loads(base)
+        except (TypeError, ValueError):
+            grid, base = {}, {}
+        return SweepRecord(
+            id=sid,
+            name=name,
+            grid=grid,
+            base_config=base,
+            status=status,
+            error=error,
+            created_at=created,
+            ended_at=ended,
+        )
+
+    def get_sweep(self, sweep_id: str) -> SweepRecord:
+        rows = self._read(f"SELECT {_SWEEP_COLUMNS} FROM sweeps WHERE id = ?", (sweep_id,))
+        if not rows:
+            raise StoreError(f"no sweep {sweep_id!r} in {self.path}")
+        return self._sweep_from_row(rows[0])
+
+    def list_sweeps(self) -> list[SweepRecord]:
+        rows = self._read(
+            f"SELECT {_SWEEP_COLUMNS} FROM sweeps ORDER BY created_at DESC, rowid DESC"
+        )
+        return [self._sweep_from_row(row) for row in rows]
+
+    def sweep_status_counts(self, sweep_id: str) -> dict[str, int]:
+        """How many of the sweep's trials are in each status (every status present as a key)."""
+        counts = dict.fromkeys(STATUSES, 0)
+        for status, count in self._read(
+            "SELECT status, COUNT(*) FROM runs WHERE sweep_id = ? GROUP BY status", (sweep_id,)
+        ):
+            counts[status] = count
+        return counts
+
+    def delete_sweep(self, sweep_id: str, *, runs: bool = True, force: bool = False) -> None:
+        """Delete a sweep row and (by default) its trials."""
+        if runs:
+            for run in self.list_runs(sweep_id=sweep_id):
+                self.delete_run(run.id, force=force)
+        with self._write() as conn:
+            conn.execute("DELETE FROM sweeps WHERE id = ?", (sweep_id,))
+
+

@@ -1,0 +1,93 @@
+"""A run as a table row: the one set of columns that the Runs page, ``runs --json``,
+``train --json``, ``sweep --json`` and every runs CSV share.
+
+Data keeps one spelling per column (``lambda_``, ``env_id``); pages relabel columns for display
+with :func:`gae_core.labels.label` only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import pandas as pd
+
+from gae_core.runs.records import RunRecord
+
+__all__ = ["RUN_COLUMNS", "run_row", "runs_frame"]
+
+#: Columns of :func:`run_row`, in display order.
+RUN_COLUMNS = (
+    "run_id",
+    "name",
+    "env_id",
+    "lambda_",
+    "gamma",
+    "seed",
+    "status",
+    "env_steps",
+    "total_steps",
+    "episodes",
+    "best_return",
+    "final_return",
+    "reward_threshold",
+    "solved",
+    "solved_at_step",
+    "fell_below_at_step",
+    "stayed_solved",
+    "started_at",
+    "wall_seconds",
+    "steps_per_second",
+    "sweep_id",
+    "error",
+)
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _timestamp(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return dt.datetime.fromtimestamp(seconds).isoformat(timespec="seconds")
+
+
+def run_row(run: RunRecord) -> dict[str, Any]:
+    """One JSON-safe row (None for missing or non-finite values) with :data:`RUN_COLUMNS`."""
+    summary = run.summary
+    wall = run.wall_seconds
+    config = run.config
+    return {
+        "run_id": run.id,
+        "name": run.name,
+        "env_id": config.get("env_id"),
+        "lambda_": config.get("lambda_"),
+        "gamma": config.get("gamma"),
+        "seed": config.get("seed"),
+        "status": run.status,
+        "env_steps": run.env_steps,
+        "total_steps": config.get("total_steps"),
+        "episodes": summary.episodes,
+        "best_return": _finite(summary.best_return),
+        "final_return": _finite(summary.final_return),
+        "reward_threshold": _finite(summary.reward_threshold),
+        "solved": summary.solved,
+        "solved_at_step": summary.solved_at_step,
+        "fell_below_at_step": summary.fell_below_at_step,
+        "stayed_solved": summary.stayed_solved,
+        "started_at": _timestamp(run.started_at),
+        "wall_seconds": wall,
+        "steps_per_second": (run.env_steps / wall) if wall else None,
+        "sweep_id": run.sweep_id,
+        "error": run.damaged or run.error,
+    }
+
+
+def runs_frame(runs: list[RunRecord]) -> pd.DataFrame:
+    """:func:`run_row` of each run as a DataFrame with exactly :data:`RUN_COLUMNS`."""
+    return pd.DataFrame([run_row(run) for run in runs], columns=list(RUN_COLUMNS))
