@@ -22,10 +22,10 @@ __all__ = [
     "GRAD_NORM",
     "LEARNING_RATE",
     "LIVE",
-    "LOSSES",
     "POLICY_LOSS",
     "REGISTRY",
     "STEPS_PER_SECOND",
+    "UPDATE",
     "VALUE_LOSS",
     "WALL_TIME",
     "Metric",
@@ -109,8 +109,8 @@ REGISTRY: dict[str, Metric] = {
     )
 }
 
-#: What one update reports about the loss (the trainer's ``update`` returns exactly these).
-LOSSES: tuple[Metric, ...] = (
+#: What one update reports (the trainer's ``update`` returns exactly these).
+UPDATE: tuple[Metric, ...] = (
     POLICY_LOSS,
     VALUE_LOSS,
     ENTROPY,
@@ -118,6 +118,7 @@ LOSSES: tuple[Metric, ...] = (
     ADVANTAGE_MEAN,
     ADVANTAGE_STD,
     GRAD_NORM,
+    LEARNING_RATE,
 )
 
 #: The live training view's charts, in order.

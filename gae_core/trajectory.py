@@ -18,8 +18,9 @@ class Trajectory:
     ``next_observations[t]`` is the true next observation (the final one on truncation), and
     ``next_values[t]`` its value, also on termination: the estimators apply the mask.
     ``actions`` are the sampled actions (unclipped for continuous spaces) whose ``log_probs``
-    are stored. Observations are what the policy saw (normalised where the run normalises
-    them); ``rewards`` are the environment's own, never scaled.
+    are stored. Observations and ``rewards`` are the environment's own, never normalised;
+    ``values`` are in the same reward units: the critic's output times ``value_scale``, the σ
+    of the run's reward normalisation at that checkpoint (1 without it).
     """
 
     observations: np.ndarray  # [T, obs_dim] float32
@@ -31,6 +32,7 @@ class Trajectory:
     terminated: np.ndarray  # [T] bool
     truncated: np.ndarray  # [T] bool
     log_probs: np.ndarray  # [T] float32
+    value_scale: np.float32 = np.float32(1.0)  # noqa: RUF009 - immutable numpy scalar
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -44,4 +46,5 @@ class Trajectory:
     @classmethod
     def from_bytes(cls, data: bytes) -> Trajectory:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return cls(**{f.name: npz[f.name] for f in fields(cls)})
+            # recordings of earlier versions have no value_scale: their values were unscaled
+            return cls(**{f.name: npz[f.name] for f in fields(cls) if f.name in npz.files})

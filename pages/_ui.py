@@ -11,7 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from gae_core import metrics as M
-from gae_core.agent.config import FieldSpec
+from gae_core.agent.config import FIELD_SPECS, FieldSpec
+from gae_core.agent.presets import preset_values
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import views
@@ -75,47 +76,65 @@ def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, ke
     )
 
 
-def _widget(spec: FieldSpec, key: str) -> Any:
+def _widget_value(spec: FieldSpec, value: Any) -> Any:
+    """A config value as its widget holds it (a list of ints is typed as "64, 64")."""
+    if spec.kind == "int_list":
+        return ", ".join(str(v) for v in value)
+    if spec.kind == "float":
+        return float(value)
+    return value
+
+
+def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
+    """One field's widget; its value lives in session state (set by :func:`config_form`).
+
+    Number inputs carry no min/max on purpose: the browser would refuse an out-of-range value
+    silently and keep the last valid one; here every value reaches the form's validation, which
+    names the field and its range and keeps Start disabled.
+    """
     if spec.kind == "choice":
-        options = list(spec.choices or ())
-        index = options.index(spec.default) if spec.default in options else 0
-        return st.selectbox(spec.label, options, index=index, help=spec.help, key=key)
+        return st.selectbox(
+            spec.label, list(spec.choices or ()), help=spec.help, key=key, on_change=on_change
+        )
     if spec.kind == "bool":
-        return st.checkbox(spec.label, value=spec.default, help=spec.help, key=key)
+        return st.checkbox(spec.label, help=spec.help, key=key)
     if spec.kind == "int":
         return st.number_input(
-            spec.label,
-            value=int(spec.default),
-            min_value=int(spec.min) if spec.min is not None else None,
-            max_value=int(spec.max) if spec.max is not None else None,
-            step=1,
-            help=f"{spec.help} (range {spec.min:,} to {spec.max:,})",
-            key=key,
+            spec.label, step=1, help=f"{spec.help} (range {spec.min:,} to {spec.max:,})", key=key
         )
     if spec.kind == "float":
         return st.number_input(
             spec.label,
-            value=float(spec.default),
-            min_value=float(spec.min) if spec.min is not None else None,
-            max_value=float(spec.max) if spec.max is not None else None,
             format="%.6g",
             help=f"{spec.help} (range {spec.min:g} to {spec.max:g})",
             key=key,
         )
     return st.text_input(
-        spec.label,
-        value=", ".join(str(v) for v in spec.default),
-        help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]",
-        key=key,
+        spec.label, help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]", key=key
     )
 
 
 def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Widgets for every TrainConfig field (main ones first, the rest under "Advanced")."""
+    """Widgets for every TrainConfig field (main ones first, the rest under "Advanced"),
+    starting from the chosen env's preset; choosing another env loads its preset into every
+    field (the user can still change each one)."""
+    env_key = f"{prefix}.env_id"
+    env_id = st.session_state.get(env_key, FIELD_SPECS["env_id"].default)
+    for name, value in preset_values(env_id).items():
+        key = f"{prefix}.{name}"
+        if name not in exclude and key not in st.session_state:
+            st.session_state[key] = _widget_value(FIELD_SPECS[name], value)
+
+    def load_preset() -> None:
+        for name, value in preset_values(st.session_state[env_key]).items():
+            if name not in exclude and name != "env_id":
+                st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
+
     values: dict[str, Any] = {}
     main, advanced = views.form_specs(exclude)
     for spec in main:
-        values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
+        key = f"{prefix}.{spec.name}"
+        values[spec.name] = _widget(spec, key, load_preset if spec.name == "env_id" else None)
     with st.expander("Advanced"):
         for spec in advanced:
             values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")

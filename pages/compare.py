@@ -8,7 +8,13 @@ import streamlit as st
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.insight import compare, figures, views
-from gae_core.runs.sweep import cancel_sweep, grid_of, start_sweep, sweep_progress
+from gae_core.runs.sweep import (
+    cancel_sweep,
+    grid_of,
+    hold_critic_target,
+    start_sweep,
+    sweep_progress,
+)
 from gae_core.runs.table import runs_frame
 from pages import _ui
 
@@ -21,8 +27,21 @@ launch_tab, analyse_tab = st.tabs(["Launch a sweep", "Compare"])
 with launch_tab:
     left, right = st.columns([1, 2], gap="large")
     with left:
-        lambdas_text = st.text_input("λ values", "0, 0.9, 0.95, 1", key="cmp.lambdas")
-        seeds = st.number_input("seeds per λ", 1, 50, 3, key="cmp.seeds")
+        lambdas_text = st.text_input(
+            "λ values",
+            "0, 0.5, 0.9, 0.95, 0.99, 1",
+            key="cmp.lambdas",
+            help="Comma-separated, each in [0, 1]; every λ trains with every seed.",
+        )
+        seeds = st.number_input(
+            "seeds per λ",
+            1,
+            100,
+            10,
+            key="cmp.seeds",
+            help="Seeds 0..n−1. Bootstrap intervals need about 10 seeds per λ to be narrow; "
+            "fewer than 5 give intervals too wide to rank λ values.",
+        )
         workers = st.number_input(
             "worker processes", 1, os.cpu_count() or 1, os.cpu_count() or 1, key="cmp.workers"
         )
@@ -32,7 +51,21 @@ with launch_tab:
             lambdas = views.parse_float_list(lambdas_text, "λ values")
         except ConfigError as error:
             lambdas, errors = [], [str(error)]
+        hold = st.checkbox(
+            "Hold the critic's target fixed across λ",
+            value=True,
+            key="cmp.hold_critic",
+            help="The critic regresses on λ-returns with one λ for every trial, so the study "
+            "varies the advantages' λ and nothing else. Unchecked, each trial's critic follows "
+            "its own λ (SB3 and CleanRL), which changes two things at once.",
+        )
         base, form_errors, warnings = views.build_config(values)
+        if base is not None and hold:
+            base = hold_critic_target(base, {"lambda_": lambdas})
+            st.caption(
+                f"Critic target for every trial: λ-returns with λ = {base.target_lambda:g} "
+                "(the preset's λ). Advantages use each trial's own λ."
+            )
         _ui.show_problems(errors + form_errors, warnings)
         trials = len(lambdas) * int(seeds)
         label = f"Launch {trials} runs ({len(lambdas)} λ × {int(seeds)} seeds)"

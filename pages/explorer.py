@@ -22,13 +22,14 @@ def trajectory_arrays(run_id, policy_step, recorded, fresh_seed, critic_step):
         fresh_seed=fresh_seed,
         critic_step=critic_step,
     )
-    return (
+    arrays = (
         trajectory.rewards,
         trajectory.values,
         trajectory.next_values,
         trajectory.terminated,
         trajectory.truncated,
     )
+    return arrays, float(trajectory.value_scale)
 
 
 @st.cache_data(max_entries=64)
@@ -69,7 +70,7 @@ source = pick[3].selectbox("trajectory", sources, key="ex.source")
 fresh_seed = None
 if source == "fresh recording":
     fresh_seed = int(st.number_input("seed of the fresh episode", 0, 2**31 - 1, 0, key="ex.seed"))
-arrays = trajectory_arrays(
+arrays, value_scale = trajectory_arrays(
     run_id,
     policy_step,
     None if fresh_seed is not None else sources.index(source),
@@ -107,6 +108,7 @@ with text:
         f"**{len(table)} steps**, episode ends: "
         f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'}"
     )
+    st.caption(explorer.units_note(run.config, value_scale))
     st.markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
     st.latex(
         r"\begin{aligned}\delta_t = r_t &+ \gamma\,(1-\text{term}_t)\,V(s_{t+1})"

@@ -227,6 +227,10 @@ def test_sweep_json(tmp_path):
     assert all(r["sweep_id"] == result["sweep_id"] for r in result["runs"])
     listed = _last_json(cli(tmp_path, "runs", "--sweep", result["sweep_id"], "--json").stdout)
     assert len(listed) == 2
+    assert "λ study: every trial's critic regresses on λ-returns with λ = 0.95" in done.stderr
+    with RunStore(tmp_path / "data") as store:
+        configs = [r.config for r in store.list_runs(sweep_id=result["sweep_id"])]
+    assert {(c["critic_target"], c["critic_lambda"]) for c in configs} == {("fixed_lambda", 0.95)}
     bad = cli(tmp_path, "sweep", "--lambdas", "0.5", "2.0")
     assert bad.returncode == 2 and "lambda_" in bad.stderr
 

@@ -10,6 +10,7 @@ import torch
 
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.envs import SUPPORTED_ENVS
+from gae_core.agent.presets import PRESETS, preset_config
 
 # Per field, values that must be rejected (each raises ConfigError naming the field).
 BAD_VALUES = {
@@ -31,6 +32,14 @@ BAD_VALUES = {
     "checkpoint_every": [-1, 0.5],
     "record_episodes": [-1, 101],
     "torch_threads": [0, 257, 1.0],
+    "lr_schedule": ["cosine", "", None],
+    "normalize_observations": [1, "true"],
+    "normalize_rewards": [0, None],
+    "critic_target": ["td", "returns", None],
+    "critic_lambda": [-0.1, 1.5, float("nan")],
+    "log_std_init": [-5.5, 2.5, "0"],
+    "eval_every": [-1, 0.5],
+    "eval_episodes": [0, 101, 2.0],
 }
 
 
@@ -77,8 +86,34 @@ def test_supported_envs_and_thresholds():
         assert env_id in SUPPORTED_ENVS
     assert SUPPORTED_ENVS["CartPole-v1"] == 475.0
     assert SUPPORTED_ENVS["Pendulum-v1"] is None  # its spec has no threshold
+    assert {"HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5"} <= set(
+        SUPPORTED_ENVS
+    )
     for env_id in SUPPORTED_ENVS:
         TrainConfig(env_id=env_id)
+
+
+def test_every_supported_env_has_a_preset_that_builds_and_validates():
+    """Presets are one table: every supported env has a row, each row names only real fields
+    and passes TrainConfig validation, and the resolved config round-trips through a dict."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(PRESETS) == set(SUPPORTED_ENVS)
+    for env_id, preset in PRESETS.items():
+        assert set(preset.values) <= fields, env_id
+        assert preset.why and preset.zoo, env_id
+        config = preset_config(env_id)
+        assert config.env_id == env_id and config.total_steps == preset.values["total_steps"]
+        for name, value in preset.values.items():
+            assert getattr(config, name) == (tuple(value) if isinstance(value, list) else value)
+        assert TrainConfig.from_dict(config.to_dict()) == config
+        assert preset_config(env_id, seed=7, lambda_=0.5).lambda_ == 0.5  # the user overrides
+
+
+def test_target_lambda_follows_the_critic_target_field():
+    assert TrainConfig(lambda_=0.8).target_lambda == 0.8
+    fixed = TrainConfig(lambda_=0.8, critic_target="fixed_lambda", critic_lambda=1.0)
+    assert fixed.target_lambda == 1.0
+    assert TrainConfig.from_dict({"lambda_": 0.3}).critic_target == "advantage_lambda"
 
 
 def test_dict_round_trip_is_json_safe():

@@ -117,7 +117,13 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert not at.exception
     store = RunStore(data_dir)
     sweep_id = store.list_sweeps()[0].id
-    assert len(store.list_runs(sweep_id=sweep_id)) == 4
+    trials = store.list_runs(sweep_id=sweep_id)
+    assert len(trials) == 4
+    # a λ study varies λ and nothing else: one critic target (the preset's λ) for every trial
+    assert {(r.config["critic_target"], r.config["critic_lambda"]) for r in trials} == {
+        ("fixed_lambda", 0.95)
+    }
+    assert sorted(r.config["lambda_"] for r in trials) == [0.8, 0.8, 1.0, 1.0]
     assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 120)
     at.run()
     at.radio(key="cmp.source").set_value("a sweep").run()

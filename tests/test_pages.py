@@ -169,3 +169,30 @@ def test_an_unusable_store_gets_one_message_naming_the_path(tmp_path, monkeypatc
             assert "not a database" in errors[0]
     finally:
         st.cache_resource.clear()
+
+
+def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_dir):
+    from gae_core.agent.presets import preset_values
+
+    at = app("pages/train.py")
+    assert at.number_input(key="train.total_steps").value == 500_000  # CartPole's preset
+    at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
+    preset = preset_values("Pendulum-v1")
+    assert at.number_input(key="train.total_steps").value == preset["total_steps"] == 1_000_000
+    assert at.number_input(key="train.gamma").value == 0.9
+    assert at.checkbox(key="train.normalize_observations").value is True
+    assert at.selectbox(key="train.lr_schedule").value == "linear"
+    at.number_input(key="train.gamma").set_value(0.95).run()  # the user's change sticks
+    assert at.number_input(key="train.gamma").value == 0.95
+    assert not at.error and not at.button(key="train.start").disabled
+
+
+def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
+    """γ = 1.5 typed into the form: the error names γ and its range and Start is disabled (the
+    browser no longer swallows the value and trains with the last valid one)."""
+    at = app("pages/train.py")
+    at.number_input(key="train.gamma").set_value(1.5).run()
+    assert "gamma must be in [0.0, 1.0], got 1.5" in at.error[0].value
+    assert at.button(key="train.start").disabled
+    at.number_input(key="train.gamma").set_value(0.99).run()
+    assert not at.error and not at.button(key="train.start").disabled

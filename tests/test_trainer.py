@@ -4,7 +4,9 @@ bootstrapping against the closed form 1/(1−γ), divergence, checkpoints and re
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
+import itertools
 import math
 
 import gymnasium as gym
@@ -12,14 +14,15 @@ import numpy as np
 import pytest
 import torch
 
+import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.optim import Optimizer
-from gae_core.agent.recording import evaluate_values
+from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
 from gae_core.trajectory import Trajectory
 
-METRIC_KEYS = {m.key for m in M.LOSSES} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
+METRIC_KEYS = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
 
 FIVE_ENVS = [
     "CartPole-v1",
@@ -189,7 +192,8 @@ def test_checkpoint_round_trip_and_evaluate_values():
     data = trainer.checkpoint_bytes()
     assert trainer.checkpoint_due()  # a pure read: saving does not move the schedule
     state = torch.load(io.BytesIO(data), weights_only=True)
-    assert set(state) == set(trainer.model.state_dict())
+    assert set(state["model"]) == set(trainer.model.state_dict())
+    assert set(state) == {"model"}  # no normalisation: no statistics saved
     observations = np.random.default_rng(0).normal(size=(7, 4)).astype(np.float32)
     with torch.no_grad():
         expected = trainer.model.values(torch.from_numpy(observations)).numpy()
@@ -289,5 +293,169 @@ def test_last_rollout_is_cut_at_the_budget():
         # never a whole rollout past the budget
         assert config.total_steps <= trainer.env_steps < config.total_steps + config.num_envs
         assert trainer._batch.rewards.shape[0] < config.rollout_steps  # the last one was cut
+    finally:
+        trainer.close()
+
+
+# ----------------------------------------------------------------------------- issue 9 features
+
+
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5"])
+def test_mujoco_tasks_train_and_record_with_float64_observations(env_id):
+    """MuJoCo returns float64 observations: they are float32 from the env boundary on, and a few
+    thousand steps train, checkpoint, record and evaluate without a dtype error."""
+    config = tiny(
+        env_id,
+        total_steps=3000,
+        num_envs=4,
+        normalize_observations=True,
+        normalize_rewards=True,
+        log_std_init=-0.5,
+    )
+    trainer = Trainer(config)
+    try:
+        assert gym.make(env_id).observation_space.dtype == np.float64
+        while not trainer.done:
+            result = trainer.step()
+            assert all(math.isfinite(v) for v in result.metrics.values())
+        (trajectory,) = trainer.record(1, seed=3)
+        assert trajectory.observations.dtype == np.float32 and len(trajectory) > 0
+        assert len(trainer.evaluate(2, seed=0)) == 2
+        replay = load_replay(config, trainer.checkpoint_bytes())
+        np.testing.assert_allclose(
+            replay.model.log_std.detach().numpy(), trainer.model.log_std.detach().numpy()
+        )
+    finally:
+        trainer.close()
+
+
+def test_normalisation_statistics_round_trip_and_are_frozen_on_replay():
+    config = tiny(
+        "Pendulum-v1",
+        total_steps=800,
+        normalize_observations=True,
+        normalize_rewards=True,
+        gamma=0.9,
+    )
+    trainer = Trainer(config)
+    try:
+        while not trainer.done:
+            trainer.step()
+        blob = trainer.checkpoint_bytes()
+        rms = trainer.stack.observations.obs_rms
+        mean, var = rms.mean.copy(), rms.var.copy()
+        return_var = float(trainer.stack.rewards.return_rms.var)
+        replay = load_replay(config, blob)
+        np.testing.assert_array_equal(replay.obs_mean, mean)
+        np.testing.assert_array_equal(replay.obs_var, var)
+        assert replay.value_scale == pytest.approx(math.sqrt(return_var + 1e-8))
+        # Frozen: more training moves the trainer's statistics, not the replay's.
+        trainer.config = dataclasses.replace(config, total_steps=1600)
+        while not trainer.done:
+            trainer.step()
+        assert not np.allclose(trainer.stack.observations.obs_rms.mean, mean)
+        np.testing.assert_array_equal(load_replay(config, blob).obs_mean, mean)
+        # The replay normalises exactly like gymnasium's wrapper with the saved statistics.
+        wrapped = gym.wrappers.NormalizeObservation(gym.make("Pendulum-v1"))
+        wrapped.obs_rms.mean, wrapped.obs_rms.var = mean, var
+        wrapped.update_running_mean = False
+        normalised, _ = wrapped.reset(seed=5)
+        raw, _ = gym.make("Pendulum-v1").reset(seed=5)
+        np.testing.assert_allclose(replay.policy_input(raw[None])[0].numpy(), normalised, rtol=1e-6)
+        # Values in env reward units: the critic's output on the normalised input times σ.
+        with torch.no_grad():
+            scaled = replay.model.values(torch.as_tensor(normalised[None], dtype=torch.float32))
+        np.testing.assert_allclose(
+            replay.values(raw[None]), scaled.numpy() * replay.value_scale, rtol=1e-5
+        )
+        # Recordings keep the env's own observations and rewards.
+        (trajectory,) = trainer.record(1, seed=5)
+        np.testing.assert_allclose(trajectory.observations[0], raw, rtol=1e-6)
+        assert trajectory.value_scale == pytest.approx(trainer.replay().value_scale)
+        assert trajectory.rewards.min() < -0.5  # Pendulum's raw costs, not unit-scaled ones
+    finally:
+        trainer.close()
+
+
+def test_episode_returns_count_the_envs_own_rewards_under_reward_normalisation():
+    config = tiny("CartPole-v1", total_steps=3000, normalize_rewards=True)
+    trainer = Trainer(config)
+    try:
+        episodes = []
+        while not trainer.done:
+            episodes += trainer.step().episodes
+        assert episodes
+        for episode in episodes:  # CartPole pays 1 per step: return == length, unscaled
+            assert episode.return_ == pytest.approx(episode.length)
+    finally:
+        trainer.close()
+
+
+def test_critic_target_changes_the_target_and_leaves_advantages_unchanged():
+    """Same rollout, two critic targets: the advantages are identical; the fixed λ = 1 target is
+    the discounted return bootstrapped at cuts (closed form via discounted_returns), and the
+    default target is the λ-return with the advantage's λ."""
+    outputs = {}
+    for target in ("advantage_lambda", "fixed_lambda"):
+        config = tiny(lambda_=0.7, critic_target=target, critic_lambda=1.0)
+        trainer = Trainer(config)
+        try:
+            trainer.collect()
+            advantages, returns = trainer.estimate()
+            rollout = trainer._batch
+            with torch.no_grad():
+                all_values = trainer.model.values(torch.from_numpy(rollout.observations)).numpy()
+            outputs[target] = (advantages.numpy(), returns.numpy(), rollout, all_values)
+        finally:
+            trainer.close()
+    adv_a, returns_a, rollout, all_values = outputs["advantage_lambda"]
+    adv_f, returns_f, _, _ = outputs["fixed_lambda"]
+    np.testing.assert_array_equal(adv_a, adv_f)
+    np.testing.assert_allclose(returns_a, adv_a + all_values[:-1], rtol=1e-6, atol=1e-6)
+    discounted = gae_core.discounted_returns(
+        rollout.rewards, all_values[1:], rollout.terminated, rollout.truncated, gamma=0.99
+    )
+    np.testing.assert_allclose(returns_f, discounted, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(returns_f, returns_a)
+
+
+def test_linear_schedule_decays_the_learning_rate_to_zero():
+    config = tiny(total_steps=640, learning_rate=1e-2, lr_schedule="linear")
+    trainer = Trainer(config)
+    try:
+        rates, expected = [], []
+        while not trainer.done:
+            expected.append(1e-2 * (1 - trainer.env_steps / 640))  # lr·(1 − spent/budget)
+            rates.append(trainer.step().metrics[M.LEARNING_RATE.key])
+    finally:
+        trainer.close()
+    assert rates[0] == pytest.approx(1e-2)
+    np.testing.assert_allclose(rates, expected, rtol=1e-12)
+    assert all(b < a for a, b in itertools.pairwise(rates)) and rates[-1] < 1e-2 / 20
+    assert trainer.optimizer.learning_rate == rates[-1]
+
+
+def test_deterministic_evaluation_is_repeatable_and_leaves_training_alone():
+    trainer = Trainer(tiny(total_steps=10_000))
+    other = Trainer(tiny(total_steps=10_000))
+    try:
+        for _ in range(5):
+            trainer.step()
+            other.step()
+        first = trainer.evaluate(3, seed=11)
+        assert first == trainer.evaluate(3, seed=11)
+        assert all(r == int(r) and 8 <= r <= 500 for r in first)  # CartPole: 1 per step
+        # evaluating did not perturb training: the twin that never evaluated matches
+        a, b = trainer.step().metrics, other.step().metrics
+        assert a[M.VALUE_LOSS.key] == b[M.VALUE_LOSS.key]
+    finally:
+        trainer.close()
+        other.close()
+
+
+def test_log_std_init_sets_the_initial_exploration():
+    trainer = Trainer(tiny("Pendulum-v1", log_std_init=-2.0))
+    try:
+        np.testing.assert_array_equal(trainer.model.log_std.detach().numpy(), [-2.0])
     finally:
         trainer.close()

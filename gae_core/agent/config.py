@@ -26,10 +26,9 @@ def _field(default: Any, help: str, *, min=None, max=None, choices=None) -> Any:
     return field(default=default, metadata=meta)
 
 
-# Defaults are tuned for wall time to solve CartPole-v1 (mean of the last 100 returns >= 475):
-# seeds 0-19 all solved, median about 1.4 s on one core (benchmarks/bench_train.py). A larger
-# batch than A2C's usual 8 x 5 with Adam and standardised advantages is what makes it robust;
-# rollout_steps 32 with learning_rate 3e-3 solved 19 of 20 seeds.
+# Field defaults are the neutral A2C choices; every supported env starts from its preset in
+# gae_core/agent/presets.py (one table, measured in benchmarks/bench_presets.py), which is what
+# the form, the CLI and the comparison use.
 @dataclass(frozen=True)
 class TrainConfig:
     env_id: str = _field(
@@ -49,6 +48,11 @@ class TrainConfig:
         0.95, "GAE λ: 0 is the TD residual, 1 the Monte Carlo return", min=0.0, max=1.0
     )
     learning_rate: float = _field(5e-3, "Optimizer step size", min=1e-8, max=1.0)
+    lr_schedule: str = _field(
+        "constant",
+        "Learning-rate schedule: constant, or linear decay to 0 at total_steps (SB3's lin_)",
+        choices=("constant", "linear"),
+    )
     optimizer: str = _field("adam", "Optimizer", choices=("adam", "rmsprop"))
     value_coef: float = _field(0.5, "Weight of the value (critic) loss", min=0.0, max=100.0)
     entropy_coef: float = _field(0.0, "Weight of the entropy bonus", min=0.0, max=10.0)
@@ -61,6 +65,32 @@ class TrainConfig:
     normalize_advantages: bool = _field(
         True, "Standardise advantages per update (not in the paper)"
     )
+    normalize_observations: bool = _field(
+        False,
+        "Running mean/std normalisation of observations (gymnasium's NormalizeObservation); "
+        "saved with each checkpoint and frozen on replay",
+    )
+    normalize_rewards: bool = _field(
+        False,
+        "Scale rewards by a running std of the discounted return (gymnasium's NormalizeReward) "
+        "for learning; curves and recordings keep the env's own rewards",
+    )
+    critic_target: str = _field(
+        "advantage_lambda",
+        "The critic's regression target: λ-returns with the advantage's λ (SB3, CleanRL), or "
+        "with critic_lambda of its own (fixed_lambda; 1.0 is the paper's discounted returns)",
+        choices=("advantage_lambda", "fixed_lambda"),
+    )
+    critic_lambda: float = _field(
+        1.0,
+        "λ of the critic's target when critic_target is fixed_lambda (1.0: discounted returns "
+        "bootstrapped at truncation and at the rollout end, paper eq. 28)",
+        min=0.0,
+        max=1.0,
+    )
+    log_std_init: float = _field(
+        0.0, "Initial log-std of the Gaussian policy (continuous actions)", min=-5.0, max=2.0
+    )
     seed: int = _field(0, "Seed for weights, env resets and action sampling", min=0, max=2**31 - 1)
     device: str = _field(
         "cpu", "Torch device ('cuda' only where available)", choices=("cpu", "cuda")
@@ -71,6 +101,14 @@ class TrainConfig:
     record_episodes: int = _field(
         2, "Evaluation episodes recorded at each checkpoint", min=0, max=100
     )
+    eval_every: int = _field(
+        0,
+        "Run deterministic evaluation episodes (argmax / mean action) every this many env "
+        "steps; 0 never",
+        min=0,
+        max=10**10,
+    )
+    eval_episodes: int = _field(5, "Episodes per deterministic evaluation", min=1, max=100)
     torch_threads: int = _field(
         1,
         "torch.set_num_threads for the run (process-wide); 1 is fastest for small nets",
@@ -87,6 +125,11 @@ class TrainConfig:
     def batch_size(self) -> int:
         """Rows per update: ``num_envs * rollout_steps``."""
         return self.num_envs * self.rollout_steps
+
+    @property
+    def target_lambda(self) -> float:
+        """λ of the critic's λ-return target (see ``critic_target``)."""
+        return self.lambda_ if self.critic_target == "advantage_lambda" else self.critic_lambda
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (tuples become lists); ``from_dict`` inverts it."""

@@ -15,13 +15,20 @@ the loss, the step count and the episode statistics (see ``Trainer.collect``).
 
 Observations are cast to float32 at the env boundary (MuJoCo returns float64), so the network
 never sees another dtype.
+
+Normalisation uses gymnasium's own vector wrappers: ``NormalizeObservation`` (running mean and
+variance of observations) and ``NormalizeReward`` (rewards divided by a running std of the
+discounted return). Below them, :class:`RawRewards` keeps the env's own rewards of the last step:
+episode returns, curves and recordings are always in the env's units.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -32,9 +39,12 @@ __all__ = [
     "CLASSIC_CONTROL",
     "MUJOCO",
     "SUPPORTED_ENVS",
+    "RawRewards",
+    "TrainingEnv",
     "check_env_id",
     "env_id_problem",
     "make_eval_env",
+    "make_training_env",
     "make_vector_env",
     "reward_threshold",
 ]
@@ -167,6 +177,64 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
             f"the env uses {mode}"
         )
     return _float32_observations(env)
+
+
+class RawRewards(gym.vector.VectorWrapper):
+    """Passes everything through and keeps ``rewards``, the env's own rewards of the last step
+    (reward normalisation sits above it)."""
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.rewards = np.zeros(env.num_envs, np.float64)
+
+    def step(self, actions: Any) -> tuple:
+        observations, rewards, terminated, truncated, infos = self.env.step(actions)
+        self.rewards = np.asarray(rewards, np.float64).copy()
+        return observations, rewards, terminated, truncated, infos
+
+
+@dataclass
+class TrainingEnv:
+    """The training env stack: ``env`` is its top (what the trainer steps); ``raw`` holds the
+    env's own rewards; the normalisers are None where the config does not ask for them."""
+
+    env: gym.vector.VectorEnv
+    raw: RawRewards
+    observations: gym.wrappers.vector.NormalizeObservation | None
+    rewards: gym.wrappers.vector.NormalizeReward | None
+
+    def normalization_state(self) -> dict[str, np.ndarray]:
+        """The running statistics, for a checkpoint (empty without normalisation)."""
+        state: dict[str, np.ndarray] = {}
+        if self.observations is not None:
+            rms = self.observations.obs_rms
+            state |= {"obs_mean": rms.mean, "obs_var": rms.var, "obs_count": np.asarray(rms.count)}
+        if self.rewards is not None:
+            state["return_var"] = np.asarray(self.rewards.return_rms.var)
+        return {k: np.array(v, np.float64) for k, v in state.items()}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_training_env(
+    env_id: str,
+    num_envs: int,
+    *,
+    normalize_observations: bool = False,
+    normalize_rewards: bool = False,
+    gamma: float = 0.99,
+) -> TrainingEnv:
+    """:func:`make_vector_env` with gymnasium's normalisation wrappers as asked, and
+    :class:`RawRewards` below the reward normaliser."""
+    raw = RawRewards(make_vector_env(env_id, num_envs))
+    env: gym.vector.VectorEnv = raw
+    observations = rewards = None
+    if normalize_observations:
+        env = observations = gym.wrappers.vector.NormalizeObservation(env)
+    if normalize_rewards:
+        env = rewards = gym.wrappers.vector.NormalizeReward(env, gamma=gamma)
+    return TrainingEnv(env, raw, observations, rewards)
 
 
 def make_eval_env(env_id: str) -> gym.Env:

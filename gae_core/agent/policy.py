@@ -55,6 +55,7 @@ class ActorCritic(nn.Module):
         action_space: gym.Space,
         hidden_sizes: tuple[int, ...],
         seed: int,
+        log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
         obs_dim = int(observation_space.shape[0])
@@ -62,7 +63,9 @@ class ActorCritic(nn.Module):
         out_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.actor = _mlp([obs_dim, *hidden_sizes, out_dim])
         self.critic = _mlp([obs_dim, *hidden_sizes, 1])
-        self.log_std = None if self.discrete else nn.Parameter(torch.zeros(out_dim))
+        self.log_std = (
+            None if self.discrete else nn.Parameter(torch.full((out_dim,), float(log_std_init)))
+        )
         generator = torch.Generator().manual_seed(seed)  # local: no global RNG state touched
         _init(self.actor, 0.01, generator)
         _init(self.critic, 1.0, generator)
@@ -91,6 +94,12 @@ class ActorCritic(nn.Module):
             return (out + rng.gumbel(size=out.shape)).argmax(axis=1)
         std = np.exp(self.log_std.detach().cpu().numpy())
         return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
+
+    def act(self, obs: torch.Tensor) -> np.ndarray:
+        """The deterministic action for a batch (call under ``torch.inference_mode``): the most
+        likely one (argmax of the logits) or the Gaussian's mean; numpy out, unclipped."""
+        out = self._actor_forward(obs).cpu().numpy()
+        return out.argmax(axis=1) if self.discrete else out.astype(np.float32)
 
     def log_probs_and_entropy(
         self, obs: torch.Tensor, actions: torch.Tensor

@@ -1,12 +1,21 @@
-"""Replaying a policy: load a checkpoint, record an episode, re-evaluate values with any critic.
+"""Replaying a policy: checkpoints, recorded episodes, deterministic evaluation, and values from
+any checkpoint's critic.
 
-Used at every checkpoint (the recorded trajectories), by the advantage explorer (fresh
-recordings, another checkpoint's critic) and by the estimator lab.
+A checkpoint holds the actor-critic's weights and the normalisation statistics of the moment
+(observation mean and variance, the return variance that scales rewards). A :class:`Replay` is a
+checkpoint made usable with those statistics *frozen*: it takes the env's raw observations,
+normalises them as the policy saw them in training (``(obs − mean) / √(var + ε)``, gymnasium's
+``NormalizeObservation`` formula, frozen), and reports values in the env's reward units: the
+critic learned returns of rewards divided by σ = √(return_var + ε), so its output times σ is in
+the env's units (:attr:`Replay.value_scale`; 1 without reward normalisation). Recorded
+trajectories therefore keep raw observations and raw rewards, and every checkpoint can re-value
+them with its own statistics.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -17,39 +26,125 @@ from gae_core.agent.envs import episode_cap, make_eval_env
 from gae_core.agent.policy import ActorCritic
 from gae_core.trajectory import Trajectory
 
-__all__ = ["evaluate_values", "load_model", "record_episode"]
+__all__ = [
+    "NORMALIZATION_EPSILON",
+    "Replay",
+    "checkpoint_bytes",
+    "evaluate_values",
+    "load_replay",
+    "record_episode",
+]
+
+#: gymnasium's default ε in NormalizeObservation and NormalizeReward.
+NORMALIZATION_EPSILON = 1e-8
 
 
-def record_episode(
-    env: gym.Env, model: ActorCritic, rng: np.random.Generator, seed: int, device: torch.device
-) -> Trajectory:
-    """One episode of ``model``'s policy (actions sampled with ``rng``) on ``env`` reset with
-    ``seed``, capped at the spec's time limit (marked truncated); values in one batch."""
+@dataclass
+class Replay:
+    """A policy and critic with frozen normalisation, on raw observations (module docstring)."""
+
+    model: ActorCritic
+    obs_mean: np.ndarray | None = None
+    obs_var: np.ndarray | None = None
+    return_var: float | None = None
+    device: torch.device = torch.device("cpu")  # noqa: RUF009 - an immutable default
+
+    @property
+    def value_scale(self) -> float:
+        """σ of the reward normalisation: critic output × this = value in env reward units."""
+        if self.return_var is None:
+            return 1.0
+        return float(np.sqrt(self.return_var + NORMALIZATION_EPSILON))
+
+    def policy_input(self, observations: np.ndarray) -> torch.Tensor:
+        """Raw observations ``[B, obs_dim]`` as the network sees them (float32 tensor)."""
+        observations = np.asarray(observations, np.float64)
+        if self.obs_mean is not None:
+            observations = (observations - self.obs_mean) / np.sqrt(
+                self.obs_var + NORMALIZATION_EPSILON
+            )
+        return torch.as_tensor(observations.astype(np.float32), device=self.device)
+
+    def values(self, observations: np.ndarray) -> np.ndarray:
+        """V(s) in env reward units for raw observations ``[B, obs_dim]``; float32 ``[B]``."""
+        with torch.inference_mode():
+            out = self.model.values(self.policy_input(observations)).cpu().numpy()
+        return (out * self.value_scale).astype(np.float32)
+
+    def sample(self, observations: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model.sample(self.policy_input(observations), rng)
+
+    def act(self, observations: np.ndarray) -> np.ndarray:
+        """Deterministic actions (argmax / mean) for raw observations."""
+        with torch.inference_mode():
+            return self.model.act(self.policy_input(observations))
+
+
+def checkpoint_bytes(model: ActorCritic, normalization: dict[str, np.ndarray]) -> bytes:
+    """``torch.save`` of ``{"model": state_dict, **normalization}``, CPU tensors only (so
+    ``torch.load(weights_only=True)`` reads it)."""
+    state = {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        **{k: torch.as_tensor(v) for k, v in normalization.items()},
+    }
+    out = io.BytesIO()
+    torch.save(state, out)
+    return out.getvalue()
+
+
+def load_replay(config: TrainConfig, blob: bytes) -> Replay:
+    """The checkpoint ``blob`` of a run with ``config``, on the CPU, in eval mode. Reads both the
+    current format and the plain state dicts of earlier versions (no normalisation)."""
+    env = make_eval_env(config.env_id)
+    try:
+        model = ActorCritic(
+            env.observation_space, env.action_space, config.hidden_sizes, 0, config.log_std_init
+        )
+    finally:
+        env.close()
+    state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    extra = {}
+    if "model" in state:
+        extra = {k: v.numpy() for k, v in state.items() if k != "model"}
+        state = state["model"]
+    model.load_state_dict(state)
+    return Replay(
+        model.eval(),
+        obs_mean=extra.get("obs_mean"),
+        obs_var=extra.get("obs_var"),
+        return_var=float(extra["return_var"]) if "return_var" in extra else None,
+    )
+
+
+def record_episode(env: gym.Env, replay: Replay, rng: np.random.Generator, seed: int) -> Trajectory:
+    """One episode of the replay's policy (actions sampled with ``rng``) on ``env`` reset with
+    ``seed``, capped at the spec's time limit (marked truncated); values in one batch, in env
+    reward units."""
     obs, _ = env.reset(seed=seed)
     cap = episode_cap(env)
     bounds = None
     if isinstance(env.action_space, gym.spaces.Box):
         bounds = (env.action_space.low, env.action_space.high)
     observations, actions, rewards, terminated, truncated = [obs], [], [], [], []
+    while True:
+        action = replay.sample(obs[None], rng)[0]
+        env_action = action if bounds is None else np.clip(action, *bounds)
+        obs, reward, term, trunc, _ = env.step(env_action)
+        observations.append(obs)
+        actions.append(action)
+        rewards.append(reward)
+        terminated.append(term)
+        truncated.append(bool(trunc or (len(rewards) >= cap and not term)))
+        if terminated[-1] or truncated[-1]:
+            break
+    all_obs = np.asarray(observations, np.float32)
+    all_values = replay.values(all_obs)  # one batch: next_values = values[1:]
+    action_array = np.asarray(actions)
     with torch.inference_mode():
-        while True:
-            action = model.sample(torch.as_tensor(obs[None], device=device), rng)[0]
-            env_action = action if bounds is None else np.clip(action, *bounds)
-            obs, reward, term, trunc, _ = env.step(env_action)
-            observations.append(obs)
-            actions.append(action)
-            rewards.append(reward)
-            terminated.append(term)
-            truncated.append(bool(trunc or (len(rewards) >= cap and not term)))
-            if terminated[-1] or truncated[-1]:
-                break
-        all_obs = torch.as_tensor(np.asarray(observations, np.float32), device=device)
-        all_values = model.values(all_obs).cpu().numpy()  # one batch: next_values = values[1:]
-        action_array = np.asarray(actions)
-        log_probs, _ = model.log_probs_and_entropy(
-            all_obs[:-1], torch.as_tensor(action_array, device=device)
+        log_probs, _ = replay.model.log_probs_and_entropy(
+            replay.policy_input(all_obs[:-1]), torch.as_tensor(action_array, device=replay.device)
         )
-    all_obs = all_obs.cpu().numpy()
     return Trajectory(
         observations=all_obs[:-1],
         next_observations=all_obs[1:],
@@ -60,31 +155,16 @@ def record_episode(
         terminated=np.asarray(terminated, bool),
         truncated=np.asarray(truncated, bool),
         log_probs=log_probs.cpu().numpy().astype(np.float32),
+        value_scale=np.float32(replay.value_scale),
     )
 
 
-def load_model(config: TrainConfig, checkpoint_bytes: bytes) -> ActorCritic:
-    """The actor-critic saved in ``checkpoint_bytes`` (``torch.load(weights_only=True)``), on
-    the CPU, in eval mode."""
-    env = make_eval_env(config.env_id)
-    try:
-        model = ActorCritic(env.observation_space, env.action_space, config.hidden_sizes, 0)
-    finally:
-        env.close()
-    state = torch.load(io.BytesIO(checkpoint_bytes), weights_only=True, map_location="cpu")
-    model.load_state_dict(state)
-    return model.eval()
-
-
-def evaluate_values(
-    config: TrainConfig, checkpoint_bytes: bytes, observations: np.ndarray
-) -> np.ndarray:
-    """V(s) for ``observations [T, obs_dim]`` under the critic saved in ``checkpoint_bytes``
-    (loaded with ``weights_only=True``); returns float32 ``[T]``."""
-    model = load_model(config, checkpoint_bytes)
+def evaluate_values(config: TrainConfig, blob: bytes, observations: np.ndarray) -> np.ndarray:
+    """V(s) in env reward units for raw ``observations [T, obs_dim]`` under the critic (and the
+    frozen normalisation) of the checkpoint ``blob``; float32 ``[T]``."""
+    replay = load_replay(config, blob)
     observations = np.asarray(observations, np.float32)
-    obs_dim = model.critic[0].in_features
+    obs_dim = replay.model.critic[0].in_features
     if observations.ndim != 2 or observations.shape[1] != obs_dim:
         raise ValueError(f"observations must have shape [T, {obs_dim}], got {observations.shape}")
-    with torch.inference_mode():
-        return model.values(torch.from_numpy(observations)).numpy()
+    return replay.values(observations)

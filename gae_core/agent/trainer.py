@@ -3,15 +3,21 @@
 One update per rollout, as a plain object a test can step:
 
     collect()   N envs × T steps with the current policy, one actor forward pass per vector step
-    estimate()  V on all T+1 observations in one batch, then ``estimators.gae`` → advantages,
-                λ-returns (the critic's target)
+    estimate()  V on all T+1 observations in one batch, then ``estimators.gae`` → advantages
+                and the critic's target (λ-returns with ``config.target_lambda``)
     update()    one gradient step on policy loss + value_coef·value loss − entropy_coef·entropy
+
+The critic's target is a choice the run records (``critic_target``): λ-returns with the
+advantage's λ, as SB3 and CleanRL do, or with a λ of its own; ``critic_lambda`` 1.0 is the paper's
+choice (eq. 28: V regressed on discounted returns, bootstrapped where an episode is cut and at the
+rollout end). A λ study holds it fixed, so that it varies λ and nothing else.
 
 Deviations from the paper, all standard in A2C implementations: the paper fits the policy with
 TRPO and the critic with a trust-region regression on full batches; here both take one
 (Adam/RMSprop) gradient step per rollout on a shared loss, advantages are optionally
-standardised per batch, the gradient norm is clipped, and the critic's target is the λ-return
-(the paper regresses V on discounted returns, eq. 28).
+standardised per batch, and the gradient norm is clipped. Observations and rewards may be
+normalised with gymnasium's wrappers (``gae_core.agent.envs``): the rollout then holds normalised
+observations and scaled rewards for learning, while episode returns count the env's own rewards.
 
 Determinism: for a given config (seed and ``torch_threads`` included) ``step()`` yields the same
 metrics. Weights are initialised from a local ``torch.Generator`` and actions are sampled from
@@ -21,7 +27,6 @@ a local ``np.random.Generator``, so concurrent runs in other threads do not pert
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from dataclasses import dataclass
@@ -32,10 +37,10 @@ import torch
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import make_eval_env, make_vector_env
+from gae_core.agent.envs import make_eval_env, make_training_env, make_vector_env
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import ActorCritic
-from gae_core.agent.recording import record_episode
+from gae_core.agent.recording import Replay, checkpoint_bytes, record_episode
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
 
@@ -99,12 +104,20 @@ class Trainer:
         self.config = config
         torch.set_num_threads(config.torch_threads)  # process-wide, see module docstring
         self.device = torch.device(config.device)
-        self.env = make_vector_env(config.env_id, config.num_envs)
+        self.stack = make_training_env(
+            config.env_id,
+            config.num_envs,
+            normalize_observations=config.normalize_observations,
+            normalize_rewards=config.normalize_rewards,
+            gamma=config.gamma,
+        )
+        self.env = self.stack.env
         self.model = ActorCritic(
             self.env.single_observation_space,
             self.env.single_action_space,
             config.hidden_sizes,
             config.seed,
+            config.log_std_init,
         ).to(self.device)
         self.optimizer = Optimizer(
             list(self.model.parameters()), config.optimizer, config.learning_rate
@@ -173,10 +186,10 @@ class Trainer:
                 actions = model.sample(obs_tensor, rng)
                 rollout.actions[t] = actions
                 obs, rewards, terminated, truncated, _ = env.step(self._env_actions(actions))
-                rollout.rewards[t] = rewards
+                rollout.rewards[t] = rewards  # scaled when rewards are normalised
                 rollout.terminated[t] = terminated
                 rollout.truncated[t] = truncated
-                self._episode_returns += rewards
+                self._episode_returns += self.stack.raw.rewards  # the env's own
                 self._episode_lengths += valid
                 self._reset_next = terminated | truncated
                 if self._reset_next.any():
@@ -187,7 +200,8 @@ class Trainer:
         return episodes
 
     def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE advantages and λ-returns ``[T, N]`` for the rollout just collected."""
+        """GAE advantages and the critic's targets ``[T, N]`` for the rollout just collected:
+        λ-returns with the advantage's λ, or with ``critic_lambda`` (see the module docstring)."""
         rollout, config = self._batch, self.config
         device = self.device
         with torch.no_grad():
@@ -198,16 +212,21 @@ class Trainer:
         values, next_values = all_values[:-1], all_values[1:]
         # Torch tensors in: gae stays in torch on the rollout's device (a doubling scan), so a
         # training process never loads the numba runtime (see estimators.TORCH_CPU_MAX_ELEMENTS).
-        advantages = gae(
+        inputs = (
             torch.as_tensor(rollout.rewards, device=device),
             values,
             next_values,
             torch.as_tensor(rollout.terminated, device=device),
             torch.as_tensor(rollout.truncated, device=device),
-            gamma=config.gamma,
-            lambda_=config.lambda_,
         )
-        return advantages.cpu(), (advantages + values).cpu()
+        advantages = gae(*inputs, gamma=config.gamma, lambda_=config.lambda_)
+        target = config.target_lambda
+        critic = (
+            advantages
+            if target == config.lambda_
+            else gae(*inputs, gamma=config.gamma, lambda_=target)
+        )
+        return advantages.cpu(), (critic + values).cpu()
 
     def update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
         """One gradient step on the valid rows; returns the loss metrics.
@@ -215,8 +234,9 @@ class Trainer:
         A rollout with no valid row (``rollout_steps`` 1 and every env just reset) has nothing
         to learn from: no step is taken and the loss metrics are reported as 0.
         """
+        self.optimizer.learning_rate = self.learning_rate()
         if not self._batch.valid.any():
-            return {m.key: 0.0 for m in M.LOSSES}
+            return {m.key: 0.0 for m in M.UPDATE}
         observations, actions, advantages, returns = self._valid_rows(advantages, returns)
         raw_advantages = advantages
         if self.config.normalize_advantages and advantages.numel() > 1:
@@ -231,7 +251,17 @@ class Trainer:
             M.ADVANTAGE_MEAN.key: raw_advantages.mean().item(),
             M.ADVANTAGE_STD.key: raw_advantages.std(correction=0).item(),
             M.GRAD_NORM.key: grad_norm,
+            M.LEARNING_RATE.key: self.optimizer.learning_rate,
         }
+
+    def learning_rate(self) -> float:
+        """The step size of the coming update: constant, or decayed linearly with the share of
+        the budget spent (SB3's ``lin_`` schedules use the same progress)."""
+        config = self.config
+        if config.lr_schedule == "constant":
+            return config.learning_rate
+        remaining = 1.0 - min(1.0, self._steps_before_update / config.total_steps)
+        return config.learning_rate * remaining
 
     def _valid_rows(
         self, advantages: torch.Tensor, returns: torch.Tensor
@@ -259,8 +289,8 @@ class Trainer:
         log_probs, entropy = self.model.log_probs_and_entropy(observations, actions)
         values = self.model.values(observations)
         policy = -(advantages * log_probs).mean()
-        # The critic regresses on λ-returns; the paper (eq. 28) regresses on discounted
-        # returns. MSE as in SB3 (CleanRL halves it).
+        # The critic regresses on λ-returns with config.target_lambda (1.0: the paper's
+        # discounted returns, eq. 28). MSE as in SB3 (CleanRL halves it).
         value = (returns - values).square().mean()
         entropy = entropy.mean()
         loss = policy + config.value_coef * value - config.entropy_coef * entropy
@@ -288,27 +318,60 @@ class Trainer:
         every = self.config.checkpoint_every
         return every > 0 and self.env_steps // every > self._steps_before_update // every
 
+    def evaluation_due(self) -> bool:
+        """True when the last update crossed a multiple of ``eval_every`` env steps (pure)."""
+        every = self.config.eval_every
+        return every > 0 and self.env_steps // every > self._steps_before_update // every
+
     def checkpoint_bytes(self) -> bytes:
-        """``torch.save`` of the model's state_dict (CPU tensors)."""
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        out = io.BytesIO()
-        torch.save(state, out)
-        return out.getvalue()
+        """The model's weights and the normalisation statistics of this moment (a pure read;
+        :func:`gae_core.agent.recording.load_replay` reads it back)."""
+        return checkpoint_bytes(self.model, self.stack.normalization_state())
+
+    def replay(self) -> Replay:
+        """The current policy with the current normalisation statistics frozen (a copy)."""
+        state = self.stack.normalization_state()
+        return Replay(
+            self.model,
+            obs_mean=state.get("obs_mean"),
+            obs_var=state.get("obs_var"),
+            return_var=float(state["return_var"]) if "return_var" in state else None,
+            device=self.device,
+        )
+
+    def evaluate(self, episodes: int, seed: int) -> list[float]:
+        """Returns of ``episodes`` deterministic episodes (argmax / mean actions), one per env of
+        a fresh vector env reset with ``seed``, normalisation frozen; training is untouched."""
+        replay = self.replay()
+        env = make_vector_env(self.config.env_id, episodes)
+        try:
+            obs, _ = env.reset(seed=seed)
+            returns = np.zeros(episodes)
+            running = np.ones(episodes, bool)
+            while running.any():
+                obs, rewards, terminated, truncated, _ = env.step(
+                    self._env_actions(replay.act(obs))
+                )
+                returns += np.where(running, rewards, 0.0)
+                running &= ~(terminated | truncated)
+        finally:
+            env.close()
+        return returns.tolist()
 
     def record(self, episodes: int, seed: int) -> list[Trajectory]:
-        """``episodes`` evaluation episodes with the current policy (sampled actions) on a fresh
-        single env; the training envs and RNG are untouched, so training stays deterministic."""
+        """``episodes`` episodes with the current policy (sampled actions) on a fresh single env,
+        normalisation frozen; the training envs and RNG are untouched, so training stays
+        deterministic."""
         env = make_eval_env(self.config.env_id)
         rng = np.random.default_rng(seed)
+        replay = self.replay()
         try:
-            return [
-                record_episode(env, self.model, rng, seed + k, self.device) for k in range(episodes)
-            ]
+            return [record_episode(env, replay, rng, seed + k) for k in range(episodes)]
         finally:
             env.close()
 
     def close(self) -> None:
-        self.env.close()
+        self.stack.close()
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         # Clip only what the env sees; the buffer keeps the sample whose log-prob we train on.

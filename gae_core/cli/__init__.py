@@ -40,7 +40,9 @@ def _flag_type(spec: FieldSpec) -> Callable[[str], object]:
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ``TrainConfig`` field; unset flags are absent from the namespace."""
-    group = parser.add_argument_group("training config (TrainConfig fields)")
+    group = parser.add_argument_group(
+        "training config (TrainConfig fields; unset ones come from the env's preset)"
+    )
     for spec in FIELD_SPECS.values():
         default = spec.default
         if isinstance(default, tuple):
@@ -48,7 +50,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         common = {
             "dest": spec.name,
             "default": argparse.SUPPRESS,
-            "help": f"{spec.help}; {spec.allowed} (default: {default})".replace("%", "%%"),
+            "help": f"{spec.help}; {spec.allowed} (field default: {default})".replace("%", "%%"),
         }
         if spec.kind == "bool":
             group.add_argument(*spec.flags, action=argparse.BooleanOptionalAction, **common)

@@ -13,6 +13,7 @@ from typing import Any
 
 from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
+from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.runs.store import RunStore, folder_is_writable, resolve_data_dir
@@ -36,12 +37,15 @@ def name_flag(message: str) -> str:
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
+    """The env's preset (:mod:`gae_core.agent.presets`, CartPole-v1 when no ``--env``) with the
+    flags given on top; ``ConfigError`` naming the field for a bad value."""
     values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
     for name, value in values.items():
         if FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
             values[name] = tuple(int(x) for part in value for x in part)
     values.update(overrides)
-    return TrainConfig(**values)
+    env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
+    return TrainConfig(**{**preset_values(env_id), **values})
 
 
 def open_store(args: argparse.Namespace) -> RunStore:
@@ -251,11 +255,19 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    from gae_core.runs.sweep import SweepProgress, expand_grid, start_sweep
+    from gae_core.runs.sweep import SweepProgress, expand_grid, hold_critic_target, start_sweep
 
     grid = _grid(args)
     base = config_from_args(args)
-    expand_grid(base, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
+    held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
+    expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
+    if held != base:
+        print(
+            f"λ study: every trial's critic regresses on λ-returns with λ = "
+            f"{held.critic_lambda:g} (--critic-target advantage_lambda to let it follow λ)",
+            file=sys.stderr,
+        )
+    base = held
     store = open_store(args)
     bar = _progress_bar(100, args.no_progress, unit="%")
     shown = [0]

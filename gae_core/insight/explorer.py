@@ -14,12 +14,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
 from gae_core import estimators
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_eval_env
-from gae_core.agent.recording import evaluate_values, load_model, record_episode
+from gae_core.agent.recording import load_replay, record_episode
 from gae_core.runs.store import RunStore
 from gae_core.trajectory import Trajectory
 
@@ -174,15 +173,27 @@ def weights_table(lambda_: float, horizon: int) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- trajectories
 
 
+def units_note(config: dict, value_scale: float) -> str:
+    """What the explorer's numbers are in: rewards are always the env's own; values are the
+    critic's output converted to the same units where the run scales rewards."""
+    if config.get("normalize_rewards"):
+        return (
+            "Units: rewards are the env's own. The run scales rewards for learning, so the "
+            f"critic's output is multiplied by σ = {value_scale:.4g} (the return std at this "
+            "checkpoint): V, δ, Â and GAE are all in env reward units."
+        )
+    return "Units: rewards are the env's own; V, δ, Â and GAE are in the same units."
+
+
 def record_fresh(config: TrainConfig, checkpoint: bytes, seed: int) -> Trajectory:
     """One evaluation episode of the checkpoint's policy (sampled actions), env reset with
     ``seed``; values from the same checkpoint's critic."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
         raise ValueError(f"seed must be an integer in [0, 2**31 - 1], got {seed!r}")
-    model = load_model(config, checkpoint)
+    replay = load_replay(config, checkpoint)
     env = make_eval_env(config.env_id)
     try:
-        return record_episode(env, model, np.random.default_rng(seed), seed, torch.device("cpu"))
+        return record_episode(env, replay, np.random.default_rng(seed), seed)
     finally:
         env.close()
 
@@ -192,8 +203,14 @@ def revalue(trajectory: Trajectory, config: TrainConfig, checkpoint: bytes) -> T
     critic; rewards, flags and actions untouched. One batch over s_0..s_T, so
     ``next_values[t] == values[t + 1]`` holds exactly inside the (single-episode) trajectory."""
     states = np.concatenate([trajectory.observations, trajectory.next_observations[-1:]])
-    all_values = evaluate_values(config, checkpoint, states)
-    return dataclasses.replace(trajectory, values=all_values[:-1], next_values=all_values[1:])
+    replay = load_replay(config, checkpoint)
+    all_values = replay.values(states)  # env reward units, this checkpoint's own statistics
+    return dataclasses.replace(
+        trajectory,
+        values=all_values[:-1],
+        next_values=all_values[1:],
+        value_scale=np.float32(replay.value_scale),
+    )
 
 
 def load_trajectory(

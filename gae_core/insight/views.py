@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
+from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import format_value
 from gae_core.runs.records import RunRecord
@@ -45,11 +46,12 @@ def form_specs(exclude: tuple[str, ...] = ()) -> tuple[list[FieldSpec], list[Fie
 def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str], list[str]]:
     """Validate form values: ``(config or None, errors, warnings)``.
 
-    Text values (a list typed into a text box) are read with the field's own parser. Errors make
-    the config unusable (the Start button stays disabled); warnings explain combinations that
-    are valid but probably not what the user wants.
+    Fields the form leaves out (the λ comparison's λ and seed) come from the env's preset. Text
+    values (a list typed into a text box) are read with the field's own parser. Errors make the
+    config unusable (the Start button stays disabled); warnings explain combinations that are
+    valid but probably not what the user wants.
     """
-    values = dict(values)
+    values = {**preset_values(values.get("env_id", FIELD_SPECS["env_id"].default)), **values}
     try:
         for name, value in values.items():
             spec = FIELD_SPECS.get(name)

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 #: Evaluation episodes at every checkpoint use this seed offset, the same at each checkpoint so
 #: recordings start from the same initial states and differ only by the policy.
 RECORD_SEED_OFFSET = 10_000
+#: Deterministic evaluations use their own fixed seeds, the same at every evaluation.
+EVAL_SEED_OFFSET = 20_000
 
 MetricRows = list[tuple[str, int, float, float]]
 
@@ -65,6 +67,10 @@ class TrainerLike(Protocol):
     def checkpoint_due(self) -> bool: ...
 
     def checkpoint_bytes(self) -> bytes: ...
+
+    def evaluation_due(self) -> bool: ...
+
+    def evaluate(self, episodes: int, seed: int) -> list[float]: ...
 
     def record(self, episodes: int, seed: int) -> list[Trajectory]: ...
 
@@ -177,7 +183,7 @@ def execute_run(
     tracker = ReturnTracker(reward_threshold(config.env_id))
     buffer = _Buffer(flush_interval)
     trainer: TrainerLike | None = None
-    env_steps, last_checkpoint = 0, -1
+    env_steps, last_checkpoint, last_evaluation = 0, -1, -1
     status, error = "failed", None
 
     def flush() -> bool:
@@ -198,6 +204,9 @@ def execute_run(
                 tracker.add(step, float(episode.return_))
             if on_step is not None:
                 on_step(result)
+            if trainer.evaluation_due():
+                _evaluate(buffer, trainer, config, env_steps, wall)
+                last_evaluation = env_steps
             if trainer.checkpoint_due():
                 # metrics first, so a checkpoint is never ahead of the stored curve
                 if flush():
@@ -208,6 +217,8 @@ def execute_run(
                 stop_event.set()
         env_steps = int(trainer.env_steps)
         status = "finished" if trainer.done else "stopped"
+        if status == "finished" and config.eval_every > 0 and last_evaluation != env_steps:
+            _evaluate(buffer, trainer, config, env_steps, time.monotonic() - started)
         flush()
         if last_checkpoint != env_steps and env_steps > 0:
             _save_checkpoint(sink, trainer, config)
@@ -239,6 +250,14 @@ def _flush_quietly(flush: Callable[[], bool], run_id: str) -> None:
         flush()
     except (StoreError, RunDeleted):
         log.exception("run %s: could not flush metrics after the failure", run_id)
+
+
+def _evaluate(
+    buffer: _Buffer, trainer: TrainerLike, config: TrainConfig, env_steps: int, wall: float
+) -> None:
+    """Deterministic evaluation: the mean return of ``eval_episodes`` episodes, one row."""
+    returns = trainer.evaluate(config.eval_episodes, (config.seed + EVAL_SEED_OFFSET) % 2**31)
+    buffer.rows.append((M.EVAL_RETURN.key, env_steps, wall, float(sum(returns) / len(returns))))
 
 
 def _save_checkpoint(sink: RunSink, trainer: TrainerLike, config: TrainConfig) -> None:

@@ -42,6 +42,7 @@ from gae_core.runs.store import RunStore
 
 __all__ = [
     "Sweep",
+    "hold_critic_target",
     "SweepProgress",
     "cancel_sweep",
     "expand_grid",
@@ -132,6 +133,17 @@ def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[Train
         dataclasses.replace(base, **dict(zip(names, combo, strict=True)))
         for combo in itertools.product(*(normalised[n] for n in names))
     ] or [base]
+
+
+def hold_critic_target(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> TrainConfig:
+    """A λ study varies the advantages' λ and nothing else: when λ is a grid axis and the base
+    config lets the critic's target follow the advantage's λ, fix it at the base config's λ
+    (``critic_target="fixed_lambda"``, ``critic_lambda=base.lambda_``), so the trial at the base
+    λ is the preset run itself. Any other base is returned unchanged."""
+    names = {field_spec(n).name for n in grid}
+    if "lambda_" not in names or base.critic_target != "advantage_lambda":
+        return base
+    return dataclasses.replace(base, critic_target="fixed_lambda", critic_lambda=base.lambda_)
 
 
 def _trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
