@@ -380,3 +380,27 @@ def test_reads_never_recover_the_manager_does(tmp_path):
         live.kill()
         live.wait(timeout=10)
         store.close()
+
+
+def test_a_version_1_store_is_migrated_in_place(tmp_path):
+    """A store written by the first release (schema 1) opens: its runs keep their data and the
+    newer columns and tables appear (v2: stayed-solved columns, v3: lab results)."""
+    from gae_core.runs import schema
+
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)
+    for statement in schema._SCHEMA_V1.split(";"):
+        if statement.strip():
+            raw.execute(statement)
+    raw.execute(
+        "INSERT INTO runs (id, name, config, status, created_at, env_steps, best_return) "
+        "VALUES ('old', 'old run', ?, 'finished', 1.0, 500, 12.5)",
+        ('{"env_id": "CartPole-v1"}',),
+    )
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    with RunStore(tmp_path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 3
+        run = store.get_run("old")
+        assert run.name == "old run" and run.env_steps == 500 and run.summary.best_return == 12.5
+        assert run.summary.fell_below_at_step is None and store.lab_records("old") == []

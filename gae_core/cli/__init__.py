@@ -134,6 +134,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(sweep)
     sweep.set_defaults(handler=commands.sweep)
 
+    lab = sub.add_parser(
+        "lab",
+        parents=[data_dir],
+        help="measure bias², variance and MSE of δ, Â^(k) and GAE(λ) on a run's checkpoint",
+        description="The estimator lab: Monte-Carlo truth Q^π(s,a) − V̂(s) for states sampled "
+        "from the policy, K continuations per state, every estimator at their first row. The "
+        "result is stored with the run (the dashboard's Estimator lab page lists it).",
+    )
+    lab.add_argument("run_id")
+    lab.add_argument("--policy-step", type=int, help="policy checkpoint (default: latest)")
+    lab.add_argument(
+        "--critic-step",
+        type=int,
+        action="append",
+        help="critic checkpoint (default: the policy's own); repeat to compare critics",
+    )
+    lab.add_argument("--gamma", type=float, help="discount γ in [0, 1) (default: the run's)")
+    lab.add_argument("--states", type=int, default=64, help="states sampled, N (default 64)")
+    lab.add_argument(
+        "--rollouts", type=int, default=32, help="truth rollouts per state, M (default 32)"
+    )
+    lab.add_argument(
+        "--continuations", type=int, default=32, help="continuations per state, K (default 32)"
+    )
+    lab.add_argument("--segment", type=int, default=500, help="continuation length L")
+    lab.add_argument("--lambdas", type=float, nargs="+", help="λ grid (default 0, 0.01, …, 1)")
+    lab.add_argument("--ks", type=int, nargs="+", help="k-step horizons (default 1, 2, 4, …)")
+    lab.add_argument("--seed", type=int, default=0)
+    lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    lab.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    lab.set_defaults(handler=commands.lab)
+
     stop = sub.add_parser("stop", parents=[data_dir], help="ask a running run to stop")
     stop.add_argument("run_id")
     stop.set_defaults(handler=commands.stop)
@@ -161,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.EXIT_USAGE
     try:
         return handler(args)
-    except (ConfigError, commands.UsageError) as exc:
+    except (ConfigError, commands.UsageError, ValueError) as exc:
         print(f"error: {commands.name_flag(str(exc))}", file=sys.stderr)
         return commands.EXIT_USAGE
     except KeyboardInterrupt:

@@ -338,6 +338,110 @@ def sweep(args: argparse.Namespace) -> int:
     return EXIT_OK if progress.counts["finished"] == progress.total else EXIT_FAILED
 
 
+# -- lab ------------------------------------------------------------------------------------
+
+
+def lab(args: argparse.Namespace) -> int:
+    from gae_core.lab.jobs import measure_run
+    from gae_core.lab.measure import LabCancelled, LabSettings
+
+    with open_store_for_reading(args) as probe:
+        run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
+    options: dict[str, Any] = {
+        "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
+        "states": args.states,
+        "rollouts": args.rollouts,
+        "continuations": args.continuations,
+        "segment": args.segment,
+        "seed": args.seed,
+    }
+    if args.lambdas is not None:
+        options["lambdas"] = tuple(args.lambdas)
+    if args.ks is not None:
+        options["ks"] = tuple(args.ks)
+    settings = LabSettings(**options)  # ValueError naming the field (exit 2)
+    store = open_store(args)
+    bar = _progress_bar(100, args.no_progress, unit="%")
+    shown = [0]
+
+    def progress(fraction: float) -> None:
+        percent = int(fraction * 100)
+        bar.update(percent - shown[0])
+        shown[0] = percent
+
+    cancel = threading.Event()
+    try:
+        with _StopOnSignal(cancel, "cancelling the lab (nothing is stored)…"):
+            saved = measure_run(
+                store,
+                args.run_id,
+                policy_step=args.policy_step,
+                critic_steps=args.critic_step or (None,),
+                settings=settings,
+                progress=progress,
+                cancel=cancel,
+            )
+    except LabCancelled:
+        bar.close()
+        print("lab cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        store.close()
+    bar.close()
+    reports = [lab_report(result_id, result) for result_id, result in saved]
+    if args.json:
+        _print_json(reports[0] if len(reports) == 1 else {"critics": reports})
+        return EXIT_OK
+    for report in reports:
+        print(
+            f"lab {report['result_id']}: policy step {report['policy_step']:,}, critic step "
+            f"{report['critic_step']:,}, {report['states']} states, {report['seconds']:.1f} s"
+        )
+        print(f"{'estimator':<14}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE 95% CI")
+        for row in (
+            [{"estimator": "δ", **report["delta"]}]
+            + [{"estimator": f"Â^({r['k']})", **r} for r in report["ks"]]
+            + [{"estimator": f"GAE λ={r['lambda']:g}", **r} for r in report["lambdas"]]
+        ):
+            print(
+                f"{row['estimator']:<14}{row['bias2']:>12.4g}{row['variance']:>12.4g}"
+                f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
+            )
+        print(f"least MSE at λ = {report['best_lambda']:g}")
+    return EXIT_OK
+
+
+def lab_report(result_id: str, result: Any) -> dict[str, Any]:
+    """The ``lab --json`` object: per λ and per k, bias², variance, MSE and the MSE's CI."""
+    frame = result.estimators
+
+    def rows(kind: str, key: str) -> list[dict[str, Any]]:
+        part = frame[frame["kind"] == kind]
+        return [
+            {
+                key: int(r.param) if key == "k" else float(r.param),
+                "bias2": float(r.bias2),
+                "variance": float(r.variance),
+                "mse": float(r.mse),
+                "ci_low": float(r.mse_ci_low),
+                "ci_high": float(r.mse_ci_high),
+            }
+            for r in part.itertuples()
+        ]
+
+    return {
+        "result_id": result_id,
+        **result.meta,
+        "env_id": result.env_id,
+        "states": len(result.states),
+        "seconds": result.seconds,
+        "best_lambda": result.best_lambda(),
+        "delta": {k: v for k, v in rows("delta", "k")[0].items() if k != "k"},
+        "lambdas": rows("gae", "lambda"),
+        "ks": rows("k_step", "k"),
+    }
+
+
 # -- stop, rename, delete -------------------------------------------------------------------
 
 

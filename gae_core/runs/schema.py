@@ -14,7 +14,7 @@ from gae_core.runs.records import STATUSES, SWEEP_STATUSES
 
 __all__ = ["SCHEMA_VERSION", "migrate"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA_V1 = f"""
 CREATE TABLE sweeps (
@@ -87,7 +87,21 @@ ALTER TABLE runs ADD COLUMN fell_below_at_step INTEGER;
 ALTER TABLE runs ADD COLUMN stayed_solved INTEGER;
 """
 
-_MIGRATIONS = {1: _V1_TO_V2}
+# v3: the estimator lab's results, listed per run (gae_core.lab).
+_V2_TO_V3 = """
+CREATE TABLE lab_results (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    created_at REAL NOT NULL,
+    policy_step INTEGER NOT NULL,
+    critic_step INTEGER NOT NULL,
+    summary TEXT NOT NULL,
+    result TEXT NOT NULL
+);
+CREATE INDEX lab_results_run ON lab_results(run_id);
+"""
+
+_MIGRATIONS = {1: _V1_TO_V2, 2: _V2_TO_V3}
 
 
 def _run_script(conn: sqlite3.Connection, script: str) -> None:

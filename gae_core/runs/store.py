@@ -33,6 +33,7 @@ from gae_core.runs.database import (
     resolve_data_dir,
 )
 from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
+from gae_core.runs.lab_table import LabTable
 from gae_core.runs.sweep_table import SweepTable
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "to_wide",
 ]
 
-class RunStore(SweepTable, Database):
+class RunStore(SweepTable, LabTable, Database):
     """The run store (see the module docstring); methods return dataclasses or pandas
     DataFrames, never cursors."""
 
@@ -308,6 +309,7 @@ class RunStore(SweepTable, Database):
             conn.execute("DELETE FROM trajectories WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM lab_results WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
     def run_exists(self, run_id: str) -> bool:

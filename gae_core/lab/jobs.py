@@ -1,0 +1,132 @@
+"""The lab on a stored run: load the chosen checkpoints, measure, keep the result in the store;
+and :class:`LabJob`, the same in a background thread with progress, ETA and cancel (the page
+polls it like a training run)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.recording import load_replay
+from gae_core.lab.measure import LabCancelled, LabResult, LabSettings, measure_critics
+from gae_core.lab.states import state_access
+from gae_core.runs.store import RunStore
+
+__all__ = ["LabJob", "measure_run"]
+
+
+def _step(name: str, step: int | None, available: list[int], default: int) -> int:
+    if step is None:
+        return default
+    if step not in available:
+        shown = ", ".join(f"{s:,}" for s in available)
+        raise ValueError(f"{name} must be one of the run's checkpoints ({shown}), got {step}")
+    return int(step)
+
+
+def measure_run(
+    store: RunStore,
+    run_id: str,
+    *,
+    policy_step: int | None = None,
+    critic_steps: Sequence[int | None] = (None,),
+    settings: LabSettings | None = None,
+    progress: Callable[[float], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> list[tuple[str, LabResult]]:
+    """Measure ``run_id``'s policy at ``policy_step`` (default: its latest checkpoint) with the
+    critic of each of ``critic_steps`` (None: the policy's own) on shared rollouts; store every
+    result and return ``(result id, result)`` pairs. ``ValueError`` names a bad step, an env the
+    lab cannot restore gets ``UnsupportedEnvError`` before any work."""
+    run = store.get_run(run_id)
+    config = TrainConfig.from_dict(run.config)
+    state_access(config.env_id)
+    available = store.checkpoint_steps(run_id)
+    if not available:
+        raise ValueError(f"run {run_id} has no checkpoint yet: the lab replays checkpoints")
+    policy_step = _step("policy_step", policy_step, available, available[-1])
+    steps = [_step("critic_step", s, available, policy_step) for s in critic_steps]
+    settings = settings or LabSettings(gamma=config.gamma)
+    policy = load_replay(config, store.load_checkpoint(run_id, policy_step))
+    critics = [load_replay(config, store.load_checkpoint(run_id, s)) for s in steps]
+    results = measure_critics(
+        config.env_id, policy, critics, settings, progress=progress, cancel=cancel
+    )
+    saved = []
+    for step, result in zip(steps, results, strict=True):
+        result = replace(
+            result,
+            meta={
+                "run_id": run_id,
+                "run_name": run.name,
+                "policy_step": policy_step,
+                "critic_step": step,
+            },
+        )
+        summary = {
+            "best_lambda": result.best_lambda(),
+            "gamma": settings.gamma,
+            "states": len(result.states),
+            "continuations": settings.continuations,
+            "segment": settings.segment,
+            "seconds": result.seconds,
+        }
+        saved.append(
+            (store.save_lab_result(run_id, policy_step, step, summary, result.to_json()), result)
+        )
+    return saved
+
+
+class LabJob:
+    """:func:`measure_run` in a daemon thread; read ``fraction``, ``eta``, ``error`` and
+    ``results`` from any thread; :meth:`cancel` stops it within one rollout step."""
+
+    def __init__(self, store: RunStore, run_id: str, **options: object) -> None:
+        self.run_id = run_id
+        self.fraction = 0.0
+        self.error: str | None = None
+        self.cancelled = False
+        self.results: list[tuple[str, LabResult]] = []
+        self.started = time.monotonic()
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(
+            target=self._work, args=(store, options), name=f"gae-lab-{run_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _progress(self, fraction: float) -> None:
+        self.fraction = fraction
+
+    def _work(self, store: RunStore, options: dict) -> None:
+        try:
+            self.results = measure_run(
+                store, self.run_id, progress=self._progress, cancel=self._cancel, **options
+            )
+            self.fraction = 1.0
+        except LabCancelled:
+            self.cancelled = True
+        except Exception as exc:  # shown on the page; the traceback goes to the details
+            self.error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the rate so far, None before any progress."""
+        if self.fraction <= 0.0 or self.done:
+            return None
+        elapsed = time.monotonic() - self.started
+        return elapsed * (1.0 - self.fraction) / self.fraction
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return self.done

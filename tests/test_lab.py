@@ -1,0 +1,256 @@
+"""The estimator lab against exact answers (the chain), and on real agents.
+
+The chain's moments are computed exactly by enumeration (tests/test_lab_chain.py checks those);
+here the lab's Monte-Carlo figures must agree with them within their own standard errors, and
+with the exact critic every estimator's bias must vanish.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.recording import load_replay
+from gae_core.agent.trainer import Trainer
+from gae_core.errors import UnsupportedEnvError
+from gae_core.lab import chain
+from gae_core.lab.measure import LabCancelled, LabSettings, measure
+from gae_core.lab.states import Simulator, state_access
+
+GAMMA = 0.95
+SEGMENT = 8
+LAMBDAS = (0.0, 0.3, 0.7, 1.0)
+KS = (1, 2, 3, SEGMENT)
+STARTS = [(3, 1), (3, 0), (2, 1), (4, 0), (5, 1)]
+
+
+def chain_setup(error_scale: float):
+    spec = chain.ChainSpec()
+    policy = chain.policy_matrix(spec)
+    v_pi, _ = chain.exact_values(spec, policy, GAMMA)
+    critic = chain.critic_with_error(v_pi, error_scale, seed=0) if error_scale else v_pi
+    return spec, policy, critic
+
+
+def run_chain_lab(policy, critic, samples: int):
+    settings = LabSettings(
+        gamma=GAMMA,
+        states=len(STARTS),
+        rollouts=samples,
+        continuations=samples,
+        segment=SEGMENT,
+        lambdas=LAMBDAS,
+        ks=KS,
+        seed=3,
+    )
+    starts = [(s, chain.observation(s), a) for s, a in STARTS]
+    return measure(
+        chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic), settings,
+        starts=starts,
+    )  # fmt: skip
+
+
+def exact_rows(spec, policy, critic):
+    """Per start state: exact target and per estimator (delta, k-steps, lambdas) mean, var."""
+    out = []
+    for s, a in STARTS:
+        moments = chain.exact_estimator_moments(
+            spec, policy, critic, GAMMA, s, a, SEGMENT, np.array(LAMBDAS), np.array(KS)
+        )
+        means = np.concatenate([[moments.delta.mean], moments.k_step.mean, moments.gae.mean])
+        variances = np.concatenate(
+            [[moments.delta.variance], moments.k_step.variance, moments.gae.variance]
+        )
+        out.append((moments.target, means, variances, moments.state_offset))
+    return out
+
+
+@pytest.mark.parametrize("error_scale", [0.2, 0.0])
+def test_monte_carlo_figures_match_the_exact_ones(error_scale):
+    spec, policy, critic = chain_setup(error_scale)
+    result = run_chain_lab(policy, critic, samples=3000)
+    per_state = result.per_state
+    for index, (target, means, variances, offset) in enumerate(exact_rows(spec, policy, critic)):
+        row = result.states.iloc[index]
+        assert abs(row["target"] - target) <= 4 * row["q_se"] + 1e-12
+        assert abs(row["offset"] - offset) <= 0.05  # V^π by Monte Carlo, 3000 rollouts
+        mine = per_state[per_state["state"] == index].reset_index(drop=True)
+        exact_bias2 = (means - target) ** 2
+        for e in range(len(mine)):
+            assert abs(mine["mean"][e] - means[e]) <= 4 * mine["mean_se"][e] + 1e-12
+            assert abs(mine["variance"][e] - variances[e]) <= 4 * mine["variance_se"][e] + 1e-12
+            assert abs(mine["bias2"][e] - exact_bias2[e]) <= 4 * mine["bias2_se"][e] + 1e-12
+    if error_scale == 0.0:  # the exact critic: no estimator is biased, on average either
+        grouped = per_state.groupby(["kind", "param"], sort=False)
+        mean_bias2 = grouped["bias2"].mean()
+        se = grouped["bias2_se"].apply(lambda x: np.sqrt((x**2).sum()) / len(x))
+        assert (mean_bias2.abs() <= 4 * se + 1e-12).all()
+
+
+def test_the_trade_off_shows_on_the_chain():
+    """A critic with an error: δ is the most biased, λ = 1 the noisiest, and an intermediate λ
+    has the least MSE — the exact figures say so, and the lab finds the same ordering."""
+    _, policy, critic = chain_setup(0.2)
+    result = run_chain_lab(policy, critic, samples=3000)
+    gae = result.estimators[result.estimators["kind"] == "gae"].set_index("param")
+    assert gae.loc[0.0, "bias2"] > gae.loc[1.0, "bias2"]
+    assert gae.loc[1.0, "variance"] > gae.loc[0.0, "variance"]
+    assert result.best_lambda() not in (0.0, 1.0)
+
+
+def test_deterministic_progress_and_cancel():
+    _, policy, critic = chain_setup(0.2)
+    settings = LabSettings(gamma=GAMMA, states=4, rollouts=20, continuations=20, segment=5,
+                           lambdas=(0.0, 1.0), ks=(1,), seed=5)  # fmt: skip
+    seen = []
+    first = measure(chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic),
+                    settings, progress=seen.append)  # fmt: skip
+    again = measure(chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic),
+                    settings)  # fmt: skip
+    assert first.estimators.equals(again.estimators) and first.states.equals(again.states)
+    assert seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(LabCancelled):
+        measure(chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic),
+                settings, cancel=stop)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "env_id",
+    ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
+     "Pendulum-v1", "HalfCheetah-v5", "Hopper-v5", chain.ENV_ID],
+)  # fmt: skip
+def test_a_restored_state_replays_the_same_steps(env_id):
+    """Save states mid-episode, restore them into fresh copies: the same actions give the same
+    observations and rewards (the whole state is saved, not just the observation)."""
+    space = gym.make(env_id).action_space
+    space.seed(0)
+    actions = [np.stack([space.sample() for _ in range(3)]) for _ in range(30)]
+    first = Simulator(env_id, 3, seed=1)
+    first.reset(7)
+    alive = np.ones(3, bool)
+    for step in actions[:10]:
+        alive &= ~first.step(step)[2]
+    saved = first.get_states()
+    second = Simulator(env_id, 3, seed=2)
+    second.set_states(saved)
+    compared = 0
+    for step in actions[10:]:
+        obs_a, rew_a, term_a = first.step(step)
+        obs_b, rew_b, term_b = second.step(step)
+        # copies that terminated are masked by the lab (the vectorised CartPole resets them)
+        np.testing.assert_allclose(obs_a[alive], obs_b[alive], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(rew_a[alive], rew_b[alive], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(term_a[alive], term_b[alive])
+        compared += alive.sum()
+        alive &= ~term_a
+    assert compared > 0
+
+
+class _Stateless(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_an_env_whose_state_cannot_be_restored_gets_a_clear_message():
+    if "GAETest/Stateless-v0" not in gym.envs.registry:
+        gym.register("GAETest/Stateless-v0", entry_point=_Stateless, max_episode_steps=5)
+    with pytest.raises(UnsupportedEnvError, match="cannot be saved and restored"):
+        state_access("GAETest/Stateless-v0")
+
+
+def test_settings_name_the_field_and_range():
+    with pytest.raises(ValueError, match=r"states must be an integer in \[1, 4096\], got 0"):
+        LabSettings(states=0)
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\)"):
+        LabSettings(gamma=1.0)
+    with pytest.raises(ValueError, match="lambdas must be 1 or more values in"):
+        LabSettings(lambdas=(0.5, 1.5))
+    with pytest.raises(ValueError, match="may not repeat"):
+        LabSettings(ks=(1, 1))
+    assert LabSettings(gamma=0.99).truth_horizon == 688  # 0.99^688 ≤ 1e-3 < 0.99^687
+
+
+def test_the_lab_measures_a_trained_cartpole_checkpoint():
+    config = TrainConfig(num_envs=4, rollout_steps=8, total_steps=3000, hidden_sizes=(16,),
+                         checkpoint_every=0, record_episodes=0)  # fmt: skip
+    trainer = Trainer(config)
+    while not trainer.done:
+        trainer.step()
+    replay = load_replay(config, trainer.checkpoint_bytes())
+    trainer.close()
+    settings = LabSettings(gamma=0.99, states=6, rollouts=8, continuations=8, segment=50,
+                           lambdas=(0.0, 0.5, 1.0), ks=(1, 10), seed=1)  # fmt: skip
+    result = measure("CartPole-v1", replay, replay, settings)
+    assert list(result.estimators["kind"]) == ["delta", "k_step", "k_step", "gae", "gae", "gae"]
+    assert len(result.states) == 6 and len(result.per_state) == 6 * 6
+    assert result.horizon == 688 and result.env_steps <= settings.env_steps()
+    gae = result.estimators.set_index(["kind", "param"])
+    # δ = Â^(1) = GAE(λ=0) on every continuation: identical figures
+    for column in ("bias2", "variance", "mse"):
+        assert gae.loc[("delta", 1.0), column] == pytest.approx(gae.loc[("gae", 0.0), column])
+        assert gae.loc[("k_step", 1.0), column] == pytest.approx(gae.loc[("gae", 0.0), column])
+    frame = result.estimators
+    np.testing.assert_allclose(frame["mse"], frame["bias2"] + frame["variance"], rtol=1e-12)
+    assert result.best_lambda() in (0.0, 0.5, 1.0)
+
+
+def test_cli_lab_json_contract_and_stored_result(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gae_core.runs.store import RunStore
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), *args],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+
+    trained = cli(
+        *("train", "--total-steps", "4000", "--num-envs", "4", "--rollout-steps", "8"),
+        *("--hidden-sizes", "16", "--checkpoint-every", "2000", "--json", "--no-progress"),
+    )
+    assert trained.returncode == 0, trained.stderr
+    run_id = json.loads(trained.stdout.splitlines()[-1])["run_id"]
+    with RunStore(tmp_path) as store:
+        steps = store.checkpoint_steps(run_id)
+    small = ["--states", "4", "--rollouts", "4", "--continuations", "4", "--segment", "20"]
+    done = cli("lab", run_id, *small, "--lambdas", "0", "0.5", "1", "--ks", "1", "5",
+               "--critic-step", str(steps[0]), "--json", "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert [row["lambda"] for row in report["lambdas"]] == [0.0, 0.5, 1.0]
+    assert [row["k"] for row in report["ks"]] == [1, 5]
+    for row in report["lambdas"] + report["ks"]:
+        assert set(row) >= {"bias2", "variance", "mse", "ci_low", "ci_high"}
+        assert row["ci_low"] <= row["mse"] <= row["ci_high"]
+        assert row["mse"] == pytest.approx(row["bias2"] + row["variance"])
+    assert report["critic_step"] == steps[0] and report["policy_step"] == steps[-1]
+    with RunStore(tmp_path) as store:  # kept with the run, for the page and after a restart
+        (record,) = store.lab_records(run_id)
+        assert record.id == report["result_id"] and record.critic_step == steps[0]
+        stored = store.load_lab_result(record.id)
+        assert stored["estimators"]["mse"][-1] == pytest.approx(report["lambdas"][-1]["mse"])
+    bad = cli("lab", run_id, "--states", "0")
+    assert bad.returncode == 2 and "states must be an integer in [1, 4096], got 0" in bad.stderr
+    wrong = cli("lab", run_id, "--policy-step", "123")
+    assert (
+        wrong.returncode == 2 and "policy_step must be one of the run's checkpoints" in wrong.stderr
+    )
