@@ -35,6 +35,12 @@ def home() -> None:
         icon=":material/biotech:",
     )
     st.page_link(
+        lab_page,
+        label="Estimator lab — measured bias², variance and MSE of each estimator against "
+        "Monte-Carlo truth",
+        icon=":material/science:",
+    )
+    st.page_link(
         compare,
         label="λ comparison — λ × seed sweeps with 95% bands",
         icon=":material/stacked_line_chart:",
@@ -54,8 +60,9 @@ home_page = st.Page(home, title="Home", icon=":material/home:", default=True)
 train = st.Page("pages/train.py", title="Train", icon=":material/fitness_center:")
 runs = st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:")
 explorer_page = st.Page("pages/explorer.py", title="Advantage explorer", icon=":material/biotech:")
+lab_page = st.Page("pages/lab.py", title="Estimator lab", icon=":material/science:")
 compare = st.Page("pages/compare.py", title="λ comparison", icon=":material/stacked_line_chart:")
-pages = [home_page, train, runs, explorer_page, compare]
+pages = [home_page, train, runs, explorer_page, lab_page, compare]
 st.session_state[_ui.NAVIGATION_FLAG] = True
 page = st.navigation(pages)
 wanted = st.session_state.pop(_ui.WANTED_PAGE, None)

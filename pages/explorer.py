@@ -109,6 +109,19 @@ with text:
         f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'}"
     )
     st.caption(explorer.units_note(run.config, value_scale))
+    if st.button(
+        "Measure this checkpoint in the Estimator lab",
+        icon=":material/science:",
+        key="ex.to_lab",
+        help="Bias², variance and MSE of every estimator against Monte-Carlo truth, for this "
+        "policy with this critic (and the policy's own).",
+    ):
+        st.session_state["lab.from_explorer"] = {
+            "run": run_id,
+            "policy": policy_step,
+            "critics": [critic_step, policy_step],
+        }
+        st.switch_page("pages/lab.py")
     st.markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
     st.latex(
         r"\begin{aligned}\delta_t = r_t &+ \gamma\,(1-\text{term}_t)\,V(s_{t+1})"

@@ -145,3 +145,52 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     assert not at.exception
     summary = at.dataframe[-1].value
     assert isinstance(summary, pd.DataFrame) and sorted(summary["gamma"]) == [0.9, 0.99]
+
+
+def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):
+    """From the explorer's link to a finished measurement: the page starts a job with the
+    explorer's checkpoints, and after a reload draws the stored result, whose curves are the
+    stored numbers."""
+    from gae_core.lab.measure import LabResult
+
+    at = app("pages/explorer.py")
+    store = RunStore(data_dir)
+    steps = store.checkpoint_steps(recorded_run)
+    at.selectbox(key="ex.critic").set_value(steps[0]).run()
+    at.button(key="ex.to_lab").click().run()
+    assert not at.exception
+    at.switch_page("pages/lab.py").run()  # AppTest stays on the page it was switched to
+    assert at.selectbox(key="lab.policy").value == steps[-1]
+    assert at.multiselect(key="lab.critics").value == [steps[0], steps[-1]]
+    for key, value in {"lab.states": 4, "lab.rollouts": 4, "lab.k": 4, "lab.segment": 20}.items():
+        at.number_input(key=key).set_value(value).run()
+    at.button(key="lab.start").click().run()
+    assert not at.exception
+    assert wait_until(lambda: len(store.lab_records(recorded_run)) == 2, 120)
+    at.run()
+    assert not at.exception
+    stored = {
+        r.critic_step: LabResult.from_json(store.load_lab_result(r.id))
+        for r in store.lab_records(recorded_run)
+    }
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    for step, result in stored.items():
+        mse = next(
+            plotly_values(t["y"]) for t in spec["data"]
+            if t.get("name") == f"critic {step:,}" and t.get("xaxis") == "x3"
+        )  # fmt: skip
+        gae = result.estimators[result.estimators["kind"] == "gae"].sort_values("param")
+        np.testing.assert_allclose(mse, gae["mse"], rtol=1e-9)
+
+
+def test_lab_page_teaches_on_the_exact_chain(data_dir):
+    at = app("pages/lab.py")
+    at.radio(key="lab.mode").set_value("the exact chain").run()
+    assert not at.exception
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert "least MSE at λ = " in spec["layout"]["title"]["text"]
+    before = spec["layout"]["title"]["text"]
+    at.slider(key="lab.chain_error").set_value(0.0).run()  # the exact critic: no bias anywhere
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    bias2 = next(plotly_values(t["y"]) for t in spec["data"] if t["name"].startswith("bias"))
+    assert np.abs(bias2).max() < 1e-20 and spec["layout"]["title"]["text"] != before

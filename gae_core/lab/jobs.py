@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -56,7 +57,7 @@ def measure_run(
     results = measure_critics(
         config.env_id, policy, critics, settings, progress=progress, cancel=cancel
     )
-    saved = []
+    saved, batch = [], uuid.uuid4().hex[:12]  # one Measure: results shown together
     for step, result in zip(steps, results, strict=True):
         result = replace(
             result,
@@ -68,6 +69,7 @@ def measure_run(
             },
         )
         summary = {
+            "batch": batch,
             "best_lambda": result.best_lambda(),
             "gamma": settings.gamma,
             "states": len(result.states),

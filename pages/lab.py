@@ -1,0 +1,221 @@
+"""Estimator lab: measured bias², variance and MSE of δ, Â^(k) and GAE(λ) against Monte-Carlo
+truth, on a run's checkpoints or on the exact chain."""
+
+import numpy as np
+import streamlit as st
+
+from gae_core.errors import UnsupportedEnvError
+from gae_core.inert import markdown_text
+from gae_core.insight import lab_figures
+from gae_core.insight.views import format_duration
+from gae_core.lab import chain
+from gae_core.lab.jobs import LabJob
+from gae_core.lab.measure import LabResult, LabSettings
+from gae_core.lab.states import STATE_FAMILIES, state_access
+from pages import _ui
+
+_ui.require_navigation("pages/lab.py")
+
+st.title("Estimator lab")
+st.caption(
+    "How wrong is each advantage estimator, measured? For states s the policy visits (with the "
+    "action a it took), the truth is Q^π(s, a) − V̂(s), by Monte Carlo with the infinite-horizon "
+    "discount; each estimator is computed on K fresh continuations of (s, a) with the chosen "
+    "critic. **Bias** is the error the critic injects by bootstrapping (λ = 1 has none where a "
+    "continuation ends within L steps); **variance** is the noise of the sampled rewards; "
+    "**MSE** = bias² + variance is what the policy gradient pays."
+)
+store = _ui.store()
+
+
+@st.cache_resource
+def jobs() -> dict:
+    """Lab jobs started by this server process (their threads live here)."""
+    return {}
+
+
+def show_result(results: dict[str, LabResult], prefix: str) -> None:
+    """The trade-off plots of one or more critics, the per-state view and their CSVs."""
+    st.subheader("GAE(λ): the trade-off")
+    figure, frame = lab_figures.trade_off_figure({k: r.estimators for k, r in results.items()})
+    st.plotly_chart(figure, key=f"{prefix}.gae", config={"displaylogo": False})
+    _ui.csv_button("Trade-off over λ CSV", lambda: frame, "lab_lambda.csv", f"{prefix}.gae_csv")
+    bests = ", ".join(f"{k}: λ = {r.best_lambda():g}" for k, r in results.items())
+    first = next(iter(results.values()))
+    st.caption(
+        f"Least MSE — {bests}. Bands: 95 % percentile bootstrap across the {len(first.states)} "
+        f"states. Truth horizon H = {first.horizon} steps (γ^H = {first.discount_left:.1e} of "
+        "the discount left). bias² is the unbiased estimate (both means' noise subtracted), so "
+        "it can dip slightly below 0 where the critic is nearly exact."
+    )
+    st.subheader("k-step estimators Â^(k)")
+    figure, frame = lab_figures.trade_off_figure(
+        {k: r.estimators for k, r in results.items()}, kind="k_step"
+    )
+    st.plotly_chart(figure, key=f"{prefix}.k", config={"displaylogo": False})
+    _ui.csv_button("Trade-off over k CSV", lambda: frame, "lab_k.csv", f"{prefix}.k_csv")
+    st.subheader("One state: target against the estimates")
+    label = st.selectbox("critic", list(results), key=f"{prefix}.state_critic")
+    result = results[label]
+    state = st.slider("state", 0, len(result.states) - 1, 0, key=f"{prefix}.state")
+    left, right = st.columns([3, 2])
+    with left:
+        figure, frame = lab_figures.state_figure(result.per_state, result.states, state)
+        st.plotly_chart(figure, key=f"{prefix}.one", config={"displaylogo": False})
+        _ui.csv_button("This state's CSV", lambda: frame, "lab_state.csv", f"{prefix}.one_csv")
+    with right:
+        info = result.states.iloc[state]
+        st.markdown(
+            f"Q̂(s,a) = {info['q_hat']:.4g} ± {info['q_se']:.2g}, V̂(s) = {info['v_hat']:.4g}, "
+            f"target = {info['target']:.4g}.  \nV^π(s) − V̂(s) = {info['offset']:.4g}: the "
+            "critic's error at s itself. It shifts every estimate alike and does not bias the "
+            "policy gradient (a baseline), so it is reported apart, not counted as bias."
+        )
+        _ui.csv_button(
+            "Per-state table CSV", lambda: result.per_state, "lab_per_state.csv", f"{prefix}.ps"
+        )
+        _ui.csv_button("States CSV", lambda: result.states, "lab_states.csv", f"{prefix}.st")
+
+
+mode = st.radio(
+    "measure", ["a run's checkpoints", "the exact chain"], horizontal=True, key="lab.mode"
+)
+
+if mode == "the exact chain":
+    st.markdown(
+        "A 7-state random walk (terminal ends, +1 on the right) where every moment is known by "
+        "enumeration: the place to learn the trade-off with no Monte-Carlo error at all."
+    )
+    knobs = st.columns(5)
+    error = knobs[0].slider("critic error scale", 0.0, 0.5, 0.2, 0.01, key="lab.chain_error")
+    p_right = knobs[1].slider("π(right)", 0.05, 0.95, 0.6, 0.05, key="lab.chain_p")
+    gamma = knobs[2].slider("γ", 0.5, 0.999, 0.95, 0.001, key="lab.chain_gamma")
+    segment = knobs[3].slider("segment L", 1, 12, 8, key="lab.chain_segment")
+    seed = knobs[4].number_input("critic seed", 0, 10_000, 0, key="lab.chain_seed")
+    spec = chain.ChainSpec()
+    policy = chain.policy_matrix(spec, p_right)
+    v_pi, _ = chain.exact_values(spec, policy, gamma)
+    critic = chain.critic_with_error(v_pi, error, seed=int(seed))
+    grid = np.round(np.linspace(0, 1, 101), 2)
+    moments = chain.exact_estimator_moments(
+        spec, policy, critic, gamma, spec.start, 1, segment, grid, np.array([1])
+    )
+    figure, frame = lab_figures.exact_figure(grid, moments.gae)
+    st.plotly_chart(figure, key="lab.exact", config={"displaylogo": False})
+    _ui.csv_button("Exact trade-off CSV", lambda: frame, "chain_exact.csv", "lab.exact_csv")
+    st.caption(
+        f"From the middle state, moving right. Target Q^π − V̂ = {moments.target:.4f}; "
+        f"V^π − V̂ there = {moments.state_offset:.4f}. Raise the critic error: bias at small λ "
+        "grows and the best λ moves right; shorten the segment: λ = 1 keeps the bias of the "
+        "bootstrap at L."
+    )
+    st.stop()
+
+runs = [r for r in store.list_runs() if not r.damaged and store.checkpoint_steps(r.id)]
+if not runs:
+    st.info("No run has a checkpoint yet: train one first (checkpoints are what the lab replays).")
+    st.stop()
+labels = {r.id: _ui.run_label(r) for r in runs}
+ids = list(labels)
+wanted = st.session_state.pop("lab.from_explorer", None)
+if wanted and wanted["run"] in ids:
+    st.session_state["lab.run"] = wanted["run"]
+    st.session_state["lab.policy"] = wanted["policy"]
+    st.session_state["lab.critics"] = list(dict.fromkeys(wanted["critics"]))
+run_id = st.selectbox("run", ids, format_func=labels.get, key="lab.run")
+run = store.get_run(run_id)
+try:
+    state_access(run.config["env_id"])
+except UnsupportedEnvError as error:
+    st.error(f"{error}. The lab supports {', '.join(STATE_FAMILIES)}.")
+    st.stop()
+steps = store.checkpoint_steps(run_id)
+if st.session_state.get("lab.policy") not in steps:
+    st.session_state["lab.policy"] = steps[-1]
+if "lab.critics" not in st.session_state or not set(st.session_state["lab.critics"]) <= set(steps):
+    st.session_state["lab.critics"] = list(dict.fromkeys([steps[0], steps[-1]]))
+pick = st.columns([2, 3])
+policy_step = pick[0].selectbox("policy checkpoint (env step)", steps, key="lab.policy")
+critic_steps = pick[1].multiselect(
+    "critic checkpoints (an early one next to a late one is the interesting contrast)",
+    steps,
+    key="lab.critics",
+    format_func=lambda s: f"{s:,}",
+)
+knobs = st.columns(6)
+gamma = knobs[0].number_input("γ", 0.0, 0.9999, float(run.config.get("gamma", 0.99)),
+                              format="%.4g", key="lab.gamma")  # fmt: skip
+states = knobs[1].number_input("states N", 1, 4096, 64, key="lab.states")
+rollouts = knobs[2].number_input("truth rollouts M", 2, 4096, 32, key="lab.rollouts")
+continuations = knobs[3].number_input("continuations K", 2, 4096, 32, key="lab.k")
+segment = knobs[4].number_input("segment L", 1, 10_000, 500, key="lab.segment")
+seed = knobs[5].number_input("seed", 0, 2**31 - 1, 0, key="lab.seed")
+try:
+    settings = LabSettings(gamma=float(gamma), states=int(states), rollouts=int(rollouts),
+                           continuations=int(continuations), segment=int(segment),
+                           seed=int(seed))  # fmt: skip
+    problem = None if critic_steps else "Choose at least one critic checkpoint."
+except ValueError as error:
+    settings, problem = None, str(error)
+if problem:
+    st.error(problem)
+else:
+    st.caption(
+        f"At most {settings.env_steps():,} env steps (truth horizon {settings.truth_horizon}); "
+        "the defaults take about 10 s on CartPole."
+    )
+if st.button("Measure", type="primary", disabled=bool(problem), key="lab.start"):
+    job = LabJob(store, run_id, policy_step=policy_step, critic_steps=critic_steps,
+                 settings=settings)  # fmt: skip
+    jobs()[run_id] = job
+    st.session_state["lab.job"] = run_id
+
+job = jobs().get(st.session_state.get("lab.job", ""))
+
+
+@st.fragment(run_every=0.5 if job is not None and not job.done else None)
+def progress() -> None:
+    if job is None:
+        return
+    if not job.done:
+        st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
+        if st.button("Cancel", key="lab.cancel"):
+            job.cancel()
+        return
+    if job.error:
+        st.error(job.error.splitlines()[0])
+        with st.expander("Error details"):
+            st.code(job.error)
+    elif job.cancelled:
+        st.warning("Cancelled: nothing was stored.")
+    if st.session_state.pop("lab.job", None) is not None and not job.error:
+        st.rerun()
+
+
+progress()
+
+records = store.lab_records(run_id)
+if not records:
+    st.info("No measurement of this run yet: choose checkpoints and press Measure.")
+    st.stop()
+by_batch: dict[tuple, list] = {}
+for record in records:  # the results of one Measure (one per critic) are shown together
+    by_batch.setdefault(record.summary.get("batch", record.id), []).append(record)
+batches = list(by_batch.values())
+index = st.selectbox(
+    "stored measurements (newest first)",
+    range(len(batches)),
+    format_func=lambda i: (
+        f"policy {batches[i][0].policy_step:,} · critics "
+        + ", ".join(f"{r.critic_step:,}" for r in batches[i])
+        + f" · {batches[i][0].summary.get('states')} states · λ* = "
+        + ", ".join(f"{r.summary.get('best_lambda'):g}" for r in batches[i])
+    ),
+    key="lab.stored",
+)
+results = {
+    f"critic {r.critic_step:,}": LabResult.from_json(store.load_lab_result(r.id))
+    for r in sorted(batches[index], key=lambda r: r.critic_step)
+}
+st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batches[index][0].policy_step:,}")
+show_result(results, "lab.result")
