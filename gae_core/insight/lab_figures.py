@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gae_core.inert import plotly_text
+from gae_core.labels import label
 
 __all__ = ["QUANTITIES", "exact_figure", "state_figure", "trade_off_figure"]
 
@@ -34,7 +35,7 @@ def trade_off_figure(
     """bias², variance and MSE against λ (``kind="gae"``) or k (``"k_step"``), one panel each,
     one colour per critic (the keys of ``frames``: each a lab result's ``estimators`` frame),
     95 % bootstrap bands across states, and a marker at each critic's least MSE."""
-    x_title = "λ" if kind == "gae" else "k (steps of real reward before the critic)"
+    x_title = label("lambda_") if kind == "gae" else "k (steps of real reward before the critic)"
     figure = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in QUANTITIES])
     parts = []
     for i, (label, estimators) in enumerate(frames.items()):
@@ -146,7 +147,7 @@ def state_figure(
     )
     figure.update_layout(
         height=340,
-        xaxis_title="λ" if kind == "gae" else "k",
+        xaxis_title=label("lambda_") if kind == "gae" else "k",
         yaxis_title="advantage (env reward units)",
         margin={"l": 40, "r": 10, "t": 30, "b": 40},
         legend={"orientation": "h", "y": -0.3},
@@ -176,7 +177,7 @@ def exact_figure(lambdas: np.ndarray, moments: object) -> tuple[go.Figure, pd.Da
     figure.add_vline(x=float(best["lambda"]), line={"dash": "dot", "color": "#2ca02c"})
     figure.update_layout(
         height=340,
-        xaxis_title="λ",
+        xaxis_title=label("lambda_"),
         yaxis_title="exact value",
         title=f"Exact (enumerated): least MSE at λ = {best['lambda']:g}",
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
