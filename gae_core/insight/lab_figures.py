@@ -38,7 +38,7 @@ def trade_off_figure(
     x_title = label("lambda_") if kind == "gae" else "k (steps of real reward before the critic)"
     figure = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in QUANTITIES])
     parts = []
-    for i, (label, estimators) in enumerate(frames.items()):
+    for i, (critic, estimators) in enumerate(frames.items()):
         color = _PALETTE[i % len(_PALETTE)]
         rows = estimators[estimators["kind"] == kind].sort_values("param")
         for col, (quantity, _) in enumerate(QUANTITIES, start=1):
@@ -53,7 +53,7 @@ def trade_off_figure(
                     line={"width": 0},
                     hoverinfo="skip",
                     showlegend=False,
-                    legendgroup=label,
+                    legendgroup=critic,
                 ),
                 row=1,
                 col=col,
@@ -64,8 +64,8 @@ def trade_off_figure(
                     y=rows[quantity],
                     mode="lines+markers" if len(x) < 30 else "lines",
                     line={"color": color, "width": 2},
-                    name=plotly_text(label),
-                    legendgroup=label,
+                    name=plotly_text(critic),
+                    legendgroup=critic,
                     showlegend=col == 1,
                 ),
                 row=1,
@@ -91,8 +91,8 @@ def trade_off_figure(
                 y=[best["mse"]],
                 mode="markers",
                 marker={"symbol": "star", "size": 14, "color": color},
-                name=plotly_text(f"{label}: least MSE at {best['param']:g}"),
-                legendgroup=label,
+                name=plotly_text(f"{critic}: least MSE at {best['param']:g}"),
+                legendgroup=critic,
             ),
             row=1,
             col=3,

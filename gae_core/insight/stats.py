@@ -1,0 +1,362 @@
+r"""Study statistics after Agarwal et al., *Deep Reinforcement Learning at the Edge of the
+Statistical Precipice* (NeurIPS 2021) and its ``rliable`` library, on scipy.
+
+A λ study has few seeds per group, so point estimates alone mislead. Per group of seeds:
+
+* **IQM**, the interquartile mean: the mean of the middle 50 % of the scores,
+  ``scipy.stats.trim_mean(x, 0.25)``, which cuts ⌊n/4⌋ scores from each end (none below 4
+  seeds, where the IQM is the mean). Robust to one failed seed, less noisy than the median.
+* **Percentile-bootstrap confidence intervals** (``scipy.stats.bootstrap``, ``method=
+  "percentile"``): seeds are resampled with replacement; the interval is the (α/2, 1 − α/2)
+  quantiles of the statistic over resamples. For the mean and the IQM every resample's value
+  lies between the smallest and the largest score, so an interval can never leave the range of
+  the data (a Student-t band with 2 seeds can: t₀.₉₇₅,₁ = 12.7).
+* **Stratified bootstrap** over several tasks: seeds are resampled within each task, and the
+  statistic is taken over the pooled resampled scores (rliable's aggregate over a runs × tasks
+  matrix).
+* **Probability of improvement** P(X > Y) + ½·P(X = Y) over all pairs of seeds of two groups
+  (the Mann–Whitney U statistic divided by n·m), with a bootstrap interval that resamples both
+  groups independently.
+* **Performance profile**: the fraction of seeds whose score is *above* τ, over thresholds τ,
+  with bootstrap bands.
+
+Every function is deterministic for a given ``seed``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+__all__ = [
+    "FEW_SEEDS",
+    "STATISTICS",
+    "best_group_sentence",
+    "bootstrap_ci",
+    "curve_band",
+    "default_taus",
+    "few_seeds_warning",
+    "group_summary",
+    "improvement_matrix",
+    "iqm",
+    "mean",
+    "performance_profile",
+    "probability_of_improvement",
+    "stratified_bootstrap_ci",
+]
+
+#: Below this many seeds per group the page warns that intervals are wide.
+FEW_SEEDS = 5
+RESAMPLES = 2000
+
+
+def iqm(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Interquartile mean: ``trim_mean(scores, 0.25)`` (⌊n/4⌋ cut from each end)."""
+    return scipy_stats.trim_mean(scores, 0.25, axis=axis)
+
+
+def mean(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(scores, axis=axis)
+
+
+STATISTICS: dict[str, Callable[..., Any]] = {"iqm": iqm, "mean": mean}
+
+
+def _check(confidence: float, resamples: int) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be an integer >= 1, got {resamples!r}")
+
+
+def _statistic(name: str) -> Callable[..., Any]:
+    if name not in STATISTICS:
+        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {name!r}")
+    return STATISTICS[name]
+
+
+def _bootstrap(data: tuple, statistic: Callable, confidence: float, resamples: int, seed: int,
+               paired: bool = False) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    with warnings.catch_warnings():  # constant data: scipy warns, the interval is the value
+        warnings.simplefilter("ignore")
+        result = scipy_stats.bootstrap(
+            data,
+            statistic,
+            vectorized=True,
+            axis=-1,
+            paired=paired,
+            confidence_level=confidence,
+            n_resamples=resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    return result.confidence_interval.low, result.confidence_interval.high
+
+
+def bootstrap_ci(
+    scores: Sequence[float] | np.ndarray,
+    statistic: str = "iqm",
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(point, low, high)`` of the statistic over the scores (NaN dropped) with a percentile
+    bootstrap interval over seeds; one score gives ``(x, x, x)``, none ``(nan, nan, nan)``."""
+    _check(confidence, resamples)
+    function = _statistic(statistic)
+    x = np.asarray(scores, float)
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return (np.nan, np.nan, np.nan)
+    point = float(function(x))
+    if len(x) == 1 or np.all(x == x[0]):
+        return (point, point, point)
+    low, high = _bootstrap((x,), function, confidence, resamples, seed)
+    return (point, float(low), float(high))
+
+
+def stratified_bootstrap_ci(
+    scores_by_task: Sequence[Sequence[float]],
+    statistic: str = "iqm",
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(point, low, high)`` of the statistic over all tasks' scores pooled, seeds resampled
+    within each task (rliable's stratified bootstrap)."""
+    _check(confidence, resamples)
+    function = _statistic(statistic)
+    tasks = [np.asarray(t, float)[~np.isnan(np.asarray(t, float))] for t in scores_by_task]
+    tasks = [t for t in tasks if len(t)]
+    if not tasks:
+        return (np.nan, np.nan, np.nan)
+    point = float(function(np.concatenate(tasks)))
+    rng = np.random.default_rng(seed)
+    draws = np.concatenate(
+        [t[rng.integers(0, len(t), size=(resamples, len(t)))] for t in tasks], axis=1
+    )
+    values = function(draws, axis=-1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(values, [alpha, 1.0 - alpha])
+    return (point, float(low), float(high))
+
+
+def _improvement(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """P(X > Y) + ½ P(X = Y) over all pairs, batched over leading axes."""
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    greater = (x[..., :, None] > y[..., None, :]).mean(axis=(-2, -1))
+    equal = (x[..., :, None] == y[..., None, :]).mean(axis=(-2, -1))
+    return greater + 0.5 * equal
+
+
+def probability_of_improvement(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(p, low, high)``: P(X > Y) + ½·P(X = Y) over seeds, i.e. U / (n·m) of the
+    Mann–Whitney test, with a bootstrap interval resampling x and y independently."""
+    _check(confidence, resamples)
+    a, b = np.asarray(x, float), np.asarray(y, float)
+    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    if not len(a) or not len(b):
+        return (np.nan, np.nan, np.nan)
+    point = float(_improvement(a, b))
+    if len(a) == 1 and len(b) == 1:
+        return (point, point, point)
+    if np.all(np.concatenate([a, b]) == a[0]):
+        return (point, point, point)
+    if len(a) == 1 or len(b) == 1:  # one fixed score: resample only the other group
+        if len(a) == 1:
+
+            def statistic(other: np.ndarray, axis: int = -1) -> np.ndarray:
+                return _improvement(np.broadcast_to(a, (*other.shape[:-1], 1)), other)
+
+            data = b
+        else:
+
+            def statistic(other: np.ndarray, axis: int = -1) -> np.ndarray:
+                return _improvement(other, np.broadcast_to(b, (*other.shape[:-1], 1)))
+
+            data = a
+        low, high = _bootstrap((data,), statistic, confidence, resamples, seed)
+    else:
+        low, high = _bootstrap((a, b), _improvement, confidence, resamples, seed)
+    return (point, float(low), float(high))
+
+
+def improvement_matrix(
+    groups: Mapping[Any, Sequence[float]], *, confidence: float = 0.95,
+    resamples: int = RESAMPLES, seed: int = 0,
+) -> pd.DataFrame:  # fmt: skip
+    """Long frame ``x, y, probability, ci_low, ci_high`` for every ordered pair x ≠ y."""
+    if not groups:
+        raise ValueError("groups must not be empty")
+    rows = []
+    for x, xs in groups.items():
+        for y, ys in groups.items():
+            if x == y:
+                continue
+            p, low, high = probability_of_improvement(
+                xs, ys, confidence=confidence, resamples=resamples, seed=seed
+            )
+            rows.append({"x": x, "y": y, "probability": p, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows, columns=["x", "y", "probability", "ci_low", "ci_high"])
+
+
+def default_taus(groups: Mapping[Any, Sequence[float]], points: int = 101) -> np.ndarray:
+    """Thresholds evenly spaced from the smallest to the largest score of all groups."""
+    scores = np.concatenate([np.asarray(v, float) for v in groups.values()])
+    scores = scores[~np.isnan(scores)]
+    if not len(scores):
+        return np.zeros(1)
+    return np.linspace(scores.min(), scores.max(), points)
+
+
+def performance_profile(
+    groups: Mapping[Any, Sequence[float]],
+    taus: np.ndarray | None = None,
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Long frame ``group, tau, fraction, ci_low, ci_high``: the share of a group's seeds with a
+    score strictly above τ, with a bootstrap band over seeds."""
+    _check(confidence, resamples)
+    if not groups:
+        raise ValueError("groups must not be empty")
+    taus = default_taus(groups) if taus is None else np.asarray(taus, float)
+    parts = []
+    for name, values in groups.items():
+        x = np.asarray(values, float)
+        x = x[~np.isnan(x)]
+        above = (x[None, :] > taus[:, None]).astype(float)  # [taus, seeds]
+        fraction = above.mean(axis=1)
+        low, high = fraction.copy(), fraction.copy()
+        varied = (above.min(axis=1) != above.max(axis=1)) & (len(x) > 1)
+        if varied.any():
+            low[varied], high[varied] = _bootstrap(
+                (above[varied],), mean, confidence, resamples, seed
+            )
+        parts.append(pd.DataFrame({"group": name, "tau": taus, "fraction": fraction,
+                                   "ci_low": low, "ci_high": high}))  # fmt: skip
+    return pd.concat(parts, ignore_index=True)
+
+
+def curve_band(
+    curves: np.ndarray,
+    statistic: str = "iqm",
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Per grid point of ``curves [seeds, points]`` (NaN where a seed has no value yet): the
+    statistic over the seeds present and its percentile-bootstrap band; columns ``center,
+    ci_low, ci_high, seeds``. One seed: the band is the value; none: NaN. Points with every seed
+    present are bootstrapped in one vectorised call."""
+    _check(confidence, resamples)
+    function = _statistic(statistic)
+    curves = np.asarray(curves, float)
+    present = ~np.isnan(curves)
+    counts = present.sum(axis=0)
+    center = np.full(curves.shape[1], np.nan)
+    low, high = center.copy(), center.copy()
+    full = counts == curves.shape[0]
+    if full.any():
+        block = curves[:, full].T  # [points, seeds]
+        center[full] = function(block, axis=-1)
+        varied = block.min(axis=1) != block.max(axis=1)
+        low[full], high[full] = center[full], center[full]
+        if curves.shape[0] > 1 and varied.any():
+            index = np.flatnonzero(full)[varied]
+            low[index], high[index] = _bootstrap((block[varied],), function, confidence,
+                                                 resamples, seed)  # fmt: skip
+    for point in np.flatnonzero(~full & (counts > 0)):
+        center[point], low[point], high[point] = bootstrap_ci(
+            curves[:, point], statistic, confidence=confidence, resamples=resamples, seed=seed
+        )
+    return pd.DataFrame({"center": center, "ci_low": low, "ci_high": high, "seeds": counts})
+
+
+def group_summary(
+    scores: pd.DataFrame,
+    group: str,
+    columns: Sequence[str],
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """One row per group value: ``<group>``, ``seeds`` and, for every score column c,
+    ``c_iqm, c_iqm_ci_low, c_iqm_ci_high, c_mean, c_mean_ci_low, c_mean_ci_high``.
+    ``scores`` holds one row per seed."""
+    rows = []
+    for key, frame in scores.groupby(group, sort=True):
+        row: dict[str, Any] = {group: key, "seeds": len(frame)}
+        for column in columns:
+            for name in ("iqm", "mean"):
+                point, low, high = bootstrap_ci(
+                    frame[column].to_numpy(), name, confidence=confidence,
+                    resamples=resamples, seed=seed,
+                )  # fmt: skip
+                row |= {f"{column}_{name}": point, f"{column}_{name}_ci_low": low,
+                        f"{column}_{name}_ci_high": high}  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def best_group_sentence(
+    groups: Mapping[Any, Sequence[float]],
+    label: Callable[[Any], str],
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> str:
+    """The group with the highest IQM (ties: mean) against the runner-up, in words:
+    "λ = 0.95 beats λ = 1 with probability 0.78 [0.61, 0.92] …", saying so when the interval
+    includes ½ (no better than a coin flip at this sample size)."""
+    if len(groups) < 2:
+        return "Only one group: nothing to compare."
+    ranked = sorted(
+        groups,
+        key=lambda g: (
+            float(iqm(np.asarray(groups[g], float))),
+            float(np.mean(groups[g])),
+        ),
+        reverse=True,
+    )
+    best, second = ranked[0], ranked[1]
+    p, low, high = probability_of_improvement(
+        groups[best], groups[second], confidence=confidence, resamples=resamples, seed=seed
+    )
+    text = (
+        f"{label(best)} beats {label(second)} with probability {p:.2f} [{low:.2f}, {high:.2f}] "
+        f"(P(X > Y) over seeds, {confidence:.0%} bootstrap CI)"
+    )
+    if low <= 0.5 <= high:
+        text += " — not distinguishable from seed noise at this sample size"
+    return text
+
+
+def few_seeds_warning(n_min: int) -> str | None:
+    """Why intervals are wide with fewer than :data:`FEW_SEEDS` seeds per group, or None."""
+    if n_min >= FEW_SEEDS:
+        return None
+    return (
+        f"Only {n_min} seed{'s' if n_min != 1 else ''} in the smallest group: a bootstrap over "
+        f"so few seeds can take only a handful of distinct values, so the intervals are wide "
+        "and cover the truth less often than they claim. Use 10 seeds per group to rank groups."
+    )

@@ -1,0 +1,176 @@
+"""Study statistics (gae_core.insight.stats): closed forms, small exact cases, properties."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gae_core.insight import stats
+
+finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        ([5.0], 5.0),
+        ([1.0, 9.0], 5.0),
+        ([1.0, 2.0, 9.0], 4.0),  # ⌊3/4⌋ = 0 cut: the mean
+        ([0.0, 2.0, 4.0, 100.0], 3.0),  # ⌊4/4⌋ = 1 cut each end: mean of 2 and 4
+        ([0.0, 1.0, 2.0, 3.0, 100.0], 2.0),  # 1 cut each end: mean of 1, 2, 3
+        ([-50.0, 1.0, 2.0, 3.0, 4.0, 60.0], 2.5),
+        ([-9.0, 0.0, 1.0, 2.0, 3.0, 4.0, 9.0], 2.0),
+        ([-9.0, -8.0, 1.0, 2.0, 3.0, 4.0, 9.0, 10.0], 2.5),  # ⌊8/4⌋ = 2 cut each end
+    ],
+)
+def test_iqm_by_hand(scores, expected):
+    assert stats.iqm(np.array(scores)) == pytest.approx(expected)
+    assert stats.iqm(np.random.default_rng(0).permutation(scores)) == pytest.approx(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(finite, min_size=2, max_size=12), st.sampled_from(["iqm", "mean"]))
+def test_bootstrap_interval_never_leaves_the_data(scores, statistic):
+    point, low, high = stats.bootstrap_ci(scores, statistic, resamples=300, seed=1)
+    assert min(scores) - 1e-9 <= low <= point + 1e-9
+    assert point - 1e-9 <= high <= max(scores) + 1e-9
+
+
+def test_bootstrap_is_deterministic_and_handles_edges():
+    scores = [1.0, 4.0, 2.0, 8.0, np.nan]
+    assert stats.bootstrap_ci(scores, "mean", seed=3) == stats.bootstrap_ci(scores, "mean", seed=3)
+    assert stats.bootstrap_ci(scores, "mean")[0] == pytest.approx(3.75)  # NaN dropped
+    assert stats.bootstrap_ci([7.0], "iqm") == (7.0, 7.0, 7.0)
+    assert stats.bootstrap_ci([2.0, 2.0, 2.0], "iqm") == (2.0, 2.0, 2.0)
+    assert all(np.isnan(stats.bootstrap_ci([], "mean")))
+    with pytest.raises(ValueError, match=r"confidence must be in \(0, 1\), got 1.5"):
+        stats.bootstrap_ci([1.0, 2.0], confidence=1.5)
+    with pytest.raises(ValueError, match="resamples must be an integer >= 1, got 0"):
+        stats.bootstrap_ci([1.0, 2.0], resamples=0)
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        stats.bootstrap_ci([1.0, 2.0], "median")
+
+
+def test_percentile_interval_of_the_mean_covers_about_95_percent():
+    rng = np.random.default_rng(0)
+    hits = 0
+    for i in range(200):
+        _, low, high = stats.bootstrap_ci(rng.normal(3.0, 2.0, 30), "mean", resamples=1000, seed=i)
+        hits += low <= 3.0 <= high
+    assert 0.85 <= hits / 200 <= 0.99
+
+
+def test_stratified_bootstrap_pools_tasks_and_reduces_to_one_task():
+    one = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    point, low, high = stats.stratified_bootstrap_ci([one], "mean", seed=2)
+    ref = stats.bootstrap_ci(one, "mean", seed=2)
+    assert point == pytest.approx(ref[0]) and low == pytest.approx(ref[1], abs=0.5)
+    assert high == pytest.approx(ref[2], abs=0.5)
+    pooled = stats.stratified_bootstrap_ci([[0.0, 0.0, 0.0], [10.0, 10.0]], "mean")
+    assert pooled == (4.0, 4.0, 4.0)  # each task keeps its seeds: the pool never changes
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "expected"),
+    [
+        ([3.0, 4.0], [1.0, 2.0], 1.0),
+        ([1.0, 2.0], [3.0, 4.0], 0.0),
+        ([1.0, 3.0], [2.0], 0.5),
+        ([1.0, 2.0], [2.0, 2.0], 0.25),  # (0 + ½ + 0 + ½) / 4
+        ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 0.5),
+    ],
+)
+def test_probability_of_improvement_closed_form(x, y, expected):
+    p, low, high = stats.probability_of_improvement(x, y, resamples=500)
+    assert p == pytest.approx(expected)
+    assert 0.0 <= low <= p <= high <= 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=8), st.lists(finite, min_size=1, max_size=8))
+def test_probability_of_improvement_is_complementary(x, y):
+    p_xy = stats.probability_of_improvement(x, y, resamples=50)[0]
+    p_yx = stats.probability_of_improvement(y, x, resamples=50)[0]
+    assert p_xy + p_yx == pytest.approx(1.0)
+    from scipy.stats import mannwhitneyu
+
+    if len(set(x) | set(y)) > 1:
+        assert p_xy == pytest.approx(mannwhitneyu(x, y).statistic / (len(x) * len(y)))
+
+
+def test_improvement_matrix_and_sentence():
+    groups = {0.9: [10.0, 11.0, 12.0, 13.0, 14.0], 1.0: [1.0, 2.0, 3.0, 4.0, 5.0]}
+    matrix = stats.improvement_matrix(groups)
+    assert len(matrix) == 2 and set(matrix.columns) == {"x", "y", "probability", "ci_low",
+                                                        "ci_high"}  # fmt: skip
+    assert matrix.set_index(["x", "y"]).loc[(0.9, 1.0), "probability"] == 1.0
+    text = stats.best_group_sentence(groups, lambda g: f"λ = {g:g}")
+    assert text.startswith("λ = 0.9 beats λ = 1 with probability 1.00 [1.00, 1.00]")
+    assert "seed noise" not in text
+    close = {0.9: [1.0, 3.0, 5.0], 1.0: [2.0, 4.0, 6.0]}
+    assert "not distinguishable from seed noise" in stats.best_group_sentence(close, str)
+    assert stats.best_group_sentence({1: [1.0]}, str) == "Only one group: nothing to compare."
+
+
+def test_performance_profile_counts_scores_strictly_above_tau():
+    profile = stats.performance_profile({"a": [1.0, 2.0, 3.0, 4.0]}, np.array([0.0, 2.0, 4.0]))
+    assert profile["fraction"].tolist() == [1.0, 0.5, 0.0]  # > τ, not ≥
+    assert (profile["ci_low"] <= profile["fraction"]).all()
+    assert (profile["fraction"] <= profile["ci_high"]).all()
+    assert profile.loc[0, "ci_low"] == profile.loc[0, "ci_high"] == 1.0  # no seed can fall below
+    taus = stats.default_taus({"a": [3.0, 9.0], "b": [-1.0]}, points=5)
+    assert taus[0] == -1.0 and taus[-1] == 9.0 and len(taus) == 5
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10_000))
+def test_curve_band_stays_inside_the_data_at_every_point(seeds, points, seed):
+    rng = np.random.default_rng(seed)
+    curves = rng.normal(size=(seeds, points)) * 10
+    curves[rng.random(curves.shape) < 0.2] = np.nan
+    band = stats.curve_band(curves, "iqm", resamples=200, seed=seed)
+    for j in range(points):
+        column = curves[:, j][~np.isnan(curves[:, j])]
+        assert band["seeds"][j] == len(column)
+        if not len(column):
+            assert np.isnan(band["center"][j])
+            continue
+        assert column.min() - 1e-9 <= band["ci_low"][j] <= band["center"][j] + 1e-9
+        assert band["center"][j] - 1e-9 <= band["ci_high"][j] <= column.max() + 1e-9
+
+
+def test_curve_band_speed_is_printed(capsys):
+    curves = np.random.default_rng(0).normal(size=(10, 200))
+    started = time.perf_counter()
+    band = stats.curve_band(curves, "iqm")
+    elapsed = time.perf_counter() - started
+    with capsys.disabled():
+        print(f"\ncurve_band: 10 seeds x 200 points x 2000 resamples in {elapsed:.3f} s")
+    np.testing.assert_allclose(band["center"], stats.iqm(curves.T, axis=-1))
+
+
+def test_group_summary_columns_and_values():
+    scores = pd.DataFrame(
+        {
+            "lambda_": [0.9] * 4 + [1.0] * 4,
+            "seed": list(range(8)),
+            "final_return": [1.0, 2.0, 3.0, 100.0, 5.0, 5.0, 5.0, 5.0],
+        }
+    )
+    table = stats.group_summary(scores, "lambda_", ["final_return"], seed=1)
+    row = table.set_index("lambda_").loc[0.9]
+    assert row["seeds"] == 4
+    assert row["final_return_iqm"] == pytest.approx(2.5) and row["final_return_mean"] == 26.5
+    assert row["final_return_iqm_ci_low"] <= 2.5 <= row["final_return_iqm_ci_high"]
+    assert table.set_index("lambda_").loc[1.0, "final_return_mean_ci_low"] == 5.0
+
+
+def test_few_seeds_warning():
+    assert stats.few_seeds_warning(10) is None and stats.few_seeds_warning(5) is None
+    assert "Only 3 seeds" in stats.few_seeds_warning(3)
+    assert "Only 1 seed in" in stats.few_seeds_warning(1)
