@@ -3,6 +3,7 @@ Thin: all logic lives in gae_core; pages/ hold one file per page."""
 
 import streamlit as st
 
+from gae_core.agent.presets import preset_config
 from gae_core.inert import markdown_text
 from gae_core.insight import views
 from gae_core.labels import label
@@ -19,6 +20,28 @@ def home() -> None:
         "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)). Train A2C + GAE agents, "
         "watch them learn, and see what λ does."
     )
+    left, right = st.columns([1, 2], gap="large")
+    with left:
+        st.subheader("Quick start")
+        st.caption("Train CartPole-v1 with its preset (about a minute) and watch it live.")
+        if st.button("Train CartPole-v1", type="primary", icon=":material/play_arrow:",
+                     key="home.quick"):  # fmt: skip
+            run_id = _ui.manager().start(preset_config("CartPole-v1"))
+            st.session_state["train.view"] = run_id
+            st.switch_page(train)
+    with right:
+        st.subheader("Recent runs")
+        recent = _ui.store().list_runs()[:5]
+        if not recent:
+            st.caption("None yet.")
+        for run in recent:
+            st.markdown(
+                f"{_ui.STATUS_ICONS.get(run.status, '')} **{markdown_text(run.name)}** — "
+                f"{markdown_text(views.status_text(run))}"
+            )
+        if recent:
+            st.page_link(runs, label="All runs", icon=":material/table_rows:")
+    st.subheader("Pages")
     st.page_link(
         train,
         label="Train — start A2C+GAE runs and watch them learn live",

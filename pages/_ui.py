@@ -163,6 +163,12 @@ def run_label(run: Any) -> str:
     return f"{run.name} · {run.id}"
 
 
+#: How often live charts redraw while a run trains (seconds). Slower than the status line: a
+#: redraw of every chart costs far more than the progress bar, and under load a timer shorter
+#: than a redraw would keep the charts permanently rerunning.
+LIVE_CHARTS_EVERY_S = 1.5
+
+
 def run_header(run: Any) -> None:
     """Status line and progress bar with ETA."""
     fraction, eta = views.progress(run)
@@ -179,8 +185,29 @@ def run_header(run: Any) -> None:
             st.code(run.error)
 
 
-def run_charts(run_id: str, *, x: str, smoothing: float, prefix: str) -> None:
-    """The live metric charts of one run, two per row, each with its CSV."""
+def chart_controls(prefix: str) -> dict[str, Any]:
+    """The live charts' controls (x axis, TensorBoard smoothing, log scale for losses)."""
+    from gae_core.insight import figures
+
+    columns = st.columns([2, 3, 2])
+    x = columns[0].radio(
+        "x axis", list(figures.X_AXES), format_func=figures.X_AXES.get, horizontal=True,
+        key=f"{prefix}.x",
+    )  # fmt: skip
+    smoothing = columns[1].slider(
+        "smoothing (TensorBoard EMA weight)", 0.0, 0.99, 0.6, 0.01, key=f"{prefix}.smooth",
+        help="Applied to every chart TensorBoard would smooth; raw points stay visible.",
+    )  # fmt: skip
+    log_losses = columns[2].toggle(
+        "log scale for losses", key=f"{prefix}.log",
+        help="Value loss, gradient norm and advantage std often span decades.",
+    )  # fmt: skip
+    return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
+
+
+def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> None:
+    """The live metric charts of one run, two per row, each with the CSV of every logged
+    point."""
     from gae_core.insight import figures
 
     metrics = store().metrics(run_id)
@@ -188,18 +215,25 @@ def run_charts(run_id: str, *, x: str, smoothing: float, prefix: str) -> None:
         st.info("No metrics yet: the first ones arrive after the first update.")
         return
     present = set(metrics["key"])
-    keys = [m.key for m in M.LIVE if m.key in present]
+    shown = [m for m in M.LIVE if m.key in present]
     columns = st.columns(2)
-    for i, key in enumerate(keys):
-        weight = smoothing if key == M.EPISODIC_RETURN.key else 0.0
-        figure, frame = figures.metric_figure(metrics, key, x=x, smoothing=weight)
+    for i, metric in enumerate(shown):
+        figure, frame = figures.metric_figure(
+            metrics,
+            metric.key,
+            x=x,
+            smoothing=smoothing if metric.smoothed else 0.0,
+            log_y=log_losses and metric.log_scale,
+        )
         with columns[i % 2]:
-            st.plotly_chart(figure, key=f"{prefix}.chart.{key}", config={"displaylogo": False})
+            st.plotly_chart(
+                figure, key=f"{prefix}.chart.{metric.key}", config={"displaylogo": False}
+            )
             csv_button(
                 "CSV",
                 lambda frame=frame: frame,
-                f"{run_id}_{M.get(key).column}.csv",
-                key=f"{prefix}.csv.{key}",
+                f"{run_id}_{metric.column}.csv",
+                key=f"{prefix}.csv.{metric.key}",
             )
 
 

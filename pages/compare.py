@@ -1,13 +1,17 @@
-"""λ comparison: launch a λ × seed sweep in worker processes, or pick runs; compare the
-learning curves (mean and 95 % band across seeds) and a summary per λ."""
+"""λ comparison: launch a λ × seed sweep in worker processes, or pick runs; compare learning
+curves (IQM or mean with bootstrap bands), final return and AUC per group with intervals, the
+probability of improvement between groups and the performance profile."""
 
+import datetime as dt
 import os
 
 import streamlit as st
 
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
-from gae_core.insight import compare, figures, views
+from gae_core.inert import markdown_text
+from gae_core.insight import compare, compare_figures, stats, views
+from gae_core.labels import format_value, group_label, label
 from gae_core.runs.sweep import (
     cancel_sweep,
     grid_of,
@@ -22,29 +26,42 @@ _ui.require_navigation("pages/compare.py")
 
 st.title("λ comparison")
 store = _ui.store()
-launch_tab, analyse_tab = st.tabs(["Launch a sweep", "Compare"])
+if st.session_state.pop("cmp.goto_compare", False):  # "Compare this sweep" was clicked
+    st.session_state["cmp.view"] = "Compare"
+    st.session_state["cmp.source"] = "a sweep"
+view = st.segmented_control(
+    "view", ["Launch a sweep", "Compare"], default="Compare", key="cmp.view",
+    label_visibility="collapsed",
+)  # fmt: skip
 
-with launch_tab:
+
+def sweep_name(sweep_id: str) -> str:
+    sweep = store.get_sweep(sweep_id)
+    env = sweep.base_config.get("env_id", "?")
+    when = dt.datetime.fromtimestamp(sweep.created_at).strftime("%Y-%m-%d %H:%M")
+    return f"{sweep.name} · {env} · {when}"  # no status: a label that changes resets the box
+
+
+if view == "Launch a sweep":
     left, right = st.columns([1, 2], gap="large")
     with left:
         lambdas_text = st.text_input(
             "λ values",
             "0, 0.5, 0.9, 0.95, 0.99, 1",
             key="cmp.lambdas",
-            help="Comma-separated, each in [0, 1]; every λ trains with every seed.",
+            help="Comma-separated, each in [0, 1], each once; every λ trains with every seed.",
         )
         seeds = st.number_input(
-            "seeds per λ",
-            1,
-            100,
-            10,
-            key="cmp.seeds",
-            help="Seeds 0..n−1. Bootstrap intervals need about 10 seeds per λ to be narrow; "
-            "fewer than 5 give intervals too wide to rank λ values.",
-        )
+            "seeds per λ", 1, 100, 10, key="cmp.seeds",
+            help="Seeds 0..n−1. Bootstrap intervals need about 10 seeds per λ to rank λ values; "
+            "fewer than 5 give intervals too wide (and too optimistic) to read.",
+        )  # fmt: skip
+        cores = os.cpu_count() or 1
         workers = st.number_input(
-            "worker processes", 1, os.cpu_count() or 1, os.cpu_count() or 1, key="cmp.workers"
-        )
+            "worker processes", 1, cores, cores, key="cmp.workers",
+            help=f"Trials train in this many processes at once (this machine has {cores} "
+            "cores); a worker that dies costs only its trial, which is retried once.",
+        )  # fmt: skip
         values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
         errors = []
         try:
@@ -68,8 +85,9 @@ with launch_tab:
             )
         _ui.show_problems(errors + form_errors, warnings)
         trials = len(lambdas) * int(seeds)
-        label = f"Launch {trials} runs ({len(lambdas)} λ × {int(seeds)} seeds)"
-        if st.button(label, type="primary", disabled=bool(errors or form_errors), key="cmp.launch"):
+        launch = f"Launch {trials} runs ({len(lambdas)} λ × {int(seeds)} seeds)"
+        if st.button(launch, type="primary", disabled=bool(errors or form_errors),
+                     key="cmp.launch"):  # fmt: skip
             sweep = start_sweep(
                 store, base, grid_of(lambdas=lambdas, seeds=range(int(seeds))), workers=int(workers)
             )
@@ -83,12 +101,9 @@ with launch_tab:
             ids = [s.id for s in sweep_list]
             chosen = st.session_state.get("cmp.sweep")
             sweep_id = st.selectbox(
-                "sweep",
-                ids,
-                index=ids.index(chosen) if chosen in ids else 0,
-                format_func=lambda i: store.get_sweep(i).name,
-                key="cmp.progress_sweep",
-            )
+                "sweep", ids, index=ids.index(chosen) if chosen in ids else 0,
+                format_func=sweep_name, key="cmp.progress_sweep",
+            )  # fmt: skip
             running = store.get_sweep(sweep_id).status == "running"
 
             @st.fragment(run_every=1.0 if running else None)
@@ -105,9 +120,16 @@ with launch_tab:
                     trials[["name", "status", "env_steps", "progress", "final_return"]],
                     hide_index=True,
                     column_config={
+                        "name": st.column_config.TextColumn(label("name")),
+                        "env_steps": st.column_config.NumberColumn(
+                            label("env_steps"), format="localized"
+                        ),
                         "progress": st.column_config.ProgressColumn(
                             "progress", min_value=0.0, max_value=1.0
-                        )
+                        ),
+                        "final_return": st.column_config.NumberColumn(
+                            label("final_return"), format="%.1f"
+                        ),
                     },
                 )
                 if state.status == "running":
@@ -115,61 +137,123 @@ with launch_tab:
                         cancel_sweep(store, sweep_id)
                 elif running:
                     st.rerun()
+                else:
+                    error = store.get_sweep(sweep_id).error
+                    if error:
+                        st.warning(markdown_text(error))
+                    if st.button("Compare this sweep", icon=":material/query_stats:",
+                                 key="cmp.go_compare"):  # fmt: skip
+                        st.session_state["cmp.sweep_pick"] = sweep_id
+                        st.session_state["cmp.goto_compare"] = True
+                        st.rerun(scope="app")
 
             progress()
+    st.stop()
 
-with analyse_tab:
-    source = st.radio("runs", ["a sweep", "pick runs"], horizontal=True, key="cmp.source")
-    if source == "a sweep":
-        sweep_list = store.list_sweeps()
-        if not sweep_list:
-            st.info("No sweeps yet: launch one, or pick runs.")
-            st.stop()
-        names = {s.id: s.name for s in sweep_list}
-        sweep_id = st.selectbox("sweep", list(names), format_func=names.get, key="cmp.sweep_pick")
-        run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
-    else:
-        all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
-        run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
-    fields = [name for name in FIELD_SPECS if name != "seed"]
-    group = st.selectbox("group curves by", fields, index=fields.index("lambda_"), key="cmp.group")
-    options = st.columns(3)
-    window = options[0].slider("episodes per seed's running mean", 1, 100, 10, key="cmp.window")
-    show_seeds = options[1].checkbox("show individual seeds", key="cmp.show_seeds")
-    episodes = compare.episodes_frame(store, run_ids, group)
-    if episodes.empty:
-        st.info("No finished episodes in these runs yet.")
+source = st.radio("runs", ["a sweep", "pick runs"], horizontal=True, key="cmp.source")
+if source == "a sweep":
+    sweep_list = store.list_sweeps()
+    if not sweep_list:
+        st.info("No sweeps yet: launch one, or pick runs.")
         st.stop()
-    threshold = store.get_run(run_ids[0]).summary.reward_threshold
-    bands, aligned = compare.aggregate_curves(episodes, group=group, window=window)
-    figure, frame = figures.comparison_figure(bands, aligned, group=group, show_seeds=show_seeds)
-    st.plotly_chart(figure, key="cmp.curves", config={"displaylogo": False})
-    downloads = st.columns(3)
-    with downloads[0]:
-        _ui.csv_button(
-            "Curves CSV (long: group, seed, step, return)",
-            lambda: aligned,
-            "lambda_curves.csv",
-            "cmp.curves_csv",
-        )
-    with downloads[1]:
-        _ui.csv_button(
-            "Bands CSV (mean, 95% CI)", lambda: frame, "lambda_bands.csv", "cmp.bands_csv"
-        )
-    summary = compare.summary_table(episodes, group=group, threshold=threshold)
-    st.subheader("Summary")
-    st.caption(
-        "Final return: mean ± std across seeds of each seed's last-100-episode mean. "
-        "AUC: area under the seed-mean curve divided by its step span (the average return "
-        "over training). Best (highlighted): highest AUC."
-        + (f" Solved: a 100-episode mean ≥ {threshold:g}." if threshold is not None else "")
-    )
-    st.dataframe(
-        summary.style.apply(
-            lambda row: ["background-color: #d4edda" if row["best"] else ""] * len(row), axis=1
+    ids = [s.id for s in sweep_list]
+    if st.session_state.get("cmp.sweep_pick") not in ids:
+        st.session_state["cmp.sweep_pick"] = ids[0]
+    sweep_id = st.selectbox("sweep", ids, format_func=sweep_name, key="cmp.sweep_pick")
+    run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
+else:
+    all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
+    run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
+fields = [name for name in FIELD_SPECS if name != "seed"]
+options = st.columns([2, 2, 2, 1])
+group = options[0].selectbox(
+    "group curves by", fields, index=fields.index("lambda_"), format_func=label, key="cmp.group"
+)
+center = options[1].segmented_control(
+    "curve", ["iqm", "mean"], default="iqm", format_func=str.upper, key="cmp.center",
+    help="IQM: the mean of the middle 50 % of seeds (robust to one failed seed); mean: all.",
+)  # fmt: skip
+window = options[2].slider("episodes per seed's running mean", 1, 100, 10, key="cmp.window")
+show_seeds = options[3].checkbox("show seeds", key="cmp.show_seeds")
+episodes = compare.episodes_frame(store, run_ids, group)
+if episodes.empty:
+    st.info("No finished episodes in these runs yet.")
+    st.stop()
+runs = [store.get_run(r) for r in run_ids]
+envs = sorted({r.config.get("env_id") for r in runs})
+if len(envs) > 1:
+    st.warning(f"These runs come from different environments ({', '.join(envs)}): their "
+               "returns are not on one scale.")  # fmt: skip
+threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
+seeds_per_group = episodes.groupby(group)["seed"].nunique()
+few = stats.few_seeds_warning(int(seeds_per_group.min()))
+if few:
+    st.warning(few, icon=":material/warning:")
+bands, aligned = compare.aggregate_curves(
+    episodes, group=group, window=window, statistic=center or "iqm"
+)
+figure, frame = compare_figures.comparison_figure(
+    bands, aligned, group=group, show_seeds=show_seeds
+)
+st.plotly_chart(figure, key="cmp.curves", config={"displaylogo": False})
+downloads = st.columns(3)
+with downloads[0]:
+    _ui.csv_button("Curves CSV (each seed on the grid)", lambda: aligned, "curves.csv",
+                   "cmp.curves_csv")  # fmt: skip
+with downloads[1]:
+    _ui.csv_button("Bands CSV", lambda: frame, "bands.csv", "cmp.bands_csv")
+
+summary = compare.summary_table(episodes, group=group, threshold=threshold)
+scores = compare.seed_scores(episodes, group=group, threshold=threshold)
+groups = {k: f["final_return"].to_numpy() for k, f in scores.groupby(group, sort=True)}
+st.subheader("Summary")
+st.markdown(stats.best_group_sentence(groups, lambda k: group_label(group, k)) + " — final return.")
+shown = summary.copy()
+for score in ("final_return", "auc"):
+    for name in ("iqm", "mean"):
+        base = f"{score}_{name}"
+        shown[f"{label(score)} {name.upper()}"] = [
+            f"{format_value(round(p, 1))}  [{format_value(round(lo, 1))}, "
+            f"{format_value(round(hi, 1))}]"
+            for p, lo, hi in zip(
+                shown[base], shown[f"{base}_ci_low"], shown[f"{base}_ci_high"], strict=True
+            )
+        ]
+shown[label(group)] = [format_value(v) for v in shown[group]]
+columns = [label(group), "seeds"] + [c for c in shown.columns if c.endswith(("IQM", "MEAN"))]
+if threshold is not None:
+    shown["solved"] = [f"{v:.0%}" for v in shown["solved_fraction"]]
+    shown["median steps to solve"] = [
+        "–" if v != v else format_value(int(v)) for v in shown["median_steps_to_solve"]
+    ]
+    columns += ["solved", "median steps to solve"]
+st.dataframe(
+    shown[columns].style.apply(
+        lambda row: (
+            ["background-color: #d4edda" if summary.loc[row.name, "best"] else ""] * len(row)
         ),
-        hide_index=True,
-        key="cmp.summary",
+        axis=1,
+    ),
+    hide_index=True,
+    key="cmp.summary",
+)
+st.caption(
+    "Per seed, the final return is the mean of its last 100 episodes and the AUC the area under "
+    "its curve divided by the span (its average return over training). Each cell: the IQM or "
+    "mean across seeds and its 95 % percentile-bootstrap interval (Agarwal et al., 2021). "
+    "Highlighted: the highest final-return IQM."
+    + (f" Solved: a 100-episode mean ≥ {threshold:g}." if threshold is not None else "")
+)
+with downloads[2]:
+    _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")
+left, right = st.columns(2, gap="large")
+with left:
+    figure, matrix = compare_figures.improvement_figure(stats.improvement_matrix(groups), group)
+    st.plotly_chart(figure, key="cmp.improvement", config={"displaylogo": False})
+    _ui.csv_button("Improvement CSV", lambda: matrix, "improvement.csv", "cmp.improvement_csv")
+with right:
+    figure, profile = compare_figures.profile_figure(
+        stats.performance_profile(groups), group, "final return"
     )
-    with downloads[2]:
-        _ui.csv_button("Summary CSV", lambda: summary, "lambda_summary.csv", "cmp.summary_csv")
+    st.plotly_chart(figure, key="cmp.profile", config={"displaylogo": False})
+    _ui.csv_button("Profile CSV", lambda: profile, "profile.csv", "cmp.profile_csv")

@@ -78,73 +78,88 @@ arrays, value_scale = trajectory_arrays(
     critic_step,
 )
 
+
+def _sorted(key: str) -> None:
+    """Keep a multiselect's chips in value order (the order of the lines' colours)."""
+    st.session_state[key] = sorted(st.session_state[key])
+
+
 knobs = st.columns([2, 3, 3, 3])
-gamma = knobs[0].slider(label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, key="ex.gamma")
+gamma = knobs[0].number_input(
+    label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, format="%.6g", key="ex.gamma",
+    help="Shown and used at full precision (the run's own γ by default).",
+)  # fmt: skip
 lambda_ = knobs[1].slider(
     label("lambda_"), 0.0, 1.0, round(float(run.config["lambda_"]), 2), 0.01, key="ex.lambda"
 )
 pinned = knobs[2].multiselect(
     "pinned λ (overlay)",
     [float(x) for x in explorer.LAMBDA_GRID],
-    default=[0.0, 1.0],
+    default=[1.0],  # λ = 0 is δ itself: pinning it would draw δ twice
     key="ex.pinned",
+    on_change=_sorted,
+    args=("ex.pinned",),
 )
 ks = knobs[3].multiselect(
-    "k-step horizons k", [1, 2, 3, 5, 10, 20, 50, 100, 200, 500], default=[1, 10], key="ex.ks"
+    "k-step horizons k",
+    [1, 2, 3, 5, 10, 20, 50, 100, 200, 500],
+    default=[10],  # Â^(1) is δ itself
+    key="ex.ks",
+    on_change=_sorted,
+    args=("ex.ks",),
 )
 
 base, sweep = estimates(arrays, gamma, tuple(sorted(ks)))
 table = explorer.with_gae_columns(base, sweep, [lambda_, *pinned])
-shown = ["value", "delta", *[explorer.k_step_column(k) for k in sorted(ks)]]
-shown += [explorer.gae_column(x) for x in dict.fromkeys([*pinned, lambda_])]
+shown = ["delta", *[explorer.k_step_column(k) for k in sorted(ks)]]
+shown += [explorer.gae_column(x) for x in sorted(dict.fromkeys([*pinned, lambda_]))]
 
-plot, text = st.columns([5, 2], gap="medium")
-with plot:
-    figure, frame = figures.explorer_figure(table, show=shown)
-    st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
+figure, frame = figures.explorer_figure(table, show=shown, gamma=gamma, lambda_=lambda_)
+st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
+row = st.columns([2, 3, 3])
+with row[0]:
     _ui.csv_button("Per-step table CSV", lambda: frame, f"{run_id}_advantages.csv", "ex.csv")
-with text:
-    st.markdown(
-        f"**{len(table)} steps**, episode ends: "
-        f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'}"
-    )
-    st.caption(explorer.units_note(run.config, value_scale))
-    if st.button(
-        "Measure this checkpoint in the Estimator lab",
-        icon=":material/science:",
-        key="ex.to_lab",
-        help="Bias², variance and MSE of every estimator against Monte-Carlo truth, for this "
-        "policy with this critic (and the policy's own).",
-    ):
-        st.session_state["lab.from_explorer"] = {
-            "run": run_id,
-            "policy": policy_step,
-            "critics": [critic_step, policy_step],
-        }
-        st.switch_page("pages/lab.py")
-    st.markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
-    st.latex(
-        r"\begin{aligned}\delta_t = r_t &+ \gamma\,(1-\text{term}_t)\,V(s_{t+1})"
-        r"\\ &- V(s_t)\end{aligned}"
-    )
-    st.markdown("k-step estimator — k real rewards, then the critic (stops at the episode end):")
-    st.latex(r"\hat A^{(k)}_t = \sum_{l=0}^{k-1} \gamma^l \delta_{t+l}")
-    st.markdown("GAE — every k-step estimator, weighted geometrically:")
-    st.latex(
+row[1].markdown(
+    f"**{len(table)} steps**, episode ends: "
+    f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · γ = {gamma:.6g}"
+)
+if row[2].button(
+    "Measure this checkpoint in the Estimator lab",
+    icon=":material/science:",
+    key="ex.to_lab",
+    help="Bias², variance and MSE of every estimator against Monte-Carlo truth, for this "
+    "policy with this critic (and the policy's own).",
+):
+    st.session_state["lab.from_explorer"] = {
+        "run": run_id,
+        "policy": policy_step,
+        "critics": [critic_step, policy_step],
+    }
+    st.switch_page("pages/lab.py")
+st.caption(explorer.units_note(run.config, value_scale))
+with st.expander("What the lines are", expanded=False):
+    formulas = st.columns(3)
+    formulas[0].markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
+    formulas[0].latex(r"\delta_t = r_t + \gamma\,(1-\text{term}_t)\,V(s_{t+1}) - V(s_t)")
+    formulas[1].markdown("k-step — k real rewards, then the critic (stops at the episode end):")
+    formulas[1].latex(r"\hat A^{(k)}_t = \sum_{l=0}^{k-1} \gamma^l \delta_{t+l}")
+    formulas[2].markdown("GAE — every k-step estimator, weighted geometrically:")
+    formulas[2].latex(
         r"\begin{aligned}\hat A^{\mathrm{GAE}}_t &= \sum_{l=0}^{L_t-1}(\gamma\lambda)^l"
         r"\,\delta_{t+l} \\ &= (1-\lambda)\sum_{k=1}^{L_t-1}\lambda^{k-1}\hat A^{(k)}_t"
-        r" \\ &\quad + \lambda^{L_t-1}\hat A^{(L_t)}_t\end{aligned}"
+        r" + \lambda^{L_t-1}\hat A^{(L_t)}_t\end{aligned}"
     )
     st.markdown(
         "λ = 0 is δ_t: low variance, biased by critic error. λ = 1 is the discounted return "
         "minus V(s_t): unbiased for the γ-discounted objective, but it carries the noise of "
         "every later reward. L_t counts the steps left in t's episode segment; truncated "
-        "steps bootstrap from V of the final observation, terminated ones do not."
+        "steps bootstrap from V of the final observation, terminated ones do not. The "
+        "Estimator lab measures this trade-off instead of asserting it."
     )
 
 heat_column, weight_column = st.columns(2, gap="large")
 with heat_column:
-    figure, heat = figures.heatmap_figure(explorer.heatmap_from_sweep(sweep))
+    figure, heat = figures.heatmap_figure(explorer.heatmap_from_sweep(sweep), current=lambda_)
     st.plotly_chart(figure, key="ex.heat", config={"displaylogo": False})
     _ui.csv_button("Heat map CSV", lambda: heat, f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
 with weight_column:

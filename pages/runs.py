@@ -17,118 +17,160 @@ _ui.require_navigation("pages/runs.py")
 
 st.title("Runs")
 store = _ui.store()
-table = runs_frame(store.list_runs())
-if table.empty:
-    st.info("No runs in the store yet. Start one on the Train page.")
-    st.stop()
+any_active = bool(store.list_runs(status=["queued", "running"]))
 
-filters = st.columns([2, 2, 3])
-statuses = filters[0].multiselect("status", list(STATUSES), key="runs.status")
-envs = filters[1].multiselect(
-    "environment", sorted(table["env_id"].dropna().unique()), key="runs.env"
-)
-text = filters[2].text_input("name or id contains", key="runs.text")
-shown = views.filter_runs(table, statuses=statuses, envs=envs, text=text).reset_index(drop=True)
 
-# The table's widget key names the exact list of run ids it shows: selections are row
-# positions, so when another process adds or deletes a run the key changes and the selection
-# starts empty, instead of pointing at whichever run moved into the selected row.
-shown_ids = shown["run_id"].tolist()
-table_key = "runs.table." + hashlib.sha1("\n".join(shown_ids).encode()).hexdigest()[:16]
-on_screen = [
-    "name", "run_id", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
-    "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds",
-]  # fmt: skip
-selection = st.dataframe(
-    shown,
-    hide_index=True,
-    on_select="rerun",
-    selection_mode="multi-row",
-    key=table_key,
-    column_order=on_screen,
-    column_config={
-        "name": st.column_config.TextColumn(label("name")),
-        "run_id": st.column_config.TextColumn(label("run_id")),
-        "env_id": st.column_config.TextColumn(label("env_id")),
-        "lambda_": st.column_config.NumberColumn(label("lambda_"), format="%.3g"),
-        "gamma": st.column_config.NumberColumn(label("gamma"), format="%.4g"),
-        "env_steps": st.column_config.NumberColumn(label("env_steps"), format="localized"),
-        "best_return": st.column_config.NumberColumn(
-            label("best_return"), format="%.1f", help="best mean of 100 consecutive episodes"
-        ),
-        "final_return": st.column_config.NumberColumn(
-            label("final_return"), format="%.1f", help="mean of the last 100 episodes"
-        ),
-        "solved_at_step": st.column_config.NumberColumn(
-            label("solved_at_step"), format="localized"
-        ),
-        "started_at": st.column_config.TextColumn(label("started_at")),
-        "wall_seconds": st.column_config.NumberColumn(label("wall_seconds"), format="%.1f"),
-    },
-)
-_ui.csv_button("Runs table CSV", lambda: shown, "runs.csv", key="runs.csv")
+@st.fragment(run_every=_ui.LIVE_CHARTS_EVERY_S if any_active else None)
+def runs_view() -> None:
+    """The table and the selected runs, refreshed every second while runs train."""
+    table = runs_frame(store.list_runs())
+    if table.empty:
+        st.info("No runs in the store yet. Start one on the Train page.")
+        return
 
-rows = selection.selection.rows if selection else []
-selected = [shown_ids[i] for i in rows if 0 <= i < len(shown_ids)]
-if not selected:
-    st.caption("Select one run to open it, several to overlay them.")
-    st.stop()
-
-x_axis = st.radio(
-    "x axis",
-    ["env_step", "wall_time"],
-    format_func=figures.X_AXES.get,
-    horizontal=True,
-    key="runs.x",
-)
-
-if len(selected) == 1:
-    try:
-        run = store.get_run(selected[0])
-    except StoreError:
-        st.warning("That run was deleted meanwhile.")
-        st.stop()
-    _ui.run_header(run)
-    actions = st.columns([3, 1, 1])
-    new_name = actions[0].text_input("name", value=run.name, key=f"runs.name.{run.id}")
-    if actions[1].button("Rename", key="runs.rename", disabled=new_name.strip() == run.name):
-        try:
-            store.rename_run(run.id, new_name)
-            st.rerun()
-        except (ValueError, StoreError) as error:
-            st.error(str(error))
-
-    @st.dialog("Delete run")
-    def confirm_delete(run_id: str, name: str) -> None:
-        st.markdown(
-            f"Delete **{markdown_text(name)}** ({run_id}) with its metrics, checkpoints and "
-            "trajectories?"
-        )
-        st.write("This cannot be undone.")
-        if st.button("Delete", type="primary", key="runs.delete.confirm"):
-            try:
-                store.delete_run(run_id)
-            except StoreError as error:
-                st.error(str(error))
-                return
-            st.rerun()
-
-    if actions[2].button("Delete", key="runs.delete", disabled=run.active):
-        confirm_delete(run.id, run.name)
-    with st.expander("Config"):
-        st.json(run.config)
-    smoothing = st.slider("return smoothing", 0.0, 0.99, 0.6, 0.01, key="runs.smooth")
-    _ui.run_charts(run.id, x=x_axis, smoothing=smoothing, prefix="runs")
-else:
-    metric = st.selectbox(
-        "metric",
-        [m.key for m in M.LIVE],
-        format_func=lambda k: M.get(k).title,
-        key="runs.metric",
+    filters = st.columns([2, 2, 3])
+    statuses = filters[0].multiselect("status", list(STATUSES), key="runs.status")
+    envs = filters[1].multiselect(
+        "environment", sorted(table["env_id"].dropna().unique()), key="runs.env"
     )
-    smoothing = st.slider("smoothing", 0.0, 0.99, 0.6, 0.01, key="runs.overlay_smooth")
-    names = dict(zip(shown["run_id"], shown["name"], strict=True))
-    runs = {f"{names[r]} ({r})": store.metrics(r, [metric]) for r in selected}
-    figure, frame = figures.overlay_figure(runs, metric, x=x_axis, smoothing=smoothing)
-    st.plotly_chart(figure, key="runs.overlay", config={"displaylogo": False})
-    _ui.csv_button("CSV", lambda: frame, f"overlay_{M.get(metric).column}.csv", "runs.ocsv")
+    text = filters[2].text_input("name or id contains", key="runs.text")
+    shown = views.filter_runs(table, statuses=statuses, envs=envs, text=text).reset_index(drop=True)
+
+    # The table's widget key names the exact list of run ids it shows: selections are row
+    # positions, so when another process adds or deletes a run the key changes and the selection
+    # starts empty, instead of pointing at whichever run moved into the selected row.
+    shown_ids = shown["run_id"].tolist()
+    table_key = "runs.table." + hashlib.sha1("\n".join(shown_ids).encode()).hexdigest()[:16]
+    on_screen = [
+        "name", "run_id", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
+        "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds",
+    ]  # fmt: skip
+    selection = st.dataframe(
+        shown,
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="multi-row",
+        key=table_key,
+        column_order=on_screen,
+        column_config={
+            "name": st.column_config.TextColumn(label("name")),
+            "run_id": st.column_config.TextColumn(label("run_id")),
+            "env_id": st.column_config.TextColumn(label("env_id")),
+            "lambda_": st.column_config.NumberColumn(label("lambda_"), format="%.3g"),
+            "gamma": st.column_config.NumberColumn(label("gamma"), format="%.4g"),
+            "env_steps": st.column_config.NumberColumn(label("env_steps"), format="localized"),
+            "best_return": st.column_config.NumberColumn(
+                label("best_return"), format="%.1f", help="best mean of 100 consecutive episodes"
+            ),
+            "final_return": st.column_config.NumberColumn(
+                label("final_return"), format="%.1f", help="mean of the last 100 episodes"
+            ),
+            "solved_at_step": st.column_config.NumberColumn(
+                label("solved_at_step"), format="localized"
+            ),
+            "started_at": st.column_config.TextColumn(label("started_at")),
+            "wall_seconds": st.column_config.NumberColumn(label("wall_seconds"), format="%.1f"),
+        },
+    )
+    _ui.csv_button("Runs table CSV", lambda: shown, "runs.csv", key="runs.csv")
+
+    rows = selection.selection.rows if selection else []
+    selected = [shown_ids[i] for i in rows if 0 <= i < len(shown_ids)]
+    if not selected:
+        st.caption("Select one run to open it, several to overlay them.")
+        return
+
+    if len(selected) == 1:
+        try:
+            run = store.get_run(selected[0])
+        except StoreError:
+            st.warning("That run was deleted meanwhile.")
+            return
+        _ui.run_header(run)
+        actions = st.columns([3, 1, 1])
+        new_name = actions[0].text_input("name", value=run.name, key=f"runs.name.{run.id}")
+
+        @st.dialog("Rename run", on_dismiss=lambda: st.session_state.pop("runs.renaming", None))
+        def confirm_rename(run_id: str, old: str, new: str) -> None:
+            st.markdown(f"Rename **{markdown_text(old)}** ({run_id}) to **{markdown_text(new)}**?")
+            if st.button("Rename", type="primary", key="runs.rename.confirm"):
+                st.session_state.pop("runs.renaming", None)
+                try:
+                    store.rename_run(run_id, new)
+                except (ValueError, StoreError) as error:
+                    st.error(str(error))
+                    return
+                st.rerun()
+
+        if actions[1].button("Rename", key="runs.rename", disabled=new_name.strip() == run.name):
+            # kept in state: the dialog stays open (with the id it was opened for) until answered
+            st.session_state["runs.renaming"] = (run.id, run.name, new_name)
+        renaming = st.session_state.get("runs.renaming")
+        if renaming and renaming[0] == run.id:
+            confirm_rename(*renaming)
+
+        @st.dialog("Delete run")
+        def confirm_delete(run_id: str, name: str) -> None:
+            st.markdown(
+                f"Delete **{markdown_text(name)}** ({run_id}) with its metrics, checkpoints and "
+                "trajectories?"
+            )
+            st.write("This cannot be undone.")
+            if st.button("Delete", type="primary", key="runs.delete.confirm"):
+                try:
+                    store.delete_run(run_id)
+                except StoreError as error:
+                    st.error(str(error))
+                    return
+                st.rerun()
+
+        if actions[2].button("Delete", key="runs.delete", disabled=run.active):
+            confirm_delete(run.id, run.name)
+        with st.expander("Config"):
+            st.json(run.config)
+        _ui.run_charts(run.id, prefix="runs", **_ui.chart_controls("runs"))
+    else:
+        metric = st.selectbox(
+            "metric",
+            [m.key for m in M.LIVE],
+            format_func=lambda k: M.get(k).title,
+            key="runs.metric",
+        )
+        controls = _ui.chart_controls("runs")
+        chosen = shown[shown["run_id"].isin(selected)]
+        if chosen["env_id"].nunique() > 1:
+            st.warning(
+                "These runs come from different environments "
+                f"({', '.join(sorted(chosen['env_id'].dropna().unique()))}): their returns are not "
+                "on one scale."
+            )
+        names = dict(zip(shown["run_id"], shown["name"], strict=True))
+        runs = {f"{names[r]} ({r})": store.metrics(r, [metric]) for r in selected}
+        figure, frame = figures.overlay_figure(
+            runs, metric, x=controls["x"], smoothing=controls["smoothing"]
+        )
+        st.plotly_chart(figure, key="runs.overlay", config={"displaylogo": False})
+        _ui.csv_button("CSV", lambda: frame, f"overlay_{M.get(metric).column}.csv", "runs.ocsv")
+
+
+runs_view()
+
+st.divider()
+size = store.size_bytes()
+st.caption(f"Store: {size / 2**20:,.1f} MB at {markdown_text(str(store.path))}")
+with st.expander("Retention"):
+    st.write(
+        "Checkpoints, with their recorded trajectories, are most of the store. Thinning keeps "
+        "every N-th checkpoint of each ended run and always its last one."
+    )
+    keep = st.number_input("keep every N-th checkpoint", 1, 1000, 2, key="runs.keep")
+    cols = st.columns(3)
+    if cols[0].button("Thin checkpoints", key="runs.thin"):
+        removed = store.thin_checkpoints(int(keep))
+        saved = store.vacuum()
+        st.success(f"Removed {removed:,} checkpoints; {saved / 2**20:,.1f} MB given back.")
+    orphans_help = "Rows left by runs deleted in older versions of the store."
+    if cols[1].button("Drop orphaned data", key="runs.orphans", help=orphans_help):
+        removed = store.drop_orphans()
+        saved = store.vacuum()
+        st.success(f"Removed {removed:,} orphaned rows; {saved / 2**20:,.1f} MB given back.")

@@ -19,13 +19,23 @@ form_column, live_column = st.columns([1, 2], gap="large")
 
 with form_column:
     st.subheader("Configuration")
+    # Start and the form's verdict come first (filled in below, once the fields are read), so
+    # they are on screen without scrolling past every field.
+    top = st.container()
     values = _ui.config_form("train")
-    name = st.text_input("run name (optional)", key="train.name", max_chars=80)
-    config, errors, warnings = views.build_config(values)
-    _ui.show_problems(errors, warnings)
-    if st.button("Start", type="primary", disabled=config is None, key="train.start"):
-        # the run selectbox below is keyed: set its state, or it keeps showing the old run
-        st.session_state["train.view"] = manager.start(config, name=name.strip() or None)
+    with top:
+        left, right = st.columns([3, 1], vertical_alignment="bottom")
+        name = left.text_input("run name (optional)", key="train.name", max_chars=80)
+        config, errors, warnings = views.build_config(values)
+        if right.button("Start", type="primary", disabled=config is None, key="train.start"):
+            try:
+                run_id = manager.start(config, name=name if name.strip() else None)
+            except ValueError as error:  # a name with nothing printable in it
+                errors = [str(error)]
+            else:
+                # the run selectbox below is keyed: set its state, or it keeps the old run
+                st.session_state["train.view"] = run_id
+        _ui.show_problems(errors, warnings)
 
 with live_column:
     runs = store.list_runs()
@@ -43,27 +53,23 @@ with live_column:
     st.session_state["train.run"] = run_id
     running = store.get_run(run_id).active
 
+    # Two fragments: the status line and Stop refresh every second and cost little, so a Stop
+    # click is handled at once; the charts (the expensive part) refresh on their own timer,
+    # and a click on a chart control reruns only them.
     @st.fragment(run_every=1.0 if running else None)
-    def live() -> None:
-        # The chart controls live in the fragment: a click reruns only this part of the page.
-        controls = st.columns([2, 3])
-        x_axis = controls[0].radio(
-            "x axis",
-            ["env_step", "wall_time"],
-            format_func={"env_step": "env steps", "wall_time": "wall time"}.get,
-            horizontal=True,
-            key="train.x",
-        )
-        smoothing = controls[1].slider(
-            "return smoothing (TensorBoard EMA weight)", 0.0, 0.99, 0.6, 0.01, key="train.smooth"
-        )
+    def status() -> None:
         run = store.get_run(run_id)
         _ui.run_header(run)
         if run.active:
             if st.button("Stop", key="train.stop", icon=":material/stop:"):
                 manager.stop(run_id)
-        elif running:  # it just ended: redraw the page once, without the timer
+        elif running:  # it just ended: redraw the page once, without the timers
             st.rerun()
-        _ui.run_charts(run_id, x=x_axis, smoothing=smoothing, prefix="train")
 
-    live()
+    @st.fragment(run_every=_ui.LIVE_CHARTS_EVERY_S if running else None)
+    def charts() -> None:
+        controls = _ui.chart_controls("train")
+        _ui.run_charts(run_id, prefix="train", **controls)
+
+    status()
+    charts()

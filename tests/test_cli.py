@@ -231,6 +231,18 @@ def test_sweep_json(tmp_path):
     with RunStore(tmp_path / "data") as store:
         configs = [r.config for r in store.list_runs(sweep_id=result["sweep_id"])]
     assert {(c["critic_target"], c["critic_lambda"]) for c in configs} == {("fixed_lambda", 0.95)}
+    # the summary: the comparison page's numbers, per λ
+    assert [entry["value"] for entry in result["summary"]] == [0.9, 1.0]
+    keys = {"iqm", "iqm_ci_low", "iqm_ci_high", "mean", "mean_ci_low", "mean_ci_high"}
+    for entry in result["summary"]:
+        assert set(entry["final_return"]) == keys == set(entry["auc"]) and entry["seeds"] == 1
+        final = entry["final_return"]
+        assert final["iqm_ci_low"] == final["iqm"] == final["iqm_ci_high"]  # one seed
+    table = cli(tmp_path, "summary", result["sweep_id"])
+    assert table.returncode == 0 and "final return IQM [CI]" in table.stdout
+    assert [line.split()[0] for line in table.stdout.splitlines()[2:]] == ["0.9", "1"]
+    again = _last_json(cli(tmp_path, "summary", result["sweep_id"], "--json").stdout)
+    assert again["summary"] == result["summary"]  # the same numbers from both commands
     bad = cli(tmp_path, "sweep", "--lambdas", "0.5", "2.0")
     assert bad.returncode == 2 and "lambda_" in bad.stderr
 

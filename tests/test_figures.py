@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gae_core.insight import compare, explorer, figures
+from gae_core.insight import compare, compare_figures, explorer, figures
 
 
 def long_metrics(n: int, key: str = "charts/episodic_return") -> pd.DataFrame:
@@ -36,7 +36,7 @@ def test_smoothing_is_tensorboards_debiased_ema():
         figures.smooth(np.array([1.0]), 1.0)
 
 
-def test_metric_figure_frame_is_the_plotted_data():
+def test_metric_figure_draws_a_downsample_and_exports_every_point():
     metrics = pd.concat([long_metrics(5000), long_metrics(3, "losses/value_loss")])
     figure, frame = figures.metric_figure(metrics, "charts/episodic_return", smoothing=0.6)
     assert list(frame.columns) == [
@@ -45,9 +45,11 @@ def test_metric_figure_frame_is_the_plotted_data():
         "episodic_return",
         "episodic_return_smoothed",
     ]
-    assert len(frame) <= figures.MAX_POINTS
-    np.testing.assert_array_equal(figure.data[0].y, frame["episodic_return"])
-    np.testing.assert_array_equal(figure.data[1].y, frame["episodic_return_smoothed"])
+    assert len(frame) == 5000  # the CSV: every logged point
+    drawn = frame.iloc[figures.downsample_indices(len(frame))]
+    assert len(figure.data[0].y) == len(drawn) <= figures.MAX_POINTS
+    np.testing.assert_array_equal(figure.data[0].y, drawn["episodic_return"])
+    np.testing.assert_array_equal(figure.data[1].y, drawn["episodic_return_smoothed"])
     _, by_time = figures.metric_figure(metrics, "losses/value_loss", x="wall_time")
     assert by_time["value_loss"].tolist() == [0, 1, 2]
     with pytest.raises(ValueError, match="x must be one of"):
@@ -75,13 +77,47 @@ def test_explorer_figure_marks_each_boundary_kind():
     )
     figure, frame = figures.explorer_figure(table)
     lines = [shape.line for shape in figure.layout.shapes]
-    # terminated at t=1, truncated at t=3, end of rollout after t=5: three styles
+    # terminated at t=1, truncated at t=3, end of rollout after t=5: three styles, drawn
+    # across both panels (values above, advantages below)
     assert sorted((line.dash, line.color) for line in lines) == sorted(
-        [("solid", "#d62728"), ("dash", "#ff7f0e"), ("dot", "#7f7f7f")]
+        2 * [("solid", "#d62728"), ("dash", "#ff7f0e"), ("dot", "#7f7f7f")]
     )
+    # advantages on their own axis, V on the top panel; δ never in termination red
+    by_name = {trace.name: trace for trace in figure.data}
+    assert by_name["V(s_t)"].yaxis == "y" and by_name["δ_t"].yaxis == "y3"
+    assert by_name["δ_t"].line.color != "#d62728"
     assert "gae[lambda=0.95]" in frame and "k_step[k=3]" in frame and "delta" in frame
     names = [trace.name for trace in figure.data]
     assert "GAE λ=0.95" in names and "Â^(3)" in names and "δ_t" in names
+
+
+def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
+    table = explorer.advantage_table(
+        np.ones(6), np.zeros(6), np.zeros(6), np.zeros(6, bool), np.zeros(6, bool),
+        gamma=0.9, lambdas=[0.3, 0.5, 0.95], ks=[3, 10],
+    )  # fmt: skip
+    one, _ = figures.explorer_figure(table, show=["delta", "gae[lambda=0.5]"])
+    many, _ = figures.explorer_figure(
+        table, show=["delta", "k_step[k=3]", "gae[lambda=0.3]", "gae[lambda=0.5]"]
+    )
+    color = {t.name: t.line.color for t in many.data if t.type == "scatter"}
+    assert {t.name: t.line.color for t in one.data if t.type == "scatter"}.items() <= color.items()
+    assert len({color["GAE λ=0.3"], color["GAE λ=0.5"], color["Â^(3)"], color["δ_t"]}) == 4
+
+
+def test_metric_axes_never_degenerate_and_respect_display_ranges():
+    assert figures.y_range(np.full(5, 500.0), None) == [450.0, 550.0]
+    assert figures.y_range(np.zeros(3), None) == [-1.0, 1.0]
+    assert figures.y_range(np.array([0.2, -40.0, 0.9]), (-1.0, 1.0)) == [-1.0, 1.0]
+    assert figures.y_range(np.array([0.2, 0.6]), (-1.0, 1.0)) == pytest.approx([0.18, 0.62])
+    assert figures.y_range(np.array([1.0, 2.0]), None) is None  # Plotly chooses
+    metrics = long_metrics(50, "losses/explained_variance")
+    metrics["value"] = -1e6  # a terrible critic: still drawn on a readable axis
+    figure, _ = figures.metric_figure(metrics, "losses/explained_variance")
+    assert list(figure.layout.yaxis.range) == [-1.0, 1.0]
+    figure, _ = figures.metric_figure(long_metrics(5, "losses/value_loss"), "losses/value_loss",
+                                      log_y=True)  # fmt: skip
+    assert figure.layout.yaxis.type == "log"
 
 
 def test_heatmap_and_weights_figures():
@@ -109,6 +145,6 @@ def test_comparison_draws_one_band_per_lambda():
         for step in (10, 20, 30)
     ]
     bands, aligned = compare.aggregate_curves(pd.DataFrame(rows), points=4, window=1)
-    figure, frame = figures.comparison_figure(bands, aligned, show_seeds=True)
+    figure, frame = compare_figures.comparison_figure(bands, aligned, show_seeds=True)
     assert sum(trace.fill == "tonexty" for trace in figure.data) == 3
-    assert {"seed_0", "seed_1", "seed_2", "mean", "ci_low", "ci_high"} <= set(frame.columns)
+    assert {"seed_0", "seed_1", "seed_2", "center", "ci_low", "ci_high"} <= set(frame.columns)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gae_core import inert
-from gae_core.insight import compare, figures, views
+from gae_core.insight import compare, compare_figures, figures, views
 from gae_core.outcome import RunSummary
 from gae_core.runs.records import RunRecord
 
@@ -76,7 +76,7 @@ def test_figure_legends_show_names_as_text():
         {"sweep": EVIL, "seed": [0, 0, 1, 1], "env_step": [1, 2, 1, 2], "return": [1.0] * 4}
     )
     bands, aligned = compare.aggregate_curves(episodes, group="sweep", points=3, window=1)
-    figure, _ = figures.comparison_figure(bands, aligned, group="sweep")
+    figure, _ = compare_figures.comparison_figure(bands, aligned, group="sweep")
     assert all("<b>" not in (trace.name or "") for trace in figure.data)
 
 

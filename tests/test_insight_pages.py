@@ -12,7 +12,8 @@ from conftest import TINY, app, wait_until
 
 import gae_core
 from gae_core.agent.config import TrainConfig
-from gae_core.insight import explorer
+from gae_core.insight import compare, explorer
+from gae_core.labels import format_value
 from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, run_sweep
 from gae_core.trajectory import Trajectory
@@ -62,7 +63,7 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
         trajectory.terminated,
         trajectory.truncated,
     )
-    gamma = at.slider(key="ex.gamma").value
+    gamma = at.number_input(key="ex.gamma").value
     np.testing.assert_allclose(
         main_chart_gae(at, 0.3), gae_core.gae(*arrays, gamma=gamma, lambda_=0.3), rtol=1e-5
     )
@@ -93,7 +94,7 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     shown = main_chart_trace(at, "V(s_t)")
     np.testing.assert_allclose(shown, early.values, rtol=1e-6)
     assert not np.allclose(shown, own.values)  # a different critic
-    gamma = at.slider(key="ex.gamma").value
+    gamma = at.number_input(key="ex.gamma").value
     arrays = (early.rewards, early.values, early.next_values, early.terminated, early.truncated)
     np.testing.assert_allclose(
         main_chart_trace(at, "δ_t"),
@@ -106,6 +107,10 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
 
 def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):
     at = app("pages/compare.py")
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
+    assert at.number_input(key="cmp.seeds").value == 10  # a new study defaults to 10 seeds
+    at.text_input(key="cmp.lambdas").set_value("0.5, 0.5, 1").run()
+    assert "λ values: 0.5 given twice" in at.error[0].value  # duplicates reported
     at.text_input(key="cmp.lambdas").set_value("0.5, 1.5").run()
     assert "λ values must be in [0, 1], got [1.5]" in at.error[0].value
     assert at.button(key="cmp.launch").disabled
@@ -126,12 +131,25 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert sorted(r.config["lambda_"] for r in trials) == [0.8, 0.8, 1.0, 1.0]
     assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 120)
     at.run()
-    at.radio(key="cmp.source").set_value("a sweep").run()
+    at.button(key="cmp.go_compare").click().run()  # "Compare this sweep"
     assert not at.exception
+    assert at.segmented_control(key="cmp.view").value == "Compare"
+    assert at.selectbox(key="cmp.sweep_pick").value == sweep_id
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert sum(trace.get("fill") == "tonexty" for trace in spec["data"]) == 2
+    assert "IQM across seeds, 95 % percentile-bootstrap band" in spec["layout"]["title"]["text"]
+    assert [t["name"] for t in spec["data"] if t.get("fill") == "tonexty"] == [
+        "λ = 0.8 95% CI",
+        "λ = 1 95% CI",
+    ]
     summary = at.dataframe[-1].value
-    assert sorted(summary["lambda_"]) == [0.8, 1.0] and summary["best"].sum() == 1
+    assert list(summary["λ"]) == ["0.8", "1"] and "final return IQM" in summary.columns
+    # two seeds per λ: the page says why the intervals are wide
+    assert any("Only 2 seeds in the smallest group" in w.value for w in at.warning)
+    assert "beats λ =" in " ".join(m.value for m in at.markdown)
+    expected = compare.sweep_summary(store, sweep_id)
+    cell = summary["final return IQM"].iloc[0]
+    assert cell.startswith(format_value(round(expected["final_return_iqm"].iloc[0], 1)))
 
 
 def test_compare_groups_picked_runs_by_any_field(data_dir):
@@ -144,7 +162,7 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     at.selectbox(key="cmp.group").set_value("gamma").run()
     assert not at.exception
     summary = at.dataframe[-1].value
-    assert isinstance(summary, pd.DataFrame) and sorted(summary["gamma"]) == [0.9, 0.99]
+    assert isinstance(summary, pd.DataFrame) and sorted(summary["γ"]) == ["0.9", "0.99"]
 
 
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):

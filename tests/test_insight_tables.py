@@ -108,19 +108,25 @@ def episodes_frame():
 
 
 def test_aggregate_curves_band_by_hand():
-    bands, aligned = compare.aggregate_curves(episodes_frame(), points=5, window=1)
-    # grid from 0 to the shortest curve's end (40): 0, 10, 20, 30, 40
+    bands, aligned = compare.aggregate_curves(
+        episodes_frame(), points=5, window=1, statistic="mean"
+    )
+    # grid from 0 to the shortest curve's end (40): 0, 10, 20, 30, 40 — whole env steps
     np.testing.assert_array_equal(bands["env_step"].unique(), [0, 10, 20, 30, 40])
+    assert bands["env_step"].dtype.kind == "i"
     lam09 = bands[bands["lambda"] == 0.9].set_index("env_step")
-    assert math.isnan(lam09.loc[0, "mean"])  # no episode finished at step 0
-    # two seeds 10 and 20: mean 15, s = 7.0711, half-width t_{0.975,1}·s/√2 = 12.706·5 = 63.53
-    assert lam09.loc[20, "mean"] == pytest.approx(15.0)
-    assert lam09.loc[20, "ci_high"] - 15.0 == pytest.approx(12.706205 * 5.0)
-    assert lam09.loc[20, "seeds"] == 2
+    assert math.isnan(lam09.loc[0, "center"])  # no episode finished at step 0
+    # two seeds 10 and 20: mean 15; a bootstrap resample is (10,10), (10,20), (20,10) or
+    # (20,20): the 95 % percentile band is exactly the data's range [10, 20]
+    assert lam09.loc[20, "center"] == pytest.approx(15.0)
+    assert (lam09.loc[20, "ci_low"], lam09.loc[20, "ci_high"]) == (10.0, 20.0)
+    assert lam09.loc[20, "seeds"] == 2 and (bands["statistic"] == "mean").all()
     lam1 = bands[bands["lambda"] == 1.0].set_index("env_step")
-    assert lam1.loc[40, "mean"] == 5.0 and math.isnan(lam1.loc[40, "ci_low"])  # one seed: no band
+    assert lam1.loc[40, "center"] == lam1.loc[40, "ci_low"] == 5.0  # one seed: the value
     assert set(aligned.columns) == {"lambda", "seed", "env_step", "return"}
     assert len(aligned) == 3 * 5
+    with pytest.raises(ValueError, match="statistic must be one of"):
+        compare.aggregate_curves(episodes_frame(), statistic="median")
 
 
 def test_aggregate_curves_grid_stops_at_the_shortest_run():
@@ -155,12 +161,15 @@ def test_steps_to_solve_needs_a_full_window():
 def test_summary_table_by_hand():
     table = compare.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
     lam09 = table[table["lambda"] == 0.9].iloc[0]
-    assert lam09["final_return_mean"] == 15.0
-    assert lam09["final_return_std"] == pytest.approx(math.sqrt(50.0))
+    assert lam09["seeds"] == 2
+    assert lam09["final_return_mean"] == 15.0 and lam09["final_return_iqm"] == 15.0
+    assert (lam09["final_return_mean_ci_low"], lam09["final_return_mean_ci_high"]) == (10.0, 20.0)
     # seed 1 (returns 20) reaches 12 with a full window of 2 at its second episode (step 20);
     # seed 0 (returns 10) never does
     assert lam09["solved_fraction"] == 0.5
     assert lam09["median_steps_to_solve"] == 20.0
-    # the seed-mean curve is NaN at step 0 then 15 from step 10 to 40: AUC = 15
-    assert lam09["auc_mean_return"] == pytest.approx(15.0)
+    # each seed's curve is NaN at step 0 then constant (10 and 20): AUCs 10 and 20, mean 15
+    assert lam09["auc_mean"] == pytest.approx(15.0)
+    scores = compare.seed_scores(episodes_frame(), threshold=12.0, final_window=2, points=5)
+    assert scores["auc"].tolist() == pytest.approx([10.0, 20.0, 5.0])
     assert table["best"].tolist() == [True, False]

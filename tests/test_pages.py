@@ -133,7 +133,7 @@ def test_runs_selection_follows_run_ids_when_another_process_adds_a_run(data_dir
     headers = [m.value for m in at.markdown if "—" in m.value]
     assert not any("newer run" in h or "intruder" in h for h in headers), headers
     if not headers:  # the selection was dropped, not redirected
-        assert "Select one run to open it" in at.caption[-1].value
+        assert any("Select one run to open it" in c.value for c in at.caption)
     at.session_state[_table_key(at)] = {"selection": {"rows": [2], "columns": [], "cells": []}}
     at.run()
     assert any("older run" in m.value for m in at.markdown if "—" in m.value)
@@ -196,3 +196,43 @@ def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     assert at.button(key="train.start").disabled
     at.number_input(key="train.gamma").set_value(0.99).run()
     assert not at.error and not at.button(key="train.start").disabled
+
+
+def test_rename_confirms_and_retention_thins_checkpoints(data_dir):
+    store = RunStore(data_dir)
+    run_id = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="before")
+    for step in (100, 200, 300, 400, 500):
+        store.save_checkpoint(run_id, step, b"x" * 1000, [b"t" * 500])
+    store.finish_run(run_id, "finished")
+    at = app("pages/runs.py")
+    at.session_state[next(str(e.key) for e in at.dataframe)] = {
+        "selection": {"rows": [0], "columns": [], "cells": []}
+    }
+    at.run()
+    at.text_input(key=f"runs.name.{run_id}").set_value("after").run()
+    at.button(key="runs.rename").click().run()
+    assert store.get_run(run_id).name == "before"  # nothing until confirmed
+    assert any("Rename" in m.value and "after" in m.value for m in at.markdown)
+    at.button(key="runs.rename.confirm").click().run()
+    assert store.get_run(run_id).name == "after"
+    assert any(c.value.startswith("Store: ") and " MB at " in c.value for c in at.caption)
+    at.number_input(key="runs.keep").set_value(2).run()
+    at.button(key="runs.thin").click().run()
+    assert store.checkpoint_steps(run_id) == [100, 300, 500]  # every 2nd, and the last
+    assert store.trajectory_steps(run_id) == [100, 300, 500]
+    assert "Removed 2 checkpoints" in at.success[0].value
+
+
+def test_home_quick_start_trains_the_cartpole_preset_and_lists_recent_runs(data_dir):
+    from gae_core.agent.presets import preset_config
+
+    at = app()
+    assert "None yet." in [c.value for c in at.caption]
+    at.button(key="home.quick").click().run()
+    assert not at.exception
+    (run,) = RunStore(data_dir).list_runs()
+    assert run.config == preset_config("CartPole-v1").to_dict()
+    _ui.manager().stop(run.id)
+    _ui.manager().wait(run.id, 30)
+    at = app()
+    assert any(markdown_text(run.name) in m.value for m in at.markdown)

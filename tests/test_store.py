@@ -404,3 +404,20 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
         run = store.get_run("old")
         assert run.name == "old run" and run.env_steps == 500 and run.summary.best_return == 12.5
         assert run.summary.fell_below_at_step is None and store.lab_records("old") == []
+
+
+def test_orphans_are_dropped_and_space_given_back(tmp_path):
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(CONFIG)
+        store.flush(run_id, [("losses/value_loss", i, 0.0, 1.0) for i in range(5000)])
+        store.save_checkpoint(run_id, 10, b"x" * 200_000, [b"t" * 100_000])
+        store.finish_run(run_id, "finished")
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)  # an older writer, foreign keys off
+    raw.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+    raw.commit()
+    raw.close()
+    with RunStore(tmp_path) as store:
+        assert store.drop_orphans() == 5000 + 1 + 1
+        assert store.metrics(run_id).empty and store.checkpoint_steps(run_id) == []
+        assert store.vacuum() > 200_000
+        assert store.integrity_check() == "ok"

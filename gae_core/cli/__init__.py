@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
-from gae_core.cli import commands
+from gae_core.cli import commands, study
 from gae_core.errors import ConfigError, StoreError
 from gae_core.runs.records import STATUSES
 from gae_core.runs.store import DATA_ENV_VAR
@@ -164,7 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--seed", type=int, default=0)
     lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     lab.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    lab.set_defaults(handler=commands.lab)
+    lab.set_defaults(handler=study.lab)
+
+    summary = sub.add_parser(
+        "summary",
+        parents=[data_dir],
+        help="a sweep's statistics per group: IQM and mean of final return and AUC with CIs",
+    )
+    summary.add_argument("sweep_id")
+    summary.add_argument("--group", help="config field to group by (default: λ)")
+    summary.add_argument("--json", action="store_true", help="print one JSON object")
+    summary.set_defaults(handler=study.summary)
 
     stop = sub.add_parser("stop", parents=[data_dir], help="ask a running run to stop")
     stop.add_argument("run_id")

@@ -16,6 +16,7 @@ from gae_core.agent.envs import reward_threshold
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text, to_csv
+from gae_core.insight.compare import summary_records, sweep_summary
 from gae_core.runs.store import RunStore, folder_is_writable, resolve_data_dir
 from gae_core.runs.table import run_row, runs_frame
 
@@ -60,11 +61,11 @@ def open_store_for_reading(args: argparse.Namespace) -> RunStore:
     return RunStore(folder)
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     print(json.dumps(value, default=list), flush=True)
 
 
-class _StopOnSignal:
+class StopOnSignal:
     """First Ctrl-C (or SIGTERM) sets ``event``: a clean stop that keeps the data. A second
     Ctrl-C interrupts at once. ``received`` tells a signal stop from one asked through the
     store."""
@@ -83,7 +84,7 @@ class _StopOnSignal:
         self.event.set()
         print(f"\n{self.message}", file=sys.stderr, flush=True)
 
-    def __enter__(self) -> _StopOnSignal:
+    def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self.previous[signum] = signal.signal(signum, self._handle)
@@ -94,7 +95,7 @@ class _StopOnSignal:
             signal.signal(signum, handler)
 
 
-def _progress_bar(total: int, disable: bool, unit: str = "step") -> Any:
+def progress_bar(total: int, disable: bool, unit: str = "step") -> Any:
     from tqdm import tqdm
 
     return tqdm(
@@ -130,7 +131,7 @@ def train(args: argparse.Namespace) -> int:
         raise UsageError(f"--name: {exc}") from None
     print(f"run {run_id} in {store.path}", file=sys.stderr, flush=True)
     stop = threading.Event()
-    bar = _progress_bar(config.total_steps, args.no_progress)
+    bar = progress_bar(config.total_steps, args.no_progress)
     shown = [0]
 
     def on_step(result: Any) -> None:
@@ -138,7 +139,7 @@ def train(args: argparse.Namespace) -> int:
         bar.update(steps - shown[0])
         shown[0] = steps
 
-    with _StopOnSignal(stop, "stopping after this update (Ctrl-C again to abort)…") as signals:
+    with StopOnSignal(stop, "stopping after this update (Ctrl-C again to abort)…") as signals:
         try:
             outcome = execute_run(StoreSink(store, run_id), run_id, config, stop, on_step=on_step)
         finally:
@@ -157,7 +158,7 @@ def train(args: argparse.Namespace) -> int:
     if outcome.status == "failed":
         print(f"run {run_id} failed: {outcome.error}", file=sys.stderr)
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         print(
             f"run {run_id} {outcome.status}: {outcome.env_steps:,} env steps in "
@@ -188,7 +189,7 @@ def runs(args: argparse.Namespace) -> int:
         to_csv(frame, args.csv)
         print(f"wrote {len(frame)} runs to {args.csv}", file=sys.stderr)
     if args.json:
-        _print_json([run_row(r) for r in found])
+        print_json([run_row(r) for r in found])
         return EXIT_OK
     if not found:
         print("no runs", file=sys.stderr)
@@ -269,7 +270,7 @@ def sweep(args: argparse.Namespace) -> int:
         )
     base = held
     store = open_store(args)
-    bar = _progress_bar(100, args.no_progress, unit="%")
+    bar = progress_bar(100, args.no_progress, unit="%")
     shown = [0]
 
     def on_progress(progress: SweepProgress) -> None:
@@ -300,7 +301,7 @@ def sweep(args: argparse.Namespace) -> int:
         flush=True,
     )
     cancel = threading.Event()
-    with _StopOnSignal(cancel, "cancelling the sweep (Ctrl-C again to abort)…"):
+    with StopOnSignal(cancel, "cancelling the sweep (Ctrl-C again to abort)…"):
         while not handle.wait(0.2):
             if cancel.is_set():
                 handle.cancel()
@@ -309,7 +310,6 @@ def sweep(args: argparse.Namespace) -> int:
     progress = handle.progress()
     record = store.get_sweep(handle.sweep_id)
     found = [store.get_run(r) for r in handle.run_ids if store.run_exists(r)]
-    store.close()
     result = {
         "sweep_id": handle.sweep_id,
         "name": record.name,
@@ -321,9 +321,13 @@ def sweep(args: argparse.Namespace) -> int:
         "wall_seconds": wall,
         "grid": grid,
         "runs": [run_row(r) for r in found],
+        "summary": summary_records(sweep_summary(store, handle.sweep_id), "lambda_")
+        if "lambda_" in grid
+        else [],
     }
+    store.close()
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         for run in found:
             print(
@@ -336,110 +340,6 @@ def sweep(args: argparse.Namespace) -> int:
     if progress.status == "cancelled" or cancel.is_set():
         return EXIT_INTERRUPTED
     return EXIT_OK if progress.counts["finished"] == progress.total else EXIT_FAILED
-
-
-# -- lab ------------------------------------------------------------------------------------
-
-
-def lab(args: argparse.Namespace) -> int:
-    from gae_core.lab.jobs import measure_run
-    from gae_core.lab.measure import LabCancelled, LabSettings
-
-    with open_store_for_reading(args) as probe:
-        run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
-    options: dict[str, Any] = {
-        "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
-        "states": args.states,
-        "rollouts": args.rollouts,
-        "continuations": args.continuations,
-        "segment": args.segment,
-        "seed": args.seed,
-    }
-    if args.lambdas is not None:
-        options["lambdas"] = tuple(args.lambdas)
-    if args.ks is not None:
-        options["ks"] = tuple(args.ks)
-    settings = LabSettings(**options)  # ValueError naming the field (exit 2)
-    store = open_store(args)
-    bar = _progress_bar(100, args.no_progress, unit="%")
-    shown = [0]
-
-    def progress(fraction: float) -> None:
-        percent = int(fraction * 100)
-        bar.update(percent - shown[0])
-        shown[0] = percent
-
-    cancel = threading.Event()
-    try:
-        with _StopOnSignal(cancel, "cancelling the lab (nothing is stored)…"):
-            saved = measure_run(
-                store,
-                args.run_id,
-                policy_step=args.policy_step,
-                critic_steps=args.critic_step or (None,),
-                settings=settings,
-                progress=progress,
-                cancel=cancel,
-            )
-    except LabCancelled:
-        bar.close()
-        print("lab cancelled", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        store.close()
-    bar.close()
-    reports = [lab_report(result_id, result) for result_id, result in saved]
-    if args.json:
-        _print_json(reports[0] if len(reports) == 1 else {"critics": reports})
-        return EXIT_OK
-    for report in reports:
-        print(
-            f"lab {report['result_id']}: policy step {report['policy_step']:,}, critic step "
-            f"{report['critic_step']:,}, {report['states']} states, {report['seconds']:.1f} s"
-        )
-        print(f"{'estimator':<14}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE 95% CI")
-        for row in (
-            [{"estimator": "δ", **report["delta"]}]
-            + [{"estimator": f"Â^({r['k']})", **r} for r in report["ks"]]
-            + [{"estimator": f"GAE λ={r['lambda']:g}", **r} for r in report["lambdas"]]
-        ):
-            print(
-                f"{row['estimator']:<14}{row['bias2']:>12.4g}{row['variance']:>12.4g}"
-                f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
-            )
-        print(f"least MSE at λ = {report['best_lambda']:g}")
-    return EXIT_OK
-
-
-def lab_report(result_id: str, result: Any) -> dict[str, Any]:
-    """The ``lab --json`` object: per λ and per k, bias², variance, MSE and the MSE's CI."""
-    frame = result.estimators
-
-    def rows(kind: str, key: str) -> list[dict[str, Any]]:
-        part = frame[frame["kind"] == kind]
-        return [
-            {
-                key: int(r.param) if key == "k" else float(r.param),
-                "bias2": float(r.bias2),
-                "variance": float(r.variance),
-                "mse": float(r.mse),
-                "ci_low": float(r.mse_ci_low),
-                "ci_high": float(r.mse_ci_high),
-            }
-            for r in part.itertuples()
-        ]
-
-    return {
-        "result_id": result_id,
-        **result.meta,
-        "env_id": result.env_id,
-        "states": len(result.states),
-        "seconds": result.seconds,
-        "best_lambda": result.best_lambda(),
-        "delta": {k: v for k, v in rows("delta", "k")[0].items() if k != "k"},
-        "lambdas": rows("gae", "lambda"),
-        "ks": rows("k_step", "k"),
-    }
 
 
 # -- stop, rename, delete -------------------------------------------------------------------

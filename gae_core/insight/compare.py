@@ -8,14 +8,13 @@ frames, unchanged); :mod:`gae_core.insight.figures` draws them.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from gae_core import metrics as M
+from gae_core.insight import stats
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.runs.store import RunStore
 
@@ -37,7 +36,8 @@ def step_grid(max_steps: Sequence[int], points: int = 200) -> np.ndarray:
         raise ValueError("need at least one curve")
     if points < 2:
         raise ValueError(f"points must be >= 2, got {points}")
-    return np.linspace(0.0, float(min(max_steps)), points)
+    # whole env steps: a CSV of the curves has an integer step column
+    return np.unique(np.linspace(0.0, float(min(max_steps)), points).round().astype(np.int64))
 
 
 def align_curve(
@@ -56,23 +56,38 @@ def align_curve(
     return out
 
 
+#: How a band is computed, stated on the chart and in the CSV.
+BAND_METHODS = {
+    "iqm": "IQM across seeds, 95 % percentile-bootstrap band",
+    "mean": "mean across seeds, 95 % percentile-bootstrap band",
+}
+
+
 def aggregate_curves(
-    episodes: pd.DataFrame, *, group: str = "lambda", points: int = 200, window: int = 10
+    episodes: pd.DataFrame,
+    *,
+    group: str = "lambda",
+    points: int = 200,
+    window: int = 10,
+    statistic: str = "iqm",
+    seed: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Mean episodic return per group with a 95 % confidence band across seeds.
+    """Per group, the IQM (or mean) episodic return across seeds with a 95 % percentile-bootstrap
+    band (:func:`gae_core.insight.stats.curve_band`: it never leaves the range of the seeds).
 
     Args:
         episodes: long frame with columns ``group``, ``seed``, ``env_step``, ``return``.
         group: the column that names a curve (λ by default).
         points: grid size; the grid ends at the shortest seed's last episode step.
-        window: episodes in each seed's running mean before averaging across seeds.
+        window: episodes in each seed's running mean before aggregating across seeds.
+        statistic: ``"iqm"`` or ``"mean"``.
 
     Returns:
-        ``(bands, aligned)``. ``bands``: ``group, env_step, mean, ci_low, ci_high, seeds`` where
-        the band is mean ± t_{0.975, n−1}·s/√n over the n seeds with a value at that step (no
-        band with one seed). ``aligned``: each seed on the grid, ``group, seed, env_step,
-        return``.
+        ``(bands, aligned)``. ``bands``: ``group, env_step, center, ci_low, ci_high, seeds,
+        statistic``. ``aligned``: each seed on the grid, ``group, seed, env_step, return``.
     """
+    if statistic not in BAND_METHODS:
+        raise ValueError(f"statistic must be one of {sorted(BAND_METHODS)}, got {statistic!r}")
     missing = {group, "seed", "env_step", "return"} - set(episodes.columns)
     if missing:
         raise ValueError(f"episodes is missing columns {sorted(missing)}")
@@ -81,35 +96,20 @@ def aggregate_curves(
     grid = step_grid(episodes.groupby([group, "seed"])["env_step"].max().tolist(), points)
     aligned_parts, band_parts = [], []
     for key, frame in episodes.groupby(group, sort=True):
-        seeds, curves = [], []
-        for seed, run in frame.groupby("seed", sort=True):
-            seeds.append(seed)
+        curves = []
+        for seed_value, run in frame.groupby("seed", sort=True):
             curves.append(align_curve(run["env_step"], run["return"], grid, window=window))
             aligned_parts.append(
-                pd.DataFrame({group: key, "seed": seed, "env_step": grid, "return": curves[-1]})
+                pd.DataFrame(
+                    {group: key, "seed": seed_value, "env_step": grid, "return": curves[-1]}
+                )
             )
-        band_parts.append(_band(key, grid, np.vstack(curves), group))
+        band = stats.curve_band(np.vstack(curves), statistic, seed=seed)
+        band.insert(0, "env_step", grid)
+        band.insert(0, group, key)
+        band["statistic"] = statistic
+        band_parts.append(band)
     return pd.concat(band_parts, ignore_index=True), pd.concat(aligned_parts, ignore_index=True)
-
-
-def _band(key, grid: np.ndarray, curves: np.ndarray, group: str) -> pd.DataFrame:
-    counts = np.sum(~np.isnan(curves), axis=0)
-    with warnings.catch_warnings():  # steps where no (or one) seed has a value yet give NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(curves, axis=0)
-        std = np.nanstd(curves, axis=0, ddof=1)
-    factor = np.where(counts > 1, scipy_stats.t.ppf(0.975, np.maximum(counts - 1, 1)), np.nan)
-    half = factor * std / np.sqrt(np.maximum(counts, 1))
-    return pd.DataFrame(
-        {
-            group: key,
-            "env_step": grid,
-            "mean": mean,
-            "ci_low": mean - half,
-            "ci_high": mean + half,
-            "seeds": counts,
-        }
-    )
 
 
 def area_under_curve(env_steps: np.ndarray, values: np.ndarray) -> float:
@@ -135,44 +135,60 @@ def steps_to_solve(
     return math.nan if summary.solved_at_step is None else float(summary.solved_at_step)
 
 
+def seed_scores(
+    episodes: pd.DataFrame,
+    *,
+    group: str = "lambda",
+    threshold: float | None = None,
+    final_window: int = SOLVED_WINDOW,
+    points: int = 200,
+) -> pd.DataFrame:
+    """One row per (group, seed): ``final_return`` (the mean of its last ``final_window``
+    episodes), ``auc`` (the area under its curve on the common grid divided by the grid's span:
+    the average return over training) and, with a ``threshold``, ``solved_at_step`` (NaN if it
+    never solved, Gym's full-window rule)."""
+    _, aligned = aggregate_curves(episodes, group=group, points=points, window=1)
+    rows = []
+    for (key, seed_value), run in episodes.groupby([group, "seed"], sort=True):
+        run = run.sort_values("env_step", kind="stable")
+        curve = aligned[(aligned[group] == key) & (aligned["seed"] == seed_value)]
+        row = {
+            group: key,
+            "seed": seed_value,
+            "final_return": float(run["return"].tail(final_window).mean()),
+            "auc": area_under_curve(curve["env_step"].to_numpy(), curve["return"].to_numpy()),
+        }
+        if threshold is not None:
+            row["solved_at_step"] = steps_to_solve(
+                run["env_step"], run["return"], threshold, final_window
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def summary_table(
     episodes: pd.DataFrame,
     *,
     group: str = "lambda",
     threshold: float | None = None,
-    final_window: int = 100,
+    final_window: int = SOLVED_WINDOW,
     points: int = 200,
+    seed: int = 0,
 ) -> pd.DataFrame:
-    """Per group: final return mean ± std across seeds (each seed's mean of its last
-    ``final_window`` episodes), normalised AUC of the seed-mean curve, median steps to solved
-    and the fraction of seeds that solved (when ``threshold`` is given), and ``best`` marking
-    the group with the highest AUC (ties: highest final mean)."""
-    _, aligned = aggregate_curves(episodes, group=group, points=points, window=1)
-    rows = []
-    for key, frame in episodes.groupby(group, sort=True):
-        finals, solve_steps = [], []
-        for _, run in frame.groupby("seed", sort=True):
-            run = run.sort_values("env_step", kind="stable")
-            finals.append(float(run["return"].tail(final_window).mean()))
-            if threshold is not None:
-                solve_steps.append(
-                    steps_to_solve(run["env_step"], run["return"], threshold, final_window)
-                )
-        curve = aligned[aligned[group] == key].groupby("env_step")["return"].mean()
-        solved = [s for s in solve_steps if not math.isnan(s)]
-        rows.append(
-            {
-                group: key,
-                "seeds": len(finals),
-                "final_return_mean": float(np.mean(finals)),
-                "final_return_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0,
-                "auc_mean_return": area_under_curve(curve.index.to_numpy(), curve.to_numpy()),
-                "median_steps_to_solve": float(np.median(solved)) if solved else math.nan,
-                "solved_fraction": len(solved) / len(finals) if threshold is not None else math.nan,
-            }
-        )
-    table = pd.DataFrame(rows)
-    ranking = table.sort_values(["auc_mean_return", "final_return_mean"], ascending=False)
+    """Per group: ``seeds``, the IQM and mean of the final return and of the AUC with 95 %
+    percentile-bootstrap intervals (``final_return_iqm``, ``..._ci_low``, …, ``auc_mean``, …;
+    :func:`gae_core.insight.stats.group_summary`), and with a threshold the fraction of seeds
+    that solved and their median steps to solve; ``best`` marks the highest final-return IQM
+    (ties: mean)."""
+    scores = seed_scores(
+        episodes, group=group, threshold=threshold, final_window=final_window, points=points
+    )
+    table = stats.group_summary(scores, group, ["final_return", "auc"], seed=seed)
+    if threshold is not None:
+        solved = scores.groupby(group, sort=True)["solved_at_step"]
+        table["solved_fraction"] = solved.apply(lambda x: float(x.notna().mean())).to_numpy()
+        table["median_steps_to_solve"] = solved.median().to_numpy()
+    ranking = table.sort_values(["final_return_iqm", "final_return_mean"], ascending=False)
     table["best"] = table.index == ranking.index[0]
     return table
 
@@ -200,3 +216,39 @@ def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.Da
     if not parts:
         return pd.DataFrame(columns=[group, "seed", "run_id", "env_step", "return"])
     return pd.concat(parts, ignore_index=True)
+
+
+def sweep_summary(
+    store: RunStore, sweep_id: str, group: str = "lambda_", seed: int = 0
+) -> pd.DataFrame:
+    """:func:`summary_table` of a stored sweep's trials grouped by ``group`` (what the page's
+    summary, ``sweep --json`` and ``python -m gae_core summary`` all show)."""
+    runs = store.list_runs(sweep_id=sweep_id)
+    episodes = episodes_frame(store, [r.id for r in runs], group)
+    if episodes.empty:
+        return pd.DataFrame()
+    threshold = runs[0].summary.reward_threshold if runs else None
+    return summary_table(episodes, group=group, threshold=threshold, seed=seed)
+
+
+def summary_records(table: pd.DataFrame, group: str) -> list[dict]:
+    """The summary as JSON-ready entries: ``{"group", "value", "seeds", "final_return": {iqm,
+    iqm_ci_low, iqm_ci_high, mean, mean_ci_low, mean_ci_high}, "auc": {…}}``."""
+    records = []
+    for row in table.to_dict("records"):
+        entry = {"group": group, "value": row[group], "seeds": int(row["seeds"])}
+        for score in ("final_return", "auc"):
+            entry[score] = {
+                f"{name}{suffix}": _json_float(row[f"{score}_{name}{suffix}"])
+                for name in ("iqm", "mean")
+                for suffix in ("", "_ci_low", "_ci_high")
+            }
+        if "solved_fraction" in row:
+            entry["solved_fraction"] = _json_float(row["solved_fraction"])
+        records.append(entry)
+    return records
+
+
+def _json_float(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None

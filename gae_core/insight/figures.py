@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+from plotly.subplots import make_subplots
 
 from gae_core import metrics as M
 from gae_core.inert import plotly_text
@@ -24,6 +26,12 @@ MAX_POINTS = 2000
 # live chart would hold a WebGL context of its own.
 
 X_AXES = {"env_step": "env steps", "wall_time": "wall time (s)"}
+
+#: Distinct colours for overlaid runs (Plotly's qualitative "Dark24" minus near-duplicates).
+RUN_COLORS = (
+    "#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#222A2A", "#B68100", "#750D86",
+    "#EB663B", "#511CFB", "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE",
+)  # fmt: skip
 
 _BOUNDARY_STYLE = {
     "terminated": {"color": "#d62728", "dash": "solid"},
@@ -54,10 +62,13 @@ def smooth(values: np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
-def metric_frame(metrics: pd.DataFrame, key: str, *, smoothing: float = 0.0) -> pd.DataFrame:
+def metric_frame(
+    metrics: pd.DataFrame, key: str, *, smoothing: float = 0.0, every_point: bool = False
+) -> pd.DataFrame:
     """One metric of one run from the store's long frame (``env_step, wall_time, key, value``):
     ``env_step``, ``wall_time_s``, the value column and, with smoothing, ``<name>_smoothed``
-    (computed on every point, then downsampled to :data:`MAX_POINTS`)."""
+    (computed on every point). Downsampled to :data:`MAX_POINTS` for drawing unless
+    ``every_point`` (the CSV exports: every logged point)."""
     name = M.get(key).column
     rows = metrics[metrics["key"] == key].sort_values(["env_step", "wall_time"], kind="stable")
     frame = pd.DataFrame(
@@ -69,30 +80,66 @@ def metric_frame(metrics: pd.DataFrame, key: str, *, smoothing: float = 0.0) -> 
     )
     if smoothing > 0:
         frame[f"{name}_smoothed"] = smooth(frame[name].to_numpy(), smoothing)
+    if every_point:
+        return frame
     return frame.iloc[downsample_indices(len(frame))].reset_index(drop=True)
 
 
+def y_range(values: np.ndarray, display_range: tuple[float, float] | None) -> list[float] | None:
+    """A y-axis range that never degenerates (all values equal: ±max(1, 10 %) around them) and
+    stays within the metric's display range; None lets Plotly choose."""
+    finite = np.asarray(values, float)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite):
+        return None
+    low, high = float(finite.min()), float(finite.max())
+    if display_range is None and high > low:
+        return None
+    if high == low:
+        pad = max(1.0, 0.1 * abs(low))
+        low, high = low - pad, high + pad
+    else:
+        pad = 0.05 * (high - low)
+        low, high = low - pad, high + pad
+    if display_range is not None:
+        low, high = max(low, display_range[0]), min(high, display_range[1])
+        if high <= low:  # every value outside the display range: show the range itself
+            low, high = display_range
+    return [low, high]
+
+
 def metric_figure(
-    metrics: pd.DataFrame, key: str, *, x: str = "env_step", smoothing: float = 0.0
+    metrics: pd.DataFrame,
+    key: str,
+    *,
+    x: str = "env_step",
+    smoothing: float = 0.0,
+    log_y: bool = False,
 ) -> tuple[go.Figure, pd.DataFrame]:
-    """A run's metric against env steps or wall time: raw points, plus the smoothed line."""
+    """A run's metric against env steps or wall time: raw points, plus TensorBoard's smoothed
+    line when ``smoothing`` > 0. The figure draws at most :data:`MAX_POINTS`; the frame holds
+    every logged point (the CSV). ``log_y`` (offered for metrics spanning decades) uses a log
+    axis; a metric with a display range (explained variance) is drawn within it."""
     if x not in X_AXES:
         raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
-    frame = metric_frame(metrics, key, smoothing=smoothing)
+    full = metric_frame(metrics, key, smoothing=smoothing, every_point=True)
+    frame = full.iloc[downsample_indices(len(full))]
     metric = M.get(key)
     name = metric.column
     x_column = "env_step" if x == "env_step" else "wall_time_s"
-    title, y_label = metric.title, metric.unit
     figure = go.Figure()
     smoothed = f"{name}_smoothed" in frame
-    if smoothed:  # raw points faint, the smoothed line on top (TensorBoard's look)
+    if smoothed:  # the raw line faint, the smoothed line on top (TensorBoard's look)
+        # A line is one SVG path; markers are one node per point, and a page of live charts
+        # with 2,000 markers each kept the browser's main thread busy for seconds per refresh.
         figure.add_trace(
             go.Scatter(
                 x=frame[x_column],
                 y=frame[name],
-                mode="markers",
+                mode="lines",
                 name=name,
-                marker={"size": 4, "color": "#9ecae1", "opacity": 0.6},
+                line={"color": "#9ecae1", "width": 1},
+                opacity=0.7,
             )
         )
         figure.add_trace(
@@ -114,14 +161,19 @@ def metric_figure(
                 line={"color": "#08519c", "width": 1.5},
             )
         )
-    _layout(figure, title, X_AXES[x], y_label)
-    return figure, frame
+    _layout(figure, metric.title, X_AXES[x], metric.unit)
+    if log_y:
+        figure.update_yaxes(type="log")
+    else:
+        figure.update_yaxes(range=y_range(frame[name].to_numpy(), metric.display_range))
+    return figure, full
 
 
 def overlay_figure(
     runs: Mapping[str, pd.DataFrame], key: str, *, x: str = "env_step", smoothing: float = 0.0
 ) -> tuple[go.Figure, pd.DataFrame]:
-    """One metric of several runs on one chart; the frame is long with a ``run`` column."""
+    """One metric of several runs on one chart, each run its own colour; the frame is long with
+    a ``run`` column and every logged point."""
     if x not in X_AXES:
         raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
     metric = M.get(key)
@@ -129,13 +181,18 @@ def overlay_figure(
     x_column = "env_step" if x == "env_step" else "wall_time_s"
     value_column = f"{name}_smoothed" if smoothing > 0 else name
     figure, parts = go.Figure(), []
-    for run_name, metrics in runs.items():
-        frame = metric_frame(metrics, key, smoothing=smoothing)
+    for i, (run_name, metrics) in enumerate(runs.items()):
+        frame = metric_frame(metrics, key, smoothing=smoothing, every_point=True)
         frame.insert(0, "run", run_name)
         parts.append(frame)
+        drawn = frame.iloc[downsample_indices(len(frame))]
         figure.add_trace(
             go.Scatter(
-                x=frame[x_column], y=frame[value_column], mode="lines", name=plotly_text(run_name)
+                x=drawn[x_column],
+                y=drawn[value_column],
+                mode="lines",
+                name=plotly_text(run_name),
+                line={"color": RUN_COLORS[i % len(RUN_COLORS)]},  # distinct, in order
             )
         )
     _layout(figure, metric.title, X_AXES[x], metric.unit)
@@ -146,74 +203,92 @@ def overlay_figure(
 # ----------------------------------------------------------------------------- explorer
 
 
+def estimator_color(column: str) -> str:
+    """A line's colour as a function of what it is, so a λ or a k keeps its colour whatever
+    else is pinned: δ black, V grey, Â^(k) purples by log k, GAE(λ) viridis by λ (no red: red
+    marks terminations)."""
+    if column == "delta":
+        return "#000000"
+    if column == "value":
+        return "#7f7f7f"
+    if column.startswith("k_step[k="):
+        k = int(column[9:-1])
+        position = min(1.0, 0.35 + 0.65 * np.log2(k) / 9.0)  # k = 1 … 512
+        return sample_colorscale("Purples", [position])[0]
+    if column.startswith("gae[lambda="):
+        return sample_colorscale("Viridis", [0.9 * float(column[11:-1])])[0]
+    return "#1f77b4"
+
+
 def explorer_figure(
-    table: pd.DataFrame, *, show: Sequence[str] | None = None
+    table: pd.DataFrame,
+    *,
+    show: Sequence[str] | None = None,
+    gamma: float | None = None,
+    lambda_: float | None = None,
 ) -> tuple[go.Figure, pd.DataFrame]:
-    """Per-step plot of an :func:`~gae_core.analysis.advantage_table`: rewards as bars,
-    V(s_t), δ_t, each Â^(k) and each GAE(λ) as lines; episode boundaries as vertical lines —
-    terminated solid red, truncated dashed orange, end of rollout dotted grey."""
+    """Per-step plot of an :func:`~gae_core.insight.explorer.advantage_table` in two panels
+    sharing the step axis: on top V(s_t) with the rewards as bars (own axis), below δ_t, each
+    Â^(k) and each GAE(λ) (advantages have their own scale, not V's). Episode boundaries are
+    vertical lines across both: terminated solid red, truncated dashed orange, end of rollout
+    dotted grey. The frame (the CSV) carries γ and the slider's λ with every row."""
     estimate_columns = [
-        c for c in table.columns if c.startswith(("k_step[", "gae[")) or c in ("value", "delta")
+        c for c in table.columns if c.startswith(("k_step[", "gae[")) or c == "delta"
     ]
-    columns = list(show) if show is not None else estimate_columns
-    figure = go.Figure()
-    # rewards on their own right-hand axis: r_t is often tiny next to V and the returns
+    columns = [c for c in (show if show is not None else estimate_columns) if c != "value"]
+    figure = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.35, 0.65],
+        specs=[[{"secondary_y": True}], [{}]],
+        subplot_titles=["V(s_t) and rewards", "advantage estimates"],
+    )  # fmt: skip
     figure.add_trace(
-        go.Bar(
-            x=table["t"],
-            y=table["reward"],
-            name="reward r_t (right axis)",
-            opacity=0.3,
-            yaxis="y2",
-            marker_color="#7f7f7f",
-        )
-    )
+        go.Bar(x=table["t"], y=table["reward"], name="reward r_t (right axis)", opacity=0.3,
+               marker_color="#7f7f7f"),
+        row=1, col=1, secondary_y=True,
+    )  # fmt: skip
+    figure.add_trace(
+        go.Scatter(x=table["t"], y=table["value"], mode="lines", name=_pretty("value"),
+                   line={"color": estimator_color("value"), "width": 2}),
+        row=1, col=1,
+    )  # fmt: skip
     for column in columns:
         dash = "dot" if column.startswith("k_step[") else None
         width = 3 if column.startswith("gae[") else 1.5
         figure.add_trace(
-            go.Scatter(
-                x=table["t"],
-                y=table[column],
-                mode="lines",
-                name=_pretty(column),
-                line={"dash": dash, "width": width},
-            )
-        )
+            go.Scatter(x=table["t"], y=table[column], mode="lines", name=_pretty(column),
+                       line={"dash": dash, "width": width, "color": estimator_color(column)}),
+            row=2, col=1,
+        )  # fmt: skip
     for flag, style in _BOUNDARY_STYLE.items():
         for t in table.loc[table[flag].astype(bool), "t"]:
-            figure.add_vline(x=float(t) + 0.5, line={**style, "width": 1.5}, opacity=0.7)
+            figure.add_vline(x=float(t) + 0.5, line={**style, "width": 1.5}, opacity=0.7,
+                             row="all", col=1)  # fmt: skip
         # an invisible trace so the legend explains the line style
         figure.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="lines",
-                name=flag.replace("_", " "),
-                line={**style, "width": 1.5},
-            )
-        )
-    _layout(figure, "Advantage estimates along the trajectory", "step t", "value / advantage")
-    low = min(0.0, float(table["reward"].min())) if len(table) else 0.0
-    high = max(0.0, float(table["reward"].max())) if len(table) else 1.0
-    span = (high - low) or 1.0
-    figure.update_layout(  # the bars fill the lowest quarter of the plot, under the lines
-        yaxis2={
-            "title": "reward",
-            "overlaying": "y",
-            "side": "right",
-            "showgrid": False,
-            "range": [low, low + 4 * span],
-        },
-        height=420,
-    )
+            go.Scatter(x=[None], y=[None], mode="lines", name=flag.replace("_", " "),
+                       line={**style, "width": 1.5}),
+            row=2, col=1,
+        )  # fmt: skip
+    _layout(figure, "Advantage estimates along the trajectory", "step t", "value")
+    figure.update_yaxes(title_text="V(s_t)", row=1, col=1, secondary_y=False)
+    figure.update_yaxes(title_text="reward", row=1, col=1, secondary_y=True, showgrid=False)
+    figure.update_yaxes(title_text="advantage", row=2, col=1)
+    figure.update_layout(height=520, xaxis_title=None)
+    figure.update_xaxes(title_text="step t", row=2, col=1)
     keep = ["t", "reward", "value", "next_value", "terminated", "truncated", "end_of_rollout"]
-    frame = table[list(dict.fromkeys([*keep, "delta", *columns]))]
+    frame = table[list(dict.fromkeys([*keep, "delta", *columns]))].copy()
+    if gamma is not None:
+        frame.insert(1, "gamma", gamma)
+    if lambda_ is not None:
+        frame.insert(2 if gamma is not None else 1, "lambda", lambda_)
     return figure, frame
 
 
-def heatmap_figure(heat: pd.DataFrame) -> tuple[go.Figure, pd.DataFrame]:
-    """GAE over (t, λ) from :func:`~gae_core.analysis.gae_heatmap`."""
+def heatmap_figure(
+    heat: pd.DataFrame, current: float | None = None
+) -> tuple[go.Figure, pd.DataFrame]:
+    """GAE over (t, λ) from :func:`~gae_core.insight.explorer.gae_heatmap`; a dashed line marks
+    the slider's λ."""
     grid = heat.pivot(index="lambda", columns="t", values="gae")
     limit = float(np.nanmax(np.abs(grid.to_numpy()))) if grid.size else 1.0
     figure = go.Figure(
@@ -228,6 +303,13 @@ def heatmap_figure(heat: pd.DataFrame) -> tuple[go.Figure, pd.DataFrame]:
             colorbar={"title": "GAE"},
         )
     )
+    if current is not None:
+        figure.add_hline(
+            y=current,
+            line={"color": "#000000", "dash": "dash", "width": 1.5},
+            annotation_text=group_label("lambda_", current),
+            annotation_position="top left",
+        )
     _layout(figure, "GAE(γ, λ) over steps and λ", "step t", label("lambda_"))
     return figure, heat
 
@@ -258,102 +340,6 @@ def weights_figure(weights: pd.DataFrame, lambda_: float) -> tuple[go.Figure, pd
     return figure, weights
 
 
-# ----------------------------------------------------------------------------- comparison
-
-
-_PALETTE = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
-
-
-def comparison_figure(
-    bands: pd.DataFrame,
-    aligned: pd.DataFrame | None = None,
-    *,
-    group: str = "lambda",
-    show_seeds: bool = False,
-) -> tuple[go.Figure, pd.DataFrame]:
-    """Mean episodic return per group with its 95 % band (one filled band per group) and,
-    optionally, each seed's aligned curve. The frame is ``bands`` (plus the seeds, long)."""
-    figure = go.Figure()
-    for i, (key, frame) in enumerate(bands.groupby(group, sort=True)):
-        color = _PALETTE[i % len(_PALETTE)]
-        label = plotly_text(group_label(group, key))
-        fill = _rgba(color, 0.2)
-        figure.add_trace(
-            go.Scatter(
-                x=frame["env_step"],
-                y=frame["ci_high"],
-                mode="lines",
-                line={"width": 0},
-                showlegend=False,
-                hoverinfo="skip",
-                legendgroup=label,
-            )
-        )
-        figure.add_trace(
-            go.Scatter(
-                x=frame["env_step"],
-                y=frame["ci_low"],
-                mode="lines",
-                line={"width": 0},
-                fill="tonexty",
-                fillcolor=fill,
-                name=f"{label} 95% CI",
-                legendgroup=label,
-            )
-        )
-        figure.add_trace(
-            go.Scatter(
-                x=frame["env_step"],
-                y=frame["mean"],
-                mode="lines",
-                line={"color": color, "width": 2.5},
-                name=f"{label} mean",
-                legendgroup=label,
-            )
-        )
-        if show_seeds and aligned is not None:
-            for seed, run in aligned[aligned[group] == key].groupby("seed"):
-                figure.add_trace(
-                    go.Scatter(
-                        x=run["env_step"],
-                        y=run["return"],
-                        mode="lines",
-                        line={"color": color, "width": 0.8},
-                        opacity=0.4,
-                        name=f"{label} seed {seed}",
-                        legendgroup=label,
-                        showlegend=False,
-                    )
-                )
-    _layout(figure, "Episodic return: mean and 95% CI across seeds", "env steps", "return")
-    frame = bands
-    if show_seeds and aligned is not None:
-        frame = bands.merge(
-            aligned.pivot_table(index=[group, "env_step"], columns="seed", values="return")
-            .add_prefix("seed_")
-            .reset_index(),
-            on=[group, "env_step"],
-            how="left",
-        )
-    return figure, frame
-
-
-def _rgba(hex_color: str, alpha: float) -> str:
-    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
-    return f"rgba({r},{g},{b},{alpha})"
-
-
 def _pretty(column: str) -> str:
     if column == "delta":
         return "δ_t"
@@ -381,7 +367,6 @@ def _layout(figure: go.Figure, title: str, x_label: str, y_label: str) -> None:
 __all__ = [
     "MAX_POINTS",
     "X_AXES",
-    "comparison_figure",
     "downsample_indices",
     "explorer_figure",
     "heatmap_figure",

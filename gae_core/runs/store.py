@@ -34,6 +34,7 @@ from gae_core.runs.database import (
 )
 from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
 from gae_core.runs.lab_table import LabTable
+from gae_core.runs.retention import RetentionTable
 from gae_core.runs.sweep_table import SweepTable
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
     "to_wide",
 ]
 
-class RunStore(SweepTable, LabTable, Database):
+class RunStore(SweepTable, LabTable, RetentionTable, Database):
     """The run store (see the module docstring); methods return dataclasses or pandas
     DataFrames, never cursors."""
 

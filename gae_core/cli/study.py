@@ -1,0 +1,156 @@
+"""The CLI's study commands: ``lab`` (the estimator lab) and ``summary`` (a sweep's statistics)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any
+
+from gae_core.cli.commands import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    StopOnSignal,
+    open_store,
+    open_store_for_reading,
+    print_json,
+    progress_bar,
+)
+from gae_core.insight.compare import summary_records, sweep_summary
+from gae_core.labels import format_value, label
+
+
+def lab(args: argparse.Namespace) -> int:
+    from gae_core.lab.jobs import measure_run
+    from gae_core.lab.measure import LabCancelled, LabSettings
+
+    with open_store_for_reading(args) as probe:
+        run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
+    options: dict[str, Any] = {
+        "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
+        "states": args.states,
+        "rollouts": args.rollouts,
+        "continuations": args.continuations,
+        "segment": args.segment,
+        "seed": args.seed,
+    }
+    if args.lambdas is not None:
+        options["lambdas"] = tuple(args.lambdas)
+    if args.ks is not None:
+        options["ks"] = tuple(args.ks)
+    settings = LabSettings(**options)  # ValueError naming the field (exit 2)
+    store = open_store(args)
+    bar = progress_bar(100, args.no_progress, unit="%")
+    shown = [0]
+
+    def progress(fraction: float) -> None:
+        percent = int(fraction * 100)
+        bar.update(percent - shown[0])
+        shown[0] = percent
+
+    cancel = threading.Event()
+    try:
+        with StopOnSignal(cancel, "cancelling the lab (nothing is stored)…"):
+            saved = measure_run(
+                store,
+                args.run_id,
+                policy_step=args.policy_step,
+                critic_steps=args.critic_step or (None,),
+                settings=settings,
+                progress=progress,
+                cancel=cancel,
+            )
+    except LabCancelled:
+        bar.close()
+        print("lab cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        store.close()
+    bar.close()
+    reports = [lab_report(result_id, result) for result_id, result in saved]
+    if args.json:
+        print_json(reports[0] if len(reports) == 1 else {"critics": reports})
+        return EXIT_OK
+    for report in reports:
+        print(
+            f"lab {report['result_id']}: policy step {report['policy_step']:,}, critic step "
+            f"{report['critic_step']:,}, {report['states']} states, {report['seconds']:.1f} s"
+        )
+        print(f"{'estimator':<14}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE 95% CI")
+        for row in (
+            [{"estimator": "δ", **report["delta"]}]
+            + [{"estimator": f"Â^({r['k']})", **r} for r in report["ks"]]
+            + [{"estimator": f"GAE λ={r['lambda']:g}", **r} for r in report["lambdas"]]
+        ):
+            print(
+                f"{row['estimator']:<14}{row['bias2']:>12.4g}{row['variance']:>12.4g}"
+                f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
+            )
+        print(f"least MSE at λ = {report['best_lambda']:g}")
+    return EXIT_OK
+
+
+def lab_report(result_id: str, result: Any) -> dict[str, Any]:
+    """The ``lab --json`` object: per λ and per k, bias², variance, MSE and the MSE's CI."""
+    frame = result.estimators
+
+    def rows(kind: str, key: str) -> list[dict[str, Any]]:
+        part = frame[frame["kind"] == kind]
+        return [
+            {
+                key: int(r.param) if key == "k" else float(r.param),
+                "bias2": float(r.bias2),
+                "variance": float(r.variance),
+                "mse": float(r.mse),
+                "ci_low": float(r.mse_ci_low),
+                "ci_high": float(r.mse_ci_high),
+            }
+            for r in part.itertuples()
+        ]
+
+    return {
+        "result_id": result_id,
+        **result.meta,
+        "env_id": result.env_id,
+        "states": len(result.states),
+        "seconds": result.seconds,
+        "best_lambda": result.best_lambda(),
+        "delta": {k: v for k, v in rows("delta", "k")[0].items() if k != "k"},
+        "lambdas": rows("gae", "lambda"),
+        "ks": rows("k_step", "k"),
+    }
+
+
+def summary(args: argparse.Namespace) -> int:
+    """A sweep's per-group statistics (the λ comparison's numbers) as a table or JSON."""
+    with open_store_for_reading(args) as store:
+        sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
+        group = args.group or ("lambda_" if "lambda_" in sweep.grid else next(iter(sweep.grid)))
+        table = sweep_summary(store, args.sweep_id, group)
+    if table.empty:
+        print(f"sweep {args.sweep_id} has no finished episode yet", file=sys.stderr)
+        return EXIT_OK
+    records = summary_records(table, group)
+    if args.json:
+        print_json({"sweep_id": args.sweep_id, "group": group, "summary": records})
+        return EXIT_OK
+    print(f"sweep {args.sweep_id} ({sweep.name}): 95 % percentile-bootstrap intervals over seeds")
+    head = f"{label(group):>10}{'seeds':>6}  {'final return IQM [CI]':<30}{'AUC IQM [CI]':<30}"
+    print(head + "final return mean")
+    for entry in records:
+        final, auc = entry["final_return"], entry["auc"]
+        print(
+            f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
+            f"{_cell(final):<30}{_cell(auc):<30}{_number(final['mean'])}"
+        )
+    return EXIT_OK
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.1f}"
+
+
+def _cell(score: dict[str, Any]) -> str:
+    return (
+        f"{_number(score['iqm'])} [{_number(score['iqm_ci_low'])}, {_number(score['iqm_ci_high'])}]"
+    )

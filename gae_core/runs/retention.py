@@ -1,0 +1,68 @@
+"""Keeping the run store small: thin out old checkpoints, drop orphaned rows, give the space back
+(a part of :class:`~gae_core.runs.store.RunStore`).
+
+Checkpoints (with their recorded trajectories) are most of a store's size. Thinning keeps every
+N-th checkpoint of each ended run and always its last one, so the explorer and the lab keep an
+early, a middle and the final policy; active runs are never touched.
+"""
+
+from __future__ import annotations
+
+from gae_core.runs.database import Database
+
+__all__ = ["RetentionTable"]
+
+
+class RetentionTable(Database):
+    """Retention operations; each is one transaction and returns how many rows it removed."""
+
+    def thin_checkpoints(self, keep_every: int) -> int:
+        """Keep every ``keep_every``-th checkpoint (by step, from the first) and the last one of
+        every ended run; delete the others with their trajectories."""
+        if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1:
+            raise ValueError(f"keep_every must be an integer >= 1, got {keep_every!r}")
+        removed = 0
+        with self._write() as conn:
+            runs = conn.execute(
+                "SELECT id FROM runs WHERE status NOT IN ('queued', 'running')"
+            ).fetchall()
+            for (run_id,) in runs:
+                steps = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT env_step FROM checkpoints WHERE run_id = ? ORDER BY env_step",
+                        (run_id,),
+                    )
+                ]
+                drop = [s for i, s in enumerate(steps[:-1]) if i % keep_every != 0]
+                for step in drop:
+                    conn.execute(
+                        "DELETE FROM trajectories WHERE run_id = ? AND env_step = ?",
+                        (run_id, step),
+                    )
+                    conn.execute(
+                        "DELETE FROM checkpoints WHERE run_id = ? AND env_step = ?",
+                        (run_id, step),
+                    )
+                removed += len(drop)
+        return removed
+
+    def drop_orphans(self) -> int:
+        """Delete metrics, checkpoints, trajectories and lab results whose run no longer exists
+        (stores written without foreign keys on can hold them)."""
+        removed = 0
+        with self._write() as conn:
+            for table in ("trajectories", "checkpoints", "metrics", "lab_results"):
+                cursor = conn.execute(
+                    f"DELETE FROM {table} WHERE run_id NOT IN (SELECT id FROM runs)"
+                )
+                removed += cursor.rowcount
+        return removed
+
+    def vacuum(self) -> int:
+        """Give deleted space back to the file system; returns the bytes saved."""
+        before = self.size_bytes()
+        with self._lock:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.execute("VACUUM")
+        return before - self.size_bytes()
