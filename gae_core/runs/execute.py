@@ -28,6 +28,27 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.trainer import StepResult, Trainer, TrainingDiverged
 from gae_core.errors import StoreError
+
+
+_EXIT_CALLBACKS: list[Callable[[], None]] = []
+
+
+def call_before_thread_shutdown(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once at interpreter exit, before threads are joined or killed.
+
+    ``threading._register_atexit`` runs before the interpreter joins non-daemon threads, kills
+    daemon ones and joins ``concurrent.futures`` pools; plain :mod:`atexit` would run too late
+    for a run thread or a sweep coordinator to close its run cleanly. Registering the same
+    callback twice is a no-op.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None or callback in _EXIT_CALLBACKS:
+        return
+    try:
+        register(callback)
+    except RuntimeError:  # already shutting down
+        return
+    _EXIT_CALLBACKS.append(callback)
 from gae_core.outcome import ReturnTracker, RunSummary
 from gae_core.runs.store import RunStore
 from gae_core.trajectory import Trajectory

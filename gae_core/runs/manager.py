@@ -24,6 +24,7 @@ from gae_core.runs.execute import (
     RunOutcome,
     StoreSink,
     TrainerLike,
+    call_before_thread_shutdown,
     default_run_name,
     execute_run,
 )
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 
 _LIVE_MANAGERS: weakref.WeakSet[RunManager] = weakref.WeakSet()
-_EXIT_HOOK_INSTALLED = False
 #: At interpreter exit, how long to wait for stopped runs to close themselves.
 EXIT_JOIN_S = 3.0
 
@@ -50,19 +50,6 @@ def _shutdown_live_managers() -> None:
     for manager in managers:
         manager.shutdown(timeout=max(0.0, deadline - time.monotonic()))
 
-
-def _install_exit_hook() -> None:
-    # threading._register_atexit runs before the interpreter kills daemon threads (and before
-    # concurrent.futures joins its pools); plain atexit would run too late for daemon threads.
-    global _EXIT_HOOK_INSTALLED
-    register = getattr(threading, "_register_atexit", None)
-    if _EXIT_HOOK_INSTALLED or register is None:
-        return
-    try:
-        register(_shutdown_live_managers)
-    except RuntimeError:  # already shutting down
-        return
-    _EXIT_HOOK_INSTALLED = True
 
 
 class RunManager:
@@ -100,7 +87,7 @@ class RunManager:
                 daemon=True,
             )
             self._recovery.start()
-        _install_exit_hook()
+        call_before_thread_shutdown(_shutdown_live_managers)
         _LIVE_MANAGERS.add(self)
 
     def _recover_periodically(self, every: float) -> None:

@@ -36,6 +36,7 @@ from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.errors import ConfigError, StoreError
 from gae_core.labels import label
+from gae_core.runs.execute import call_before_thread_shutdown
 from gae_core.runs.pool import LocalPool
 from gae_core.runs.records import ENDED_STATUSES
 from gae_core.runs.store import RunStore
@@ -176,7 +177,6 @@ def cancel_sweep(store: RunStore, sweep_id: str) -> None:
 _LIVE_SWEEPS: weakref.WeakSet[Sweep] = weakref.WeakSet()
 #: At interpreter exit, how long to wait for cancelled sweeps to wind down.
 EXIT_JOIN_S = 15.0
-_EXIT_HOOK_INSTALLED = False
 
 
 def _cancel_live_sweeps() -> None:
@@ -188,19 +188,6 @@ def _cancel_live_sweeps() -> None:
     for sweep in sweeps:
         sweep.wait(max(0.0, deadline - time.monotonic()))
 
-
-def _install_exit_hook() -> None:
-    # threading._register_atexit runs before the interpreter joins non-daemon threads and kills
-    # daemon ones, so the coordinator still runs while it winds the sweep down.
-    global _EXIT_HOOK_INSTALLED
-    register = getattr(threading, "_register_atexit", None)
-    if _EXIT_HOOK_INSTALLED or register is None:
-        return
-    try:
-        register(_cancel_live_sweeps)
-    except RuntimeError:  # already shutting down
-        return
-    _EXIT_HOOK_INSTALLED = True
 
 
 @dataclass
@@ -463,7 +450,7 @@ def start_sweep(
         )
         trials.append((run_id, config))
     sweep = Sweep(store, sweep_id, trials, workers, on_progress, flush_interval, retries, backend)
-    _install_exit_hook()
+    call_before_thread_shutdown(_cancel_live_sweeps)
     _LIVE_SWEEPS.add(sweep)
     sweep._thread.start()
     return sweep
