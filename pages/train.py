@@ -9,7 +9,7 @@ _ui.require_navigation("pages/train.py")
 
 st.title("Train")
 st.caption(
-    "A2C with GAE(γ, λ) advantages on a gymnasium environment, trained in a background thread. "
+    "A2C with GAE(γ, λ) advantages on a gymnasium environment, trained in a background process. "
     "Runs keep going when you close the tab; come back here or to Runs to find them."
 )
 manager = _ui.manager()

@@ -275,6 +275,23 @@ def start_run(page, key_values: dict) -> float:
     return clicked, time.time()
 
 
+def click_to_redraw(page) -> tuple[list[float], list[float]]:
+    """Click the x-axis radio to wall time and back; per click, the in-page latency (click
+    event → the return chart's new x-axis title) and the wall time Playwright saw."""
+    latencies, totals = [], []
+    for axis in ("wall_time", "env_step"):
+        title = figures.X_AXES[axis]  # the radio's label is the axis title (one owner)
+        page.evaluate(CLICK_WATCH_JS, ["Episodic return", title])
+        radio = page.locator(".st-key-train-x").get_by_text(title, exact=True)
+        start = time.monotonic()
+        radio.click(force=True)
+        page.wait_for_function("() => window.__redrawnAt !== null", polling=20, timeout=30_000)
+        totals.append(round(time.monotonic() - start, 2))
+        watch = page.evaluate("() => [window.__clickAt, window.__redrawnAt]")
+        latencies.append(round((watch[1] - watch[0]) / 1000, 2))
+    return latencies, totals
+
+
 # ----------------------------------------------------------------------------- tests
 
 
@@ -348,17 +365,7 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     # arrived, so the main thread's input delay counts) to the return chart's new x-axis
     # title, both seen inside the page. force=True: no actionability wait, a user does not
     # wait for the layout to hold still.
-    latencies, totals = [], []
-    for axis in ("wall_time", "env_step"):
-        title = figures.X_AXES[axis]  # the radio's label is the axis title (one owner)
-        page.evaluate(CLICK_WATCH_JS, ["Episodic return", title])
-        radio = page.locator(".st-key-train-x").get_by_text(title, exact=True)
-        start = time.monotonic()
-        radio.click(force=True)
-        page.wait_for_function("() => window.__redrawnAt !== null", polling=20, timeout=30_000)
-        totals.append(round(time.monotonic() - start, 2))
-        watch = page.evaluate("() => [window.__clickAt, window.__redrawnAt]")
-        latencies.append(round((watch[1] - watch[0]) / 1000, 2))
+    latencies, totals = click_to_redraw(page)
     TIMINGS["x_axis_click_to_redraw_s"] = latencies
     TIMINGS["x_axis_click_to_redraw_incl_playwright_s"] = totals
     busy = page.evaluate("() => window.__busy")
@@ -366,6 +373,40 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     print(f"x-axis radio click → redrawn axis: {latencies} s (target ≤ 1); {busy}")
     assert max(latencies) < 30
     screenshot(page, "train")  # mid-run: the script state never rests while the timer runs
+
+    # The same with two runs training in the server: a second Start (the view follows it).
+    start_run(page, {"total_steps": 5_000_000})
+    assert wait_until(lambda: len(store.list_runs()) == 2, 15)
+    (second,) = [r for r in store.list_runs() if r.id != run.id]
+    page.wait_for_function(
+        "([sel, id]) => document.querySelector(sel).value.endsWith(id)",
+        arg=[".st-key-train-view input", second.id],
+        timeout=15_000,
+    )
+    page.wait_for_function(
+        f"() => ({POINTS_JS})('Episodic return') > 0", timeout=30_000, polling=50
+    )
+    assert wait_until(lambda: {r.status for r in store.list_runs()} == {"running"}, 15)
+    # Right after the switch the page is still creating the new run's charts; then again once
+    # it has settled (the same window the one-run measurement waits), both runs still training.
+    first, _ = click_to_redraw(page)
+    page.wait_for_timeout(REFRESH_WINDOW_S * 1000)
+    page.evaluate(LONGTASKS_JS)
+    latencies, totals = click_to_redraw(page)
+    steps_before = store.get_run(run.id).env_steps
+    assert wait_until(lambda: store.get_run(run.id).env_steps > steps_before, 10)
+    TIMINGS["x_axis_click_to_redraw_two_runs_right_after_switch_s"] = first
+    TIMINGS["x_axis_click_to_redraw_two_runs_training_s"] = latencies
+    TIMINGS["x_axis_click_to_redraw_two_runs_incl_playwright_s"] = totals
+    TIMINGS["main_thread_long_tasks_two_runs"] = page.evaluate("() => window.__busy")
+    print(
+        f"two runs training: click → redrawn axis {latencies} s (target ≤ 1); {first} s "
+        "right after the view switched"
+    )
+    assert max(latencies) < 30
+    store.request_stop(run.id)  # the first run is no longer in view
+    assert wait_until(lambda: store.get_run(run.id).status == "stopped", 30)
+    run = second
 
     # Stop.
     assert store.get_run(run.id).status == "running", "the run ended before Stop was clicked"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -217,3 +219,91 @@ def test_interpreter_exit_stops_runs_cleanly(tmp_path):
         run = store.get_run(run_id)
         assert run.status == "stopped" and run.env_steps > 0
         assert store.checkpoint_steps(run_id)[-1] == run.env_steps
+
+
+# ----------------------------------------------------------------------- runs in child processes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has exited
+
+
+def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
+    """processes=True: each run trains in its own child process, which claims the run (so it is
+    not this process's thread), writes the store, stops on request with its data, and a -9
+    leaves the run ``interrupted`` while the other run trains on."""
+    store = RunStore(tmp_path)
+    manager = RunManager(store, processes=True)
+    manager.warm_up()
+    spare = manager._spare.process.pid
+    finished = manager.start(TrainConfig(**SMALL, checkpoint_every=1000, seed=1))
+    assert manager._events[finished].process.pid == spare  # the warm spare took the run
+    assert manager.wait(finished, timeout=60)
+    run = store.get_run(finished)
+    assert run.status == "finished" and run.env_steps >= SMALL["total_steps"]
+    assert manager.outcome(finished).status == "finished"
+    assert store.checkpoint_steps(finished)[-1] == run.env_steps
+    assert _run_threads() == []  # the supervising thread is gone too
+
+    stopped = manager.start(TrainConfig(**LONG, seed=2))
+    killed = manager.start(TrainConfig(**LONG, seed=3))
+    assert _wait_for(lambda: store.get_run(stopped).env_steps > 0 < store.get_run(killed).env_steps)
+    child = manager._events[killed].process.pid
+    assert child != os.getpid() and _alive(child)
+    os.kill(child, signal.SIGKILL)
+    assert manager.wait(killed, timeout=30)
+    assert store.get_run(killed).status == "interrupted"
+    assert "exited with code -9" in manager.outcome(killed).error
+    steps = store.get_run(stopped).env_steps
+    assert _wait_for(lambda: store.get_run(stopped).env_steps > steps)  # the other run goes on
+    start = time.monotonic()
+    manager.stop(stopped)
+    assert manager.wait(stopped, timeout=30)
+    print(f"process run: stop → ended in {time.monotonic() - start:.2f} s")
+    assert store.get_run(stopped).status == "stopped"
+    spare = manager._spare.process
+    assert manager.shutdown(timeout=10)
+    spare.join(10)
+    assert not spare.is_alive()  # the unused spare goes with the manager
+    store.close()
+
+
+def test_process_runs_refuse_a_custom_trainer(tmp_path):
+    with RunStore(tmp_path) as store, pytest.raises(ValueError, match="trainer_factory"):
+        RunManager(store, processes=True, trainer_factory=lambda config: None)
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+from gae_core.runs.manager import RunManager
+from gae_core.runs.store import RunStore
+manager = RunManager(RunStore(sys.argv[1]), processes=True)
+run_id = manager.start({"num_envs": 4, "rollout_steps": 16, "total_steps": 10**8})
+while manager.store.get_run(run_id).env_steps == 0:
+    time.sleep(0.05)
+print(run_id, manager._events[run_id].process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_killed_with_9_leaves_no_orphan_training(tmp_path):
+    server = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        run_id, child = server.stdout.readline().split()
+        server.kill()
+        server.wait(10)
+        assert _wait_for(lambda: not _alive(int(child)), timeout=15)
+    finally:
+        server.kill()
+    with RunStore(tmp_path) as store:  # the child saw its parent go and closed the run
+        run = store.get_run(run_id)
+        assert run.status == "stopped" and run.env_steps > 0

@@ -28,6 +28,7 @@ from gae_core.runs.execute import (
     default_run_name,
     execute_run,
 )
+from gae_core.runs.child import RunProcess
 from gae_core.runs.store import RunStore
 
 __all__ = ["RunManager"]
@@ -68,13 +69,18 @@ class RunManager:
         flush_interval: float = 1.0,
         trainer_factory: Callable[[TrainConfig], TrainerLike] = Trainer,
         recover_every_s: float | None = 5.0,
+        processes: bool = False,
     ) -> None:
+        if processes and trainer_factory is not Trainer:
+            raise ValueError("processes=True trains the package's Trainer; drop trainer_factory")
         self.store = store
         self.flush_interval = flush_interval
         self._trainer_factory = trainer_factory
+        self._processes = processes
+        self._spare: RunProcess | None = None
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
-        self._events: dict[str, threading.Event] = {}
+        self._events: dict[str, threading.Event | RunProcess] = {}
         self._outcomes: dict[str, RunOutcome] = {}
         self._closed = False
         self._closing = threading.Event()
@@ -118,9 +124,13 @@ class RunManager:
                 sweep_id=sweep_id,
                 reward_threshold=reward_threshold(config.env_id),
             )
-            event = threading.Event()
+            if self._processes:
+                event: threading.Event | RunProcess = self._take_spare()
+                target = self._supervise
+            else:
+                event, target = threading.Event(), self._run
             thread = threading.Thread(
-                target=self._run,
+                target=target,
                 args=(run_id, config, event),
                 name=f"gae-run-{run_id}",
                 daemon=True,
@@ -143,6 +153,36 @@ class RunManager:
         except StoreError:  # the store itself failed (disk full, ...): nothing to record it in
             log.exception("run %s: the run store failed", run_id)
             outcome = RunOutcome(run_id, "failed", 0, 0.0, traceback.format_exc())
+        with self._lock:
+            self._outcomes[run_id] = outcome
+
+    def _take_spare(self) -> RunProcess:
+        """The warm spare process (a cold one if there is none yet), and a new spare behind it."""
+        process = self._spare or RunProcess(self.store.data_dir, self.flush_interval)
+        self._spare = RunProcess(self.store.data_dir, self.flush_interval)
+        return process
+
+    def warm_up(self) -> None:
+        """Start the spare process now (processes=True), so the first Start is warm too."""
+        with self._lock:
+            if self._processes and self._spare is None and not self._closed:
+                self._spare = RunProcess(self.store.data_dir, self.flush_interval)
+
+    def _supervise(self, run_id: str, config: TrainConfig, process: RunProcess) -> None:
+        """A run in a child process: hand it over, wait for its end, make sure the run closed."""
+        process.train(run_id, config.to_dict())
+        outcome = process.result(timeout=None)
+        process.close()
+        if outcome is None:  # the process died (killed, out of memory) without closing the run
+            error = f"the run's process (pid {process.process.pid}) exited with code "
+            error += str(process.process.exitcode)
+            self.store.recover()  # a claimed run: its owner pid is gone, so it is interrupted
+            run = self.store.get_run(run_id) if self.store.run_exists(run_id) else None
+            if run is not None and run.status in ("queued", "running"):  # died before its claim
+                self.store.finish_run(run_id, "failed", error)
+            run = self.store.get_run(run_id) if self.store.run_exists(run_id) else None
+            status = run.status if run is not None else "deleted"
+            outcome = RunOutcome(run_id, status, run.env_steps if run else 0, 0.0, error)
         with self._lock:
             self._outcomes[run_id] = outcome
 
@@ -190,8 +230,11 @@ class RunManager:
         with self._lock:
             self._closed = True
             threads = list(self._threads.values())
+            spare, self._spare = self._spare, None
         self._closing.set()
         self.stop_all()
+        if spare is not None:
+            spare.close()
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

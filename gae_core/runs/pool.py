@@ -30,7 +30,7 @@ from typing import Any
 
 from gae_core.outcome import RunSummary
 
-__all__ = ["LocalPool", "PipeSink"]
+__all__ = ["LocalPool", "PipeSink", "main_module_hidden"]
 
 #: Workers that die before they are ready this many times in a row fail the sweep.
 MAX_START_FAILURES = 3
@@ -145,7 +145,7 @@ class LocalPool:
             name="gae-sweep-worker",
             daemon=True,
         )
-        with _main_module_hidden():
+        with main_module_hidden():
             process.start()
         child.close()
         return WorkerHandle(process, parent)
@@ -240,7 +240,7 @@ class LocalPool:
 
 
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
+def main_module_hidden() -> Iterator[None]:
     """Start a spawned worker without re-importing the parent's ``__main__``.
 
     ``spawn`` re-runs the parent's main module in the child unless it has no file. The worker's
