@@ -205,9 +205,13 @@ with downloads[1]:
 
 summary = compare.summary_table(episodes, group=group, threshold=threshold)
 scores = compare.seed_scores(episodes, group=group, threshold=threshold)
-groups = {k: f["final_return"].to_numpy() for k, f in scores.groupby(group, sort=True)}
 st.subheader("Summary")
-st.markdown(stats.best_group_sentence(groups, lambda k: group_label(group, k)) + " — final return.")
+# Both scores: a final return at the env's ceiling (CartPole's 500) ties every group, and then
+# the AUC (how fast it got there) is what separates them.
+for score, what in (("final_return", "Final return"), ("auc", "AUC (how fast it learned)")):
+    groups = {k: f[score].to_numpy() for k, f in scores.groupby(group, sort=True)}
+    sentence = stats.best_group_sentence(groups, lambda k: group_label(group, k))
+    st.markdown(f"**{what}:** {sentence}.")
 shown = summary.copy()
 for score in ("final_return", "auc"):
     for name in ("iqm", "mean"):

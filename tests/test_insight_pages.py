@@ -146,7 +146,11 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert list(summary["λ"]) == ["0.8", "1"] and "final return IQM" in summary.columns
     # two seeds per λ: the page says why the intervals are wide
     assert any("Only 2 seeds in the smallest group" in w.value for w in at.warning)
-    assert "beats λ =" in " ".join(m.value for m in at.markdown)
+    sentences = [m.value for m in at.markdown if "beats λ =" in m.value]
+    assert [s.split(":**")[0] for s in sentences] == [
+        "**Final return",
+        "**AUC (how fast it learned)",
+    ]
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
     assert cell.startswith(format_value(round(expected["final_return_iqm"].iloc[0], 1)))
