@@ -135,14 +135,14 @@ def summary(args: argparse.Namespace) -> int:
         print_json({"sweep_id": args.sweep_id, "group": group, "summary": records})
         return EXIT_OK
     print(f"sweep {args.sweep_id} ({sweep.name}): 95 % percentile-bootstrap intervals over seeds")
-    head = f"{label(group):>10}{'seeds':>6}  {'final return IQM [CI]':<30}{'AUC IQM [CI]':<30}"
-    print(head + "final return mean")
+    columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
+    head = f"{label(group):>10}{'seeds':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
+    print(head.rstrip())
     for entry in records:
         final, auc = entry["final_return"], entry["auc"]
-        print(
-            f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
-            f"{_cell(final):<30}{_cell(auc):<30}{_number(final['mean'])}"
-        )
+        cells = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
+        row = f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
+        print((row + "".join(f"{c:<27}" for c in cells)).rstrip())
     return EXIT_OK
 
 
@@ -150,7 +150,6 @@ def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:,.1f}"
 
 
-def _cell(score: dict[str, Any]) -> str:
-    return (
-        f"{_number(score['iqm'])} [{_number(score['iqm_ci_low'])}, {_number(score['iqm_ci_high'])}]"
-    )
+def _cell(score: dict[str, Any], name: str) -> str:
+    low, high = score[f"{name}_ci_low"], score[f"{name}_ci_high"]
+    return f"{_number(score[name])} [{_number(low)}, {_number(high)}]"
