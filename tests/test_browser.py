@@ -316,6 +316,8 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     open_page(page, app_server, "train")
     assert page.get_by_text("No runs yet").is_visible()
     assert page.locator(".st-key-train-env_id input").input_value() == "CartPole-v1"
+    start = page.locator(".st-key-train-start button").bounding_box()  # before any scrolling
+    assert start["y"] + start["height"] <= VIEWPORT_HEIGHT, start  # Start is in view at 1400×900
     clicked, clicked_at = start_run(page, {"total_steps": 5_000_000})
     page.wait_for_function(
         f"() => ({POINTS_JS})('Episodic return') > 0", timeout=30_000, polling=50

@@ -133,6 +133,11 @@ def test_heatmap_and_weights_figures():
     figure, frame = figures.heatmap_figure(heat)
     assert np.asarray(figure.data[0].z).shape == (3, 4)
     assert frame is heat
+    assert not figure.layout.shapes  # no λ marked unless one is current
+    marked, _ = figures.heatmap_figure(heat, current=0.5)
+    (line,) = marked.layout.shapes
+    assert (line.y0, line.y1) == (0.5, 0.5)  # the slider's λ, across the whole map
+    assert "λ = 0.5" in marked.layout.annotations[0].text
     figure, frame = figures.weights_figure(explorer.weights_table(0.9, 5), 0.9)
     assert list(figure.data[0].y) == pytest.approx(list(frame["weight"]))
 
