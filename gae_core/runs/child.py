@@ -12,7 +12,9 @@ The process is started *before* it has a run: it imports torch and the trainer (
 and waits, so the :class:`~gae_core.runs.manager.RunManager` keeps one such warm spare and a
 Start costs no import time. A stop request is a ``multiprocessing`` event the trainer reads
 between updates; the process also stops when its parent disappears (a server killed with -9
-leaves no orphan training on), and ignores SIGINT (the server turns Ctrl-C into stops).
+leaves no orphan training on; it watches the parent's sentinel, which works on every
+platform), ignores SIGINT (the server turns Ctrl-C into stops) and runs niced, below the
+server's priority.
 """
 
 from __future__ import annotations
@@ -34,16 +36,20 @@ __all__ = ["RunProcess"]
 #: runs as cores the server (and a browser on the same machine) would otherwise wait for CPU
 #: behind them; niced runs lose only the time the pages actually use.
 NICENESS = 10
+#: A spare that gets no run in this long exits (a manager dropped by Streamlit's cache, say).
+#: The manager replaces a dead spare at the next Start, which is then a cold start.
+SPARE_IDLE_S = 600.0
 
 
 class _StopOrOrphaned:
     """The stop event execute_run reads: set by the parent, or implied once the parent died."""
 
-    def __init__(self, event: Any, parent_pid: int) -> None:
-        self.event, self.parent_pid = event, parent_pid
+    def __init__(self, event: Any) -> None:
+        self.event = event
+        self.parent = multiprocessing.parent_process()  # its sentinel works on every platform
 
     def is_set(self) -> bool:
-        return self.event.is_set() or os.getppid() != self.parent_pid
+        return self.event.is_set() or (self.parent is not None and not self.parent.is_alive())
 
     def set(self) -> None:
         self.event.set()
@@ -54,17 +60,19 @@ def _child_main(
     stop: Any,
     data_dir: str,
     flush_interval: float,
-    parent_pid: int,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):  # training is background work: the pages come first
-        os.nice(NICENESS)
+    if hasattr(os, "nice"):  # POSIX; training is background work, the pages come first
+        with contextlib.suppress(OSError):
+            os.nice(NICENESS)
     from gae_core.agent.config import TrainConfig  # imports torch and gymnasium: the warm-up
     from gae_core.errors import StoreError
     from gae_core.runs.execute import StoreSink, execute_run
     from gae_core.runs.store import RunStore
 
     try:
+        if not conn.poll(SPARE_IDLE_S):
+            return  # nobody came for this spare (its manager was dropped): give the memory back
         message = conn.recv()
     except (EOFError, OSError):
         return  # the parent closed an unused spare
@@ -77,7 +85,7 @@ def _child_main(
             StoreSink(store, run_id),
             run_id,
             TrainConfig.from_dict(config),
-            _StopOrOrphaned(stop, parent_pid),
+            _StopOrOrphaned(stop),
             flush_interval=flush_interval,
         )
     except StoreError:  # the store itself failed (disk full, ...): nothing to record it in
@@ -97,13 +105,15 @@ class RunProcess:
         self.conn, child = context.Pipe(duplex=True)
         self.process = context.Process(
             target=_child_main,
-            args=(child, self._stop, os.fspath(data_dir), flush_interval, os.getpid()),
+            args=(child, self._stop, os.fspath(data_dir), flush_interval),
             name="gae-run",
             daemon=True,
         )
         with main_module_hidden():
             self.process.start()
         child.close()
+        self._pid: int | None = self.process.pid
+        self._exitcode: int | None = None
 
     def train(self, run_id: str, config: dict[str, Any]) -> None:
         """Hand the process its run (it claims the run in the store when it begins)."""
@@ -127,10 +137,22 @@ class RunProcess:
             pass
         return None
 
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._exitcode
+
     def close(self, timeout: float = 5.0) -> None:
-        """Let the process go (a spare that never trained exits when its pipe closes)."""
+        """Let the process go and release its pipe and handles (a spare that never trained
+        exits when its pipe closes; one that does not within ``timeout`` is killed)."""
         self.conn.close()
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(1.0)
+        self._exitcode = self.process.exitcode
+        with contextlib.suppress(ValueError):  # still running after a kill: leave it be
+            self.process.close()

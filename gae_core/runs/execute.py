@@ -28,6 +28,19 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.trainer import StepResult, Trainer, TrainingDiverged
 from gae_core.errors import StoreError
+from gae_core.outcome import ReturnTracker, RunSummary
+from gae_core.runs.store import RunStore
+from gae_core.trajectory import Trajectory
+
+__all__ = [
+    "RECORD_SEED_OFFSET",
+    "RunOutcome",
+    "RunSink",
+    "StoreSink",
+    "TrainerLike",
+    "default_run_name",
+    "execute_run",
+]
 
 
 _EXIT_CALLBACKS: list[Callable[[], None]] = []
@@ -49,19 +62,7 @@ def call_before_thread_shutdown(callback: Callable[[], None]) -> None:
     except RuntimeError:  # already shutting down
         return
     _EXIT_CALLBACKS.append(callback)
-from gae_core.outcome import ReturnTracker, RunSummary
-from gae_core.runs.store import RunStore
-from gae_core.trajectory import Trajectory
 
-__all__ = [
-    "RECORD_SEED_OFFSET",
-    "RunOutcome",
-    "RunSink",
-    "StoreSink",
-    "TrainerLike",
-    "default_run_name",
-    "execute_run",
-]
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.trainer import Trainer
 from gae_core.errors import StoreError
+from gae_core.runs.child import RunProcess
 from gae_core.runs.execute import (
     RunOutcome,
     StoreSink,
@@ -28,7 +29,6 @@ from gae_core.runs.execute import (
     default_run_name,
     execute_run,
 )
-from gae_core.runs.child import RunProcess
 from gae_core.runs.store import RunStore
 
 __all__ = ["RunManager"]
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 
 _LIVE_MANAGERS: weakref.WeakSet[RunManager] = weakref.WeakSet()
+_ENDED = threading.Event()  # the stop event of a run whose process has ended: setting it is moot
 #: At interpreter exit, how long to wait for stopped runs to close themselves.
 EXIT_JOIN_S = 3.0
 
@@ -50,7 +51,6 @@ def _shutdown_live_managers() -> None:
     deadline = time.monotonic() + EXIT_JOIN_S
     for manager in managers:
         manager.shutdown(timeout=max(0.0, deadline - time.monotonic()))
-
 
 
 class RunManager:
@@ -157,8 +157,13 @@ class RunManager:
             self._outcomes[run_id] = outcome
 
     def _take_spare(self) -> RunProcess:
-        """The warm spare process (a cold one if there is none yet), and a new spare behind it."""
-        process = self._spare or RunProcess(self.store.data_dir, self.flush_interval)
+        """The warm spare process (a cold one if there is none, or it died), and a new spare
+        behind it."""
+        process = self._spare
+        if process is None or not process.process.is_alive():
+            if process is not None:
+                process.close()
+            process = RunProcess(self.store.data_dir, self.flush_interval)
         self._spare = RunProcess(self.store.data_dir, self.flush_interval)
         return process
 
@@ -170,21 +175,35 @@ class RunManager:
 
     def _supervise(self, run_id: str, config: TrainConfig, process: RunProcess) -> None:
         """A run in a child process: hand it over, wait for its end, make sure the run closed."""
-        process.train(run_id, config.to_dict())
-        outcome = process.result(timeout=None)
-        process.close()
-        if outcome is None:  # the process died (killed, out of memory) without closing the run
-            error = f"the run's process (pid {process.process.pid}) exited with code "
-            error += str(process.process.exitcode)
-            self.store.recover()  # a claimed run: its owner pid is gone, so it is interrupted
+        outcome = None
+        try:
+            process.train(run_id, config.to_dict())
+            outcome = process.result(timeout=None)
+        except OSError:  # the process died before the hand-off
+            pass
+        finally:
+            process.close()
+            if outcome is None:
+                outcome = self._close_after_death(run_id, process)
+            with self._lock:
+                self._outcomes[run_id] = outcome
+                self._events[run_id] = _ENDED  # the process's pipe and semaphores are released
+
+    def _close_after_death(self, run_id: str, process: RunProcess) -> RunOutcome:
+        """The run's process died (killed, out of memory) without closing the run: a claimed
+        run becomes ``interrupted`` (its owner pid is gone); an unclaimed one ``failed``."""
+        error = f"the run's process (pid {process.pid}) exited with code {process.exitcode}"
+        try:
+            self.store.recover()
             run = self.store.get_run(run_id) if self.store.run_exists(run_id) else None
             if run is not None and run.status in ("queued", "running"):  # died before its claim
                 self.store.finish_run(run_id, "failed", error)
             run = self.store.get_run(run_id) if self.store.run_exists(run_id) else None
-            status = run.status if run is not None else "deleted"
-            outcome = RunOutcome(run_id, status, run.env_steps if run else 0, 0.0, error)
-        with self._lock:
-            self._outcomes[run_id] = outcome
+        except StoreError:
+            log.exception("run %s: could not close the run after its process died", run_id)
+            return RunOutcome(run_id, "failed", 0, 0.0, error)
+        status = run.status if run is not None else "deleted"
+        return RunOutcome(run_id, status, run.env_steps if run else 0, 0.0, error)
 
     def stop(self, run_id: str) -> None:
         """Ask a run to stop; returns at once. Runs of other processes are asked via the store."""
@@ -234,7 +253,7 @@ class RunManager:
         self._closing.set()
         self.stop_all()
         if spare is not None:
-            spare.close()
+            spare.close(timeout=0.0)  # a spare holds no run: no need to wait for it
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -23,6 +23,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -248,6 +249,14 @@ def main_module_hidden() -> Iterator[None]:
     module is Streamlit's own launcher, whose import in a bare child logs "missing
     ScriptRunContext" warnings, so hide it for the moment of the start.
     """
+    with _MAIN_MODULE_LOCK:  # the run manager and sweep coordinators may spawn at once
+        yield from _hide_main_module()
+
+
+_MAIN_MODULE_LOCK = threading.Lock()
+
+
+def _hide_main_module() -> Iterator[None]:
     main = sys.modules.get("__main__")
     saved = {}
     for name in ("__file__", "__spec__"):

@@ -32,8 +32,8 @@ from gae_core.runs.database import (
     new_id,
     resolve_data_dir,
 )
-from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
 from gae_core.runs.lab_table import LabTable
+from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
 from gae_core.runs.retention import RetentionTable
 from gae_core.runs.sweep_table import SweepTable
 
@@ -46,6 +46,7 @@ __all__ = [
     "resolve_data_dir",
     "to_wide",
 ]
+
 
 class RunStore(SweepTable, LabTable, RetentionTable, Database):
     """The run store (see the module docstring); methods return dataclasses or pandas

@@ -43,11 +43,11 @@ from gae_core.runs.store import RunStore
 
 __all__ = [
     "Sweep",
-    "hold_critic_target",
     "SweepProgress",
     "cancel_sweep",
     "expand_grid",
     "grid_of",
+    "hold_critic_target",
     "run_sweep",
     "start_sweep",
     "sweep_progress",
@@ -187,7 +187,6 @@ def _cancel_live_sweeps() -> None:
     deadline = time.monotonic() + EXIT_JOIN_S
     for sweep in sweeps:
         sweep.wait(max(0.0, deadline - time.monotonic()))
-
 
 
 @dataclass
@@ -426,8 +425,8 @@ def start_sweep(
     ``workers`` defaults to the CPU count, capped at the number of trials; ``retries`` is how
     often a trial whose worker died is started again; ``backend`` builds where trials train
     (``backend(workers, trials, flush_interval)``, the local process pool by default).
-    ``on_progress`` is called from the coordinating thread whenever the progress changes. Bad grid values raise ``ConfigError``
-    before anything is created.
+    ``on_progress`` is called from the coordinating thread whenever the progress changes. Bad
+    grid values raise ``ConfigError`` before anything is created.
     """
     configs = expand_grid(base, grid)
     if workers is None:

@@ -117,5 +117,3 @@ class SweepTable(Database):
                 self.delete_run(run.id, force=force)
         with self._write() as conn:
             conn.execute("DELETE FROM sweeps WHERE id = ?", (sweep_id,))
-
-
