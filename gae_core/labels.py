@@ -21,6 +21,7 @@ LABELS: dict[str, str] = {
     "total_steps": "budget (env steps)",
     "best_return": "best return",
     "final_return": "final return",
+    "auc": "AUC",
     "reward_threshold": "solved threshold",
     "solved_at_step": "solved at step",
     "fell_below_at_step": "fell below at step",

@@ -208,9 +208,12 @@ scores = compare.seed_scores(episodes, group=group, threshold=threshold)
 st.subheader("Summary")
 # Both scores: a final return at the env's ceiling (CartPole's 500) ties every group, and then
 # the AUC (how fast it got there) is what separates them.
-for score, what in (("final_return", "Final return"), ("auc", "AUC (how fast it learned)")):
-    groups = {k: f[score].to_numpy() for k, f in scores.groupby(group, sort=True)}
-    sentence = stats.best_group_sentence(groups, lambda k: group_label(group, k))
+SCORES = {"final_return": "Final return", "auc": "AUC (how fast it learned)"}
+score_groups = {
+    score: {k: f[score].to_numpy() for k, f in scores.groupby(group, sort=True)} for score in SCORES
+}
+for score, what in SCORES.items():
+    sentence = stats.best_group_sentence(score_groups[score], lambda k: group_label(group, k))
     st.markdown(f"**{what}:** {sentence}.")
 shown = summary.copy()
 for score in ("final_return", "auc"):
@@ -250,14 +253,24 @@ st.caption(
 )
 with downloads[2]:
     _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")
+pair_score = st.segmented_control(
+    "score for the two charts below", list(SCORES), default="final_return",
+    format_func=label, key="cmp.pair_score",
+    help="Final return: the last 100 episodes per seed. AUC: the average return over training "
+    "(how fast it learned); it separates groups that all end at the env's ceiling.",
+)  # fmt: skip
+pair_score = pair_score or "final_return"
+groups = score_groups[pair_score]
 left, right = st.columns(2, gap="large")
 with left:
-    figure, matrix = compare_figures.improvement_figure(stats.improvement_matrix(groups), group)
+    figure, matrix = compare_figures.improvement_figure(
+        stats.improvement_matrix(groups), group, label(pair_score)
+    )
     st.plotly_chart(figure, key="cmp.improvement", config={"displaylogo": False})
     _ui.csv_button("Improvement CSV", lambda: matrix, "improvement.csv", "cmp.improvement_csv")
 with right:
     figure, profile = compare_figures.profile_figure(
-        stats.performance_profile(groups), group, "final return"
+        stats.performance_profile(groups), group, label(pair_score)
     )
     st.plotly_chart(figure, key="cmp.profile", config={"displaylogo": False})
     _ui.csv_button("Profile CSV", lambda: profile, "profile.csv", "cmp.profile_csv")

@@ -154,6 +154,27 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
     assert cell.startswith(format_value(round(expected["final_return_iqm"].iloc[0], 1)))
+    # the matrix and the profile are drawn from the score their titles name: τ spans that
+    # score's seed values
+    episodes = compare.episodes_frame(store, [r.id for r in trials], "lambda_")
+    seed_scores = compare.seed_scores(episodes, group="lambda_")
+    for choice, name in (("final_return", "final return"), ("auc", "AUC")):
+        at.segmented_control(key="cmp.pair_score").set_value(choice).run()
+        assert not at.exception
+        matrix, profile = (json.loads(c.proto.spec) for c in at.get("plotly_chart")[-2:])
+        assert f"on {name}," in matrix["layout"]["title"]["text"]
+        assert f"with {name} > τ" in profile["layout"]["title"]["text"]
+        taus = np.concatenate([_array(t["x"]) for t in profile["data"] if t.get("mode")])
+        assert (taus.min(), taus.max()) == pytest.approx(
+            (seed_scores[choice].min(), seed_scores[choice].max())
+        )
+
+
+def _array(value):
+    """A Plotly JSON array: a list, or Plotly 6's typed-array encoding."""
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+    return np.asarray(value, float)
 
 
 def test_compare_groups_picked_runs_by_any_field(data_dir):

@@ -173,3 +173,10 @@ def test_summary_table_by_hand():
     scores = compare.seed_scores(episodes_frame(), threshold=12.0, final_window=2, points=5)
     assert scores["auc"].tolist() == pytest.approx([10.0, 20.0, 5.0])
     assert table["best"].tolist() == [True, False]
+
+
+def test_summary_table_marks_every_group_tied_at_the_top():
+    frame = episodes_frame()
+    frame["return"] = 20.0  # every seed of both λ at the same level: nothing separates them
+    table = compare.summary_table(frame, threshold=12.0, final_window=2, points=5)
+    assert table["best"].tolist() == [True, True]

@@ -117,6 +117,18 @@ def test_improvement_matrix_and_sentence():
     assert stats.best_group_sentence({1: [1.0]}, str) == "Only one group: nothing to compare."
 
 
+def test_sentence_names_groups_tied_at_the_top_instead_of_ranking_them():
+    # every seed at the env's ceiling in three groups: no "X beats Y with probability 0.50"
+    groups = {0.0: [500.0] * 4, 0.5: [500.0] * 4, 0.95: [500.0, 500.0, 213.0, 500.0],
+              1.0: [500.0] * 4}  # fmt: skip
+    text = stats.best_group_sentence(groups, lambda g: f"λ = {g:g}")
+    assert text.startswith("λ = 0, λ = 0.5 and λ = 1 tie at the top (IQM 500, mean 500)")
+    assert "beats" not in text
+    # equal IQM but a higher mean is not a tie
+    groups = {0: [1.0, 2.0, 3.0, 4.0], 1: [0.0, 2.0, 3.0, 4.0]}
+    assert stats.best_group_sentence(groups, str).startswith("0 beats 1")
+
+
 def test_performance_profile_counts_scores_strictly_above_tau():
     profile = stats.performance_profile({"a": [1.0, 2.0, 3.0, 4.0]}, np.array([0.0, 2.0, 4.0]))
     assert profile["fraction"].tolist() == [1.0, 0.5, 0.0]  # > τ, not ≥

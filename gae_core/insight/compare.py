@@ -179,7 +179,7 @@ def summary_table(
     percentile-bootstrap intervals (``final_return_iqm``, ``..._ci_low``, …, ``auc_mean``, …;
     :func:`gae_core.insight.stats.group_summary`), and with a threshold the fraction of seeds
     that solved and their median steps to solve; ``best`` marks the highest final-return IQM
-    (ties: mean)."""
+    (ties: mean; every group tied at the top is marked)."""
     scores = seed_scores(
         episodes, group=group, threshold=threshold, final_window=final_window, points=points
     )
@@ -188,8 +188,9 @@ def summary_table(
         solved = scores.groupby(group, sort=True)["solved_at_step"]
         table["solved_fraction"] = solved.apply(lambda x: float(x.notna().mean())).to_numpy()
         table["median_steps_to_solve"] = solved.median().to_numpy()
-    ranking = table.sort_values(["final_return_iqm", "final_return_mean"], ascending=False)
-    table["best"] = table.index == ranking.index[0]
+    top = table[["final_return_iqm", "final_return_mean"]].to_numpy()
+    best = top[np.lexsort((top[:, 1], top[:, 0]))[-1]]
+    table["best"] = np.isclose(top, best, rtol=0, atol=1e-9).all(axis=1)
     return table
 
 

@@ -117,9 +117,12 @@ def comparison_figure(
     return figure, frame
 
 
-def improvement_figure(matrix: pd.DataFrame, group: str) -> tuple[go.Figure, pd.DataFrame]:
-    """The probability-of-improvement matrix: cell (row x, column y) is P(X > Y) over seeds
-    (:func:`gae_core.insight.stats.improvement_matrix`), its interval in the hover text."""
+def improvement_figure(
+    matrix: pd.DataFrame, group: str, score: str
+) -> tuple[go.Figure, pd.DataFrame]:
+    """The probability-of-improvement matrix of one score (its display name, e.g. ``final
+    return``): cell (row x, column y) is P(X > Y) over seeds
+    (:func:`gae_core.insight.stats.improvement_matrix`) with its interval."""
     keys = sorted(set(matrix["x"]) | set(matrix["y"]))
     names = [group_label(group, k) for k in keys]
     z = np.full((len(keys), len(keys)), np.nan)
@@ -144,13 +147,13 @@ def improvement_figure(matrix: pd.DataFrame, group: str) -> tuple[go.Figure, pd.
     )
     _layout(
         figure,
-        "Probability that the row beats the column (95% bootstrap CI)",
+        f"P(row beats column) on {score}, 95% CI",
         f"Y ({label(group)})",
         f"X ({label(group)})",
         height=360,
     )
     figure.update_yaxes(autorange="reversed")
-    return figure, matrix
+    return figure, matrix.assign(score=score)
 
 
 def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Figure, pd.DataFrame]:
@@ -185,10 +188,10 @@ def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Fi
         )
     _layout(
         figure,
-        f"Performance profile: share of seeds with {score} > τ (95% bootstrap band)",
+        f"Share of seeds with {score} > τ, 95% band",
         f"τ ({score})",
         "fraction of seeds",
     )
     figure.update_yaxes(range=[-0.02, 1.02])
-    frame = profile.rename(columns={"group": group})
+    frame = profile.rename(columns={"group": group}).assign(score=score)
     return figure, frame

@@ -327,17 +327,24 @@ def best_group_sentence(
 ) -> str:
     """The group with the highest IQM (ties: mean) against the runner-up, in words:
     "λ = 0.95 beats λ = 1 with probability 0.78 [0.61, 0.92] …", saying so when the interval
-    includes ½ (no better than a coin flip at this sample size)."""
+    includes ½ (no better than a coin flip at this sample size). Groups tied at the top (same
+    IQM and mean, e.g. every seed at the env's ceiling) are named together, not ranked."""
     if len(groups) < 2:
         return "Only one group: nothing to compare."
-    ranked = sorted(
-        groups,
-        key=lambda g: (
-            float(iqm(np.asarray(groups[g], float))),
-            float(np.mean(groups[g])),
-        ),
-        reverse=True,
-    )
+
+    def key(g: Any) -> tuple[float, float]:
+        values = np.asarray(groups[g], float)
+        return float(iqm(values)), float(np.mean(values))
+
+    ranked = sorted(groups, key=key, reverse=True)
+    top = [g for g in ranked if np.allclose(key(g), key(ranked[0]), rtol=0, atol=1e-9)]
+    if len(top) > 1:
+        names = ", ".join(label(g) for g in top[:-1]) + f" and {label(top[-1])}"
+        level_iqm, level_mean = key(top[0])
+        return (
+            f"{names} tie at the top (IQM {level_iqm:.4g}, mean {level_mean:.4g}): "
+            "this score does not separate them"
+        )
     best, second = ranked[0], ranked[1]
     p, low, high = probability_of_improvement(
         groups[best], groups[second], confidence=confidence, resamples=resamples, seed=seed
