@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer, TrainingDiverged
 from gae_core.runs.execute import StoreSink, execute_run
@@ -179,6 +180,39 @@ def test_bad_config_and_shutdown(tmp_path):
     store.close()
 
 
+class _RecordingSink:
+    """A sink that keeps every flush (env steps, metric keys) and every checkpoint step."""
+
+    def __init__(self) -> None:
+        self.flushes: list[tuple[int, set[str]]] = []
+
+    def claim(self) -> bool:
+        return True
+
+    def flush(self, rows, env_steps, summary) -> bool:
+        self.flushes.append((env_steps, {row[0] for row in rows}))
+        return False
+
+    def checkpoint(self, env_step, blob, trajectories) -> None:
+        pass
+
+    def finish(self, status, error) -> None:
+        self.status = status
+
+
+def test_the_first_episode_is_flushed_at_once_then_every_interval():
+    """A live chart gets its first point right away: the update that ends the first episode
+    flushes, even though the flush interval (an hour here) is far from due."""
+    sink = _RecordingSink()
+    config = TrainConfig(**{**SMALL, "checkpoint_every": 0, "eval_every": 0})
+    outcome = execute_run(sink, "r", config, flush_interval=3600.0)
+    assert outcome.status == "finished" == sink.status
+    with_returns = [steps for steps, keys in sink.flushes if M.EPISODIC_RETURN.key in keys]
+    # the first flush carries the first returns, long before the end; then only the final flush
+    assert len(sink.flushes) == 2 and with_returns[0] < outcome.env_steps // 2
+    assert sink.flushes[-1][0] == outcome.env_steps
+
+
 def test_execute_run_skips_cancelled_trial(tmp_path):
     store = RunStore(tmp_path)
     config = TrainConfig(**SMALL)
@@ -265,9 +299,28 @@ def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
     assert manager.wait(stopped, timeout=30)
     print(f"process run: stop → ended in {time.monotonic() - start:.2f} s")
     assert store.get_run(stopped).status == "stopped"
+    assert _wait_for(lambda: manager._spare is not None)  # the next spare, a little after a Start
     spare = manager._spare.pid
     assert manager.shutdown(timeout=10)
     assert _wait_for(lambda: not _alive(spare), timeout=10)  # the unused spare goes too
+    store.close()
+
+
+def test_a_dead_spare_is_replaced_and_the_next_spare_waits_for_the_run_to_begin(tmp_path):
+    store = RunStore(tmp_path)
+    manager = RunManager(store, processes=True, spare_delay_s=1.0)
+    manager.warm_up()
+    dead = manager._spare.pid
+    os.kill(dead, signal.SIGKILL)
+    assert _wait_for(lambda: not _alive(dead), timeout=10)
+    run_id = manager.start(TrainConfig(**SMALL, seed=4))
+    assert manager._events[run_id].pid != dead  # a cold process took the run
+    assert manager._spare is None  # no torch import competing with the run's first second
+    assert manager.wait(run_id, timeout=60) and store.get_run(run_id).status == "finished"
+    assert _wait_for(lambda: manager._spare is not None, timeout=10)
+    spare = manager._spare.pid
+    assert manager.shutdown(timeout=10)
+    assert _wait_for(lambda: not _alive(spare), timeout=10)
     store.close()
 
 

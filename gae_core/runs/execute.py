@@ -206,6 +206,7 @@ def execute_run(
     buffer = _Buffer(flush_interval)
     trainer: TrainerLike | None = None
     env_steps, last_checkpoint, last_evaluation = 0, -1, -1
+    episode_flushed = False
     status, error = "failed", None
 
     def flush() -> bool:
@@ -235,8 +236,12 @@ def execute_run(
                     stop_event.set()
                 _save_checkpoint(sink, trainer, config)
                 last_checkpoint = env_steps
-            if buffer.due() and flush():
+            # the first episode's return goes out at once: a live chart is not blank for a
+            # whole flush interval after Start
+            first_episode = bool(result.episodes) and not episode_flushed
+            if (buffer.due() or first_episode) and flush():
                 stop_event.set()
+            episode_flushed = episode_flushed or first_episode
         env_steps = int(trainer.env_steps)
         status = "finished" if trainer.done else "stopped"
         if status == "finished" and config.eval_every > 0 and last_evaluation != env_steps:

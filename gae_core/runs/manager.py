@@ -70,6 +70,7 @@ class RunManager:
         trainer_factory: Callable[[TrainConfig], TrainerLike] = Trainer,
         recover_every_s: float | None = 5.0,
         processes: bool = False,
+        spare_delay_s: float = 3.0,
     ) -> None:
         if processes and trainer_factory is not Trainer:
             raise ValueError("processes=True trains the package's Trainer; drop trainer_factory")
@@ -78,6 +79,8 @@ class RunManager:
         self._trainer_factory = trainer_factory
         self._processes = processes
         self._spare: RunProcess | None = None
+        self._spare_timer: threading.Timer | None = None
+        self.spare_delay_s = spare_delay_s
         self._lock = threading.Lock()
         self._threads: dict[str, threading.Thread] = {}
         self._events: dict[str, threading.Event | RunProcess] = {}
@@ -164,7 +167,14 @@ class RunManager:
             if process is not None:
                 process.close()
             process = RunProcess(self.store.data_dir, self.flush_interval)
-        self._spare = RunProcess(self.store.data_dir, self.flush_interval)
+        # The next spare starts a little later: importing torch takes a core for ~2 s, which
+        # would compete with this run's first seconds (and the page drawing them) on 2 cores.
+        self._spare = None
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+        self._spare_timer = threading.Timer(self.spare_delay_s, self.warm_up)
+        self._spare_timer.daemon = True
+        self._spare_timer.start()
         return process
 
     def warm_up(self) -> None:
@@ -250,6 +260,8 @@ class RunManager:
             self._closed = True
             threads = list(self._threads.values())
             spare, self._spare = self._spare, None
+            if self._spare_timer is not None:
+                self._spare_timer.cancel()
         self._closing.set()
         self.stop_all()
         if spare is not None:
