@@ -12,6 +12,7 @@ from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, stats, views
 from gae_core.labels import format_value, group_label, label
+from gae_core.runs.backends import backend_factory, ray_installed
 from gae_core.runs.sweep import (
     cancel_sweep,
     grid_of,
@@ -56,18 +57,42 @@ if view == "Launch a sweep":
             help="Seeds 0..n−1. Bootstrap intervals need about 10 seeds per λ to rank λ values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read.",
         )  # fmt: skip
+        backend_name, address = "local", None
+        if ray_installed():
+            backend_name = st.segmented_control(
+                "backend", ["local", "ray"], default="local", key="cmp.backend",
+                format_func={"local": "local processes", "ray": "Ray"}.get,
+                help="Local: worker processes on this machine. Ray: each trial a Ray task on "
+                "any node of a cluster (or a local Ray); the workers count is then how many "
+                "trials run at once.",
+            ) or "local"  # fmt: skip
+            if backend_name == "ray":
+                address = st.text_input(
+                    "Ray address (empty: start a local Ray)", key="cmp.ray_address",
+                    help="A running cluster's address, e.g. ray://head:10001 or head:6379.",
+                ).strip() or None  # fmt: skip
         cores = os.cpu_count() or 1
+        most = cores if backend_name == "local" else 256
+        if st.session_state.get("cmp.workers", 1) > most:  # back from Ray to this machine
+            st.session_state["cmp.workers"] = most
         workers = st.number_input(
-            "worker processes", 1, cores, cores, key="cmp.workers",
+            "worker processes", 1, most, cores,
+            key="cmp.workers",
             help=f"Trials train in this many processes at once (this machine has {cores} "
-            "cores); a worker that dies costs only its trial, which is retried once.",
+            "cores; with Ray, the cluster's CPUs); a worker that dies costs only its trial, "
+            "which is retried once.",
         )  # fmt: skip
         values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
         errors = []
         try:
+            backend = backend_factory(backend_name, address)
+        except ConfigError as error:
+            errors.append(str(error))
+        try:
             lambdas = views.parse_float_list(lambdas_text, "λ values")
         except ConfigError as error:
-            lambdas, errors = [], [str(error)]
+            lambdas = []
+            errors.append(str(error))
         hold = st.checkbox(
             "Hold the critic's target fixed across λ",
             value=True,
@@ -89,8 +114,9 @@ if view == "Launch a sweep":
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
             sweep = start_sweep(
-                store, base, grid_of(lambdas=lambdas, seeds=range(int(seeds))), workers=int(workers)
-            )
+                store, base, grid_of(lambdas=lambdas, seeds=range(int(seeds))),
+                workers=int(workers), backend=backend,
+            )  # fmt: skip
             _ui.sweeps()[sweep.sweep_id] = sweep
             st.session_state["cmp.sweep"] = sweep.sweep_id
     with right:

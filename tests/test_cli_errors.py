@@ -94,6 +94,11 @@ def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
     assert "--grid gamma" in line and "cannot read 'abc'" in line and "in [0, 1]" in line
     unknown = cli(tmp_path, "sweep", "--grid", "gama=0.9")
     assert unknown.returncode == 2 and "unknown config field 'gama'" in one_line_error(unknown)
+    address = cli(tmp_path, "sweep", "--seeds", "0", "--address", "head:6379")
+    assert address.returncode == 2
+    assert "--address: only the ray backend takes a cluster address" in one_line_error(address)
+    backend = cli(tmp_path, "sweep", "--seeds", "0", "--backend", "spark")
+    assert backend.returncode == 2 and "invalid choice: 'spark'" in backend.stderr
     assert not (tmp_path / DB_FILENAME).exists()
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
 from gae_core.cli import commands, study
 from gae_core.errors import ConfigError, StoreError
+from gae_core.runs.backends import BACKENDS
 from gae_core.runs.records import STATUSES
 from gae_core.runs.store import DATA_ENV_VAR
 
@@ -129,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--retries", type=int, default=1, help="restarts of a trial whose worker died (default 1)"
     )
     sweep.add_argument("--name", help="sweep name")
+    sweep.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="local",
+        help="where trials train: local worker processes (default) or Ray tasks "
+        "(pip install -r requirements-ray.txt)",
+    )
+    sweep.add_argument(
+        "--address",
+        default=None,
+        help="with --backend ray: a running Ray cluster's address (default: start a local Ray)",
+    )
     sweep.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_config_flags(sweep)

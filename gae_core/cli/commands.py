@@ -256,9 +256,14 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
 
 
 def sweep(args: argparse.Namespace) -> int:
+    from gae_core.runs.backends import backend_factory
     from gae_core.runs.sweep import SweepProgress, expand_grid, hold_critic_target, start_sweep
 
     grid = _grid(args)
+    try:
+        backend = backend_factory(args.backend, args.address)
+    except ConfigError as exc:
+        raise UsageError(f"--{exc}") from None
     base = config_from_args(args)
     held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
     expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
@@ -293,9 +298,11 @@ def sweep(args: argparse.Namespace) -> int:
         name=args.name,
         on_progress=on_progress,
         retries=args.retries,
+        backend=backend,
     )
     print(
-        f"sweep {handle.sweep_id}: {len(handle.run_ids)} trials on {handle.workers} workers "
+        f"sweep {handle.sweep_id}: {len(handle.run_ids)} trials on {handle.workers} "
+        f"{args.backend} workers "
         f"in {store.path}",
         file=sys.stderr,
         flush=True,
@@ -316,6 +323,7 @@ def sweep(args: argparse.Namespace) -> int:
         "status": progress.status,
         "error": record.error,
         "workers": handle.workers,
+        "backend": args.backend,
         "total": progress.total,
         "counts": progress.counts,
         "wall_seconds": wall,

@@ -3,7 +3,8 @@
 A coordinating thread in the process that starts the sweep is the only writer to the store: it
 claims each trial, hands it to a backend worker, and writes the metric batches, checkpoints and
 endings that the worker streams back. A trial never touches the store, so a worker on another
-machine needs no access to it (:mod:`gae_core.runs.pool` is the local backend).
+machine needs no access to it (:mod:`gae_core.runs.pool` is the local backend,
+:mod:`gae_core.runs.ray_pool` the Ray one; :mod:`gae_core.runs.backends` picks by name).
 
 Failures stay local: a worker that dies (killed, out of memory) costs only the trial it held,
 which is retried once by default from the start (trials are deterministic per seed) and
@@ -30,12 +31,13 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.errors import ConfigError, StoreError
 from gae_core.labels import label
+from gae_core.runs.backends import Backend, BackendFactory
 from gae_core.runs.execute import call_before_thread_shutdown
 from gae_core.runs.pool import LocalPool
 from gae_core.runs.records import ENDED_STATUSES
@@ -196,30 +198,6 @@ class _Trial:
     attempts: int = 0
     status: str = "queued"
     deleted: bool = False
-
-
-class Backend(Protocol):
-    """Where trials train: :class:`~gae_core.runs.pool.LocalPool` (worker processes on this
-    machine) or the Ray backend. Events are the workers' ``("flush", i, rows, env_steps,
-    summary)``, ``("checkpoint", i, env_step, blob, trajectories)``, ``("finish", i, status,
-    error)`` and ``("lost", i, why)`` when the worker of trial ``i`` died."""
-
-    name: str
-
-    def idle_slots(self) -> int: ...
-
-    def submit(self, index: int, run_id: str, config: dict) -> None: ...
-
-    def stop(self, index: int) -> None: ...
-
-    def events(self, timeout: float) -> list[tuple]: ...
-
-    def trial_pids(self) -> dict[int, int]: ...
-
-    def close(self) -> None: ...
-
-
-BackendFactory = Callable[[int, int, float], Backend]
 
 
 class Sweep:

@@ -1,0 +1,68 @@
+"""Sweep backends: where a sweep's trials train, behind one interface.
+
+``local`` is :class:`~gae_core.runs.pool.LocalPool` (worker processes on this machine, no extra
+service); ``ray`` is :class:`~gae_core.runs.ray_pool.RayPool` (Ray tasks on any node of a
+cluster; ``pip install -r requirements-ray.txt``). The sweep's coordinator
+(:mod:`gae_core.runs.sweep`) drives either one the same way and stays the store's single writer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+from typing import Protocol
+
+from gae_core.errors import ConfigError
+from gae_core.runs.pool import LocalPool
+
+__all__ = ["BACKENDS", "Backend", "BackendFactory", "backend_factory", "ray_installed"]
+
+
+class Backend(Protocol):
+    """Where trials train: :class:`~gae_core.runs.pool.LocalPool` (worker processes on this
+    machine) or the Ray backend. Events are the workers' ``("flush", i, rows, env_steps,
+    summary)``, ``("checkpoint", i, env_step, blob, trajectories)``, ``("finish", i, status,
+    error)`` and ``("lost", i, why)`` when the worker of trial ``i`` died."""
+
+    name: str
+
+    def idle_slots(self) -> int: ...
+
+    def submit(self, index: int, run_id: str, config: dict) -> None: ...
+
+    def stop(self, index: int) -> None: ...
+
+    def events(self, timeout: float) -> list[tuple]: ...
+
+    def trial_pids(self) -> dict[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+BackendFactory = Callable[[int, int, float], Backend]
+
+#: The sweep backends by name: ``local`` (worker processes here) and ``ray`` (optional extra).
+BACKENDS = ("local", "ray")
+
+
+def ray_installed() -> bool:
+    """Whether the optional Ray backend can be used (``pip install -r requirements-ray.txt``)."""
+    return importlib.util.find_spec("ray") is not None
+
+
+def backend_factory(name: str = "local", address: str | None = None) -> BackendFactory:
+    """The backend called ``name`` (:data:`BACKENDS`); ``address`` is a Ray cluster's (None:
+    the Ray already running in this process, or a new local one). ``ConfigError`` names the
+    field for an unknown backend, Ray missing, or an address given to the local backend."""
+    if name not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "local":
+        if address is not None:
+            raise ConfigError("address: only the ray backend takes a cluster address")
+        return LocalPool
+    if not ray_installed():
+        raise ConfigError("backend ray: ray is not installed (pip install -r requirements-ray.txt)")
+    from gae_core.runs.ray_pool import RayPool
+
+    return functools.partial(RayPool, address=address)

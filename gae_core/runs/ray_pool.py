@@ -1,0 +1,184 @@
+"""The Ray sweep backend: each trial is a Ray task on any node of a cluster, streaming its data
+back to the coordinator, which stays the store's single writer.
+
+Messages travel through one small actor, the *inbox*: a trial's sink calls ``inbox.send`` for
+every flush, checkpoint and its end, and waits for the reply, so everything a trial sent is in
+the inbox before its task returns. The reply to a flush says whether the trial was asked to stop
+(cancel, ``stop`` from the UI or CLI, a deleted run): a stop reaches a trial on any node at its
+next flush, within ``flush_interval`` plus one update. The coordinator drains the inbox and
+watches the tasks' object refs: a task that fails without having sent its end (its worker or its
+node died) is reported ``lost``, and the coordinator re-queues it (once by default) like the
+local pool's dead worker. Tasks run with ``max_retries=0`` so Ray does not retry behind the
+coordinator's back.
+
+When this backend starts or joins Ray itself, the package travels with the job
+(``runtime_env=RUNTIME_ENV``, ``py_modules``: this ``gae_core`` folder), so a node needs only the
+requirements installed, not this checkout. Code that calls ``ray.init`` itself passes
+``runtime_env=RUNTIME_ENV`` too (Ray takes local folders at the job level only), or runs from the
+checkout on one machine, where Ray's workers start in the driver's folder. ``ray`` is an
+optional dependency (``requirements-ray.txt``); importing this module without it raises a clear
+``ImportError``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gae_core.outcome import RunSummary
+
+try:
+    import ray
+except ImportError as exc:  # pragma: no cover - exercised only where ray is missing
+    raise ImportError("the Ray backend needs ray: pip install -r requirements-ray.txt") from exc
+
+__all__ = ["RUNTIME_ENV", "RayPool"]
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+RUNTIME_ENV = {"py_modules": [_PACKAGE], "excludes": ["__pycache__", "*.pyc"]}
+#: How often an idle coordinator asks the inbox for news.
+_POLL_S = 0.05
+
+
+@ray.remote(num_cpus=0)
+class _Inbox:
+    """Messages from the trials to the coordinator, and the trials' stop flags."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple] = []
+        self.stopped: set[int] = set()
+
+    def send(self, message: tuple) -> bool:
+        self.messages.append(message)
+        return message[1] in self.stopped
+
+    def drain(self) -> list[tuple]:
+        messages, self.messages = self.messages, []
+        return messages
+
+    def stop(self, index: int) -> None:
+        self.stopped.add(index)
+
+    def clear(self, index: int) -> None:
+        self.stopped.discard(index)
+
+
+class _InboxSink:
+    """A :class:`~gae_core.runs.execute.RunSink` that sends to the inbox actor (the coordinator
+    claimed the run before submitting it)."""
+
+    def __init__(self, inbox: Any, index: int) -> None:
+        self.inbox, self.index = inbox, index
+
+    def _send(self, *message: Any) -> bool:
+        return ray.get(self.inbox.send.remote((message[0], self.index, *message[1:])))
+
+    def claim(self) -> bool:
+        return True
+
+    def flush(self, rows: list, env_steps: int, summary: RunSummary) -> bool:
+        return self._send("flush", rows, env_steps, summary)
+
+    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None:
+        self._send("checkpoint", env_step, blob, list(trajectories))
+
+    def finish(self, status: str, error: str | None) -> None:
+        self._send("finish", status, error)
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def _train_trial(inbox: Any, index: int, run_id: str, config: dict, flush: float) -> None:
+    import threading
+
+    import torch
+
+    from gae_core.agent.config import TrainConfig
+    from gae_core.runs.execute import execute_run
+
+    torch.set_num_threads(1)  # one CPU per task: the tasks are the parallelism
+    sink = _InboxSink(inbox, index)
+    ray.get(inbox.send.remote(("started", index, os.getpid(), ray.util.get_node_ip_address())))
+    try:
+        execute_run(sink, run_id, TrainConfig.from_dict(config), threading.Event(),
+                    flush_interval=flush)  # fmt: skip
+    except Exception:  # the config cannot be built on this node (an env it lacks)
+        sink.finish("failed", traceback.format_exc())
+
+
+class RayPool:
+    """``workers`` trials at a time as Ray tasks: a sweep backend (see the module docstring).
+
+    ``address`` is a running cluster's (``ray://host:10001`` or ``host:6379``); None joins the
+    Ray already initialised in this process, or starts a local one.
+    """
+
+    name = "ray"
+
+    def __init__(
+        self, workers: int, trials: int, flush_interval: float, address: str | None = None
+    ) -> None:
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     runtime_env=RUNTIME_ENV)  # fmt: skip
+        self.workers = workers
+        self.flush_interval = flush_interval
+        self.inbox = _Inbox.remote()
+        self._refs: dict[Any, int] = {}  # task ref → trial index
+        self._ended: set[int] = set()  # trials whose end arrived (a later failure costs nothing)
+        self._pids: dict[int, int] = {}
+
+    def idle_slots(self) -> int:
+        return max(0, self.workers - len(self._refs))
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        ray.get(self.inbox.clear.remote(index))
+        self._ended.discard(index)
+        self._pids.pop(index, None)
+        ref = _train_trial.remote(self.inbox, index, run_id, config, self.flush_interval)
+        self._refs[ref] = index
+
+    def stop(self, index: int) -> None:
+        self.inbox.stop.remote(index)
+
+    def trial_pids(self) -> dict[int, int]:
+        """``{trial index: pid}`` of the trials training now (a pid on the node that runs it)."""
+        running = set(self._refs.values())
+        return {i: pid for i, pid in self._pids.items() if i in running}
+
+    def events(self, timeout: float) -> list[tuple]:
+        deadline = time.monotonic() + timeout
+        while True:
+            # Tasks first, then the inbox: a task sends everything before it returns, so the
+            # messages of every task seen done here are in this drain.
+            done, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+            out = []
+            for message in ray.get(self.inbox.drain.remote()):
+                if message[0] == "started":
+                    self._pids[message[1]] = message[2]
+                    continue
+                if message[0] == "finish":
+                    self._ended.add(message[1])
+                out.append(message)
+            for ref in done:
+                index = self._refs.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # its worker or node died, or the task was cancelled
+                    if index not in self._ended:
+                        pid = self._pids.get(index)
+                        out.append(("lost", index, f"Ray task (pid {pid}) failed: "
+                                    f"{type(exc).__name__}"))  # fmt: skip
+            if out or done or time.monotonic() >= deadline:
+                return out
+            time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        for ref, index in list(self._refs.items()):
+            self.inbox.stop.remote(index)
+            ray.cancel(ref, force=True)
+        self._refs.clear()
+        ray.kill(self.inbox)

@@ -1,0 +1,182 @@
+"""The Ray sweep backend on a local Ray (2 CPUs): the same per-trial metrics as the local pool,
+stop and cancel, a killed Ray worker re-queued, a killed coordinator leaving nothing running.
+
+Ray is an optional extra for users but part of the test requirements: without it these tests
+skip, except under ``CI=true`` where they fail (CI must exercise the Ray backend)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import app, wait_until
+
+from gae_core.agent.config import TrainConfig
+from gae_core.errors import ConfigError
+from gae_core.runs.backends import backend_factory
+from gae_core.runs.store import RunStore
+from gae_core.runs.sweep import grid_of, run_sweep, start_sweep
+
+if os.environ.get("CI", "").strip().lower() == "true":
+    import ray  # a missing ray is a failure in CI, not a skip
+else:
+    ray = pytest.importorskip("ray", reason="pip install -r requirements-ray.txt")
+
+SMALL = {"num_envs": 4, "rollout_steps": 16, "hidden_sizes": (16,)}
+LONG = TrainConfig(**SMALL, total_steps=10**8)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from gae_core.runs.ray_pool import RUNTIME_ENV
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=RUNTIME_ENV)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _curves(store: RunStore) -> dict:
+    """Per trial (λ, seed): every metric's (key, env step, value); wall times and speed (the
+    ``perf/`` metrics) left out."""
+    out = {}
+    for run in store.list_runs():
+        frame = store.metrics(run.id)
+        frame = frame[~frame["key"].str.startswith("perf/")]
+        key = (run.config["lambda_"], run.config["seed"])
+        values = ["nan" if v != v else v for v in frame["value"]]  # NaN == NaN for this check
+        out[key] = sorted(zip(frame["key"], frame["env_step"], values, strict=True), key=str)
+    return out
+
+
+def test_the_same_sweep_gives_the_same_trials_on_both_backends(tmp_path, local_ray):
+    base = TrainConfig(**SMALL, total_steps=3000, checkpoint_every=1000)
+    grid = grid_of(lambdas=[0.9, 1.0], seeds=[0, 1])
+    curves, checkpoints = {}, {}
+    for name in ("local", "ray"):
+        with RunStore(tmp_path / name) as store:
+            progress = run_sweep(store, base, grid, workers=2, backend=backend_factory(name))
+            assert progress.status == "finished" and progress.counts["finished"] == 4
+            curves[name] = _curves(store)
+            checkpoints[name] = sorted(len(store.checkpoint_steps(r.id)) for r in store.list_runs())
+            assert store.integrity_check() == "ok"
+    assert curves["ray"] == curves["local"]  # trials are deterministic per seed
+    assert checkpoints["ray"] == checkpoints["local"] == [3, 3, 3, 3]
+
+
+def test_cancel_reaches_ray_trials_and_keeps_their_data(tmp_path, local_ray):
+    store = RunStore(tmp_path)
+    sweep = start_sweep(store, LONG, grid_of(seeds=[0, 1, 2]), workers=2,
+                        backend=backend_factory("ray"))  # fmt: skip
+    assert wait_until(
+        lambda: sum(store.get_run(r).env_steps > 0 for r in sweep.run_ids) == 2, timeout=90
+    )
+    start = time.monotonic()
+    sweep.cancel()
+    assert sweep.wait(timeout=30)
+    print(f"\nRay: cancel → every trial closed in {time.monotonic() - start:.2f} s (target ~2 s)")
+    runs = store.list_runs(sweep_id=sweep.sweep_id)
+    assert [r.status for r in runs] == ["stopped"] * 3
+    assert sorted(r.env_steps > 0 for r in runs) == [False, True, True]  # data kept
+    assert store.get_sweep(sweep.sweep_id).status == "cancelled"
+    store.close()
+
+
+def test_a_killed_ray_worker_requeues_its_trial_once(tmp_path, local_ray):
+    store = RunStore(tmp_path)
+    config = TrainConfig(**SMALL, total_steps=60_000)
+    sweep = start_sweep(store, config, grid_of(seeds=[0, 1]), workers=2,
+                        backend=backend_factory("ray"))  # fmt: skip
+    victim = sweep.run_ids[0]
+    assert wait_until(
+        lambda: victim in sweep.trial_pids() and store.get_run(victim).env_steps > 0, 90
+    )
+    pid = sweep.trial_pids()[victim]
+    assert pid != os.getpid()
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: "attempt 2: the previous Ray task" in (store.get_run(victim).error
+                                                                     or ""), 60)  # fmt: skip
+    assert sweep.wait(timeout=180)
+    runs = [store.get_run(r) for r in sweep.run_ids]
+    assert [r.status for r in runs] == ["finished", "finished"]  # the retry ran to the end
+    assert all(r.env_steps >= 60_000 for r in runs)
+    assert store.get_sweep(sweep.sweep_id).status == "finished"
+    store.close()
+
+
+_ORPHAN_SCRIPT = """
+import os, signal, sys, time
+import ray
+from gae_core.runs.ray_pool import RUNTIME_ENV
+from gae_core.agent.config import TrainConfig
+from gae_core.runs.store import RunStore
+from gae_core.runs.backends import backend_factory
+from gae_core.runs.sweep import grid_of, start_sweep
+store = RunStore(sys.argv[1])
+ray.init(address=sys.argv[2], log_to_driver=False, runtime_env=RUNTIME_ENV)
+long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
+sweep = start_sweep(store, long, grid_of(seeds=[0, 1, 2]), workers=2,
+                    backend=backend_factory("ray"))
+deadline = time.monotonic() + 90
+while len(sweep.trial_pids()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(sweep.sweep_id, *sweep.trial_pids().values(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_coordinator_leaves_every_trial_interrupted(tmp_path, local_ray):
+    """The coordinator (a driver joined to a running Ray) dies with -9: Ray ends its job's
+    tasks, and the store's recovery marks every trial interrupted, nothing running."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path), local_ray],
+        capture_output=True, text=True, timeout=150, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    sweep_id, *pids = done.stdout.split()
+    assert len(pids) == 2
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+
+    assert wait_until(lambda: all(gone(int(p)) for p in pids), timeout=60)  # no orphan training
+    with RunStore(tmp_path) as store:
+        runs = store.list_runs(sweep_id=sweep_id)
+        assert {r.status for r in runs} == {"interrupted"}
+        assert store.get_sweep(sweep_id).status == "interrupted"
+        assert store.integrity_check() == "ok"
+
+
+def test_the_compare_page_launches_a_sweep_on_ray(data_dir, local_ray):
+    at = app("pages/compare.py")
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
+    at.segmented_control(key="cmp.backend").set_value("ray").run()
+    assert at.text_input(key="cmp.ray_address").value == ""  # empty: the running (local) Ray
+    at.text_input(key="cmp.lambdas").set_value("0.9, 1").run()
+    at.number_input(key="cmp.seeds").set_value(1).run()
+    at.number_input(key="cmp.workers").set_value(4).run()  # more than this machine's cores
+    at.number_input(key="cmp.total_steps").set_value(1500).run()
+    at.button(key="cmp.launch").click().run()
+    assert not at.exception
+    store = RunStore(data_dir)
+    (sweep,) = store.list_sweeps()
+    assert wait_until(lambda: store.get_sweep(sweep.id).status == "finished", 120)
+    assert [r.status for r in store.list_runs(sweep_id=sweep.id)] == ["finished"] * 2
+    at.segmented_control(key="cmp.backend").set_value("local").run()
+    assert not at.exception and at.number_input(key="cmp.workers").value == os.cpu_count()
+
+
+def test_backend_names_and_addresses_are_checked():
+    with pytest.raises(ConfigError, match="backend must be one of local, ray, got 'spark'"):
+        backend_factory("spark")
+    with pytest.raises(ConfigError, match="address: only the ray backend"):
+        backend_factory("local", "10.0.0.1:6379")
