@@ -154,7 +154,8 @@ class RayPool:
         while True:
             # Tasks first, then the inbox: a task sends everything before it returns, so the
             # messages of every task seen done here are in this drain.
-            done, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+            refs = list(self._refs)
+            done = ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
             out = []
             for message in ray.get(self.inbox.drain.remote()):
                 if message[0] == "started":
