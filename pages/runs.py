@@ -72,7 +72,7 @@ def runs_view() -> None:
             "wall_seconds": st.column_config.NumberColumn(label("wall_seconds"), format="%.1f"),
         },
     )
-    _ui.csv_button("Runs table CSV", lambda: shown, "runs.csv", key="runs.csv")
+    _ui.csv_button("Runs table CSV", lambda: shown, "runs.csv", "runs.csv", live=any_active)
 
     rows = selection.selection.rows if selection else []
     selected = [shown_ids[i] for i in rows if 0 <= i < len(shown_ids)]
@@ -128,7 +128,7 @@ def runs_view() -> None:
             confirm_delete(run.id, run.name)
         with st.expander("Config"):
             st.json(run.config)
-        _ui.run_charts(run.id, prefix="runs", **_ui.chart_controls("runs"))
+        _ui.run_charts(run.id, prefix="runs", live=any_active, **_ui.chart_controls("runs"))
     else:
         metric = st.selectbox(
             "metric",
@@ -150,7 +150,9 @@ def runs_view() -> None:
             runs, metric, x=controls["x"], smoothing=controls["smoothing"]
         )
         st.plotly_chart(figure, key="runs.overlay", config={"displaylogo": False})
-        _ui.csv_button("CSV", lambda: frame, f"overlay_{M.get(metric).column}.csv", "runs.ocsv")
+        _ui.csv_button(
+            "CSV", lambda: frame, f"overlay_{M.get(metric).column}.csv", "runs.ocsv", any_active
+        )
 
 
 runs_view()

@@ -505,6 +505,28 @@ def test_runs_page_lists_the_runs_and_opens_one(app_page, app_server):
     screenshot(page, "runs")
 
 
+def test_csv_downloads_are_not_lost_to_live_refreshes(app_page, app_server):
+    """While a run trains, the Runs page redraws every 1.5 s. A download generated on click
+    (Streamlit's deferred data) is revoked by each redraw, and 5 clicks in 40 downloaded nothing;
+    live pages now keep the file in memory, which Streamlit serves for one more redraw."""
+    manager = RunManager(RunStore(app_server.data_dir, recover=False))
+    run_id = manager.start({"total_steps": 5_000_000, "checkpoint_every": 0})
+    try:
+        assert wait_until(lambda: manager.store.get_run(run_id).status == "running", 30)
+        page = app_page
+        open_page(page, app_server, "runs")
+        button = page.get_by_role("button", name=re.compile("Runs table CSV"))
+        button.wait_for()
+        for i in range(20):  # clicks at every phase of the refresh timer
+            name, table = download_csv(page, button)
+            assert name == "runs.csv" and run_id in table["run_id"].astype(str).tolist()
+            page.wait_for_timeout(137 * (i % 11))
+    finally:
+        manager.stop(run_id)
+        manager.wait(run_id, 60)
+        manager.shutdown(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def recorded_run(app_server):
     """A tiny run with checkpoints and recorded trajectories, trained through the library on

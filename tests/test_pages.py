@@ -47,7 +47,8 @@ def test_train_form_explains_invalid_values_before_start(data_dir):
     assert "hidden_sizes" in at.error[0].value and at.button(key="train.start").disabled
     at.text_input(key="train.hidden_sizes").set_value("32").run()
     assert not at.error
-    set_fields(at, {"total_steps": 100})
+    # 100 steps is less than one update of 16 envs x 8 steps, whatever the preset says
+    set_fields(at, {"num_envs": 16, "rollout_steps": 8, "total_steps": 100})
     warnings = [w.value for w in at.warning]
     assert any("smaller than one update" in w for w in warnings), warnings
     assert any("only the final checkpoint" in w for w in warnings), warnings
