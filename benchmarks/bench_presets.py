@@ -10,9 +10,15 @@ a JSON-lines file so a long study can be run in pieces and reported at once:
 "final" is the mean return of the last 100 training episodes at the end of the budget (both
 sides count the env's own rewards: our runs under reward normalisation too, SB3's through its
 Monitor below VecNormalize). "late min" is the lowest 100-episode mean over the last 20 % of the
-budget: a run that solved and then collapsed shows there. SB3's rows are the Zoo's
+budget: a run that solved and then collapsed shows there. "eval" is the mean of 10 deterministic
+episodes (mean / argmax action, normalisation frozen) after training, the measure of the Zoo's
+published table (``benchmark.md``). SB3's rows are the Zoo's
 ``hyperparams/a2c.yml`` (its VecNormalize and gSDE included); its MuJoCo rows are for the v4
 tasks, run here on v5.
+
+Each of our rows carries a fingerprint of the preset it ran (every config field but the seed);
+the report counts only rows whose fingerprint matches today's preset and says how many older rows
+it left out, so a preset change can never be reported with the old preset's numbers.
 
 Targets (issue "A trainer whose results can be trusted"): our median final ≥ SB3's on every
 classic-control env; CartPole final ≥ 475 on 10 of 10 seeds with no run below 475 in its last
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
+import hashlib
 import json
 import statistics
 import subprocess
@@ -33,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "presets.jsonl"
 
 # The RL-Zoo's A2C rows (rl-baselines3-zoo/hyperparams/a2c.yml), as SB3 keyword arguments.
@@ -72,6 +81,18 @@ ZOO = {
         for env_id in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
     },
 }
+# The Zoo's published A2C results (rl-baselines3-zoo benchmark.md at commit 22e3ff2): one trained
+# agent per env, mean ± std of deterministic evaluation episodes; MuJoCo rows are the v3 tasks.
+ZOO_PUBLISHED = {
+    "CartPole-v1": (500.0, 0.0),
+    "Acrobot-v1": (-83.353, 17.213),
+    "MountainCar-v0": (-111.263, 24.087),
+    "MountainCarContinuous-v0": (91.166, 0.255),
+    "Pendulum-v1": (-162.965, 103.210),
+    "HalfCheetah-v5": (3041.174, 157.265),
+    "Hopper-v5": (733.454, 376.574),
+    "Walker2d-v5": (581.835, 127.597),
+}
 THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
 
 _OURS = """
@@ -88,8 +109,10 @@ while not trainer.done:
     for episode in trainer.step().episodes:
         steps.append(episode.env_step)
         returns.append(episode.return_)
+wall_s = time.perf_counter() - started
+evaluation = trainer.evaluate(10, seed=10_000 + seed)
 print(json.dumps({"steps": steps, "returns": returns, "budget": config.total_steps,
-                  "wall_s": time.perf_counter() - started}))
+                  "wall_s": wall_s, "eval_returns": evaluation}))
 """
 
 _SB3 = """
@@ -123,8 +146,16 @@ class Episodes(BaseCallback):
 model = A2C("MlpPolicy", env, learning_rate=lr, seed=seed, device="cpu", **zoo)
 started = time.perf_counter()
 model.learn(total_timesteps=budget, callback=Episodes())
+wall_s = time.perf_counter() - started
+from stable_baselines3.common.evaluation import evaluate_policy
+eval_env = make_vec_env(env_id, n_envs=1, seed=10_000 + seed)
+if isinstance(env, VecNormalize):  # the training statistics, frozen; raw rewards
+    eval_env = VecNormalize(eval_env, training=False, norm_reward=False, gamma=gamma)
+    eval_env.obs_rms = env.obs_rms
+evaluation, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True,
+                                return_episode_rewards=True)
 print(json.dumps({"steps": steps, "returns": returns, "budget": budget,
-                  "wall_s": time.perf_counter() - started}))
+                  "wall_s": wall_s, "eval_returns": [float(r) for r in evaluation]}))
 """
 
 
@@ -132,6 +163,8 @@ def summarize(raw: dict, env_id: str) -> dict:
     steps, returns = np.asarray(raw["steps"], float), np.asarray(raw["returns"], float)
     budget = raw["budget"]
     out = {"episodes": len(returns), "budget": budget, "wall_s": raw["wall_s"]}
+    if raw.get("eval_returns"):  # 10 deterministic episodes after training (the Zoo's measure)
+        out["eval"] = float(np.mean(raw["eval_returns"]))
     out["final"] = float(returns[-100:].mean()) if len(returns) else None
     if len(returns) >= 100:
         window = np.convolve(returns, np.ones(100) / 100, mode="valid")
@@ -151,6 +184,15 @@ def summarize(raw: dict, env_id: str) -> dict:
     return out
 
 
+def preset_fingerprint(env_id: str) -> str:
+    """A short hash of today's preset for ``env_id`` (every field but the seed)."""
+    from gae_core.agent.presets import preset_config
+
+    fields = dataclasses.asdict(preset_config(env_id, seed=0))
+    fields.pop("seed")
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def run_one(impl: str, env_id: str, seed: int) -> dict:
     if impl == "ours":
         command = [sys.executable, "-c", _OURS, env_id, str(seed)]
@@ -160,7 +202,10 @@ def run_one(impl: str, env_id: str, seed: int) -> dict:
     if done.returncode != 0:
         return {"impl": impl, "env": env_id, "seed": seed, "error": done.stderr[-2000:]}
     raw = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"impl": impl, "env": env_id, "seed": seed, **summarize(raw, env_id)}
+    row = {"impl": impl, "env": env_id, "seed": seed, **summarize(raw, env_id)}
+    if impl == "ours":
+        row["preset"] = preset_fingerprint(env_id)
+    return row
 
 
 def seeds_of(text: str) -> list[int]:
@@ -193,11 +238,17 @@ def run(args: argparse.Namespace) -> None:
 
 def report(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    current = {env: preset_fingerprint(env) for env in {r["env"] for r in rows}}
+    stale = [r for r in rows if r["impl"] == "ours" and r.get("preset") != current[r["env"]]]
     latest: dict[tuple, dict] = {}
     for row in rows:  # the last result of a run wins (a rerun replaces it)
-        latest[(row["impl"], row["env"], row["seed"])] = row
+        if not (row["impl"] == "ours" and row.get("preset") != current[row["env"]]):
+            latest[(row["impl"], row["env"], row["seed"])] = row
     envs = list(dict.fromkeys(env for _, env, _ in latest))
-    print(f"{'env':<26}{'impl':<6}{'seeds':>6}{'median final':>14}{'min late':>10}  finals")
+    print(
+        f"{'env':<26}{'impl':<6}{'seeds':>6}{'median final':>14}{'min late':>10}"
+        f"{'median eval':>13}  finals"
+    )
     verdicts = []
     for env in envs:
         medians = {}
@@ -209,11 +260,17 @@ def report(args: argparse.Namespace) -> None:
             finals = [r["final"] for r in good]
             medians[impl] = statistics.median(finals)
             lates = [r["late_min"] for r in good if r.get("late_min") is not None]
+            evals = [r["eval"] for r in good if r.get("eval") is not None]
             print(
                 f"{env:<26}{impl:<6}{len(good):>6}{medians[impl]:>14.1f}"
-                f"{min(lates) if lates else float('nan'):>10.1f}  "
+                f"{min(lates) if lates else float('nan'):>10.1f}"
+                f"{statistics.median(evals) if evals else float('nan'):>13.1f}  "
                 + " ".join(f"{f:.0f}" for f in finals)
             )
+        if env in ZOO_PUBLISHED:
+            mean, std = ZOO_PUBLISHED[env]
+            published = f"{env:<26}{'zoo':<6}{'1':>6}{'':>24}{mean:>13.1f}"
+            print(f"{published}  ± {std:.1f} published (benchmark.md)")
         if {"ours", "sb3"} <= set(medians) and env in ("CartPole-v1", "Acrobot-v1",
                 "MountainCar-v0", "MountainCarContinuous-v0", "Pendulum-v1"):  # fmt: skip
             ok = medians["ours"] >= medians["sb3"]
@@ -230,6 +287,11 @@ def report(args: argparse.Namespace) -> None:
             f"CartPole-v1: final ≥ 475 on {solved}/{len(ours_cartpole)} seeds, never below 475 in "
             f"the last 20 % on {stayed}/{len(ours_cartpole)}: {'PASS' if ok else 'FAIL'} "
             "(target 10/10 and 10/10)"
+        )
+    if stale:
+        envs_left = sorted({r["env"] for r in stale})
+        verdicts.append(
+            f"left out: {len(stale)} of our rows from older presets ({', '.join(envs_left)})"
         )
     print("\n".join(["", *verdicts]))
 
