@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import TINY, app, wait_until
 
 import gae_core
@@ -103,6 +104,38 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
         atol=1e-6,
     )
     assert at.slider(key="ex.t").max == len(early) - 1
+
+
+def test_explorer_states_its_units_and_draws_values_in_reward_units(data_dir):
+    """A run that scales rewards for learning: the page says so with the checkpoint's σ, and the
+    V it draws is the critic's raw output times that σ (env reward units), like the rewards."""
+    from gae_core.agent.recording import load_replay
+
+    manager = _ui.manager()
+    run_id = manager.start(
+        {**TINY, "total_steps": 1200, "checkpoint_every": 600, "normalize_rewards": True}
+    )
+    assert manager.wait(run_id, 60)
+    at = app("pages/explorer.py")
+    assert not at.exception
+    store = RunStore(data_dir)
+    step = store.checkpoint_steps(run_id)[-1]
+    config = TrainConfig.from_dict(store.get_run(run_id).config)
+    replay = load_replay(config, store.load_checkpoint(run_id, step))
+    assert replay.value_scale != pytest.approx(1.0)  # the run really scaled its rewards
+    caption = " ".join(c.value for c in at.caption)
+    assert f"σ = {replay.value_scale:.4g}" in caption and "env reward units" in caption
+    trajectory = Trajectory.from_bytes(store.trajectory_blobs(run_id, step)[0])
+    with torch.inference_mode():  # the critic's own output, in its scaled units
+        raw = replay.model.values(replay.policy_input(trajectory.observations))
+    np.testing.assert_allclose(
+        main_chart_trace(at, "V(s_t)"),
+        raw.numpy() * replay.value_scale,
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    # without reward scaling the note says values and rewards share units, with no σ
+    assert "σ" not in explorer.units_note({"normalize_rewards": False}, 1.0)
 
 
 def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):
