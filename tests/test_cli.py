@@ -160,6 +160,26 @@ def test_env_without_threshold_reports_null_solved(tmp_path):
     assert result["solved"] is None and result["solved_at_step"] is None
 
 
+def test_train_starts_from_the_envs_preset_and_stores_the_resolved_config(tmp_path):
+    """`train --env Acrobot-v1` takes the Acrobot preset (16 envs, normalisation, RMSprop); the
+    flags given override it; the run stores every field, resolved."""
+    from dataclasses import asdict
+
+    from gae_core.agent.presets import preset_config
+
+    done = cli(
+        tmp_path, "train", "--env", "Acrobot-v1", "--total-steps", "320", "--seed", "3",
+        "--json", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (run,) = RunStore(tmp_path / "data").list_runs()
+    expected = asdict(preset_config("Acrobot-v1", total_steps=320, seed=3))
+    stored = {k: tuple(v) if isinstance(v, list) else v for k, v in run.config.items()}
+    assert stored == expected
+    assert stored["num_envs"] == 16 and stored["normalize_rewards"] is True  # the preset's
+    assert stored["optimizer"] == "rmsprop" and stored["total_steps"] == 320  # the flag wins
+
+
 def test_bad_config_exits_2_naming_the_field(tmp_path):
     bad = cli(tmp_path, "train", "--lambda", "1.5", "--json")
     assert bad.returncode == 2
