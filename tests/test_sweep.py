@@ -261,3 +261,41 @@ def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
         assert all("stopped without closing the run" in r.error for r in started)
         assert store.get_sweep(sweep_id).status == "interrupted"
         assert store.integrity_check() == "ok"
+
+
+def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_in():
+    """A worker sends "finish" then "idle" for each trial. When the coordinator read "finish",
+    submitted the next trial and only then read the old "idle", the pool freed the worker again:
+    trials piled up in its pipe and showed as running at step 0. Replayed here message by
+    message, through a real pipe."""
+    import multiprocessing
+
+    from gae_core.runs.pool import LocalPool, WorkerHandle
+
+    class Alive:
+        def is_alive(self) -> bool:
+            return True
+
+    coordinator_end, worker_end = multiprocessing.Pipe(duplex=True)
+    pool = object.__new__(LocalPool)
+    pool.flags = bytearray(3)
+    pool._start_failures = 0
+    worker = WorkerHandle(Alive(), coordinator_end, ready=True, pid=1)
+    pool.workers = [worker]
+    try:
+        pool.submit(0, "run-0", {})
+        assert worker_end.recv()[:3] == ("trial", 0, "run-0")
+        worker_end.send(("finish", 0, "finished", None))
+        out: list[tuple] = []
+        assert pool._drain(worker, out) and out == [("finish", 0, "finished", None)]
+        assert pool.idle_slots() == 1
+        pool.submit(1, "run-1", {})  # the next trial goes out before the old "idle" is read
+        worker_end.send(("idle", 0))
+        assert pool._drain(worker, [])
+        assert worker.trial == 1 and pool.idle_slots() == 0  # still busy with trial 1
+        worker_end.send(("finish", 1, "finished", None))
+        worker_end.send(("idle", 1))
+        assert pool._drain(worker, []) and pool.idle_slots() == 1
+    finally:
+        coordinator_end.close()
+        worker_end.close()

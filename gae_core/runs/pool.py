@@ -199,7 +199,11 @@ class LocalPool:
                 worker.ready, worker.pid = True, message[1]
                 self._start_failures = 0
             elif kind == "idle":
-                worker.trial = None
+                # "finish" already freed the worker, and the coordinator may have sent it the
+                # next trial since: the late "idle" of the trial before must not free it again
+                # (it did: trials piled up in one worker's pipe, shown "running" at step 0)
+                if worker.trial == message[1]:
+                    worker.trial = None
             else:
                 if kind == "flush":
                     worker.steps = message[3]
