@@ -67,20 +67,14 @@ def store() -> RunStore:
     return manager().store
 
 
-def csv_button(
-    label: str, frame: Callable[[], pd.DataFrame], file_name: str, key: str, live: bool = False
-) -> None:
-    """A download button for exactly the frame that is plotted.
+def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, key: str) -> None:
+    """A download button whose CSV is generated on click (exactly the frame that is plotted).
 
-    Off a live page the CSV is generated on click. Inside a fragment that refreshes on a timer
-    (``live``) it is generated with the chart instead: Streamlit revokes a deferred download's id
-    as soon as the fragment reruns, so a click that raced a refresh downloaded nothing (1 click in
-    15 on the live Runs page, measured), while a file kept in memory stays served for one more
-    run after it is replaced.
-    """
+    Streamlit revokes such a button's download when the fragment that drew it redraws, so a
+    button inside a fragment that redraws on a timer can miss a click (see the Runs page)."""
     st.download_button(
         label,
-        data=to_csv(frame()) if live else (lambda: to_csv(frame())),
+        data=lambda: to_csv(frame()),
         file_name=file_name,
         mime="text/csv",
         key=key,
@@ -218,11 +212,8 @@ def chart_controls(prefix: str) -> dict[str, Any]:
     return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
 
 
-def run_charts(
-    run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str, live: bool = False
-) -> None:
-    """The metric charts of one run, two per row, each with the CSV of every logged point
-    (``live``: they sit in a fragment that refreshes on a timer)."""
+def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> None:
+    """The metric charts of one run, two per row, each with the CSV of every logged point."""
     from gae_core.insight import figures
 
     metrics = store().metrics(run_id)
@@ -249,7 +240,6 @@ def run_charts(
                 lambda frame=frame: frame,
                 f"{run_id}_{metric.column}.csv",
                 key=f"{prefix}.csv.{metric.key}",
-                live=live,
             )
 
 

@@ -69,7 +69,7 @@ with live_column:
     @st.fragment(run_every=_ui.LIVE_CHARTS_EVERY_S if running else None)
     def charts() -> None:
         controls = _ui.chart_controls("train")
-        _ui.run_charts(run_id, prefix="train", live=running, **controls)
+        _ui.run_charts(run_id, prefix="train", **controls)
 
     status()
     charts()
