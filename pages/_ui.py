@@ -212,8 +212,11 @@ def chart_controls(prefix: str) -> dict[str, Any]:
     return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
 
 
-def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> None:
-    """The metric charts of one run, two per row, each with the CSV of every logged point."""
+def run_charts(
+    run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str, csv: bool = True
+) -> None:
+    """The metric charts of one run, two per row, each with the CSV of every logged point
+    (``csv=False``: the charts redraw on a timer, and :func:`run_csv_menu` offers the CSVs)."""
     from gae_core.insight import figures
 
     metrics = store().metrics(run_id)
@@ -235,11 +238,38 @@ def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefi
             st.plotly_chart(
                 figure, key=f"{prefix}.chart.{metric.key}", config={"displaylogo": False}
             )
+            if csv:
+                csv_button(
+                    "CSV",
+                    lambda frame=frame: frame,
+                    f"{run_id}_{metric.column}.csv",
+                    key=f"{prefix}.csv.{metric.key}",
+                )
+
+
+def run_csv_menu(run_id: str, config: dict, smoothing: dict, prefix: str) -> None:
+    """The CSV of every logged point of each live chart, for charts that redraw on a timer.
+
+    Drawn outside the charts' fragment: Streamlit revokes a download generated on click when
+    the fragment that drew its button redraws, so inside a fragment on a timer a click could
+    download nothing. Each CSV is read from the store when clicked (every point logged until
+    then) and smoothed with ``smoothing["value"]``, the weight the charts use now (the charts'
+    fragment keeps it up to date; a callback has no script context to read widgets from).
+    """
+    from gae_core.insight import figures
+
+    run_store = store()
+    shown = [m for m in M.LIVE if m is not M.EVAL_RETURN or config.get("eval_every", 0) > 0]
+    with st.popover("CSV of every logged point", icon=":material/download:"):
+        for metric in shown:
+
+            def frame(metric: M.Metric = metric) -> pd.DataFrame:
+                weight = smoothing.get("value", 0.0) if metric.smoothed else 0.0
+                data = run_store.metrics(run_id, [metric.key])
+                return figures.metric_frame(data, metric.key, smoothing=weight, every_point=True)
+
             csv_button(
-                "CSV",
-                lambda frame=frame: frame,
-                f"{run_id}_{metric.column}.csv",
-                key=f"{prefix}.csv.{metric.key}",
+                metric.title, frame, f"{run_id}_{metric.column}.csv", f"{prefix}.csv.{metric.key}"
             )
 
 
