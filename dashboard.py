@@ -1,5 +1,5 @@
-"""Streamlit entry point: navigation, the home page and the sidebar's runs in progress.
-Thin: all logic lives in gae_core; pages/ hold one file per page."""
+"""The dashboard's main script (served by ``app.py``): navigation, the home page and the
+sidebar's runs in progress. Thin: all logic lives in gae_core; pages/ hold one file per page."""
 
 import streamlit as st
 
@@ -70,13 +70,23 @@ def home() -> None:
     )
 
 
-@st.fragment(run_every=2.0)
 def runs_in_progress() -> None:
-    active = _ui.store().list_runs(status=["queued", "running"])
-    st.caption(f"Runs in progress: {len(active)}")
-    for run in active[:10]:
-        fraction, eta = views.progress(run)
-        st.progress(fraction, text=f"{markdown_text(run.name)} · ETA {views.format_duration(eta)}")
+    """The sidebar's runs in progress. It redraws every 2 s only while runs train: each timed
+    redraw is a script run on the server, for every open tab."""
+    training = bool(_ui.store().list_runs(status=["queued", "running"]))
+
+    @st.fragment(run_every=2.0 if training else None)
+    def listing() -> None:
+        active = _ui.store().list_runs(status=["queued", "running"])
+        st.caption(f"Runs in progress: {len(active)}")
+        for run in active[:10]:
+            fraction, eta = views.progress(run)
+            text = f"{markdown_text(run.name)} · ETA {views.format_duration(eta)}"
+            st.progress(fraction, text=text)
+        if training and not active:  # the last run ended: redraw once, without the timer
+            st.rerun()
+
+    listing()
 
 
 home_page = st.Page(home, title="Home", icon=":material/home:", default=True)

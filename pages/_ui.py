@@ -3,6 +3,7 @@ buttons. No estimator math and no training logic here: that is gae_core's."""
 
 from __future__ import annotations
 
+import html
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,16 +25,16 @@ WANTED_PAGE = "gae.wanted_page"
 
 
 def require_navigation(page_file: str) -> None:
-    """Run a page only under app.py's navigation.
+    """Run a page only under dashboard.py's navigation.
 
     ``pages/`` is also Streamlit's legacy multipage folder: on a fresh server, a direct link
-    (``/runs``) runs ``pages/runs.py`` alone, before ``app.py`` has called ``st.navigation``
-    once, so the page would lack the app's sidebar and layout. Hand over to ``app.py``, which
+    (``/runs``) runs ``pages/runs.py`` alone, before ``dashboard.py`` has called ``st.navigation``
+    once, so the page would lack the app's sidebar and layout. Hand over to ``dashboard.py``, which
     sets the flag and switches back to the page asked for.
     """
     if not st.session_state.get(NAVIGATION_FLAG):
         st.session_state[WANTED_PAGE] = page_file
-        st.switch_page("app.py")
+        st.switch_page("dashboard.py")
 
 
 @st.cache_resource
@@ -81,6 +82,19 @@ def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, ke
         on_click="ignore",
         icon=":material/download:",
     )
+
+
+def csv_link(label: str, url: str, key: str) -> None:
+    """A link that downloads a CSV of the run store from the server's export route
+    (:mod:`gae_core.insight.exports`), read from the store when clicked.
+
+    Every CSV of what the store holds goes this way, live or not: a link cannot be revoked by a
+    redraw, where a download button on a page that redraws every second lost 1 click in 30."""
+    with st.container(key=key):
+        st.markdown(
+            f':material/download: <a href="{html.escape(url)}" download>{html.escape(label)}</a>',
+            unsafe_allow_html=True,
+        )
 
 
 def _widget_value(spec: FieldSpec, value: Any) -> Any:
@@ -212,12 +226,10 @@ def chart_controls(prefix: str) -> dict[str, Any]:
     return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
 
 
-def run_charts(
-    run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str, csv: bool = True
-) -> None:
-    """The metric charts of one run, two per row, each with the CSV of every logged point
-    (``csv=False``: the charts redraw on a timer, and :func:`run_csv_menu` offers the CSVs)."""
-    from gae_core.insight import figures
+def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> None:
+    """The metric charts of one run, two per row, each with a link to the CSV of every logged
+    point (smoothed like the chart)."""
+    from gae_core.insight import exports, figures
 
     metrics = store().metrics(run_id)
     if metrics.empty:
@@ -227,49 +239,18 @@ def run_charts(
     shown = [m for m in M.LIVE if m.key in present]
     columns = st.columns(2)
     for i, metric in enumerate(shown):
-        figure, frame = figures.metric_figure(
-            metrics,
-            metric.key,
-            x=x,
-            smoothing=smoothing if metric.smoothed else 0.0,
-            log_y=log_losses and metric.log_scale,
+        weight = smoothing if metric.smoothed else 0.0
+        figure, _ = figures.metric_figure(
+            metrics, metric.key, x=x, smoothing=weight, log_y=log_losses and metric.log_scale
         )
         with columns[i % 2]:
             st.plotly_chart(
                 figure, key=f"{prefix}.chart.{metric.key}", config={"displaylogo": False}
             )
-            if csv:
-                csv_button(
-                    "CSV",
-                    lambda frame=frame: frame,
-                    f"{run_id}_{metric.column}.csv",
-                    key=f"{prefix}.csv.{metric.key}",
-                )
-
-
-def run_csv_menu(run_id: str, config: dict, smoothing: dict, prefix: str) -> None:
-    """The CSV of every logged point of each live chart, for charts that redraw on a timer.
-
-    Drawn outside the charts' fragment: Streamlit revokes a download generated on click when
-    the fragment that drew its button redraws, so inside a fragment on a timer a click could
-    download nothing. Each CSV is read from the store when clicked (every point logged until
-    then) and smoothed with ``smoothing["value"]``, the weight the charts use now (the charts'
-    fragment keeps it up to date; a callback has no script context to read widgets from).
-    """
-    from gae_core.insight import figures
-
-    run_store = store()
-    shown = [m for m in M.LIVE if m is not M.EVAL_RETURN or config.get("eval_every", 0) > 0]
-    with st.popover("CSV of every logged point", icon=":material/download:"):
-        for metric in shown:
-
-            def frame(metric: M.Metric = metric) -> pd.DataFrame:
-                weight = smoothing.get("value", 0.0) if metric.smoothed else 0.0
-                data = run_store.metrics(run_id, [metric.key])
-                return figures.metric_frame(data, metric.key, smoothing=weight, every_point=True)
-
-            csv_button(
-                metric.title, frame, f"{run_id}_{metric.column}.csv", f"{prefix}.csv.{metric.key}"
+            csv_link(
+                "CSV of every logged point",
+                exports.run_metric_url(run_id, metric.key, smoothing=weight),
+                key=f"{prefix}-csv-{metric.column}",
             )
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text
-from gae_core.insight import figures, views
+from gae_core.insight import exports, figures, views
 from gae_core.labels import label
 from gae_core.runs.records import STATUSES
 from gae_core.runs.table import runs_frame
@@ -21,11 +21,8 @@ store = _ui.store()
 any_active = bool(store.list_runs(status=["queued", "running"]))
 
 
-# The filters and the table's CSV sit outside the live fragment: a download generated on click
-# is revoked whenever the fragment that drew its button redraws (Streamlit 1.67), and inside a
-# fragment that redraws every 1.5 s, 5 of 40 clicks downloaded nothing. Out here the button is
-# drawn again only when the user changes something, and its CSV is read from the store when
-# clicked, so it holds the runs as they are at that moment.
+# The filters sit outside the live fragment, so typing in them is not undone by a redraw. The
+# table's CSV is a link to the server's export, read from the store when clicked.
 table = runs_frame(store.list_runs())
 if table.empty:
     st.info("No runs in the store yet. Start one on the Train page.")
@@ -45,7 +42,9 @@ def shown_runs() -> pd.DataFrame:
 
 
 with filters[3]:
-    _ui.csv_button("Runs table CSV", shown_runs, "runs.csv", "runs.csv")
+    _ui.csv_link(
+        "Runs table CSV", exports.runs_url(statuses=statuses, envs=envs, text=text), "runs-csv"
+    )
 
 
 @st.fragment(run_every=_ui.LIVE_CHARTS_EVERY_S if any_active else None)
@@ -162,11 +161,12 @@ def runs_view() -> None:
             )
         names = dict(zip(shown["run_id"], shown["name"], strict=True))
         runs = {f"{names[r]} ({r})": store.metrics(r, [metric]) for r in selected}
-        figure, frame = figures.overlay_figure(
+        figure, _ = figures.overlay_figure(
             runs, metric, x=controls["x"], smoothing=controls["smoothing"]
         )
         st.plotly_chart(figure, key="runs.overlay", config={"displaylogo": False})
-        _ui.csv_button("CSV", lambda: frame, f"overlay_{M.get(metric).column}.csv", "runs.ocsv")
+        url = exports.overlay_url(selected, metric, smoothing=controls["smoothing"])
+        _ui.csv_link("CSV of every logged point", url, "runs-overlay-csv")
 
 
 runs_view()

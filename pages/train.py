@@ -66,17 +66,9 @@ with live_column:
         elif running:  # it just ended: redraw the page once, without the timers
             st.rerun()
 
-    # While the charts redraw on a timer their CSVs are offered outside the fragment (see
-    # _ui.run_csv_menu), with the smoothing the charts use handed over in this dict.
-    smoothing = st.session_state.setdefault("train.csv_smoothing", {})
-
     @st.fragment(run_every=_ui.LIVE_CHARTS_EVERY_S if running else None)
     def charts() -> None:
-        controls = _ui.chart_controls("train")
-        smoothing["value"] = controls["smoothing"]
-        _ui.run_charts(run_id, prefix="train", csv=not running, **controls)
+        _ui.run_charts(run_id, prefix="train", **_ui.chart_controls("train"))
 
     status()
-    if running:
-        _ui.run_csv_menu(run_id, store.get_run(run_id).config, smoothing, "train")
     charts()

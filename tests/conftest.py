@@ -215,7 +215,7 @@ def app(page: str | None = None):
     """The app (``app.py``) run once under AppTest, switched to ``page`` if given."""
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file("../app.py", default_timeout=60).run()
+    at = AppTest.from_file("../dashboard.py", default_timeout=60).run()
     if page:
         at.switch_page(page).run()
     assert not at.exception, at.exception

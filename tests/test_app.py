@@ -4,6 +4,6 @@ from streamlit.testing.v1 import AppTest
 
 
 def test_home_page_renders_without_exception():
-    at = AppTest.from_file("../app.py", default_timeout=60).run()
+    at = AppTest.from_file("../dashboard.py", default_timeout=60).run()
     assert not at.exception
     assert at.title[0].value == "GAE Lab"

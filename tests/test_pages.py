@@ -161,7 +161,7 @@ def test_an_unusable_store_gets_one_message_naming_the_path(tmp_path, monkeypatc
     st.cache_resource.clear()
     try:
         for page in (None, "pages/train.py", "pages/runs.py"):
-            at = AppTest.from_file("../app.py", default_timeout=60).run()
+            at = AppTest.from_file("../dashboard.py", default_timeout=60).run()
             if page:
                 at.switch_page(page).run()
             assert not at.exception

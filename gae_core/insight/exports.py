@@ -1,0 +1,170 @@
+"""CSV exports of what the store holds, served over HTTP by the dashboard (``app.py``).
+
+The one owner of the export URLs: the pages build links with the ``*_url`` functions, and
+``app.py`` answers them with :func:`answer`. A link is a plain HTTP download that reads the store
+when it is clicked, so it always holds every point logged until then, and nothing on the page can
+revoke it: Streamlit's own download buttons hand out a file that its next script or fragment run
+may delete, and with charts redrawing every second on a loaded machine 1 click in 30 downloaded
+nothing (the CI failure this replaced).
+
+URLs (absolute; the dashboard serves them next to its pages):
+
+* ``/export/runs.csv?status=…&env=…&text=…``: the runs table (the columns of
+  :func:`~gae_core.runs.table.runs_frame`) filtered like the Runs page (``status`` and ``env``
+  may repeat).
+* ``/export/runs/<run_id>/<column>.csv?smoothing=w``: one metric of one run, every logged point,
+  with the TensorBoard-smoothed column when ``w > 0``
+  (:func:`~gae_core.insight.figures.metric_frame`).
+* ``/export/overlay/<column>.csv?run=<id>&run=<id>…&smoothing=w``: one metric of several runs,
+  long, with a ``run`` column (:func:`~gae_core.insight.figures.overlay_figure`'s frame).
+
+``<column>`` is the metric's CSV column (:attr:`gae_core.metrics.Metric.column`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import quote, urlencode
+
+from gae_core import metrics as M
+from gae_core.errors import StoreError
+from gae_core.inert import to_csv
+from gae_core.insight import figures, views
+from gae_core.runs.records import STATUSES
+from gae_core.runs.store import RunStore
+from gae_core.runs.table import runs_frame
+
+__all__ = ["PREFIX", "Answer", "answer", "overlay_url", "run_metric_url", "runs_url"]
+
+PREFIX = "/export"
+_RUN_ID = re.compile(r"[0-9a-f]{1,32}")
+_MAX_OVERLAY_RUNS = 50
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer: status, body, and the file name a CSV is saved under (None for an error,
+    whose body is one plain-text line naming what was wrong)."""
+
+    status: int
+    body: str
+    file_name: str | None = None
+
+
+def _query(params: Mapping[str, object]) -> str:
+    pairs = []
+    for name, value in params.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        pairs += [(name, str(v)) for v in values if v is not None and v != ""]
+    return f"?{urlencode(pairs)}" if pairs else ""
+
+
+def runs_url(*, statuses: Sequence[str] = (), envs: Sequence[str] = (), text: str = "") -> str:
+    return f"{PREFIX}/runs.csv" + _query(
+        {"status": list(statuses), "env": list(envs), "text": text}
+    )
+
+
+def run_metric_url(run_id: str, key: str, *, smoothing: float = 0.0) -> str:
+    column = quote(M.get(key).column, safe="")
+    return f"{PREFIX}/runs/{run_id}/{column}.csv" + _query(
+        {"smoothing": f"{smoothing:g}" if smoothing > 0 else None}
+    )
+
+
+def overlay_url(run_ids: Sequence[str], key: str, *, smoothing: float = 0.0) -> str:
+    column = quote(M.get(key).column, safe="")
+    return f"{PREFIX}/overlay/{column}.csv" + _query(
+        {"run": list(run_ids), "smoothing": f"{smoothing:g}" if smoothing > 0 else None}
+    )
+
+
+class _BadRequest(ValueError):
+    status = 400
+
+
+class _NotFound(ValueError):
+    status = 404
+
+
+def _metric(column: str) -> M.Metric:
+    for metric in M.REGISTRY.values():
+        if metric.column == column:
+            return metric
+    known = ", ".join(sorted(m.column for m in M.REGISTRY.values()))
+    raise _NotFound(f"unknown metric {column!r}; known: {known}")
+
+
+def _run_id(value: str, store: RunStore) -> str:
+    if not _RUN_ID.fullmatch(value) or not store.run_exists(value):
+        raise _NotFound(f"no run with id {value!r} in {store.path}")
+    return value
+
+
+def _smoothing(query: Mapping[str, Sequence[str]]) -> float:
+    values = query.get("smoothing") or ["0"]
+    try:
+        weight = float(values[-1])
+    except ValueError:
+        weight = -1.0
+    if not 0.0 <= weight < 1.0:
+        raise _BadRequest(f"smoothing must be a number in [0, 1), got {values[-1]!r}")
+    return weight
+
+
+def _runs(store: RunStore, query: Mapping[str, Sequence[str]]) -> Answer:
+    statuses = list(query.get("status", []))
+    unknown = sorted(set(statuses) - set(STATUSES))
+    if unknown:
+        raise _BadRequest(f"status must be among {', '.join(STATUSES)}, got {unknown[0]!r}")
+    text = (query.get("text") or [""])[-1]
+    table = runs_frame(store.list_runs())
+    shown = views.filter_runs(table, statuses=statuses, envs=list(query.get("env", [])), text=text)
+    return Answer(200, to_csv(shown.reset_index(drop=True)), "runs.csv")
+
+
+def _run_metric(store: RunStore, run_id: str, column: str, query) -> Answer:
+    metric, run_id = _metric(column), _run_id(run_id, store)
+    weight = _smoothing(query) if metric.smoothed else 0.0
+    frame = figures.metric_frame(
+        store.metrics(run_id, [metric.key]), metric.key, smoothing=weight, every_point=True
+    )
+    return Answer(200, to_csv(frame), f"{run_id}_{metric.column}.csv")
+
+
+def _overlay(store: RunStore, column: str, query) -> Answer:
+    metric = _metric(column)
+    ids = list(dict.fromkeys(query.get("run", [])))
+    if not 1 <= len(ids) <= _MAX_OVERLAY_RUNS:
+        raise _BadRequest(f"run must be given 1 to {_MAX_OVERLAY_RUNS} times, got {len(ids)}")
+    runs = {}
+    for run_id in ids:
+        try:
+            run = store.get_run(_run_id(run_id, store))
+        except StoreError:  # deleted since the check
+            raise _NotFound(f"no run with id {run_id!r} in {store.path}") from None
+        runs[f"{run.name} ({run.id})"] = store.metrics(run.id, [metric.key])
+    weight = _smoothing(query) if metric.smoothed else 0.0
+    _, frame = figures.overlay_figure(runs, metric.key, smoothing=weight)
+    return Answer(200, to_csv(frame), f"overlay_{metric.column}.csv")
+
+
+def answer(path: str, query: Mapping[str, Sequence[str]], store: Callable[[], RunStore]) -> Answer:
+    """The answer to ``GET path?query`` (``query`` as ``urllib.parse.parse_qs`` gives it),
+    reading the store that ``store()`` opens. Bad requests and unknown runs or metrics get one
+    line naming the field; a store that cannot be read gets a 503 naming its path."""
+    parts = path.removeprefix(PREFIX).strip("/").split("/")
+    try:
+        if parts == ["runs.csv"]:
+            return _runs(store(), query)
+        if len(parts) == 3 and parts[0] == "runs" and parts[2].endswith(".csv"):
+            return _run_metric(store(), parts[1], parts[2].removesuffix(".csv"), query)
+        if len(parts) == 2 and parts[0] == "overlay" and parts[1].endswith(".csv"):
+            return _overlay(store(), parts[1].removesuffix(".csv"), query)
+        raise _NotFound(f"no export at {path!r}")
+    except (_BadRequest, _NotFound) as error:
+        return Answer(error.status, str(error))
+    except StoreError as error:
+        return Answer(503, f"the run store cannot be read: {error}")

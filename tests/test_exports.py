@@ -1,0 +1,124 @@
+"""The store's CSV exports (gae_core.insight.exports): what each URL answers, read from the store
+at the request, and a clear one-line answer for every bad request. The browser tests click the
+links on the live pages; here the answers are checked cell by cell."""
+
+from __future__ import annotations
+
+import io
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gae_core import metrics as M
+from gae_core.insight import exports, figures
+from gae_core.runs.store import RunStore
+
+
+def get(store: RunStore, url: str) -> exports.Answer:
+    parts = urlsplit(url)
+    return exports.answer(parts.path, parse_qs(parts.query), lambda: store)
+
+
+def frame_of(answer: exports.Answer) -> pd.DataFrame:
+    assert answer.status == 200, answer.body
+    return pd.read_csv(io.StringIO(answer.body))
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = RunStore(tmp_path, recover=False)
+    yield store
+    store.close()
+
+
+def add_run(store: RunStore, name: str, env_id: str, returns: list[float]) -> str:
+    run_id = store.create_run({"env_id": env_id, "lambda_": 0.95, "gamma": 0.99}, name=name)
+    rows = [(M.EPISODIC_RETURN.key, 10 * (i + 1), 0.5 * i, r) for i, r in enumerate(returns)]
+    rows.append((M.VALUE_LOSS.key, 10, 0.0, 1.5))
+    store.flush(run_id, rows, env_steps=10 * len(returns))
+    return run_id
+
+
+def test_runs_csv_holds_the_runs_table_filtered_like_the_page(store):
+    a = add_run(store, "=HYPERLINK(evil)", "CartPole-v1", [1.0, 2.0])
+    b = add_run(store, "pendulum one", "Pendulum-v1", [-1000.0])
+    every = frame_of(get(store, exports.runs_url()))
+    assert set(every["run_id"]) == {a, b}
+    # a formula-looking name is inert (OWASP: prefixed with a quote)
+    assert "'=HYPERLINK(evil)" in every["name"].tolist()
+    only = frame_of(get(store, exports.runs_url(envs=["Pendulum-v1"])))
+    assert only["run_id"].tolist() == [b]
+    assert frame_of(get(store, exports.runs_url(text="PENDULUM")))["run_id"].tolist() == [b]
+    assert frame_of(get(store, exports.runs_url(statuses=["running"]))).empty
+    queued = frame_of(get(store, exports.runs_url(statuses=["queued", "running"])))
+    assert set(queued["run_id"]) == {a, b}
+    assert get(store, exports.runs_url()).file_name == "runs.csv"
+
+
+def test_a_run_metric_csv_is_every_stored_point_and_smoothed_like_the_chart(store):
+    returns = list(np.random.default_rng(0).normal(size=3000))  # more than a chart draws
+    run_id = add_run(store, "long", "CartPole-v1", returns)
+    answer = get(store, exports.run_metric_url(run_id, M.EPISODIC_RETURN.key, smoothing=0.6))
+    assert answer.file_name == f"{run_id}_episodic_return.csv"
+    frame = frame_of(answer)
+    assert len(frame) == 3000 > figures.MAX_POINTS
+    np.testing.assert_allclose(frame["episodic_return"], returns, rtol=1e-12)
+    np.testing.assert_allclose(
+        frame["episodic_return_smoothed"], figures.smooth(np.asarray(returns), 0.6), rtol=1e-9
+    )
+    raw = frame_of(get(store, exports.run_metric_url(run_id, M.EPISODIC_RETURN.key)))
+    assert "episodic_return_smoothed" not in raw
+    # points logged after one click are in the next
+    store.flush(run_id, [(M.EPISODIC_RETURN.key, 99_999, 9.0, 7.0)])
+    again = frame_of(get(store, exports.run_metric_url(run_id, M.EPISODIC_RETURN.key)))
+    assert len(again) == 3001 and again["episodic_return"].iloc[-1] == 7.0
+
+
+def test_overlay_csv_is_long_with_one_label_per_run(store):
+    a = add_run(store, "first", "CartPole-v1", [1.0, 2.0])
+    b = add_run(store, "second", "CartPole-v1", [3.0])
+    frame = frame_of(get(store, exports.overlay_url([a, b], M.EPISODIC_RETURN.key)))
+    assert frame["run"].tolist() == [f"first ({a})", f"first ({a})", f"second ({b})"]
+    assert frame["episodic_return"].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "words"),
+    [
+        ("/export/runs.csv?status=bogus", 400, ["status must be among", "'bogus'"]),
+        ("/export/runs/{run}/episodic_return.csv?smoothing=1.5", 400, ["smoothing", "[0, 1)"]),
+        ("/export/runs/{run}/episodic_return.csv?smoothing=abc", 400, ["smoothing", "'abc'"]),
+        ("/export/runs/{run}/no_such_metric.csv", 404, ["unknown metric", "episodic_return"]),
+        ("/export/runs/0123456789ab/episodic_return.csv", 404, ["no run with id"]),
+        ("/export/runs/..%2F..%2Fetc/episodic_return.csv", 404, ["no run with id"]),
+        ("/export/overlay/episodic_return.csv", 400, ["run must be given 1 to 50 times"]),
+        ("/export/nothing/here.csv", 404, ["no export at"]),
+    ],
+)
+def test_bad_requests_get_one_line_naming_the_field(store, url, status, words):
+    run_id = add_run(store, "r", "CartPole-v1", [1.0])
+    answer = get(store, url.format(run=run_id))
+    assert answer.status == status and answer.file_name is None
+    assert "\n" not in answer.body
+    for word in words:
+        assert word in answer.body, answer.body
+
+
+def test_a_store_that_cannot_be_opened_is_a_503_naming_its_path(tmp_path):
+    from gae_core.errors import StoreError
+
+    def broken() -> RunStore:
+        raise StoreError(f"{tmp_path} is a file, not a folder")
+
+    answer = exports.answer("/export/runs.csv", {}, broken)
+    assert answer.status == 503 and str(tmp_path) in answer.body
+
+
+def test_urls_quote_what_they_carry():
+    url = exports.runs_url(text="a&b=c #d", envs=["CartPole-v1"])
+    assert parse_qs(urlsplit(url).query) == {"text": ["a&b=c #d"], "env": ["CartPole-v1"]}
+    assert exports.run_metric_url("abc", M.EPISODIC_RETURN.key, smoothing=0.0).endswith(
+        "/abc/episodic_return.csv"
+    )
