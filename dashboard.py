@@ -9,16 +9,17 @@ from gae_core.insight import views
 from gae_core.labels import label
 from pages import _ui
 
-st.set_page_config(page_title="GAE Lab", page_icon=label("lambda_"), layout="wide")
+LAMBDA = label("lambda_")
+st.set_page_config(page_title="GAE Lab", page_icon=LAMBDA, layout="wide")
 
 
 def home() -> None:
     st.title("GAE Lab")
     st.markdown(
         "A workbench for advantage estimators in policy-gradient RL: the TD residual "
-        "δ_t, the k-step estimators Â^(k) and GAE(γ, λ) "
+        f"δ_t, the k-step estimators Â^(k) and GAE({label('gamma')}, {LAMBDA}) "
         "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)). Train A2C + GAE agents, "
-        "watch them learn, and see what λ does."
+        f"watch them learn, and see what {LAMBDA} does."
     )
     left, right = st.columns([1, 2], gap="large")
     with left:
@@ -54,7 +55,7 @@ def home() -> None:
     )
     st.page_link(
         explorer_page,
-        label="Advantage explorer — δ_t, Â^(k) and GAE step by step as λ moves",
+        label=f"Advantage explorer — δ_t, Â^(k) and GAE step by step as {LAMBDA} moves",
         icon=":material/biotech:",
     )
     st.page_link(
@@ -65,7 +66,7 @@ def home() -> None:
     )
     st.page_link(
         compare,
-        label="λ comparison — λ × seed sweeps with 95% bands",
+        label=f"{LAMBDA} comparison — {LAMBDA} × seed sweeps with 95% bands",
         icon=":material/stacked_line_chart:",
     )
 
@@ -94,7 +95,9 @@ train = st.Page("pages/train.py", title="Train", icon=":material/fitness_center:
 runs = st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:")
 explorer_page = st.Page("pages/explorer.py", title="Advantage explorer", icon=":material/biotech:")
 lab_page = st.Page("pages/lab.py", title="Estimator lab", icon=":material/science:")
-compare = st.Page("pages/compare.py", title="λ comparison", icon=":material/stacked_line_chart:")
+compare = st.Page(
+    "pages/compare.py", title=f"{LAMBDA} comparison", icon=":material/stacked_line_chart:"
+)
 pages = [home_page, train, runs, explorer_page, lab_page, compare]
 st.session_state[_ui.NAVIGATION_FLAG] = True
 page = st.navigation(pages)

@@ -1,19 +1,32 @@
-"""The λ study users run most, through each sweep backend, in one script run.
+"""The λ study users run most, through each way a sweep can train, in one script run.
 
     python benchmarks/bench_study.py [--seeds 0-9] [--lambdas ...] [--total-steps 200000]
-                                     [--backends local ray] [--workers 2]
+                                     [--modes single population ray] [--workers 2]
 
-CartPole-v1 with the form's defaults (7 λ × 10 seeds × 200k env steps by default), on the local
-process pool and on a local Ray (``ray.init(num_cpus=workers)``, started before its timer), each
-in a fresh data folder. Prints, per backend, the study's wall time (grid submitted → every trial
-closed in the store, worker start-up included), the aggregate env steps/s and the ratio to the
-local pool, and a PASS/FAIL against the issue's target for the full study: at most 30 s on a
-2-core machine. Every trial is checked to have finished.
+CartPole-v1 from its preset, as the compare page and ``sweep`` launch it (8 envs × 5 steps,
+RMSprop 7e-4, the critic's target held fixed, an evaluation every 25k steps and a checkpoint
+with 2 recorded episodes every 50k), 7 λ × 10 seeds × 200k env steps by default, each mode in a
+fresh data folder:
+
+* ``single``: the local process pool before populations, one trial per worker process at a
+  time (``--population 1``);
+* ``population``: the local pool with batched populations (the default since: each worker
+  trains its share of the trials as one population, :mod:`gae_core.agent.population`);
+* ``ray``: Ray tasks on a local Ray (``ray.init(num_cpus=workers)``, started before its timer),
+  one trial per task.
+
+Prints, per mode, the study's wall time (grid submitted → every trial closed in the store,
+worker start-up included), the aggregate env steps/s, the ratio to ``single``, and a PASS/FAIL
+against the issue's target for the full study (≤ 30 s on a 2-core machine) with the figures
+at full precision. Every trial is checked to have finished. Results of one row per mode are
+appended to ``benchmarks/results/study.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -22,12 +35,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gae_core.agent.config import TrainConfig
-from gae_core.runs.backends import backend_factory
+from gae_core.agent.presets import preset_config
+from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
 from gae_core.runs.store import RunStore
-from gae_core.runs.sweep import grid_of, run_sweep
+from gae_core.runs.sweep import grid_of, hold_critic_target, run_sweep
 
 TARGET_S = 30.0
+RESULTS = Path(__file__).resolve().parent / "results" / "study.jsonl"
+MODES = ("single", "population", "ray")
 
 
 def _seeds(text: str) -> list[int]:
@@ -37,18 +52,24 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def time_study(base: TrainConfig, grid: dict, workers: int, backend: str) -> tuple[float, int]:
-    """(wall seconds, env steps of all trials) of one sweep on ``backend``."""
+def time_study(base, grid: dict, workers: int, mode: str) -> tuple[float, int, list[float]]:
+    """(wall seconds, env steps of all trials, final returns) of one sweep in ``mode``."""
+    if mode == "ray":
+        backend = backend_factory("ray")
+    else:
+        backend = backend_factory("local", members=DEFAULT_MEMBERS if mode == "population" else 1)
     with tempfile.TemporaryDirectory(prefix="bench-study-") as data_dir:
         store = RunStore(data_dir)
         started = time.perf_counter()
-        progress = run_sweep(store, base, grid, workers=workers, backend=backend_factory(backend))
+        progress = run_sweep(store, base, grid, workers=workers, backend=backend)
         elapsed = time.perf_counter() - started
         if progress.counts["finished"] != progress.total:
-            raise SystemExit(f"{backend}: the study did not finish: {progress.counts}")
-        steps = sum(r.env_steps for r in store.list_runs())
+            raise SystemExit(f"{mode}: the study did not finish: {progress.counts}")
+        runs = store.list_runs()
+        steps = sum(r.env_steps for r in runs)
+        finals = [r.summary.final_return for r in runs]
         store.close()
-    return elapsed, steps
+    return elapsed, steps, finals
 
 
 def main() -> int:
@@ -58,39 +79,48 @@ def main() -> int:
     parser.add_argument("--seeds", type=_seeds, default=list(range(10)), help="0-9 or 0,3,7")
     parser.add_argument("--total-steps", type=int, default=200_000, help="per trial")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--backends", nargs="+", choices=["local", "ray"],
-                        default=["local", "ray"])  # fmt: skip
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = parser.parse_args()
 
-    base = TrainConfig(total_steps=args.total_steps, checkpoint_every=0, record_episodes=0)
     grid = grid_of(lambdas=args.lambdas, seeds=args.seeds)
+    preset = dataclasses.replace(preset_config("CartPole-v1"), total_steps=args.total_steps)
+    base = hold_critic_target(preset, grid)
     trials = len(args.lambdas) * len(args.seeds)
     full = trials == 70 and args.total_steps == 200_000
     print(
         f"study: {len(args.lambdas)} λ × {len(args.seeds)} seeds = {trials} trials of "
-        f"{args.total_steps:,} env steps ({base.env_id}, num_envs={base.num_envs}, "
-        f"rollout_steps={base.rollout_steps}), {args.workers} workers, {os.cpu_count()} CPUs",
+        f"{args.total_steps:,} env steps ({base.env_id} preset: num_envs={base.num_envs}, "
+        f"rollout_steps={base.rollout_steps}, {base.optimizer} {base.learning_rate:g}, eval every "
+        f"{base.eval_every:,}, checkpoint every {base.checkpoint_every:,}), {args.workers} "
+        f"workers, {os.cpu_count()} CPUs",
         flush=True,
     )
-    results = {}
-    for backend in args.backends:
-        if backend == "ray":
+    results: dict[str, float] = {}
+    for mode in args.modes:
+        if mode == "ray":
             import ray
 
             from gae_core.runs.ray_pool import RUNTIME_ENV
 
             ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False,
                      runtime_env=RUNTIME_ENV)  # fmt: skip
-        wall, steps = time_study(base, grid, args.workers, backend)
-        results[backend] = wall
-        ratio = (
-            f"{wall / results['local']:.3f}× the local pool's time" if "local" in results else ""
-        )
+        wall, steps, finals = time_study(base, grid, args.workers, mode)
+        results[mode] = wall
+        ratio = f"{wall / results['single']:.4f}× single's wall time" if "single" in results else ""
         verdict = ""
         if full:
             verdict = f"  {'PASS' if wall <= TARGET_S else 'FAIL'} (target ≤ {TARGET_S:g} s)"
-        print(f"{backend:>5}: {wall:8.2f} s wall, {steps / wall:10,.0f} env steps/s aggregate  "
-              f"{ratio}{verdict}", flush=True)  # fmt: skip
+        solved = sum(f is not None and f >= 475 for f in finals)
+        print(f"{mode:>10}: {wall:9.3f} s wall, {steps / wall:10,.0f} env steps/s aggregate, "
+              f"{solved}/{len(finals)} final ≥ 475  {ratio}{verdict}", flush=True)  # fmt: skip
+        row = {
+            "mode": mode, "wall_s": wall, "env_steps": steps, "trials": trials,
+            "total_steps": args.total_steps, "workers": args.workers, "cpus": os.cpu_count(),
+            "final_returns": finals, "date": time.strftime("%Y-%m-%d %H:%M"),
+        }  # fmt: skip
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        with RESULTS.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
     if not full:
         print("(not the full study: no verdict against the 30 s target)")
     return 0

@@ -1,7 +1,9 @@
 """Display labels: the one map from data names (config fields, table columns) to what people read.
 
 Data keeps one spelling (``lambda_``, ``gamma``, ``env_id``) in the store, the CSV files and
-``--json``; only what is drawn on screen goes through :func:`label`.
+``--json``; only what is drawn on screen goes through :func:`label` (a name alone) or
+:func:`assignment` (``λ = 0.95``). Text that mentions λ, prose included, takes the symbol from
+here (``tests/test_architecture.py`` looks for any other).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["LABELS", "format_value", "group_label", "label"]
+__all__ = ["LABELS", "assignment", "format_value", "label"]
 
 LABELS: dict[str, str] = {
     "lambda_": "λ",
@@ -56,6 +58,7 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def group_label(field: str, value: Any) -> str:
-    """``λ = 0.95``: a curve or a group of seeds in a comparison."""
+def assignment(field: str, value: Any) -> str:
+    """``λ = 0.95``: a field set to a value, in one format everywhere — a curve or a group of
+    seeds in a comparison, a run's default name, a sweep trial's name, a chart's marker."""
     return f"{label(field)} = {format_value(value)}"

@@ -48,6 +48,19 @@ class RunSummary:
             return None
         return self.solved_at_step is not None
 
+    @property
+    def solved_state(self) -> str | None:
+        """How the run stands against the threshold, in one word: ``"no"`` (never solved),
+        ``"stayed"`` (solved and never fell below), ``"dipped"`` (fell below, back above at the
+        end), ``"fell"`` (below at the end); None where there is no threshold."""
+        if self.solved is None:
+            return None
+        if not self.solved:
+            return "no"
+        if self.fell_below_at_step is None:
+            return "stayed"
+        return "dipped" if self.stayed_solved else "fell"
+
 
 class ReturnTracker:
     """Incremental :class:`RunSummary` over episode returns given in the order they ended."""

@@ -11,8 +11,8 @@ from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, stats, views
-from gae_core.labels import format_value, group_label, label
-from gae_core.runs.backends import backend_factory, ray_installed
+from gae_core.labels import assignment, format_value, label
+from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
     cancel_sweep,
     grid_of,
@@ -24,8 +24,9 @@ from gae_core.runs.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/compare.py")
+LAMBDA, LAMBDA_SPEC = label("lambda_"), FIELD_SPECS["lambda_"]
 
-st.title("λ comparison")
+st.title(f"{LAMBDA} comparison")
 store = _ui.store()
 if st.session_state.pop("cmp.goto_compare", False):  # "Compare this sweep" was clicked
     st.session_state["cmp.view"] = "Compare"
@@ -47,14 +48,16 @@ if view == "Launch a sweep":
     left, right = st.columns([1, 2], gap="large")
     with left:
         lambdas_text = st.text_input(
-            "λ values",
+            f"{LAMBDA} values",
             "0, 0.5, 0.9, 0.95, 0.99, 1",
             key="cmp.lambdas",
-            help="Comma-separated, each in [0, 1], each once; every λ trains with every seed.",
+            help=f"Comma-separated, each {LAMBDA_SPEC.allowed}, each once; every {LAMBDA} trains "
+            "with every seed.",
         )
         seeds = st.number_input(
-            "seeds per λ", 1, 100, 10, key="cmp.seeds",
-            help="Seeds 0..n−1. Bootstrap intervals need about 10 seeds per λ to rank λ values; "
+            f"seeds per {LAMBDA}", 1, 100, 10, key="cmp.seeds",
+            help=f"Seeds 0..n−1. Bootstrap intervals need about 10 seeds per {LAMBDA} to rank "
+            f"{LAMBDA} values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read.",
         )  # fmt: skip
         backend_name, address = "local", None
@@ -82,35 +85,48 @@ if view == "Launch a sweep":
             "cores; with Ray, the cluster's CPUs); a worker that dies costs only its trial, "
             "which is retried once.",
         )  # fmt: skip
+        batched = backend_name == "local" and st.toggle(
+            "batched populations", value=True, key="cmp.batched",
+            help="Each worker trains its share of the trials as one population: one batched "
+            "network pass for all of them, several times faster on small networks. Every "
+            "trial is still its own run, identical in distribution to training it alone but "
+            "not bit for bit. Off: each trial trains alone. Trials with normalisation always "
+            "train alone.",
+        )  # fmt: skip
         values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
         errors = []
         try:
-            backend = backend_factory(backend_name, address)
+            members = DEFAULT_MEMBERS if batched else 1
+            backend = backend_factory(backend_name, address, members=members)
         except ConfigError as error:
             errors.append(str(error))
         try:
-            lambdas = views.parse_float_list(lambdas_text, "λ values")
+            lambdas = views.parse_float_list(
+                lambdas_text, f"{LAMBDA} values", LAMBDA_SPEC.min, LAMBDA_SPEC.max
+            )
         except ConfigError as error:
             lambdas = []
             errors.append(str(error))
         hold = st.checkbox(
-            "Hold the critic's target fixed across λ",
+            f"Hold the critic's target fixed across {LAMBDA}",
             value=True,
             key="cmp.hold_critic",
-            help="The critic regresses on λ-returns with one λ for every trial, so the study "
-            "varies the advantages' λ and nothing else. Unchecked, each trial's critic follows "
-            "its own λ (SB3 and CleanRL), which changes two things at once.",
+            help=f"The critic regresses on {LAMBDA}-returns with one {LAMBDA} for every trial, "
+            f"so the study varies the advantages' {LAMBDA} and nothing else. Unchecked, each "
+            f"trial's critic follows its own {LAMBDA} (SB3 and CleanRL), which changes two "
+            "things at once.",
         )
         base, form_errors, warnings = views.build_config(values)
         if base is not None and hold:
             base = hold_critic_target(base, {"lambda_": lambdas})
             st.caption(
-                f"Critic target for every trial: λ-returns with λ = {base.target_lambda:g} "
-                "(the preset's λ). Advantages use each trial's own λ."
+                f"Critic target for every trial: {LAMBDA}-returns with "
+                f"{assignment('lambda_', base.target_lambda)} (the preset's {LAMBDA}). "
+                f"Advantages use each trial's own {LAMBDA}."
             )
         _ui.show_problems(errors + form_errors, warnings)
         trials = len(lambdas) * int(seeds)
-        launch = f"Launch {trials} runs ({len(lambdas)} λ × {int(seeds)} seeds)"
+        launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA} × {int(seeds)} seeds)"
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
             sweep = start_sweep(
@@ -239,7 +255,7 @@ score_groups = {
     score: {k: f[score].to_numpy() for k, f in scores.groupby(group, sort=True)} for score in SCORES
 }
 for score, what in SCORES.items():
-    sentence = stats.best_group_sentence(score_groups[score], lambda k: group_label(group, k))
+    sentence = stats.best_group_sentence(score_groups[score], lambda k: assignment(group, k))
     st.markdown(f"**{what}:** {sentence}.")
 shown = summary.copy()
 for score in ("final_return", "auc"):

@@ -3,10 +3,11 @@
 import streamlit as st
 
 from gae_core.insight import explorer, figures
-from gae_core.labels import label
+from gae_core.labels import assignment, label
 from pages import _ui
 
 _ui.require_navigation("pages/explorer.py")
+LAMBDA, GAMMA = label("lambda_"), label("gamma")
 
 st.title("Advantage explorer")
 store = _ui.store()
@@ -87,13 +88,13 @@ def _sorted(key: str) -> None:
 knobs = st.columns([2, 3, 3, 3])
 gamma = knobs[0].number_input(
     label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, format="%.6g", key="ex.gamma",
-    help="Shown and used at full precision (the run's own γ by default).",
+    help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
 )  # fmt: skip
 lambda_ = knobs[1].slider(
     label("lambda_"), 0.0, 1.0, round(float(run.config["lambda_"]), 2), 0.01, key="ex.lambda"
 )
 pinned = knobs[2].multiselect(
-    "pinned λ (overlay)",
+    f"pinned {LAMBDA} (overlay)",
     [float(x) for x in explorer.LAMBDA_GRID],
     default=[1.0],  # λ = 0 is δ itself: pinning it would draw δ twice
     key="ex.pinned",
@@ -121,7 +122,8 @@ with row[0]:
     _ui.csv_button("Per-step table CSV", lambda: frame, f"{run_id}_advantages.csv", "ex.csv")
 row[1].markdown(
     f"**{len(table)} steps**, episode ends: "
-    f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · γ = {gamma:.6g}"
+    f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · "
+    f"{assignment('gamma', gamma)}"
 )
 if row[2].button(
     "Measure this checkpoint in the Estimator lab",
@@ -150,8 +152,9 @@ with st.expander("What the lines are", expanded=False):
         r" + \lambda^{L_t-1}\hat A^{(L_t)}_t\end{aligned}"
     )
     st.markdown(
-        "λ = 0 is δ_t: low variance, biased by critic error. λ = 1 is the discounted return "
-        "minus V(s_t): unbiased for the γ-discounted objective, but it carries the noise of "
+        f"{assignment('lambda_', 0)} is δ_t: low variance, biased by critic error. "
+        f"{assignment('lambda_', 1)} is the discounted return minus V(s_t): unbiased for the "
+        f"{GAMMA}-discounted objective, but it carries the noise of "
         "every later reward. L_t counts the steps left in t's episode segment; truncated "
         "steps bootstrap from V of the final observation, terminated ones do not. The "
         "Estimator lab measures this trade-off instead of asserting it."
@@ -169,6 +172,6 @@ with weight_column:
     st.plotly_chart(figure, key="ex.weights", config={"displaylogo": False})
     st.caption(
         f"At t = {t}, {horizon} steps are left in the segment: Â^({horizon}) carries the tail "
-        f"λ^{horizon - 1} = {lambda_ ** (horizon - 1):.3g} of the weight (red)."
+        f"{LAMBDA}^{horizon - 1} = {lambda_ ** (horizon - 1):.3g} of the weight (red)."
     )
     _ui.csv_button("Weights CSV", lambda: weights, f"{run_id}_weights.csv", "ex.weights_csv")

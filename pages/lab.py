@@ -12,18 +12,21 @@ from gae_core.lab import chain
 from gae_core.lab.jobs import LabJob
 from gae_core.lab.measure import LabResult, LabSettings
 from gae_core.lab.states import STATE_FAMILIES, state_access
+from gae_core.labels import assignment, label
 from pages import _ui
 
 _ui.require_navigation("pages/lab.py")
+LAMBDA = label("lambda_")
 
 st.title("Estimator lab")
 st.caption(
     "How wrong is each advantage estimator, measured? For states s the policy visits (with the "
     "action a it took), the truth is Q^π(s, a) − V̂(s), by Monte Carlo with the infinite-horizon "
     "discount; each estimator is computed on K fresh continuations of (s, a) with the chosen "
-    "critic. **Bias** is the error the critic injects by bootstrapping (λ = 1 has none where a "
-    "continuation ends within L steps); **variance** is the noise of the sampled rewards; "
-    "**MSE** = bias² + variance is what the policy gradient pays."
+    "critic. **Bias** is the error the critic injects by bootstrapping "
+    f"({assignment('lambda_', 1)} has none where a continuation ends within L steps); "
+    "**variance** is the noise of the sampled rewards; **MSE** = bias² + variance is what the "
+    "policy gradient pays."
 )
 store = _ui.store()
 
@@ -36,17 +39,19 @@ def jobs() -> dict:
 
 def show_result(results: dict[str, LabResult], prefix: str) -> None:
     """The trade-off plots of one or more critics, the per-state view and their CSVs."""
-    st.subheader("GAE(λ): the trade-off")
+    st.subheader(f"GAE({LAMBDA}): the trade-off")
     figure, frame = lab_figures.trade_off_figure({k: r.estimators for k, r in results.items()})
     st.plotly_chart(figure, key=f"{prefix}.gae", config={"displaylogo": False})
-    _ui.csv_button("Trade-off over λ CSV", lambda: frame, "lab_lambda.csv", f"{prefix}.gae_csv")
-    bests = ", ".join(f"{k}: λ = {r.best_lambda():g}" for k, r in results.items())
+    _ui.csv_button(
+        f"Trade-off over {LAMBDA} CSV", lambda: frame, "lab_lambda.csv", f"{prefix}.gae_csv"
+    )
+    bests = ", ".join(f"{k}: {assignment('lambda_', r.best_lambda())}" for k, r in results.items())
     first = next(iter(results.values()))
     st.caption(
         f"Least MSE — {bests}. Bands: 95 % percentile bootstrap across the {len(first.states)} "
-        f"states. Truth horizon H = {first.horizon} steps (γ^H = {first.discount_left:.1e} of "
-        "the discount left). bias² is the unbiased estimate (both means' noise subtracted), so "
-        "it can dip slightly below 0 where the critic is nearly exact."
+        f"states. Truth horizon H = {first.horizon} steps ({label('gamma')}^H = "
+        f"{first.discount_left:.1e} of the discount left). bias² is the unbiased estimate (both "
+        "means' noise subtracted), so it can dip slightly below 0 where the critic is nearly exact."
     )
     st.subheader("k-step estimators Â^(k)")
     figure, frame = lab_figures.trade_off_figure(
@@ -55,8 +60,8 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
     st.plotly_chart(figure, key=f"{prefix}.k", config={"displaylogo": False})
     _ui.csv_button("Trade-off over k CSV", lambda: frame, "lab_k.csv", f"{prefix}.k_csv")
     st.subheader("One state: target against the estimates")
-    label = st.selectbox("critic", list(results), key=f"{prefix}.state_critic")
-    result = results[label]
+    critic = st.selectbox("critic", list(results), key=f"{prefix}.state_critic")
+    result = results[critic]
     state = st.slider("state", 0, len(result.states) - 1, 0, key=f"{prefix}.state")
     left, right = st.columns([3, 2])
     with left:
@@ -89,7 +94,7 @@ if mode == "the exact chain":
     knobs = st.columns(5)
     error = knobs[0].slider("critic error scale", 0.0, 0.5, 0.2, 0.01, key="lab.chain_error")
     p_right = knobs[1].slider("π(right)", 0.05, 0.95, 0.6, 0.05, key="lab.chain_p")
-    gamma = knobs[2].slider("γ", 0.5, 0.999, 0.95, 0.001, key="lab.chain_gamma")
+    gamma = knobs[2].slider(label("gamma"), 0.5, 0.999, 0.95, 0.001, key="lab.chain_gamma")
     segment = knobs[3].slider("segment L", 1, 12, 8, key="lab.chain_segment")
     seed = knobs[4].number_input("critic seed", 0, 10_000, 0, key="lab.chain_seed")
     spec = chain.ChainSpec()
@@ -105,9 +110,9 @@ if mode == "the exact chain":
     _ui.csv_button("Exact trade-off CSV", lambda: frame, "chain_exact.csv", "lab.exact_csv")
     st.caption(
         f"From the middle state, moving right. Target Q^π − V̂ = {moments.target:.4f}; "
-        f"V^π − V̂ there = {moments.state_offset:.4f}. Raise the critic error: bias at small λ "
-        "grows and the best λ moves right; shorten the segment: λ = 1 keeps the bias of the "
-        "bootstrap at L."
+        f"V^π − V̂ there = {moments.state_offset:.4f}. Raise the critic error: bias at small "
+        f"{LAMBDA} grows and the best {LAMBDA} moves right; shorten the segment: "
+        f"{assignment('lambda_', 1)} keeps the bias of the bootstrap at L."
     )
     st.stop()
 
@@ -143,7 +148,7 @@ critic_steps = pick[1].multiselect(
     format_func=lambda s: f"{s:,}",
 )
 knobs = st.columns(6)
-gamma = knobs[0].number_input("γ", 0.0, 0.9999, float(run.config.get("gamma", 0.99)),
+gamma = knobs[0].number_input(label("gamma"), 0.0, 0.9999, float(run.config.get("gamma", 0.99)),
                               format="%.4g", key="lab.gamma")  # fmt: skip
 states = knobs[1].number_input("states N", 1, 4096, 64, key="lab.states")
 rollouts = knobs[2].number_input("truth rollouts M", 2, 4096, 32, key="lab.rollouts")
@@ -208,7 +213,7 @@ index = st.selectbox(
     format_func=lambda i: (
         f"policy {batches[i][0].policy_step:,} · critics "
         + ", ".join(f"{r.critic_step:,}" for r in batches[i])
-        + f" · {batches[i][0].summary.get('states')} states · λ* = "
+        + f" · {batches[i][0].summary.get('states')} states · {LAMBDA}* = "
         + ", ".join(f"{r.summary.get('best_lambda'):g}" for r in batches[i])
     ),
     key="lab.stored",

@@ -3,13 +3,15 @@
 import streamlit as st
 
 from gae_core.insight import views
+from gae_core.labels import label
 from pages import _ui
 
 _ui.require_navigation("pages/train.py")
 
 st.title("Train")
 st.caption(
-    "A2C with GAE(γ, λ) advantages on a gymnasium environment, trained in a background process. "
+    f"A2C with GAE({label('gamma')}, {label('lambda_')}) advantages on a gymnasium environment, "
+    "trained in a background process. "
     "Runs keep going when you close the tab; come back here or to Runs to find them."
 )
 manager = _ui.manager()

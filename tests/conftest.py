@@ -2,6 +2,8 @@
 
 * ``data_dir`` and :func:`app`: an empty store per AppTest and the app at a page.
 * :func:`wait_until`: poll a condition with a deadline.
+* :func:`cli` and :data:`TINY_FLAGS`: the CLI as a subprocess, and a run it trains in a second.
+* :func:`trajectory_steps`: what the store file holds, for tests that check what was removed.
 * The browser fixtures (docs/DESIGN.md, "Testing in a real browser"): Debian's Chromium driven by
   Playwright, and one Streamlit server per session on a free port with an empty data folder.
   Without Chromium or Playwright the browser tests skip, except under ``CI=true`` where they
@@ -10,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +30,8 @@ import pytest
 
 #: A run that trains in about a second: the pages' AppTests and the browser tests use it.
 TINY = {"total_steps": 600, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 0}
+#: The CLI flags of a small, fast run (the CLI subprocess tests add --total-steps).
+TINY_FLAGS = ["--num-envs", "4", "--rollout-steps", "16", "--hidden-sizes", "16"]
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -195,6 +201,40 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """A CLI subprocess's environment: this checkout importable, no ``GAE_CORE_DATA``, plus
+    ``extra``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.pop("GAE_CORE_DATA", None)
+    env.update(extra)
+    return env
+
+
+def cli(data: Path, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """``python -m gae_core --data-dir DATA ARGS…`` run in DATA's parent folder; ``env`` adds
+    environment variables."""
+    return subprocess.run(
+        [sys.executable, "-m", "gae_core", "--data-dir", str(data), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(data).parent,
+        env=cli_env(**env),
+    )
+
+
+def trajectory_steps(store, run_id: str) -> list[int]:
+    """The env steps at which the store's file holds trajectories of the run (read with SQL: the
+    library has no use for this list)."""
+    with contextlib.closing(sqlite3.connect(store.path)) as raw:
+        rows = raw.execute(
+            "SELECT DISTINCT env_step FROM trajectories WHERE run_id = ? ORDER BY env_step",
+            (run_id,),
+        ).fetchall()
+    return [row[0] for row in rows]
 
 
 @pytest.fixture

@@ -33,8 +33,10 @@ ALLOWED = {
     "package": {"estimators"},  # gae_core/__init__.py re-exports the estimators
 }
 #: Storage modules never import the agent (they keep bytes and records, not trainers).
-STORAGE = {"gae_core.runs.store", "gae_core.runs.schema", "gae_core.runs.records",
-           "gae_core.runs.ownership", "gae_core.runs.table"}  # fmt: skip
+STORAGE = {"gae_core.runs.database", "gae_core.runs.store", "gae_core.runs.schema",
+           "gae_core.runs.records", "gae_core.runs.ownership", "gae_core.runs.table",
+           "gae_core.runs.sweep_table", "gae_core.runs.lab_table",
+           "gae_core.runs.retention"}  # fmt: skip
 MAX_LINES = 500
 #: The dashboard's own files outside pages/: the server with its export routes, the main script.
 APP_FILES = (ROOT / "app.py", ROOT / "dashboard.py")
@@ -157,14 +159,25 @@ def test_each_metric_key_is_written_once_in_the_package_and_pages():
     assert counts == dict.fromkeys(counts, 1)
 
 
+#: Modules whose prose still spells λ itself (not labels of a value): the field help texts and
+#: the preset notes. Empty this once they take the symbol from gae_core.labels.
+LAMBDA_PROSE = {"gae_core/agent/config.py", "gae_core/agent/presets.py"}
+
+
 def test_the_lambda_label_has_one_owner():
+    # Any string the package, the pages or the app show (f-string pieces included, docstrings
+    # and comments not) that spells λ: names, assignments (λ = 0.95) and prose alike come from
+    # gae_core.labels, so the symbol is written once.
     sources = [*PACKAGE.rglob("*.py"), *(ROOT / "pages").glob("*.py"), *APP_FILES]
-    owners = [
-        str(path.relative_to(ROOT))
+    spelled = {
+        f"{path.relative_to(ROOT)}: {value!r}"
         for path in sources
-        if any(value == "λ" for value in _string_constants(path))
-    ]
-    assert owners == ["gae_core/labels.py"]
+        if str(path.relative_to(ROOT)) not in {"gae_core/labels.py", *LAMBDA_PROSE}
+        for value in _string_constants(path)
+        if "λ" in value
+    }
+    assert spelled == set()
+    assert "λ" in _string_constants(PACKAGE / "labels.py")
 
 
 def test_metric_keys_follow_cleanrl_namespaces():

@@ -26,6 +26,7 @@ import pytest
 from conftest import APP_READY, wait_until
 
 import gae_core
+from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.insight import figures
 from gae_core.runs.manager import RunManager
@@ -326,7 +327,7 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     store = store_of(app_server)
     (run,) = store.list_runs()
     assert run.config["env_id"] == "CartPole-v1" and run.status == "running"
-    returns = store.metrics(run.id, ["charts/episodic_return"])
+    returns = store.metrics(run.id, [M.EPISODIC_RETURN.key])
     assert len(returns) > 0
     TIMINGS["chromium"] = page.context.browser.version
     TIMINGS["start_to_first_reward_point_s"] = round(first_point, 2)
@@ -425,7 +426,7 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     # the Stop button goes with the redraw that follows (stale elements linger until then)
     page.locator(".st-key-train-stop").wait_for(state="detached", timeout=15_000)
     # Cross-check: after the final redraw the chart shows every stored point (≤ 2000 plotted).
-    stored = len(store.metrics(run.id, ["charts/episodic_return"]))
+    stored = len(store.metrics(run.id, [M.EPISODIC_RETURN.key]))
     page.wait_for_function(
         f"() => ({POINTS_JS})('Episodic return') === {min(stored, 2000)}", timeout=15_000
     )
@@ -445,7 +446,7 @@ def test_train_csv_download_matches_the_store(app_page, app_server):
     wait_idle(page)
     name, frame = download_csv(page, page.locator(".st-key-train-csv-episodic_return a"))
     assert name == f"{run_id}_episodic_return.csv"
-    stored = store.metrics(run_id, ["charts/episodic_return"])
+    stored = store.metrics(run_id, [M.EPISODIC_RETURN.key])
     stored = stored.sort_values(["env_step", "wall_time"], kind="stable")
     assert 0 < len(stored) <= 2000, len(stored)  # short run: every point is plotted
     assert len(frame) == len(stored)
@@ -529,7 +530,7 @@ def test_csv_downloads_are_not_lost_to_live_refreshes(app_page, app_server):
         choose_run(page, run_id)
         link = page.locator(".st-key-train-csv-episodic_return a")
         for i in range(10):
-            before = len(manager.store.metrics(run_id, ["charts/episodic_return"]))
+            before = len(manager.store.metrics(run_id, [M.EPISODIC_RETURN.key]))
             name, frame = download_csv(page, link)
             assert name == f"{run_id}_episodic_return.csv"
             assert len(frame) >= before > 0  # every point logged by the click, and more
@@ -564,7 +565,7 @@ def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
     lambda_ = float(thumb.input_value())
     gamma = float(page.locator(".st-key-ex-gamma input").input_value())
     before = chart(page, "Advantage estimates along the trajectory", with_y=True)
-    old = next(t for t in before["traces"] if t["name"] == f"GAE λ={lambda_:g}")
+    old = next(t for t in before["traces"] if t["name"] == f"GAE λ = {lambda_:g}")
 
     thumb.focus()
     start = time.monotonic()
@@ -574,7 +575,7 @@ def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
     page.wait_for_function(
         """(name) => Array.from(document.querySelectorAll('.js-plotly-plot'))
              .some(g => (g._fullData || []).some(d => d.name === name))""",
-        arg=f"GAE λ={moved:g}",
+        arg=f"GAE λ = {moved:g}",
         timeout=15_000,
         polling=20,
     )
@@ -583,8 +584,8 @@ def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
     assert float(thumb.input_value()) == pytest.approx(moved)
     after = chart(page, "Advantage estimates along the trajectory", with_y=True)
     names = [t["name"] for t in after["traces"]]
-    assert f"GAE λ={lambda_:g}" not in names
-    new = next(t for t in after["traces"] if t["name"] == f"GAE λ={moved:g}")
+    assert f"GAE λ = {lambda_:g}" not in names
+    new = next(t for t in after["traces"] if t["name"] == f"GAE λ = {moved:g}")
     assert len(new["y"]) == len(old["y"]) > 1
     assert not np.allclose(new["y"], old["y"]), "moving λ did not change the GAE trace"
 

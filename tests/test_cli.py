@@ -4,7 +4,6 @@ Ctrl-C, and a kill -9 mid-run followed by crash recovery."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,34 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY_FLAGS, cli, cli_env
 
 from gae_core import metrics as M
 from gae_core.cli import build_parser
 from gae_core.cli.commands import config_from_args
 from gae_core.runs.store import RunStore
 from gae_core.runs.table import RUN_COLUMNS
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["--num-envs", "4", "--rollout-steps", "16", "--hidden-sizes", "16"]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env.pop("GAE_CORE_DATA", None)
-    env.update(extra)
-    return env
-
-
-def cli(tmp_path, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path / "data"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=tmp_path,
-        env=_env(**env),
-    )
 
 
 def _popen(tmp_path, *args: str) -> subprocess.Popen:
@@ -50,7 +28,7 @@ def _popen(tmp_path, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-        env=_env(),
+        env=cli_env(),
     )
 
 
@@ -96,7 +74,7 @@ def test_every_config_field_is_a_flag():
 
 def test_train_json_contract_runs_and_export(tmp_path):
     done = cli(
-        tmp_path,
+        tmp_path / "data",
         "train",
         "--env",
         "CartPole-v1",
@@ -104,7 +82,7 @@ def test_train_json_contract_runs_and_export(tmp_path):
         "3",
         "--total-steps",
         "2000",
-        *TINY,
+        *TINY_FLAGS,
         "--json",
     )
     assert done.returncode == 0, done.stderr
@@ -119,15 +97,15 @@ def test_train_json_contract_runs_and_export(tmp_path):
     assert "%" in done.stderr  # the tqdm progress bar goes to stderr
     run_id = result["run_id"]
 
-    listed = cli(tmp_path, "runs", "--json")
+    listed = cli(tmp_path / "data", "runs", "--json")
     assert listed.returncode == 0
     (row,) = _last_json(listed.stdout)
     assert row["run_id"] == run_id and row["status"] == "finished" and row["seed"] == 3
-    table = cli(tmp_path, "runs")
+    table = cli(tmp_path / "data", "runs")
     assert run_id in table.stdout and "finished" in table.stdout
 
     out = tmp_path / "metrics.csv"
-    exported = cli(tmp_path, "export", run_id, "--csv", str(out))
+    exported = cli(tmp_path / "data", "export", run_id, "--csv", str(out))
     assert exported.returncode == 0, exported.stderr
     frame = pd.read_csv(out)
     assert list(frame.columns[:2]) == ["env_step", "wall_time"]
@@ -138,19 +116,19 @@ def test_train_json_contract_runs_and_export(tmp_path):
         assert frame[key].notna().sum() == (long["key"] == key).sum()
     assert frame["env_step"].is_monotonic_increasing
 
-    missing = cli(tmp_path, "export", "nope", "--csv", str(out))
+    missing = cli(tmp_path / "data", "export", "nope", "--csv", str(out))
     assert missing.returncode == 1 and "no run 'nope'" in missing.stderr
 
 
 def test_env_without_threshold_reports_null_solved(tmp_path):
     done = cli(
-        tmp_path,
+        tmp_path / "data",
         "train",
         "--env",
         "Pendulum-v1",
         "--total-steps",
         "800",
-        *TINY,
+        *TINY_FLAGS,
         "--json",
         "--no-progress",
     )
@@ -168,8 +146,8 @@ def test_train_starts_from_the_envs_preset_and_stores_the_resolved_config(tmp_pa
     from gae_core.agent.presets import preset_config
 
     done = cli(
-        tmp_path, "train", "--env", "Acrobot-v1", "--total-steps", "320", "--seed", "3",
-        "--json", "--no-progress",
+        tmp_path / "data", "train", "--env", "Acrobot-v1", "--total-steps", "320",
+        "--seed", "3", "--json", "--no-progress",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (run,) = RunStore(tmp_path / "data").list_runs()
@@ -181,16 +159,16 @@ def test_train_starts_from_the_envs_preset_and_stores_the_resolved_config(tmp_pa
 
 
 def test_bad_config_exits_2_naming_the_field(tmp_path):
-    bad = cli(tmp_path, "train", "--lambda", "1.5", "--json")
+    bad = cli(tmp_path / "data", "train", "--lambda", "1.5", "--json")
     assert bad.returncode == 2
     assert "lambda_" in bad.stderr and "[0.0, 1.0]" in bad.stderr and "1.5" in bad.stderr
     assert bad.stdout == ""
-    bad_steps = cli(tmp_path, "train", "--num-envs", "0")
+    bad_steps = cli(tmp_path / "data", "train", "--num-envs", "0")
     assert bad_steps.returncode == 2 and "num_envs" in bad_steps.stderr
     assert "[1, 1024]" in bad_steps.stderr
-    not_a_number = cli(tmp_path, "train", "--gamma", "abc")
+    not_a_number = cli(tmp_path / "data", "train", "--gamma", "abc")
     assert not_a_number.returncode == 2 and "--gamma" in not_a_number.stderr
-    listed = cli(tmp_path, "runs", "--json")
+    listed = cli(tmp_path / "data", "runs", "--json")
     assert _last_json(listed.stdout) == []  # nothing was created
 
 
@@ -204,7 +182,7 @@ def test_data_dir_from_environment(tmp_path):
             "train",
             "--total-steps",
             "500",
-            *TINY,
+            *TINY_FLAGS,
             "--json",
             "--no-progress",
         ],
@@ -212,7 +190,7 @@ def test_data_dir_from_environment(tmp_path):
         text=True,
         timeout=120,
         cwd=tmp_path,
-        env=_env(GAE_CORE_DATA=str(env_dir)),
+        env=cli_env(GAE_CORE_DATA=str(env_dir)),
     )
     assert done.returncode == 0, done.stderr
     with RunStore(env_dir) as store:
@@ -221,7 +199,7 @@ def test_data_dir_from_environment(tmp_path):
 
 def test_sweep_json(tmp_path):
     done = cli(
-        tmp_path,
+        tmp_path / "data",
         "sweep",
         "--env",
         "CartPole-v1",
@@ -234,7 +212,7 @@ def test_sweep_json(tmp_path):
         "2",
         "--total-steps",
         "1000",
-        *TINY,
+        *TINY_FLAGS,
         "--json",
         timeout=180,
     )
@@ -245,7 +223,9 @@ def test_sweep_json(tmp_path):
     assert sorted(r["lambda_"] for r in result["runs"]) == [0.9, 1.0]
     assert all(list(r) == list(RUN_COLUMNS) for r in result["runs"])
     assert all(r["sweep_id"] == result["sweep_id"] for r in result["runs"])
-    listed = _last_json(cli(tmp_path, "runs", "--sweep", result["sweep_id"], "--json").stdout)
+    listed = _last_json(
+        cli(tmp_path / "data", "runs", "--sweep", result["sweep_id"], "--json").stdout
+    )
     assert len(listed) == 2
     assert "λ study: every trial's critic regresses on λ-returns with λ = 0.95" in done.stderr
     with RunStore(tmp_path / "data") as store:
@@ -258,18 +238,18 @@ def test_sweep_json(tmp_path):
         assert set(entry["final_return"]) == keys == set(entry["auc"]) and entry["seeds"] == 1
         final = entry["final_return"]
         assert final["iqm_ci_low"] == final["iqm"] == final["iqm_ci_high"]  # one seed
-    table = cli(tmp_path, "summary", result["sweep_id"])
+    table = cli(tmp_path / "data", "summary", result["sweep_id"])
     assert table.returncode == 0 and "final return IQM [CI]" in table.stdout
     assert [line.split()[0] for line in table.stdout.splitlines()[2:]] == ["0.9", "1"]
-    again = _last_json(cli(tmp_path, "summary", result["sweep_id"], "--json").stdout)
+    again = _last_json(cli(tmp_path / "data", "summary", result["sweep_id"], "--json").stdout)
     assert again["summary"] == result["summary"]  # the same numbers from both commands
-    bad = cli(tmp_path, "sweep", "--lambdas", "0.5", "2.0")
+    bad = cli(tmp_path / "data", "sweep", "--lambdas", "0.5", "2.0")
     assert bad.returncode == 2 and "lambda_" in bad.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
-    proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY, "--json")
+    proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY_FLAGS, "--json")
     try:
         run_id = _wait_for_metrics(tmp_path / "data")
         proc.send_signal(signum)
@@ -291,7 +271,7 @@ def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
     # run's step count would be ahead of it
     proc = _popen(
         tmp_path,
-        *("train", "--total-steps", "100000000", *TINY, "--no-progress"),
+        *("train", "--total-steps", "100000000", *TINY_FLAGS, "--no-progress"),
         *("--checkpoint-every", "3000", "--record-episodes", "0"),
     )
     try:
@@ -317,14 +297,20 @@ def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
         steps = store.checkpoint_steps(run_id)
         assert len(steps) >= 2 and max(steps) <= run.env_steps  # never ahead of the run
         assert store.integrity_check() == "ok"
-    listed = _last_json(cli(tmp_path, "runs", "--json").stdout)
+    listed = _last_json(cli(tmp_path / "data", "runs", "--json").stdout)
     assert listed[0]["status"] == "interrupted"
 
 
 def test_solved_flag_matches_the_stored_returns(tmp_path):
-    # Default config on CartPole-v1 solves within 500k steps (see benchmarks/bench_train.py);
-    # the flag and step must agree with Gym's rule recomputed from the stored returns.
-    done = cli(tmp_path, "train", "--seed", "0", "--total-steps", "500000", "--json")
+    # The old default (Adam 5e-3, 16 x 64, standardised advantages) solves CartPole fast and
+    # then collapses: with seed 1 it solves near 200k steps and falls below before 300k, so
+    # both the solved and the fell-below steps are checked against Gym's rule recomputed from
+    # the stored returns (about 10 s where the stable preset needs 500k steps, 76 s in CI).
+    fast = ["--num-envs", "16", "--rollout-steps", "64", "--optimizer", "adam", "--torch-threads",
+            "1", "--learning-rate", "0.005", "--normalize-advantages"]  # fmt: skip
+    done = cli(
+        tmp_path / "data", "train", "--seed", "1", "--total-steps", "300000", *fast, "--json"
+    )
     assert done.returncode == 0, done.stderr
     result = _last_json(done.stdout)
     with RunStore(tmp_path / "data") as store:
@@ -340,3 +326,9 @@ def test_solved_flag_matches_the_stored_returns(tmp_path):
     expected_fall = None if below.empty else int(below.iloc[0])
     assert result["fell_below_at_step"] == expected_fall
     assert result["stayed_solved"] == bool(window.iloc[-1] >= 475.0)
+    assert expected_fall is not None  # the case this config is here for
+    # the plain-text listing says so too, not just "solved"
+    (line,) = [
+        x for x in cli(tmp_path / "data", "runs").stdout.splitlines() if result["run_id"] in x
+    ]
+    assert line.split()[4] == "fell", line

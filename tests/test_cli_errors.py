@@ -17,28 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY_FLAGS, cli, cli_env
 
 from gae_core.runs.store import DB_FILENAME, RunStore
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["--num-envs", "2", "--rollout-steps", "8", "--hidden-sizes", "8"]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env.pop("GAE_CORE_DATA", None)
-    return env
-
-
-def cli(data: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gae_core", "--data-dir", str(data), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-    )
+from gae_core.runs.table import RUN_COLUMNS
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:
@@ -49,7 +31,9 @@ def one_line_error(done: subprocess.CompletedProcess) -> str:
 
 
 def tiny_run(data: Path, *extra: str) -> str:
-    done = cli(data, "train", "--total-steps", "400", *TINY, "--json", "--no-progress", *extra)
+    done = cli(
+        data, "train", "--total-steps", "400", *TINY_FLAGS, "--json", "--no-progress", *extra
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])["run_id"]
 
@@ -99,6 +83,9 @@ def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
     assert "--address: only the ray backend takes a cluster address" in one_line_error(address)
     backend = cli(tmp_path, "sweep", "--seeds", "0", "--backend", "spark")
     assert backend.returncode == 2 and "invalid choice: 'spark'" in backend.stderr
+    population = cli(tmp_path, "sweep", "--seeds", "0", "--population", "0")
+    assert population.returncode == 2
+    assert "--population must be an integer in [1, 256], got 0" in one_line_error(population)
     assert not (tmp_path / DB_FILENAME).exists()
 
 
@@ -106,12 +93,12 @@ def test_delete_force_stops_a_running_run_and_its_process_exits_0(tmp_path):
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), "train"),
-            *("--total-steps", "100000000", *TINY, "--json", "--no-progress"),
+            *("--total-steps", "100000000", *TINY_FLAGS, "--json", "--no-progress"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=cli_env(),
     )
     try:
         deadline = time.monotonic() + 60
@@ -131,6 +118,7 @@ def test_delete_force_stops_a_running_run_and_its_process_exits_0(tmp_path):
     assert proc.returncode == 0, stderr
     result = json.loads(stdout.splitlines()[-1])
     assert result["run_id"] == run_id and result["status"] in ("stopped", "deleted")
+    assert set(RUN_COLUMNS) <= set(result)  # a deleted run's line has every column too (None)
     with RunStore(tmp_path) as store:
         assert store.list_runs() == []
         assert store.metrics(run_id).empty and store.checkpoint_steps(run_id) == []
@@ -141,7 +129,7 @@ def test_a_garbage_file_or_a_file_as_data_folder_gets_one_line_naming_the_path(t
     garbage.mkdir()
     (garbage / DB_FILENAME).write_bytes(b"this is not a database\n" * 200)
     before = (garbage / DB_FILENAME).read_bytes()
-    for args in (["runs"], ["train", "--total-steps", "100", *TINY]):
+    for args in (["runs"], ["train", "--total-steps", "100", *TINY_FLAGS]):
         done = cli(garbage, *args)
         assert done.returncode == 1
         line = one_line_error(done)
@@ -180,7 +168,7 @@ def test_a_damaged_database_is_refused_for_writing_and_left_untouched(tmp_path):
     data[3 * page : 5 * page] = os.urandom(2 * page)  # two b-tree pages of garbage
     path.write_bytes(bytes(data))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    done = cli(tmp_path, "train", "--total-steps", "100", *TINY)
+    done = cli(tmp_path, "train", "--total-steps", "100", *TINY_FLAGS)
     assert done.returncode == 1
     line = one_line_error(done)
     assert str(path) in line and "damaged" in line and "refusing to write" in line
@@ -219,7 +207,7 @@ def test_read_only_folder_still_lists_and_exports(tmp_path):
         exported = cli(tmp_path, "export", run_id, "--csv", "-")
         assert exported.returncode == 0, exported.stderr
         assert len(pd.read_csv(io.StringIO(exported.stdout))) > 0
-        train = cli(tmp_path, "train", "--total-steps", "100", *TINY)
+        train = cli(tmp_path, "train", "--total-steps", "100", *TINY_FLAGS)
         assert train.returncode == 1
         line = one_line_error(train)
         assert f"{tmp_path} is read-only" in line and "`runs` and `export` still work" in line

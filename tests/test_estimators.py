@@ -348,6 +348,64 @@ def test_numpy_torch_and_accelerator_path_agree(batch, gamma, lambda_):
         np.testing.assert_allclose(scan_out.numpy(), numpy_out, rtol=1e-9, atol=1e-9)
 
 
+@given(batch=rollouts, data=st.data())
+def test_one_gamma_and_lambda_per_column_equal_one_call_per_column(batch, data):
+    """γ and λ given one per column (a population of agents in one call) give, column by
+    column, exactly what a call for that column alone gives: kernels, torch, and the
+    reference loops."""
+    columns = batch[0].shape[1]
+    gammas = data.draw(st.lists(unit, min_size=columns, max_size=columns))
+    lambdas = data.draw(st.lists(unit, min_size=columns, max_size=columns))
+    tensors = as_tensors(batch)
+    for inputs, convert in ((batch, np.asarray), (tensors, lambda x: x.numpy())):
+        advantages = convert(gae_core.gae(*inputs, gamma=gammas, lambda_=lambdas))
+        deltas = convert(gae_core.td_residuals(*inputs[:4], gamma=np.array(gammas)))
+        targets = convert(gae_core.lambda_returns(*inputs, gamma=gammas, lambda_=lambdas))
+        for n in range(columns):
+            one = [x[:, n] for x in batch]
+            alone = gae_core.gae(*one, gamma=gammas[n], lambda_=lambdas[n])
+            np.testing.assert_allclose(advantages[:, n], alone, rtol=1e-12, atol=1e-12)
+            reference = ref_gae(*[x[:, n : n + 1] for x in batch], gammas[n], lambdas[n])
+            np.testing.assert_allclose(advantages[:, n], reference[:, 0], rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(
+                deltas[:, n], gae_core.td_residuals(*one[:4], gamma=gammas[n]), rtol=1e-12
+            )
+            np.testing.assert_allclose(targets[:, n], alone + one[1], rtol=1e-12, atol=1e-12)
+
+
+def test_per_column_parameters_keep_float32_and_work_on_one_dim_data():
+    r, v, nv, term, trunc = rollout(np.random.default_rng(3), 9, 3, dtype=np.float32)
+    for inputs in ((r, v, nv, term, trunc), as_tensors((r, v, nv, term, trunc))):
+        out = gae_core.gae(*inputs, gamma=[0.9, 0.99, 1.0], lambda_=torch.tensor([0.0, 0.5, 1]))
+        assert out.dtype in (np.float32, torch.float32)
+    one = [x[:, 0] for x in (r, v, nv, term, trunc)]
+    np.testing.assert_allclose(
+        gae_core.gae(*one, gamma=[0.9], lambda_=[0.5]),
+        gae_core.gae(*one, gamma=0.9, lambda_=0.5),
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gamma": [0.9, 0.9, 0.9]}, "gamma has 3 values but the data has 2 column(s)"),
+        ({"lambda_": [0.5]}, "lambda_ has 1 values but the data has 2 column(s)"),
+        ({"lambda_": [0.5, 1.5]}, "lambda_ must be in [0, 1], got 1.5 at index 1"),
+        ({"gamma": [0.5, float("nan")]}, "gamma must be in [0, 1], got nan at index 1"),
+        ({"gamma": [[0.5, 0.5]]}, "gamma must be a real number in [0, 1] or a non-empty 1-D"),
+        ({"gamma": []}, "gamma must be a real number in [0, 1] or a non-empty 1-D"),
+        ({"lambda_": ["a", "b"]}, "lambda_ must be a real number in [0, 1] or a non-empty 1-D"),
+        ({"lambda_": {0.5, 0.6}}, "lambda_ must be a real number in [0, 1] or one per column"),
+    ],
+)
+def test_per_column_parameters_bad_input(kwargs, message):
+    params = {"gamma": 0.9, "lambda_": 0.9, **kwargs}
+    for inputs in (good(), as_tensors(good())):
+        with pytest.raises(ValueError, match=_escape(message)):
+            gae_core.gae(*inputs, **params)
+
+
 def test_large_cpu_tensors_take_the_compiled_kernels_and_agree():
     steps = gae_core.estimators.TORCH_CPU_MAX_ELEMENTS + 7  # one env: just over the threshold
     batch = rollout(np.random.default_rng(9), steps, 1)

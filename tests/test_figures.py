@@ -6,10 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gae_core import metrics as M
 from gae_core.insight import compare, compare_figures, explorer, figures
 
 
-def long_metrics(n: int, key: str = "charts/episodic_return") -> pd.DataFrame:
+def long_metrics(n: int, key: str = M.EPISODIC_RETURN.key) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "env_step": np.arange(n) * 10,
@@ -37,8 +38,8 @@ def test_smoothing_is_tensorboards_debiased_ema():
 
 
 def test_metric_figure_draws_a_downsample_and_exports_every_point():
-    metrics = pd.concat([long_metrics(5000), long_metrics(3, "losses/value_loss")])
-    figure, frame = figures.metric_figure(metrics, "charts/episodic_return", smoothing=0.6)
+    metrics = pd.concat([long_metrics(5000), long_metrics(3, M.VALUE_LOSS.key)])
+    figure, frame = figures.metric_figure(metrics, M.EPISODIC_RETURN.key, smoothing=0.6)
     assert list(frame.columns) == [
         "env_step",
         "wall_time_s",
@@ -50,15 +51,15 @@ def test_metric_figure_draws_a_downsample_and_exports_every_point():
     assert len(figure.data[0].y) == len(drawn) <= figures.MAX_POINTS
     np.testing.assert_array_equal(figure.data[0].y, drawn["episodic_return"])
     np.testing.assert_array_equal(figure.data[1].y, drawn["episodic_return_smoothed"])
-    _, by_time = figures.metric_figure(metrics, "losses/value_loss", x="wall_time")
+    _, by_time = figures.metric_figure(metrics, M.VALUE_LOSS.key, x="wall_time")
     assert by_time["value_loss"].tolist() == [0, 1, 2]
     with pytest.raises(ValueError, match="x must be one of"):
-        figures.metric_figure(metrics, "losses/value_loss", x="episodes")
+        figures.metric_figure(metrics, M.VALUE_LOSS.key, x="episodes")
 
 
 def test_overlay_has_one_trace_per_run():
     figure, frame = figures.overlay_figure(
-        {"a": long_metrics(10), "b": long_metrics(20)}, "charts/episodic_return"
+        {"a": long_metrics(10), "b": long_metrics(20)}, M.EPISODIC_RETURN.key
     )
     assert [trace.name for trace in figure.data] == ["a", "b"]
     assert frame.groupby("run").size().to_dict() == {"a": 10, "b": 20}
@@ -88,7 +89,7 @@ def test_explorer_figure_marks_each_boundary_kind():
     assert by_name["δ_t"].line.color != "#d62728"
     assert "gae[lambda=0.95]" in frame and "k_step[k=3]" in frame and "delta" in frame
     names = [trace.name for trace in figure.data]
-    assert "GAE λ=0.95" in names and "Â^(3)" in names and "δ_t" in names
+    assert "GAE λ = 0.95" in names and "Â^(3)" in names and "δ_t" in names
 
 
 def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
@@ -102,7 +103,7 @@ def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
     )
     color = {t.name: t.line.color for t in many.data if t.type == "scatter"}
     assert {t.name: t.line.color for t in one.data if t.type == "scatter"}.items() <= color.items()
-    assert len({color["GAE λ=0.3"], color["GAE λ=0.5"], color["Â^(3)"], color["δ_t"]}) == 4
+    assert len({color["GAE λ = 0.3"], color["GAE λ = 0.5"], color["Â^(3)"], color["δ_t"]}) == 4
 
 
 def test_metric_axes_never_degenerate_and_respect_display_ranges():
@@ -111,11 +112,11 @@ def test_metric_axes_never_degenerate_and_respect_display_ranges():
     assert figures.y_range(np.array([0.2, -40.0, 0.9]), (-1.0, 1.0)) == [-1.0, 1.0]
     assert figures.y_range(np.array([0.2, 0.6]), (-1.0, 1.0)) == pytest.approx([0.18, 0.62])
     assert figures.y_range(np.array([1.0, 2.0]), None) is None  # Plotly chooses
-    metrics = long_metrics(50, "losses/explained_variance")
+    metrics = long_metrics(50, M.EXPLAINED_VARIANCE.key)
     metrics["value"] = -1e6  # a terrible critic: still drawn on a readable axis
-    figure, _ = figures.metric_figure(metrics, "losses/explained_variance")
+    figure, _ = figures.metric_figure(metrics, M.EXPLAINED_VARIANCE.key)
     assert list(figure.layout.yaxis.range) == [-1.0, 1.0]
-    figure, _ = figures.metric_figure(long_metrics(5, "losses/value_loss"), "losses/value_loss",
+    figure, _ = figures.metric_figure(long_metrics(5, M.VALUE_LOSS.key), M.VALUE_LOSS.key,
                                       log_y=True)  # fmt: skip
     assert figure.layout.yaxis.type == "log"
 
@@ -144,7 +145,7 @@ def test_heatmap_and_weights_figures():
 
 def test_comparison_draws_one_band_per_lambda():
     rows = [
-        {"lambda": lam, "seed": seed, "env_step": step, "return": float(seed + step)}
+        {"lambda_": lam, "seed": seed, "env_step": step, "return": float(seed + step)}
         for lam in (0.9, 0.95, 1.0)
         for seed in (0, 1, 2)
         for step in (10, 20, 30)

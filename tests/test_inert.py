@@ -12,9 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gae_core import inert
+from gae_core import metrics as M
+from gae_core.cli.commands import _solved_words
 from gae_core.insight import compare, compare_figures, figures, views
 from gae_core.outcome import RunSummary
 from gae_core.runs.records import RunRecord
+from gae_core.runs.table import run_row
 
 EVIL = '=HYPERLINK("http://x","y") **b** [l](javascript:alert(1)) ![i](x.png) <b>h</b> :red[r] $x$'
 
@@ -67,9 +70,9 @@ def test_clean_name_drops_control_characters_and_checks_length():
 
 def test_figure_legends_show_names_as_text():
     metrics = pd.DataFrame(
-        {"env_step": [1, 2], "wall_time": [0.1, 0.2], "key": "losses/value_loss", "value": [1, 2]}
+        {"env_step": [1, 2], "wall_time": [0.1, 0.2], "key": M.VALUE_LOSS.key, "value": [1, 2]}
     )
-    figure, _ = figures.overlay_figure({EVIL: metrics}, "losses/value_loss")
+    figure, _ = figures.overlay_figure({EVIL: metrics}, M.VALUE_LOSS.key)
     assert figure.data[0].name == inert.plotly_text(EVIL)
     assert "<b>" not in figure.data[0].name and "&lt;b&gt;" in figure.data[0].name
     episodes = pd.DataFrame(
@@ -117,6 +120,17 @@ def test_status_text_says_how_a_run_ended():
         stayed_solved=True,
     )
     assert "dipped below at 2,000 and recovered" in views.status_text(dipped)
+    # the CLI's word for each case, from the same summary
+    no_threshold = _run(episodes=300, final_return=9.0)
+    never = _run(**base)
+    states = [r.summary.solved_state for r in (never, collapsed, kept, dipped)]
+    assert states == ["no", "fell", "stayed", "dipped"] and never.summary.solved is False
+    assert no_threshold.summary.solved_state is None
+    # and the CLI's sentence after `train`, from the run's table row
+    assert _solved_words(run_row(collapsed)) == "solved at step 180,000, fell below at 240,000"
+    assert _solved_words(run_row(kept)) == "solved at step 180,000, stayed solved"
+    assert _solved_words(run_row(dipped)).endswith("dipped below at 2,000 and recovered")
+    assert _solved_words(run_row(no_threshold)) == "no solved threshold"
 
 
 def test_progress_never_passes_100_percent():

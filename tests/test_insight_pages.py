@@ -44,7 +44,7 @@ def main_chart_trace(at, name):
 
 
 def main_chart_gae(at, lambda_):
-    return main_chart_trace(at, f"GAE λ={lambda_:g}")
+    return main_chart_trace(at, f"GAE λ = {lambda_:g}")
 
 
 def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir):

@@ -51,9 +51,9 @@ def test_heatmap_matches_one_gae_per_lambda():
     heat = explorer.gae_heatmap(*trajectory, gamma=0.5, lambdas=[0.0, 0.5, 1.0])
     assert len(heat) == 3 * 4
     for lambda_ in (0.0, 0.5, 1.0):
-        row = heat[heat["lambda"] == lambda_].sort_values("t")["gae"].to_numpy()
+        row = heat[heat["lambda_"] == lambda_].sort_values("t")["gae"].to_numpy()
         np.testing.assert_allclose(row, gae_core.gae(*trajectory, gamma=0.5, lambda_=lambda_))
-    assert explorer.gae_heatmap(*trajectory, gamma=0.5)["lambda"].nunique() == 101
+    assert explorer.gae_heatmap(*trajectory, gamma=0.5)["lambda_"].nunique() == 101
 
 
 def test_gae_columns_from_a_cached_sweep_equal_direct_gae():
@@ -69,7 +69,7 @@ def test_gae_columns_from_a_cached_sweep_equal_direct_gae():
     with pytest.raises(ValueError, match="not on the grid"):
         explorer.with_gae_columns(base, sweep, [0.375])
     heat = explorer.heatmap_from_sweep(sweep)
-    assert heat[heat["lambda"] == 0.37]["gae"].tolist() == table["gae[lambda=0.37]"].tolist()
+    assert heat[heat["lambda_"] == 0.37]["gae"].tolist() == table["gae[lambda=0.37]"].tolist()
 
 
 def test_weights_table_hand_values():
@@ -103,7 +103,7 @@ def episodes_frame():
     rows = []
     for lambda_, seed, value in [(0.9, 0, 10.0), (0.9, 1, 20.0), (1.0, 0, 5.0)]:
         for step in (10, 20, 30, 40):
-            rows.append({"lambda": lambda_, "seed": seed, "env_step": step, "return": value})
+            rows.append({"lambda_": lambda_, "seed": seed, "env_step": step, "return": value})
     return pd.DataFrame(rows)
 
 
@@ -114,16 +114,16 @@ def test_aggregate_curves_band_by_hand():
     # grid from 0 to the shortest curve's end (40): 0, 10, 20, 30, 40 — whole env steps
     np.testing.assert_array_equal(bands["env_step"].unique(), [0, 10, 20, 30, 40])
     assert bands["env_step"].dtype.kind == "i"
-    lam09 = bands[bands["lambda"] == 0.9].set_index("env_step")
+    lam09 = bands[bands["lambda_"] == 0.9].set_index("env_step")
     assert math.isnan(lam09.loc[0, "center"])  # no episode finished at step 0
     # two seeds 10 and 20: mean 15; a bootstrap resample is (10,10), (10,20), (20,10) or
     # (20,20): the 95 % percentile band is exactly the data's range [10, 20]
     assert lam09.loc[20, "center"] == pytest.approx(15.0)
     assert (lam09.loc[20, "ci_low"], lam09.loc[20, "ci_high"]) == (10.0, 20.0)
     assert lam09.loc[20, "seeds"] == 2 and (bands["statistic"] == "mean").all()
-    lam1 = bands[bands["lambda"] == 1.0].set_index("env_step")
+    lam1 = bands[bands["lambda_"] == 1.0].set_index("env_step")
     assert lam1.loc[40, "center"] == lam1.loc[40, "ci_low"] == 5.0  # one seed: the value
-    assert set(aligned.columns) == {"lambda", "seed", "env_step", "return"}
+    assert set(aligned.columns) == {"lambda_", "seed", "env_step", "return"}
     assert len(aligned) == 3 * 5
     with pytest.raises(ValueError, match="statistic must be one of"):
         compare.aggregate_curves(episodes_frame(), statistic="median")
@@ -131,7 +131,7 @@ def test_aggregate_curves_band_by_hand():
 
 def test_aggregate_curves_grid_stops_at_the_shortest_run():
     frame = episodes_frame()
-    frame = frame[~((frame["lambda"] == 1.0) & (frame["env_step"] > 20))]
+    frame = frame[~((frame["lambda_"] == 1.0) & (frame["env_step"] > 20))]
     bands, _ = compare.aggregate_curves(frame, points=3, window=1)
     assert bands["env_step"].max() == 20
 
@@ -160,7 +160,7 @@ def test_steps_to_solve_needs_a_full_window():
 
 def test_summary_table_by_hand():
     table = compare.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
-    lam09 = table[table["lambda"] == 0.9].iloc[0]
+    lam09 = table[table["lambda_"] == 0.9].iloc[0]
     assert lam09["seeds"] == 2
     assert lam09["final_return_mean"] == 15.0 and lam09["final_return_iqm"] == 15.0
     assert (lam09["final_return_mean_ci_low"], lam09["final_return_mean_ci_high"]) == (10.0, 20.0)

@@ -28,6 +28,28 @@ KS = (1, 2, 3, SEGMENT)
 STARTS = [(3, 1), (3, 0), (2, 1), (4, 0), (5, 1)]
 
 
+class TabularPolicy:
+    """π(a|s) from a ``[n_states, 2]`` matrix, acting on the chain's one-hot observations (the
+    interface of a replayed checkpoint: ``sample(observations, rng)``)."""
+
+    def __init__(self, policy: np.ndarray) -> None:
+        self.policy = np.asarray(policy, float)
+
+    def sample(self, observations: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        states = np.asarray(observations).argmax(axis=1)
+        return (rng.random(len(states)) < self.policy[states, 1]).astype(np.int64)
+
+
+class TabularCritic:
+    """V̂(s) from a vector, on the chain's one-hot observations (``values(observations)``)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.table = np.asarray(values, float)
+
+    def values(self, observations: np.ndarray) -> np.ndarray:
+        return self.table[np.asarray(observations).argmax(axis=1)]
+
+
 def chain_setup(error_scale: float):
     spec = chain.ChainSpec()
     policy = chain.policy_matrix(spec)
@@ -49,7 +71,7 @@ def run_chain_lab(policy, critic, samples: int):
     )
     starts = [(s, chain.observation(s), a) for s, a in STARTS]
     return measure(
-        chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic), settings,
+        chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic), settings,
         starts=starts,
     )  # fmt: skip
 
@@ -107,16 +129,16 @@ def test_deterministic_progress_and_cancel():
     settings = LabSettings(gamma=GAMMA, states=4, rollouts=20, continuations=20, segment=5,
                            lambdas=(0.0, 1.0), ks=(1,), seed=5)  # fmt: skip
     seen = []
-    first = measure(chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic),
+    first = measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic),
                     settings, progress=seen.append)  # fmt: skip
-    again = measure(chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic),
+    again = measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic),
                     settings)  # fmt: skip
     assert first.estimators.equals(again.estimators) and first.states.equals(again.states)
     assert seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
     stop = threading.Event()
     stop.set()
     with pytest.raises(LabCancelled):
-        measure(chain.ENV_ID, chain.TabularPolicy(policy), chain.TabularCritic(critic),
+        measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic),
                 settings, cancel=stop)  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
@@ -38,15 +39,6 @@ def manager(tmp_path):
     store.close()
 
 
-def _wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_run_to_finish_with_checkpoints(manager):
     config = TrainConfig(**SMALL, checkpoint_every=1000, record_episodes=2, seed=1)
     run_id = manager.start(config, name="tiny")
@@ -55,9 +47,9 @@ def test_run_to_finish_with_checkpoints(manager):
     assert run.status == "finished", run.error
     assert run.name == "tiny" and run.config == config.to_dict()
     assert run.env_steps >= 2000 and run.started_at is not None and run.ended_at is not None
-    keys = set(manager.store.metric_keys(run_id))
-    assert {"losses/policy_loss", "losses/value_loss", "charts/episodic_return"} <= keys
-    returns = manager.store.metrics(run_id, ["charts/episodic_return"])
+    keys = set(manager.store.metrics(run_id)["key"])
+    assert {M.POLICY_LOSS.key, M.VALUE_LOSS.key, M.EPISODIC_RETURN.key} <= keys
+    returns = manager.store.metrics(run_id, [M.EPISODIC_RETURN.key])
     assert run.summary.episodes == len(returns) > 0
     assert run.summary.final_return == pytest.approx(returns["value"].tail(100).mean())
     assert run.summary.reward_threshold == 475.0 and run.summary.solved is False
@@ -75,7 +67,7 @@ def test_run_to_finish_with_checkpoints(manager):
 def test_stop_within_one_second_and_no_thread_left(manager):
     run_id = manager.start(TrainConfig(**LONG))
     # Metrics reach the store while it runs: flushed at least every second.
-    assert _wait_for(lambda: manager.store.get_run(run_id).env_steps > 0, timeout=10)
+    assert wait_until(lambda: manager.store.get_run(run_id).env_steps > 0, timeout=10)
     assert len(manager.store.metrics(run_id)) > 0
     assert manager.active() == [run_id] and _run_threads() == [f"gae-run-{run_id}"]
     started = time.monotonic()
@@ -92,7 +84,7 @@ def test_stop_within_one_second_and_no_thread_left(manager):
 
 def test_flush_interval_bounds_data_loss(manager):
     run_id = manager.start(TrainConfig(**LONG))
-    assert _wait_for(lambda: manager.store.get_run(run_id).env_steps > 0, timeout=10)
+    assert wait_until(lambda: manager.store.get_run(run_id).env_steps > 0, timeout=10)
     first = manager.store.get_run(run_id).env_steps
     time.sleep(1.3)
     assert manager.store.get_run(run_id).env_steps > first  # another flush within ~1 s
@@ -103,7 +95,7 @@ def test_flush_interval_bounds_data_loss(manager):
 def test_stop_through_the_store(manager):
     # The dashboard stops runs that another process owns by setting a flag in the store.
     run_id = manager.start(TrainConfig(**LONG))
-    assert _wait_for(lambda: manager.store.get_run(run_id).status == "running")
+    assert wait_until(lambda: manager.store.get_run(run_id).status == "running")
     manager.store.request_stop(run_id)
     assert manager.wait(run_id, timeout=5)
     assert manager.store.get_run(run_id).status == "stopped"
@@ -125,11 +117,11 @@ def test_four_concurrent_runs_keep_their_data_apart(manager):
         run = manager.store.get_run(run_id)
         assert run.status == "finished", run.error
         assert run.config["seed"] == config.seed and run.config["lambda_"] == config.lambda_
-        stored = manager.store.metrics(run_id, ["losses/value_loss"])
+        stored = manager.store.metrics(run_id, [M.VALUE_LOSS.key])
         trainer = Trainer(config)
         expected = []
         while not trainer.done:
-            expected.append(trainer.step().metrics["losses/value_loss"])
+            expected.append(trainer.step().metrics[M.VALUE_LOSS.key])
         trainer.close()
         np.testing.assert_allclose(stored["value"].to_numpy(), expected, rtol=1e-6)
         assert run.env_steps == trainer.env_steps
@@ -149,7 +141,7 @@ def test_diverged_loss_marks_failed_with_reason(manager, monkeypatch):
     run = manager.store.get_run(run_id)
     assert run.status == "failed"
     assert run.error == "TrainingDiverged: loss became nan at update 2"
-    assert len(manager.store.metrics(run_id, ["losses/value_loss"])) == 2  # kept
+    assert len(manager.store.metrics(run_id, [M.VALUE_LOSS.key])) == 2  # kept
 
 
 def test_any_other_exception_fails_with_traceback(manager, monkeypatch):
@@ -171,7 +163,7 @@ def test_bad_config_and_shutdown(tmp_path):
         manager.start({**SMALL, "lambda_": 1.5})
     assert store.list_runs() == []  # nothing half-created
     run_ids = [manager.start(TrainConfig(**LONG, seed=s)) for s in range(2)]
-    assert _wait_for(lambda: all(store.get_run(r).status == "running" for r in run_ids))
+    assert wait_until(lambda: all(store.get_run(r).status == "running" for r in run_ids))
     assert manager.shutdown(timeout=5)
     assert _run_threads() == []
     assert {store.get_run(r).status for r in run_ids} == {"stopped"}
@@ -285,7 +277,9 @@ def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
 
     stopped = manager.start(TrainConfig(**LONG, seed=2))
     killed = manager.start(TrainConfig(**LONG, seed=3))
-    assert _wait_for(lambda: store.get_run(stopped).env_steps > 0 < store.get_run(killed).env_steps)
+    assert wait_until(
+        lambda: store.get_run(stopped).env_steps > 0 < store.get_run(killed).env_steps
+    )
     child = manager._events[killed].process.pid
     assert child != os.getpid() and _alive(child)
     os.kill(child, signal.SIGKILL)
@@ -293,16 +287,16 @@ def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
     assert store.get_run(killed).status == "interrupted"
     assert "exited with code -9" in manager.outcome(killed).error
     steps = store.get_run(stopped).env_steps
-    assert _wait_for(lambda: store.get_run(stopped).env_steps > steps)  # the other run goes on
+    assert wait_until(lambda: store.get_run(stopped).env_steps > steps)  # the other run goes on
     start = time.monotonic()
     manager.stop(stopped)
     assert manager.wait(stopped, timeout=30)
     print(f"process run: stop → ended in {time.monotonic() - start:.2f} s")
     assert store.get_run(stopped).status == "stopped"
-    assert _wait_for(lambda: manager._spare is not None)  # the next spare, a little after a Start
+    assert wait_until(lambda: manager._spare is not None)  # the next spare, a little after a Start
     spare = manager._spare.pid
     assert manager.shutdown(timeout=10)
-    assert _wait_for(lambda: not _alive(spare), timeout=10)  # the unused spare goes too
+    assert wait_until(lambda: not _alive(spare), timeout=10)  # the unused spare goes too
     store.close()
 
 
@@ -312,15 +306,15 @@ def test_a_dead_spare_is_replaced_and_the_next_spare_waits_for_the_run_to_begin(
     manager.warm_up()
     dead = manager._spare.pid
     os.kill(dead, signal.SIGKILL)
-    assert _wait_for(lambda: not _alive(dead), timeout=10)
+    assert wait_until(lambda: not _alive(dead), timeout=10)
     run_id = manager.start(TrainConfig(**SMALL, seed=4))
     assert manager._events[run_id].pid != dead  # a cold process took the run
     assert manager._spare is None  # no torch import competing with the run's first second
     assert manager.wait(run_id, timeout=60) and store.get_run(run_id).status == "finished"
-    assert _wait_for(lambda: manager._spare is not None, timeout=10)
+    assert wait_until(lambda: manager._spare is not None, timeout=10)
     spare = manager._spare.pid
     assert manager.shutdown(timeout=10)
-    assert _wait_for(lambda: not _alive(spare), timeout=10)
+    assert wait_until(lambda: not _alive(spare), timeout=10)
     store.close()
 
 
@@ -353,7 +347,7 @@ def test_a_server_killed_with_9_leaves_no_orphan_training(tmp_path):
         run_id, child = server.stdout.readline().split()
         server.kill()
         server.wait(10)
-        assert _wait_for(lambda: not _alive(int(child)), timeout=15)
+        assert wait_until(lambda: not _alive(int(child)), timeout=15)
     finally:
         server.kill()
     with RunStore(tmp_path) as store:  # the child saw its parent go and closed the run

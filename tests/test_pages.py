@@ -5,7 +5,7 @@ AppTest never fires ``run_every``: the tests call ``run()`` again to refresh a f
 
 from __future__ import annotations
 
-from conftest import TINY, app, wait_until
+from conftest import TINY, app, trajectory_steps, wait_until
 from streamlit.testing.v1 import AppTest
 
 from gae_core.inert import markdown_text
@@ -220,7 +220,7 @@ def test_rename_confirms_and_retention_thins_checkpoints(data_dir):
     at.number_input(key="runs.keep").set_value(2).run()
     at.button(key="runs.thin").click().run()
     assert store.checkpoint_steps(run_id) == [100, 300, 500]  # every 2nd, and the last
-    assert store.trajectory_steps(run_id) == [100, 300, 500]
+    assert trajectory_steps(store, run_id) == [100, 300, 500]
     assert "Removed 2 checkpoints" in at.success[0].value
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import app, wait_until
 
+from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.errors import ConfigError
 from gae_core.runs.backends import backend_factory
@@ -47,7 +48,7 @@ def _curves(store: RunStore) -> dict:
     out = {}
     for run in store.list_runs():
         frame = store.metrics(run.id)
-        frame = frame[~frame["key"].str.startswith("perf/")]
+        frame = frame[frame["key"].map(lambda k: M.get(k).namespace) != "perf"]
         key = (run.config["lambda_"], run.config["seed"])
         values = ["nan" if v != v else v for v in frame["value"]]  # NaN == NaN for this check
         out[key] = sorted(zip(frame["key"], frame["env_step"], values, strict=True), key=str)

@@ -13,7 +13,9 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import trajectory_steps
 
+from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.outcome import ReturnTracker, summarize_returns
 from gae_core.runs import ownership
@@ -77,7 +79,7 @@ def test_run_round_trip_and_lifecycle(store):
     tracker.add(100, 20.0)
     stop = store.flush(
         run_id,
-        [MetricRow("losses/value_loss", 64, 0.5, 1.25), ("charts/episodic_return", 100, 0.6, 20.0)],
+        [MetricRow(M.VALUE_LOSS.key, 64, 0.5, 1.25), (M.EPISODIC_RETURN.key, 100, 0.6, 20.0)],
         env_steps=128,
         summary=tracker.summary(),
     )
@@ -94,12 +96,11 @@ def test_run_round_trip_and_lifecycle(store):
     long = store.metrics(run_id)
     assert list(long.columns) == ["env_step", "wall_time", "key", "value"]
     assert long.to_dict("records") == [
-        {"env_step": 64, "wall_time": 0.5, "key": "losses/value_loss", "value": 1.25},
-        {"env_step": 100, "wall_time": 0.6, "key": "charts/episodic_return", "value": 20.0},
+        {"env_step": 64, "wall_time": 0.5, "key": M.VALUE_LOSS.key, "value": 1.25},
+        {"env_step": 100, "wall_time": 0.6, "key": M.EPISODIC_RETURN.key, "value": 20.0},
     ]
-    assert store.metrics(run_id, ["charts/episodic_return"])["value"].tolist() == [20.0]
+    assert store.metrics(run_id, [M.EPISODIC_RETURN.key])["value"].tolist() == [20.0]
     assert store.metrics(run_id, since_step=64)["env_step"].tolist() == [100]
-    assert store.metric_keys(run_id) == ["charts/episodic_return", "losses/value_loss"]
 
     with pytest.raises(ValueError):
         store.finish_run(run_id, "running")
@@ -109,7 +110,7 @@ def test_run_round_trip_and_lifecycle(store):
 
 def test_non_finite_values_stored_as_nan(store):
     run_id = store.create_run(CONFIG)
-    store.flush(run_id, [("losses/policy_loss", 1, 0.0, math.nan), ("x", 2, 0.0, math.inf)])
+    store.flush(run_id, [(M.POLICY_LOSS.key, 1, 0.0, math.nan), ("x", 2, 0.0, math.inf)])
     values = store.metrics(run_id)["value"]
     assert values.isna().all() and len(values) == 2
 
@@ -119,24 +120,24 @@ def test_metrics_wide_keeps_repeated_values(store):
     store.flush(
         run_id,
         [
-            ("charts/episodic_return", 10, 1.0, 5.0),
-            ("charts/episodic_return", 10, 1.0, 7.0),  # two envs ended on the same step
-            ("losses/value_loss", 10, 1.5, 0.25),
-            ("losses/value_loss", 20, 2.0, 0.125),
+            (M.EPISODIC_RETURN.key, 10, 1.0, 5.0),
+            (M.EPISODIC_RETURN.key, 10, 1.0, 7.0),  # two envs ended on the same step
+            (M.VALUE_LOSS.key, 10, 1.5, 0.25),
+            (M.VALUE_LOSS.key, 20, 2.0, 0.125),
         ],
     )
     wide = store.metrics_wide(run_id)
     assert list(wide.columns) == [
         "env_step",
         "wall_time",
-        "charts/episodic_return",
-        "losses/value_loss",
+        M.EPISODIC_RETURN.key,
+        M.VALUE_LOSS.key,
     ]
     assert wide["env_step"].tolist() == [10, 10, 20]
-    assert wide["charts/episodic_return"].tolist()[:2] == [5.0, 7.0]
-    assert math.isnan(wide["charts/episodic_return"].iloc[2])
-    assert wide["losses/value_loss"].tolist()[0] == 0.25
-    assert math.isnan(wide["losses/value_loss"].iloc[1])
+    assert wide[M.EPISODIC_RETURN.key].tolist()[:2] == [5.0, 7.0]
+    assert math.isnan(wide[M.EPISODIC_RETURN.key].iloc[2])
+    assert wide[M.VALUE_LOSS.key].tolist()[0] == 0.25
+    assert math.isnan(wide[M.VALUE_LOSS.key].iloc[1])
     assert wide["wall_time"].tolist() == [1.5, 1.0, 2.0]
     assert to_wide(store.metrics("missing")).columns.tolist() == ["env_step", "wall_time"]
 
@@ -151,7 +152,7 @@ def test_checkpoints_and_trajectories(store):
     assert store.load_checkpoint(run_id, 100) == b"model-100"
     assert store.trajectory_blobs(run_id, 100) == [b"t0", b"t1"]
     assert store.trajectory_blobs(run_id) == [b"u0"]  # latest checkpoint that has any
-    assert store.trajectory_steps(run_id) == [100, 200]
+    assert trajectory_steps(store, run_id) == [100, 200]
     store.save_checkpoint(run_id, 100, b"again", [b"v"])  # replace at the same step
     assert store.trajectory_blobs(run_id, 100) == [b"v"]
     with pytest.raises(StoreError):
@@ -409,7 +410,7 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
 def test_orphans_are_dropped_and_space_given_back(tmp_path):
     with RunStore(tmp_path) as store:
         run_id = store.create_run(CONFIG)
-        store.flush(run_id, [("losses/value_loss", i, 0.0, 1.0) for i in range(5000)])
+        store.flush(run_id, [(M.VALUE_LOSS.key, i, 0.0, 1.0) for i in range(5000)])
         store.save_checkpoint(run_id, 10, b"x" * 200_000, [b"t" * 100_000])
         store.finish_run(run_id, "finished")
     raw = sqlite3.connect(tmp_path / DB_FILENAME)  # an older writer, foreign keys off

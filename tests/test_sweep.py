@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
+from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer
 from gae_core.runs.store import RunStore
@@ -66,16 +67,16 @@ def test_sweep_with_two_workers(tmp_path):
     ]
     for run in runs:
         assert run.status == "finished", run.error
-        assert run.name.startswith("tiny λ=") and run.env_steps >= 2000
-        assert len(store.metrics(run.id, ["losses/value_loss"])) > 0
+        assert run.name.startswith("tiny λ = ") and run.env_steps >= 2000
+        assert len(store.metrics(run.id, [M.VALUE_LOSS.key])) > 0
     # A trial trained in a worker process equals the same config trained here.
     run = next(r for r in runs if r.config["lambda_"] == 1.0 and r.config["seed"] == 1)
     trainer = Trainer(TrainConfig.from_dict(run.config))
     expected = []
     while not trainer.done:
-        expected.append(trainer.step().metrics["losses/value_loss"])
+        expected.append(trainer.step().metrics[M.VALUE_LOSS.key])
     trainer.close()
-    stored = store.metrics(run.id, ["losses/value_loss"])["value"].to_numpy()
+    stored = store.metrics(run.id, [M.VALUE_LOSS.key])["value"].to_numpy()
     np.testing.assert_allclose(stored, expected, rtol=1e-6)
     assert store.integrity_check() == "ok"
     store.close()
@@ -135,7 +136,7 @@ def test_a_dead_worker_costs_only_its_own_trial(tmp_path):
     assert all(r.env_steps >= 120_000 for r in others)
     record = store.get_sweep(sweep.sweep_id)
     assert record.status == "finished"  # two of three trials ran to the end
-    assert record.error.startswith(f"1 of 3 trials did not finish: {victim} (λ=0.95 seed=0)")
+    assert record.error.startswith(f"1 of 3 trials did not finish: {victim} (λ = 0.95 seed = 0)")
     counts = store.sweep_status_counts(sweep.sweep_id)
     assert counts["queued"] == counts["running"] == 0
     assert store.integrity_check() == "ok"
@@ -263,11 +264,8 @@ def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
         assert store.integrity_check() == "ok"
 
 
-def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_in():
-    """A worker sends "finish" then "idle" for each trial. When the coordinator read "finish",
-    submitted the next trial and only then read the old "idle", the pool freed the worker again:
-    trials piled up in its pipe and showed as running at step 0. Replayed here message by
-    message, through a real pipe."""
+def _fake_pool(capacity: int, workers: int):
+    """A LocalPool over real pipes whose workers are the test (no processes)."""
     import multiprocessing
 
     from gae_core.runs.pool import LocalPool, WorkerHandle
@@ -276,26 +274,66 @@ def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_i
         def is_alive(self) -> bool:
             return True
 
-    coordinator_end, worker_end = multiprocessing.Pipe(duplex=True)
     pool = object.__new__(LocalPool)
-    pool.flags = bytearray(3)
-    pool._start_failures = 0
-    worker = WorkerHandle(Alive(), coordinator_end, ready=True, pid=1)
-    pool.workers = [worker]
+    pool.flags, pool.capacity, pool._gathered, pool._start_failures = bytearray(16), capacity, [], 0
+    ends = [multiprocessing.Pipe(duplex=True) for _ in range(workers)]
+    pool.workers = [
+        WorkerHandle(Alive(), mine, ready=True, pid=i) for i, (mine, _) in enumerate(ends)
+    ]
+    return pool, [theirs for _, theirs in ends]
+
+
+def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_in():
+    """A worker sends "finish" then "idle" for each trial. When the coordinator read "finish",
+    submitted the next trial and only then read the old "idle", the pool freed the worker again:
+    trials piled up in its pipe and showed as running at step 0. Replayed here message by
+    message, through a real pipe."""
+    pool, (worker_end,) = _fake_pool(capacity=1, workers=1)
+    worker = pool.workers[0]
     try:
         pool.submit(0, "run-0", {})
-        assert worker_end.recv()[:3] == ("trial", 0, "run-0")
+        pool._send_gathered()
+        assert worker_end.recv() == ("trial", [(0, "run-0", {})])
         worker_end.send(("finish", 0, "finished", None))
         out: list[tuple] = []
         assert pool._drain(worker, out) and out == [("finish", 0, "finished", None)]
         assert pool.idle_slots() == 1
         pool.submit(1, "run-1", {})  # the next trial goes out before the old "idle" is read
-        worker_end.send(("idle", 0))
+        pool._send_gathered()
+        worker_end.send(("idle", [0]))
         assert pool._drain(worker, [])
-        assert worker.trial == 1 and pool.idle_slots() == 0  # still busy with trial 1
+        assert list(worker.trials) == [1] and pool.idle_slots() == 0  # still busy with trial 1
         worker_end.send(("finish", 1, "finished", None))
-        worker_end.send(("idle", 1))
+        worker_end.send(("idle", [1]))
         assert pool._drain(worker, []) and pool.idle_slots() == 1
     finally:
-        coordinator_end.close()
+        worker.conn.close()
         worker_end.close()
+
+
+def test_trials_that_can_share_a_population_go_together_evenly():
+    """7 trials of one kind and 2 of another (more envs), 2 free workers, at most 5 members
+    each: the 7 go out as populations of 4 and 3 (even, never over 5), the other kind waits
+    for a free worker, and each worker holds only one kind."""
+    pool, ends = _fake_pool(capacity=5, workers=2)
+    small, big = TrainConfig(num_envs=2), TrainConfig(num_envs=4)
+    try:
+        assert pool.idle_slots() == 10
+        for i in range(7):
+            pool.submit(i, f"run-{i}", dict(small.to_dict(), seed=i))
+        pool.submit(7, "run-7", big.to_dict())
+        pool.submit(8, "run-8", big.to_dict())
+        pool._send_gathered()
+        batches = [[index for index, _, _ in end.recv()[1]] for end in ends]
+        assert sorted(map(len, batches)) == [3, 4]
+        assert sorted(batches[0] + batches[1]) == list(range(7))
+        assert pool.idle_slots() == 0 and [t[0] for _, t in pool._gathered] == [7, 8]
+        for index in batches[0]:
+            ends[0].send(("finish", index, "finished", None))
+        assert pool._drain(pool.workers[0], []) and pool.workers[0].free
+        pool._send_gathered()
+        assert [index for index, _, _ in ends[0].recv()[1]] == [7, 8]
+    finally:
+        for worker, end in zip(pool.workers, ends, strict=True):
+            worker.conn.close()
+            end.close()

@@ -89,7 +89,7 @@ def test_same_seed_same_metrics_and_episodes():
     def trace(seed):
         results, _ = run(tiny(seed=seed, num_envs=4, rollout_steps=16), updates=15)
         metrics = [
-            {k: v for k, v in r.metrics.items() if not k.startswith("perf/")} for r in results
+            {k: v for k, v in r.metrics.items() if M.get(k).namespace != "perf"} for r in results
         ]
         return metrics, [r.episodes for r in results]
 
@@ -124,7 +124,7 @@ def test_reset_rows_masked_and_truncation_flagged():
 def test_rollout_of_reset_rows_only_is_skipped_not_diverged():
     # rollout_steps 1, envs in lockstep: every 11th rollout is nothing but reset rows.
     results, _ = run(tiny(CONSTANT_ID, num_envs=2, rollout_steps=1), updates=12)
-    assert results[10].metrics["losses/grad_norm"] == 0.0
+    assert results[10].metrics[M.GRAD_NORM.key] == 0.0
     assert results[10].env_steps == results[9].env_steps == 20
     assert all(math.isfinite(v) for r in results for v in r.metrics.values())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ActorCritic"]
+__all__ = ["ActorCritic", "StackedMLP"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -115,3 +116,41 @@ class ActorCritic(nn.Module):
         log_probs = (-0.5 * z.square() - self.log_std - 0.5 * _LOG_2PI).sum(-1)
         entropy = (0.5 + 0.5 * _LOG_2PI + self.log_std).sum().expand(out.shape[0])
         return log_probs, entropy
+
+
+class StackedMLP:
+    """M copies of one MLP shape (e.g. the actors of a population's members) as stacked
+    tensors: weights ``[M, fan_in, fan_out]``, biases ``[M, 1, fan_out]``, tanh between layers
+    as in :class:`ActorCritic`'s networks; one ``baddbmm`` per layer runs all M at once."""
+
+    def __init__(self, nets: Sequence[nn.Sequential]) -> None:
+        layers = [[m for m in net if isinstance(m, nn.Linear)] for net in nets]
+        self.weights = [
+            torch.stack([member[i].weight.detach().T for member in layers]).contiguous()
+            for i in range(len(layers[0]))
+        ]
+        self.biases = [
+            torch.stack([member[i].bias.detach()[None] for member in layers]).contiguous()
+            for i in range(len(layers[0]))
+        ]
+        for p in self.parameters():
+            p.requires_grad_(True)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [*self.weights, *self.biases]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [M, B, fan_in]`` → ``[M, B, fan_out]``."""
+        last = len(self.weights) - 1
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            x = torch.baddbmm(bias, x, weight)
+            if i < last:
+                x = torch.tanh(x)
+        return x
+
+    def copy_into(self, net: nn.Sequential, member: int) -> None:
+        linears = [m for m in net if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for layer, weight, bias in zip(linears, self.weights, self.biases, strict=True):
+                layer.weight.copy_(weight[member].T)
+                layer.bias.copy_(bias[member, 0])

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import episode_cap, make_eval_env
+from gae_core.agent.envs import episode_cap, make_eval_env, make_vector_env
 from gae_core.agent.policy import ActorCritic
 from gae_core.trajectory import Trajectory
 
@@ -30,9 +30,11 @@ __all__ = [
     "NORMALIZATION_EPSILON",
     "Replay",
     "checkpoint_bytes",
+    "evaluate_replay",
     "evaluate_values",
     "load_replay",
     "record_episode",
+    "record_replay",
 ]
 
 #: gymnasium's default ε in NormalizeObservation and NormalizeReward.
@@ -168,3 +170,36 @@ def evaluate_values(config: TrainConfig, blob: bytes, observations: np.ndarray) 
     if observations.ndim != 2 or observations.shape[1] != obs_dim:
         raise ValueError(f"observations must have shape [T, {obs_dim}], got {observations.shape}")
     return replay.values(observations)
+
+
+def evaluate_replay(replay: Replay, env_id: str, episodes: int, seed: int) -> list[float]:
+    """Returns of ``episodes`` deterministic episodes (argmax / mean actions, clipped to the
+    action bounds for the env), one per env of a fresh vector env reset with ``seed``."""
+    env = make_vector_env(env_id, episodes)
+    space = env.single_action_space
+    bounds = None if isinstance(space, gym.spaces.Discrete) else (space.low, space.high)
+    try:
+        obs, _ = env.reset(seed=seed)
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, bool)
+        while running.any():
+            actions = replay.act(obs)
+            if bounds is not None:
+                actions = np.clip(actions, *bounds)
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            returns += np.where(running, rewards, 0.0)
+            running &= ~(terminated | truncated)
+    finally:
+        env.close()
+    return returns.tolist()
+
+
+def record_replay(replay: Replay, env_id: str, episodes: int, seed: int) -> list[Trajectory]:
+    """``episodes`` episodes of the replay's policy (sampled actions) on a fresh single env,
+    reset with ``seed``, ``seed + 1``, …; a generator of their own, so nothing else moves."""
+    env = make_eval_env(env_id)
+    rng = np.random.default_rng(seed)
+    try:
+        return [record_episode(env, replay, rng, seed + k) for k in range(episodes)]
+    finally:
+        env.close()

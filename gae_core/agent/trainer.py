@@ -37,14 +37,14 @@ import torch
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import make_eval_env, make_training_env, make_vector_env
+from gae_core.agent.envs import make_training_env
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import ActorCritic
-from gae_core.agent.recording import Replay, checkpoint_bytes, record_episode
+from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_replay, record_replay
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
 
-__all__ = ["Episode", "StepResult", "Trainer", "TrainingDiverged"]
+__all__ = ["Episode", "Rollout", "StepResult", "Trainer", "TrainingDiverged", "explained_variance"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -69,13 +69,13 @@ class StepResult:
     episodes: list[Episode]
 
 
-class _Rollout:
+class Rollout:
     """Preallocated time-major buffers for one rollout (reused every update)."""
 
-    def head(self, steps: int) -> _Rollout:
+    def head(self, steps: int) -> Rollout:
         """Views of the first ``steps`` rows (and ``steps + 1`` observations): the last rollout
         of a run is cut so the run stops at its budget instead of a whole rollout past it."""
-        view = object.__new__(_Rollout)
+        view = object.__new__(Rollout)
         view.observations = self.observations[: steps + 1]
         for name in ("actions", "rewards", "terminated", "truncated", "valid"):
             setattr(view, name, getattr(self, name)[:steps])
@@ -123,7 +123,7 @@ class Trainer:
             list(self.model.parameters()), config.optimizer, config.learning_rate
         )
         self._rng = np.random.default_rng(config.seed)
-        self._rollout = _Rollout(config.rollout_steps, config.num_envs, self.env)
+        self._rollout = Rollout(config.rollout_steps, config.num_envs, self.env)
         self._batch = self._rollout  # the rows of the rollout being processed
         action_space = self.env.single_action_space
         self._action_bounds = (
@@ -247,7 +247,7 @@ class Trainer:
             M.POLICY_LOSS.key: losses["policy"].item(),
             M.VALUE_LOSS.key: losses["value"].item(),
             M.ENTROPY.key: losses["entropy"].item(),
-            M.EXPLAINED_VARIANCE.key: _explained_variance(values, returns.cpu()),
+            M.EXPLAINED_VARIANCE.key: explained_variance(values, returns.cpu()),
             M.ADVANTAGE_MEAN.key: raw_advantages.mean().item(),
             M.ADVANTAGE_STD.key: raw_advantages.std(correction=0).item(),
             M.GRAD_NORM.key: grad_norm,
@@ -342,33 +342,13 @@ class Trainer:
     def evaluate(self, episodes: int, seed: int) -> list[float]:
         """Returns of ``episodes`` deterministic episodes (argmax / mean actions), one per env of
         a fresh vector env reset with ``seed``, normalisation frozen; training is untouched."""
-        replay = self.replay()
-        env = make_vector_env(self.config.env_id, episodes)
-        try:
-            obs, _ = env.reset(seed=seed)
-            returns = np.zeros(episodes)
-            running = np.ones(episodes, bool)
-            while running.any():
-                obs, rewards, terminated, truncated, _ = env.step(
-                    self._env_actions(replay.act(obs))
-                )
-                returns += np.where(running, rewards, 0.0)
-                running &= ~(terminated | truncated)
-        finally:
-            env.close()
-        return returns.tolist()
+        return evaluate_replay(self.replay(), self.config.env_id, episodes, seed)
 
     def record(self, episodes: int, seed: int) -> list[Trajectory]:
         """``episodes`` episodes with the current policy (sampled actions) on a fresh single env,
         normalisation frozen; the training envs and RNG are untouched, so training stays
         deterministic."""
-        env = make_eval_env(self.config.env_id)
-        rng = np.random.default_rng(seed)
-        replay = self.replay()
-        try:
-            return [record_episode(env, replay, rng, seed + k) for k in range(episodes)]
-        finally:
-            env.close()
+        return record_replay(self.replay(), self.config.env_id, episodes, seed)
 
     def close(self) -> None:
         self.stack.close()
@@ -391,7 +371,7 @@ class Trainer:
         return finished
 
 
-def _explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
     """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined)."""
     variance = returns.var(correction=0).item()
     if variance == 0.0:

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
 from gae_core.cli import commands, study
 from gae_core.errors import ConfigError, StoreError
-from gae_core.runs.backends import BACKENDS
+from gae_core.labels import label
+from gae_core.runs.backends import BACKENDS, DEFAULT_MEMBERS
 from gae_core.runs.records import STATUSES
 from gae_core.runs.store import DATA_ENV_VAR
 
@@ -63,6 +64,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    lam, gam = label("lambda_"), label("gamma")
     data_dir = argparse.ArgumentParser(add_help=False)
     data_dir.add_argument(
         "--data-dir",
@@ -71,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="python -m gae_core",
-        description="Train A2C+GAE agents, list and export runs, run λ × seed sweeps.",
+        description=f"Train A2C+GAE agents, list and export runs, run {lam} × seed sweeps.",
         parents=[data_dir],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train one run in the foreground",
         description="Train one A2C+GAE run headless; Ctrl-C stops it and keeps its data.",
     )
-    train.add_argument("--name", help="run name (default: env, λ, γ and seed)")
+    train.add_argument("--name", help=f"run name (default: env, {lam}, {gam} and seed)")
     train.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_config_flags(train)
@@ -110,11 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser(
         "sweep",
         parents=[data_dir],
-        help="run a λ × seed grid in worker processes",
+        help=f"run a {lam} × seed grid in worker processes",
         description="Run every combination of the grid as its own run, in worker processes. "
         "Ctrl-C cancels: pending trials are skipped, running ones stop; data is kept.",
     )
-    sweep.add_argument("--lambdas", type=float, nargs="+", metavar="L", help="λ values")
+    sweep.add_argument("--lambdas", type=float, nargs="+", metavar="L", help=f"{lam} values")
     sweep.add_argument("--seeds", type=_flag_type(FIELD_SPECS["seed"]), nargs="+", metavar="S")
     sweep.add_argument(
         "--grid",
@@ -142,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --backend ray: a running Ray cluster's address (default: start a local Ray)",
     )
+    sweep.add_argument(
+        "--population",
+        type=int,
+        default=DEFAULT_MEMBERS,
+        metavar="N",
+        help="local backend: train up to N trials per worker process as one batched population "
+        f"(default {DEFAULT_MEMBERS}; trials are spread evenly over the workers). Each trial is "
+        "still its own run, identical in distribution to training it alone but not bit for "
+        "bit; 1 trains each trial alone. Trials with normalisation always train alone.",
+    )
     sweep.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_config_flags(sweep)
@@ -150,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser(
         "lab",
         parents=[data_dir],
-        help="measure bias², variance and MSE of δ, Â^(k) and GAE(λ) on a run's checkpoint",
+        help=f"measure bias², variance and MSE of δ, Â^(k) and GAE({lam}) on a run's checkpoint",
         description="The estimator lab: Monte-Carlo truth Q^π(s,a) − V̂(s) for states sampled "
         "from the policy, K continuations per state, every estimator at their first row. The "
         "result is stored with the run (the dashboard's Estimator lab page lists it).",
@@ -163,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="critic checkpoint (default: the policy's own); repeat to compare critics",
     )
-    lab.add_argument("--gamma", type=float, help="discount γ in [0, 1) (default: the run's)")
+    lab.add_argument("--gamma", type=float, help=f"discount {gam} in [0, 1) (default: the run's)")
     lab.add_argument("--states", type=int, default=64, help="states sampled, N (default 64)")
     lab.add_argument(
         "--rollouts", type=int, default=32, help="truth rollouts per state, M (default 32)"
@@ -172,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--continuations", type=int, default=32, help="continuations per state, K (default 32)"
     )
     lab.add_argument("--segment", type=int, default=500, help="continuation length L")
-    lab.add_argument("--lambdas", type=float, nargs="+", help="λ grid (default 0, 0.01, …, 1)")
+    lab.add_argument("--lambdas", type=float, nargs="+", help=f"{lam} grid (default 0, 0.01, …, 1)")
     lab.add_argument("--ks", type=int, nargs="+", help="k-step horizons (default 1, 2, 4, …)")
     lab.add_argument("--seed", type=int, default=0)
     lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")
@@ -185,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a sweep's statistics per group: IQM and mean of final return and AUC with CIs",
     )
     summary.add_argument("sweep_id")
-    summary.add_argument("--group", help="config field to group by (default: λ)")
+    summary.add_argument("--group", help=f"config field to group by (default: {lam})")
     summary.add_argument("--json", action="store_true", help="print one JSON object")
     summary.set_defaults(handler=study.summary)
 

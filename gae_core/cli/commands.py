@@ -16,14 +16,27 @@ from gae_core.agent.envs import reward_threshold
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text, to_csv
-from gae_core.insight.compare import summary_records, sweep_summary
+from gae_core.labels import assignment, label
 from gae_core.runs.store import RunStore, folder_is_writable, resolve_data_dir
-from gae_core.runs.table import run_row, runs_frame
+from gae_core.runs.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: How long ``delete --force`` waits for an active run to stop before deleting it anyway.
 DELETE_STOP_WAIT_S = 30.0
+
+
+def study_group(grid: dict) -> str:
+    """What a sweep's statistics group by: λ when it is a grid axis, else the first axis."""
+    return "lambda_" if "lambda_" in grid else next(iter(grid))
+
+
+def _summary(store: RunStore, sweep_id: str, grid: dict) -> list[dict]:
+    # scipy.stats (0.9 s to import) only for the commands that print statistics
+    from gae_core.insight.compare import summary_records, sweep_summary
+
+    group = study_group(grid)
+    return summary_records(sweep_summary(store, sweep_id, group), group)
 
 
 class UsageError(Exception):
@@ -113,6 +126,20 @@ def _fmt(value: Any, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _solved_words(row: dict[str, Any]) -> str:
+    """ "solved at step 180,000, fell below at 240,000" from a :func:`run_row`."""
+    if row.get("solved") is None:
+        return "no solved threshold"
+    if not row["solved"]:
+        return "not solved"
+    words = f"solved at step {row['solved_at_step']:,}"
+    if row.get("fell_below_at_step") is None:
+        return words + ", stayed solved"
+    fell = f"{row['fell_below_at_step']:,}"
+    return words + (f", dipped below at {fell} and recovered" if row["stayed_solved"] else
+                    f", fell below at {fell}")  # fmt: skip
+
+
 # -- train ----------------------------------------------------------------------------------
 
 
@@ -145,7 +172,12 @@ def train(args: argparse.Namespace) -> int:
         finally:
             bar.close()
     if outcome.status == "deleted":
-        result: dict[str, Any] = {"run_id": run_id, "status": "deleted", "name": None}
+        # the row is gone: every column of a run row, only the id and the status known
+        result: dict[str, Any] = {
+            **dict.fromkeys(RUN_COLUMNS),
+            "run_id": run_id,
+            "status": "deleted",
+        }
     else:
         result = run_row(store.get_run(run_id))
     store.close()
@@ -156,16 +188,14 @@ def train(args: argparse.Namespace) -> int:
         data_dir=str(store.data_dir),
     )
     if outcome.status == "failed":
-        print(f"run {run_id} failed: {outcome.error}", file=sys.stderr)
+        print(f"run {run_id} failed: {terminal_text(outcome.error or '')}", file=sys.stderr)
     if args.json:
         print_json(result)
     else:
         print(
             f"run {run_id} {outcome.status}: {outcome.env_steps:,} env steps in "
             f"{outcome.wall_seconds:.1f} s ({outcome.steps_per_second:,.0f} steps/s), "
-            f"final return {_fmt(result.get('final_return'), '.2f')}, "
-            f"solved {_fmt(result.get('solved'))}"
-            + (f" at step {result['solved_at_step']:,}" if result.get("solved_at_step") else ""),
+            f"final return {_fmt(result.get('final_return'), '.2f')}, " + _solved_words(result),
             flush=True,
         )
     if outcome.status == "stopped":
@@ -198,7 +228,7 @@ def runs(args: argparse.Namespace) -> int:
     for run in found:
         print(
             f"{run.id:<12}  {run.status:<11}  {run.env_steps:>11,}  "
-            f"{_fmt(run.summary.final_return, '9.2f'):>9}  {_fmt(run.summary.solved):<6}  "
+            f"{_fmt(run.summary.final_return, '9.2f'):>9}  {_fmt(run.summary.solved_state):<6}  "
             f"{terminal_text(run.name)}"
         )
     return EXIT_OK
@@ -261,16 +291,19 @@ def sweep(args: argparse.Namespace) -> int:
 
     grid = _grid(args)
     try:
-        backend = backend_factory(args.backend, args.address)
+        members = args.population if args.backend == "local" else 1
+        backend = backend_factory(args.backend, args.address, members=members)
     except ConfigError as exc:
-        raise UsageError(f"--{exc}") from None
+        raise UsageError(f"--{exc}".replace("--members", "--population")) from None
     base = config_from_args(args)
     held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
     expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
     if held != base:
+        lam = label("lambda_")
         print(
-            f"λ study: every trial's critic regresses on λ-returns with λ = "
-            f"{held.critic_lambda:g} (--critic-target advantage_lambda to let it follow λ)",
+            f"{lam} study: every trial's critic regresses on {lam}-returns with "
+            f"{assignment('lambda_', held.critic_lambda)} (--critic-target advantage_lambda to "
+            f"let it follow {lam})",
             file=sys.stderr,
         )
     base = held
@@ -324,14 +357,13 @@ def sweep(args: argparse.Namespace) -> int:
         "error": record.error,
         "workers": handle.workers,
         "backend": args.backend,
+        "population": args.population if args.backend == "local" else 1,
         "total": progress.total,
         "counts": progress.counts,
         "wall_seconds": wall,
         "grid": grid,
         "runs": [run_row(r) for r in found],
-        "summary": summary_records(sweep_summary(store, handle.sweep_id), "lambda_")
-        if "lambda_" in grid
-        else [],
+        "summary": _summary(store, handle.sweep_id, grid) if grid else [],
     }
     store.close()
     if args.json:

@@ -15,9 +15,10 @@ from gae_core.cli.commands import (
     open_store_for_reading,
     print_json,
     progress_bar,
+    study_group,
 )
-from gae_core.insight.compare import summary_records, sweep_summary
-from gae_core.labels import format_value, label
+from gae_core.inert import terminal_text
+from gae_core.labels import assignment, format_value, label
 
 
 def lab(args: argparse.Namespace) -> int:
@@ -76,17 +77,20 @@ def lab(args: argparse.Namespace) -> int:
             f"lab {report['result_id']}: policy step {report['policy_step']:,}, critic step "
             f"{report['critic_step']:,}, {report['states']} states, {report['seconds']:.1f} s"
         )
-        print(f"{'estimator':<14}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE 95% CI")
+        print(f"{'estimator':<16}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE 95% CI")
         for row in (
             [{"estimator": "δ", **report["delta"]}]
             + [{"estimator": f"Â^({r['k']})", **r} for r in report["ks"]]
-            + [{"estimator": f"GAE λ={r['lambda']:g}", **r} for r in report["lambdas"]]
+            + [
+                {"estimator": f"GAE {assignment('lambda_', r['lambda'])}", **r}
+                for r in report["lambdas"]
+            ]
         ):
             print(
-                f"{row['estimator']:<14}{row['bias2']:>12.4g}{row['variance']:>12.4g}"
+                f"{row['estimator']:<16}{row['bias2']:>12.4g}{row['variance']:>12.4g}"
                 f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
             )
-        print(f"least MSE at λ = {report['best_lambda']:g}")
+        print(f"least MSE at {assignment('lambda_', report['best_lambda'])}")
     return EXIT_OK
 
 
@@ -125,7 +129,10 @@ def summary(args: argparse.Namespace) -> int:
     """A sweep's per-group statistics (the λ comparison's numbers) as a table or JSON."""
     with open_store_for_reading(args) as store:
         sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
-        group = args.group or ("lambda_" if "lambda_" in sweep.grid else next(iter(sweep.grid)))
+        group = args.group or study_group(sweep.grid)
+        # scipy.stats (0.9 s to import) only for the commands that print statistics
+        from gae_core.insight.compare import summary_records, sweep_summary
+
         table = sweep_summary(store, args.sweep_id, group)
     if table.empty:
         print(f"sweep {args.sweep_id} has no finished episode yet", file=sys.stderr)
@@ -134,7 +141,8 @@ def summary(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"sweep_id": args.sweep_id, "group": group, "summary": records})
         return EXIT_OK
-    print(f"sweep {args.sweep_id} ({sweep.name}): 95 % percentile-bootstrap intervals over seeds")
+    name = terminal_text(sweep.name)
+    print(f"sweep {args.sweep_id} ({name}): 95 % percentile-bootstrap intervals over seeds")
     columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
     head = f"{label(group):>10}{'seeds':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
     print(head.rstrip())

@@ -34,10 +34,11 @@ def all_finite(x):  # pragma: no cover - compiled
 
 @nb.njit(**_JIT)
 def td_residuals(rewards, values, next_values, terminated, gamma, out):  # pragma: no cover
+    # gamma: float64 [N], one per column
     rows, cols = rewards.shape
     for t in range(rows):
         for n in range(cols):
-            bootstrap = gamma * next_values[t, n] if terminated[t, n] == 0 else 0.0
+            bootstrap = gamma[n] * next_values[t, n] if terminated[t, n] == 0 else 0.0
             out[t, n] = rewards[t, n] + bootstrap - values[t, n]
 
 
@@ -45,7 +46,8 @@ def td_residuals(rewards, values, next_values, terminated, gamma, out):  # pragm
 def gae(
     rewards, values, next_values, terminated, truncated, gamma, lambda_, out
 ):  # pragma: no cover
-    """GAE into ``out``; returns True iff every float input is finite.
+    """GAE into ``out``; returns True iff every float input is finite. ``gamma`` and
+    ``lambda_`` are float64 ``[N]``, one per column.
 
     The finiteness check rides along in the same pass instead of three extra ones, so the
     caller validates for free and only scans again, to name the culprit, when it fails. It is an
@@ -56,7 +58,7 @@ def gae(
     if cols == 1:
         return _gae_column(
             rewards[:, 0], values[:, 0], next_values[:, 0], terminated[:, 0], truncated[:, 0],
-            gamma, lambda_, out[:, 0],
+            gamma[0], lambda_[0], out[:, 0],
         )  # fmt: skip
     decay = gamma * lambda_
     carry = np.zeros(cols, dtype=np.float64)
@@ -68,9 +70,9 @@ def gae(
             bad |= (r - r != 0.0) | (v - v != 0.0) | (nv - nv != 0.0)
             term = terminated[t, n]
             # δ_t = r_t + γ(1 − terminated_t) V(s_{t+1}) − V(s_t)
-            delta = r + gamma * (1 - term) * nv - v
+            delta = r + gamma[n] * (1 - term) * nv - v
             # done = terminated or truncated: the recursion never crosses an episode boundary.
-            carry[n] = delta + decay * (1 - (term | truncated[t, n])) * carry[n]
+            carry[n] = delta + decay[n] * (1 - (term | truncated[t, n])) * carry[n]
             out[t, n] = carry[n]
     return not bad
 

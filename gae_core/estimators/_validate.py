@@ -58,6 +58,49 @@ def check_unit_interval(name: str, x: Any) -> float:
     return x
 
 
+def check_unit_columns(name: str, x: Any) -> float | np.ndarray:
+    """A number in [0, 1], or one per column: a 1-D sequence (list, numpy array or tensor) of
+    them, returned as float64 numpy (its length is checked against the data by
+    :func:`column_parameter`)."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return check_unit_interval(name, x)
+    if is_tensor(x):
+        x = x.detach().cpu().numpy()
+    if not isinstance(x, list | tuple | np.ndarray):
+        raise ValueError(
+            f"{name} must be a real number in [0, 1] or one per column (a 1-D sequence), got {x!r}"
+        )
+    array = np.asarray(x)
+    if array.ndim != 1 or array.dtype.kind not in "iuf" or array.size == 0:
+        raise ValueError(
+            f"{name} must be a real number in [0, 1] or a non-empty 1-D sequence of them (one "
+            f"per column), got {x!r}"
+        )
+    array = array.astype(np.float64)
+    bad = ~((array >= 0.0) & (array <= 1.0))  # NaN is bad too
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must be in [0, 1], got {float(array[index])!r} at index {index}")
+    return array
+
+
+def column_parameter(name: str, value: float | np.ndarray, batch: Batch) -> Any:
+    """A :func:`check_unit_columns` value for ``batch``'s backend: a float stays a float; one
+    per column must match the N columns (1 for ``[T]`` data) and becomes a float64 array for
+    the kernels, or a tensor of the data's dtype on its device for the torch scan."""
+    if isinstance(value, float):
+        return value
+    columns = batch.shape[1]
+    if value.shape[0] != columns:
+        raise ValueError(
+            f"{name} has {value.shape[0]} values but the data has {columns} column(s): give one "
+            "per column, or a single number"
+        )
+    if batch.in_torch:
+        return torch_module().as_tensor(value, dtype=batch.dtype, device=batch.device)
+    return np.ascontiguousarray(value)
+
+
 def check_horizons(k: Any) -> tuple[list[int], bool]:
     """``k`` as a list of horizons in [1, 2**63 − 1], and whether a sequence was given."""
 

@@ -37,7 +37,9 @@ from gae_core.estimators._validate import (
     TORCH_CPU_MAX_ELEMENTS,
     check_horizon,
     check_horizons,
+    check_unit_columns,
     check_unit_interval,
+    column_parameter,
     is_tensor,
     kernels,
     on_device,
@@ -60,7 +62,7 @@ __all__ = [
 # --------------------------------------------------------------------------- estimators
 
 
-def td_residuals(rewards, values, next_values, terminated, *, gamma: float):
+def td_residuals(rewards, values, next_values, terminated, *, gamma):
     r"""TD residuals δ_t (paper eq. 9, with the termination mask):
 
     .. math:: δ_t = r_t + γ (1 − \mathrm{terminated}_t) V(s_{t+1}) − V(s_t)
@@ -72,25 +74,37 @@ def td_residuals(rewards, values, next_values, terminated, *, gamma: float):
         values: same shape, V(s_t).
         next_values: same shape, V(s_{t+1}) of the true next observation.
         terminated: same shape, bool or 0/1.
-        gamma: discount γ in [0, 1].
+        gamma: discount γ in [0, 1], or one per column (a sequence of N numbers: column n
+            uses ``gamma[n]``).
 
     Returns:
         δ with the shape of ``rewards``.
     """
-    gamma = check_unit_interval("gamma", gamma)
+    gamma = check_unit_columns("gamma", gamma)
     batch = prepare(
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated},
     )
+    gamma = column_parameter("gamma", gamma, batch)
     if batch.in_torch:
         return batch.wrap(on_device(batch, "td_residuals", gamma=gamma))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
-    kernels().td_residuals(a["rewards"], a["values"], a["next_values"], a["terminated"], gamma, out)
+    gammas = _per_column(gamma, batch)
+    kernels().td_residuals(
+        a["rewards"], a["values"], a["next_values"], a["terminated"], gammas, out
+    )
     return batch.wrap(out)
 
 
-def gae(rewards, values, next_values, terminated, truncated, *, gamma: float, lambda_: float):
+def _per_column(value: float | np.ndarray, batch) -> np.ndarray:
+    """A kernel's per-column parameter: float64 ``[N]``."""
+    if isinstance(value, float):
+        return np.full(batch.shape[1], value)
+    return value
+
+
+def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_):
     r"""Generalized advantage estimates GAE(γ, λ) (paper eq. 16), by the backward recursion
 
     .. math::
@@ -109,38 +123,41 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma: float, la
     Args:
         rewards, values, next_values: ``[T]`` or ``[T, N]`` float (see module docstring).
         terminated, truncated: same shape, bool or 0/1.
-        gamma: discount γ in [0, 1].
-        lambda_: λ in [0, 1].
+        gamma: discount γ in [0, 1], or one per column (a sequence of N numbers).
+        lambda_: λ in [0, 1], or one per column. Per-column values estimate a population of
+            agents in one call (column n uses ``gamma[n]`` and ``lambda_[n]``), exactly as if
+            each column were estimated alone.
 
     Returns:
         Advantages with the shape of ``rewards``.
     """
-    gamma = check_unit_interval("gamma", gamma)
-    lambda_ = check_unit_interval("lambda_", lambda_)
+    gamma = check_unit_columns("gamma", gamma)
+    lambda_ = check_unit_columns("lambda_", lambda_)
     batch = prepare(
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
         check_finite=False,
     )
+    gamma = column_parameter("gamma", gamma, batch)
+    lambda_ = column_parameter("lambda_", lambda_, batch)
     if batch.in_torch:
         return batch.wrap(on_device(batch, "gae", gamma=gamma, lambda_=lambda_))
     out = np.empty(batch.shape, dtype=batch.dtype)
     a = batch.arrays
     finite = kernels().gae(
         a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
-        gamma, lambda_, out,
+        _per_column(gamma, batch), _per_column(lambda_, batch), out,
     )  # fmt: skip
     if not finite:
         raise_non_finite(a, ["rewards", "values", "next_values"])
     return batch.wrap(out)
 
 
-def lambda_returns(
-    rewards, values, next_values, terminated, truncated, *, gamma: float, lambda_: float
-):
+def lambda_returns(rewards, values, next_values, terminated, truncated, *, gamma, lambda_):
     r"""λ-returns, the critic's regression target: :math:`G^λ_t = Â^{GAE(γ,λ)}_t + V(s_t)`.
 
-    Same arguments as :func:`gae`; returns an array with the shape of ``rewards``.
+    Same arguments as :func:`gae` (γ and λ may be one per column); returns an array with the
+    shape of ``rewards``.
     """
     advantages = gae(
         rewards, values, next_values, terminated, truncated, gamma=gamma, lambda_=lambda_
@@ -221,8 +238,9 @@ def k_step_advantages(rewards, values, next_values, terminated, truncated, *, ga
     a = batch.arrays
     deltas = np.empty(batch.shape, dtype=np.float64)
     kernels().td_residuals(
-        a["rewards"], a["values"], a["next_values"], a["terminated"], gamma, deltas
-    )
+        a["rewards"], a["values"], a["next_values"], a["terminated"], _per_column(gamma, batch),
+        deltas,
+    )  # fmt: skip
     done = a["terminated"] | a["truncated"]
     # horizons past T all equal S_t: clamp them so the kernel's int64 arithmetic cannot overflow
     clamped = [min(x, max(batch.shape[0], 1)) for x in ks]

@@ -66,7 +66,7 @@ BAND_METHODS = {
 def aggregate_curves(
     episodes: pd.DataFrame,
     *,
-    group: str = "lambda",
+    group: str = "lambda_",
     points: int = 200,
     window: int = 10,
     statistic: str = "iqm",
@@ -138,7 +138,7 @@ def steps_to_solve(
 def seed_scores(
     episodes: pd.DataFrame,
     *,
-    group: str = "lambda",
+    group: str = "lambda_",
     threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
     points: int = 200,
@@ -169,7 +169,7 @@ def seed_scores(
 def summary_table(
     episodes: pd.DataFrame,
     *,
-    group: str = "lambda",
+    group: str = "lambda_",
     threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
     points: int = 200,

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from gae_core.inert import plotly_text
 from gae_core.insight.compare import BAND_METHODS
-from gae_core.labels import group_label, label
+from gae_core.labels import assignment, label
 
 __all__ = ["PALETTE", "comparison_figure", "improvement_figure", "profile_figure"]
 
@@ -49,7 +49,7 @@ def comparison_figure(
     bands: pd.DataFrame,
     aligned: pd.DataFrame | None = None,
     *,
-    group: str = "lambda",
+    group: str = "lambda_",
     show_seeds: bool = False,
 ) -> tuple[go.Figure, pd.DataFrame]:
     """Per group, the IQM (or mean) return across seeds and its bootstrap band (one colour per
@@ -59,7 +59,7 @@ def comparison_figure(
     figure = go.Figure()
     for i, (key, frame) in enumerate(bands.groupby(group, sort=True)):
         color = PALETTE[i % len(PALETTE)]
-        name = plotly_text(group_label(group, key))
+        name = plotly_text(assignment(group, key))
         figure.add_trace(
             go.Scatter(
                 x=frame["env_step"],
@@ -124,7 +124,7 @@ def improvement_figure(
     return``): cell (row x, column y) is P(X > Y) over seeds
     (:func:`gae_core.insight.stats.improvement_matrix`) with its interval."""
     keys = sorted(set(matrix["x"]) | set(matrix["y"]))
-    names = [group_label(group, k) for k in keys]
+    names = [assignment(group, k) for k in keys]
     z = np.full((len(keys), len(keys)), np.nan)
     text = np.full((len(keys), len(keys)), "", dtype=object)
     for row in matrix.itertuples():
@@ -162,7 +162,7 @@ def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Fi
     figure = go.Figure()
     for i, (key, frame) in enumerate(profile.groupby("group", sort=True)):
         color = PALETTE[i % len(PALETTE)]
-        name = plotly_text(group_label(group, key))
+        name = plotly_text(assignment(group, key))
         tau = frame["tau"].to_numpy()
         figure.add_trace(
             go.Scatter(

@@ -110,11 +110,11 @@ def with_gae_columns(
 
 
 def heatmap_from_sweep(sweep: np.ndarray, grid: np.ndarray = LAMBDA_GRID) -> pd.DataFrame:
-    """Long frame ``lambda, t, gae`` from a ``[len(grid), T]`` sweep."""
+    """Long frame ``lambda_, t, gae`` from a ``[len(grid), T]`` sweep."""
     steps = sweep.shape[1]
     return pd.DataFrame(
         {
-            "lambda": np.repeat(grid, steps),
+            "lambda_": np.repeat(grid, steps),
             "t": np.tile(np.arange(steps), len(grid)),
             "gae": sweep.reshape(-1),
         }
@@ -142,7 +142,7 @@ def gae_heatmap(
     gamma: float,
     lambdas: Sequence[float] | None = None,
 ) -> pd.DataFrame:
-    """GAE over (t, λ) in long form: columns ``lambda``, ``t``, ``gae`` (one
+    """GAE over (t, λ) in long form: columns ``lambda_``, ``t``, ``gae`` (one
     :func:`~gae_core.estimators.gae_lambda_sweep` call; λ defaults to 0, 0.01, …, 1)."""
     grid = LAMBDA_GRID if lambdas is None else np.asarray(lambdas, dtype=float)
     sweep = estimators.gae_lambda_sweep(

@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from gae_core import metrics as M
 from gae_core.inert import plotly_text
-from gae_core.labels import group_label, label
+from gae_core.labels import assignment, label
 
 #: Traces are cut to about this many points so a refresh stays fast however long the run.
 MAX_POINTS = 2000
@@ -280,7 +280,7 @@ def explorer_figure(
     if gamma is not None:
         frame.insert(1, "gamma", gamma)
     if lambda_ is not None:
-        frame.insert(2 if gamma is not None else 1, "lambda", lambda_)
+        frame.insert(2 if gamma is not None else 1, "lambda_", lambda_)
     return figure, frame
 
 
@@ -289,7 +289,7 @@ def heatmap_figure(
 ) -> tuple[go.Figure, pd.DataFrame]:
     """GAE over (t, λ) from :func:`~gae_core.insight.explorer.gae_heatmap`; a dashed line marks
     the slider's λ."""
-    grid = heat.pivot(index="lambda", columns="t", values="gae")
+    grid = heat.pivot(index="lambda_", columns="t", values="gae")
     limit = float(np.nanmax(np.abs(grid.to_numpy()))) if grid.size else 1.0
     figure = go.Figure(
         go.Heatmap(
@@ -307,10 +307,11 @@ def heatmap_figure(
         figure.add_hline(
             y=current,
             line={"color": "#000000", "dash": "dash", "width": 1.5},
-            annotation_text=group_label("lambda_", current),
+            annotation_text=assignment("lambda_", current),
             annotation_position="top left",
         )
-    _layout(figure, "GAE(γ, λ) over steps and λ", "step t", label("lambda_"))
+    lam = label("lambda_")
+    _layout(figure, f"GAE({label('gamma')}, {lam}) over steps and {lam}", "step t", lam)
     return figure, heat
 
 
@@ -318,6 +319,7 @@ def weights_figure(weights: pd.DataFrame, lambda_: float) -> tuple[go.Figure, pd
     """Bars of each Â^(k)'s weight in GAE, the tail mass on the last one highlighted, with the
     infinite-horizon geometric weights (1−λ)λ^(k−1) as a line."""
     colors = np.where(weights["tail"], "#d62728", "#1f77b4")
+    lam = label("lambda_")
     figure = go.Figure()
     figure.add_trace(
         go.Bar(
@@ -332,11 +334,12 @@ def weights_figure(weights: pd.DataFrame, lambda_: float) -> tuple[go.Figure, pd
             x=weights["k"],
             y=weights["geometric_weight"],
             mode="lines",
-            name="(1−λ)λ^(k−1)",
+            name=f"(1−{lam}){lam}^(k−1)",
             line={"dash": "dot"},
         )
     )
-    _layout(figure, f"Weight of each k-step estimator at λ = {lambda_:g}", "k", "weight")
+    title = f"Weight of each k-step estimator at {assignment('lambda_', lambda_)}"
+    _layout(figure, title, "k", "weight")
     return figure, weights
 
 
@@ -348,7 +351,7 @@ def _pretty(column: str) -> str:
     if column.startswith("k_step[k="):
         return f"Â^({column[9:-1]})"
     if column.startswith("gae[lambda="):
-        return f"GAE λ={column[11:-1]}"
+        return f"GAE {assignment('lambda_', float(column[11:-1]))}"
     return column
 
 

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gae_core.inert import plotly_text
-from gae_core.labels import label
+from gae_core.labels import assignment, label
 
 __all__ = ["QUANTITIES", "exact_figure", "state_figure", "trade_off_figure"]
 
@@ -163,7 +163,7 @@ def exact_figure(lambdas: np.ndarray, moments: object) -> tuple[go.Figure, pd.Da
     :func:`gae_core.lab.chain.exact_estimator_moments`)."""
     frame = pd.DataFrame(
         {
-            "lambda": lambdas,
+            "lambda_": lambdas,
             "bias2": np.asarray(moments.bias) ** 2,
             "variance": np.asarray(moments.variance),
         }
@@ -171,15 +171,15 @@ def exact_figure(lambdas: np.ndarray, moments: object) -> tuple[go.Figure, pd.Da
     frame["mse"] = frame["bias2"] + frame["variance"]
     figure = go.Figure()
     for (quantity, title), color in zip(QUANTITIES, _PALETTE, strict=False):
-        figure.add_trace(go.Scatter(x=frame["lambda"], y=frame[quantity], name=title,
+        figure.add_trace(go.Scatter(x=frame["lambda_"], y=frame[quantity], name=title,
                                     line={"color": color, "width": 2.5}))  # fmt: skip
     best = frame.loc[frame["mse"].idxmin()]
-    figure.add_vline(x=float(best["lambda"]), line={"dash": "dot", "color": "#2ca02c"})
+    figure.add_vline(x=float(best["lambda_"]), line={"dash": "dot", "color": "#2ca02c"})
     figure.update_layout(
         height=340,
         xaxis_title=label("lambda_"),
         yaxis_title="exact value",
-        title=f"Exact (enumerated): least MSE at λ = {best['lambda']:g}",
+        title=f"Exact (enumerated): least MSE at {assignment('lambda_', best['lambda_'])}",
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.3},
     )

@@ -16,7 +16,7 @@ import pandas as pd
 from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
-from gae_core.labels import format_value
+from gae_core.labels import assignment, format_value, label
 from gae_core.runs.records import RunRecord
 
 __all__ = [
@@ -81,7 +81,8 @@ def config_warnings(config: TrainConfig) -> list[str]:
         warnings.append("record_episodes is 0: no trajectories for the advantage explorer.")
     if config.gamma == 1.0 and config.lambda_ == 1.0:
         warnings.append(
-            "γ = λ = 1: undiscounted Monte Carlo advantages, the highest-variance setting."
+            f"{label('gamma')} = {assignment('lambda_', 1)}: undiscounted Monte Carlo "
+            "advantages, the highest-variance setting."
         )
     return warnings
 
@@ -109,14 +110,15 @@ def status_text(run: RunRecord) -> str:
     head = "finished" if run.status == "finished" else f"stopped at step {run.env_steps:,}"
     final = summary.final_return
     tail = "" if final is None else f"; final return {final:.1f}"
-    if summary.solved is None:
+    state = summary.solved_state
+    if state is None:
         return head + tail
-    if not summary.solved:
+    if state == "no":
         return f"{head}: not solved{tail}"
     solved = f"solved at {_steps(summary.solved_at_step)}"
-    if summary.fell_below_at_step is None:
+    if state == "stayed":
         return f"{head}: {solved}, stayed solved{tail}"
-    if summary.stayed_solved:
+    if state == "dipped":
         return (
             f"{head}: {solved}, dipped below at {_steps(summary.fell_below_at_step)} and "
             f"recovered{tail}"

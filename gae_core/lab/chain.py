@@ -418,28 +418,3 @@ def linear_means(
         k_step_weights(gamma, ks, segment) @ m,
         gae_weights(gamma, lambdas, segment) @ m,
     )
-
-
-# ----------------------------------------------------------------------------- tabular agent
-
-
-class TabularPolicy:
-    """π(a|s) from a ``[n_states, 2]`` matrix, acting on the chain's one-hot observations (the
-    interface of a replayed checkpoint: ``sample(observations, rng)``)."""
-
-    def __init__(self, policy: np.ndarray) -> None:
-        self.policy = np.asarray(policy, float)
-
-    def sample(self, observations: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        states = np.asarray(observations).argmax(axis=1)
-        return (rng.random(len(states)) < self.policy[states, 1]).astype(np.int64)
-
-
-class TabularCritic:
-    """V̂(s) from a vector, on the chain's one-hot observations (``values(observations)``)."""
-
-    def __init__(self, values: np.ndarray) -> None:
-        self.table = np.asarray(values, float)
-
-    def values(self, observations: np.ndarray) -> np.ndarray:
-        return self.table[np.asarray(observations).argmax(axis=1)]

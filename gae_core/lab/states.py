@@ -98,7 +98,7 @@ def state_access(env_id: str) -> StateAccess:
         if isinstance(env, chain.RandomWalkChain):
             return StateAccess(
                 "chain",
-                lambda e: int(e.position),
+                chain.get_state,
                 _set_chain,
                 lambda e: chain.observation(e.position, e.chain.n_states),
             )

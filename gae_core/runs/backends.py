@@ -16,7 +16,15 @@ from typing import Protocol
 from gae_core.errors import ConfigError
 from gae_core.runs.pool import LocalPool
 
-__all__ = ["BACKENDS", "Backend", "BackendFactory", "backend_factory", "ray_installed"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MEMBERS",
+    "MAX_MEMBERS",
+    "Backend",
+    "BackendFactory",
+    "backend_factory",
+    "ray_installed",
+]
 
 
 class Backend(Protocol):
@@ -51,16 +59,35 @@ def ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def backend_factory(name: str = "local", address: str | None = None) -> BackendFactory:
+#: The most trials one local worker trains as a population (``members``).
+MAX_MEMBERS = 256
+#: What the CLI and the compare page ask for unless told otherwise: populations as large as an
+#: even spread over the workers gives, up to this.
+DEFAULT_MEMBERS = 64
+
+
+def backend_factory(
+    name: str = "local", address: str | None = None, *, members: int = 1
+) -> BackendFactory:
     """The backend called ``name`` (:data:`BACKENDS`); ``address`` is a Ray cluster's (None:
-    the Ray already running in this process, or a new local one). ``ConfigError`` names the
-    field for an unknown backend, Ray missing, or an address given to the local backend."""
+    the Ray already running in this process, or a new local one); ``members``: how many trials
+    a local worker may train at once as one batched population
+    (:mod:`gae_core.agent.population`). ``ConfigError`` names the field for an unknown
+    backend, Ray missing, an address given to the local backend, or members out of range."""
     if name not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if (
+        isinstance(members, bool)
+        or not isinstance(members, int)
+        or not (1 <= members <= MAX_MEMBERS)
+    ):
+        raise ConfigError(f"members must be an integer in [1, {MAX_MEMBERS}], got {members!r}")
     if name == "local":
         if address is not None:
             raise ConfigError("address: only the ray backend takes a cluster address")
-        return LocalPool
+        return functools.partial(LocalPool, members=members) if members > 1 else LocalPool
+    if members > 1:
+        raise ConfigError("members: the ray backend trains one trial per task (use 1)")
     if not ray_installed():
         raise ConfigError("backend ray: ray is not installed (pip install -r requirements-ray.txt)")
     from gae_core.runs.ray_pool import RayPool

@@ -28,6 +28,7 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.trainer import StepResult, Trainer, TrainingDiverged
 from gae_core.errors import StoreError
+from gae_core.labels import assignment
 from gae_core.outcome import ReturnTracker, RunSummary
 from gae_core.runs.store import RunStore
 from gae_core.trajectory import Trajectory
@@ -158,8 +159,9 @@ class RunOutcome:
 
 
 def default_run_name(config: TrainConfig) -> str:
-    """``CartPole-v1 λ=0.95 γ=0.99 seed=0``."""
-    return f"{config.env_id} λ={config.lambda_:g} γ={config.gamma:g} seed={config.seed}"
+    """``CartPole-v1 λ = 0.95 γ = 0.99 seed = 0``."""
+    fields = ("lambda_", "gamma", "seed")
+    return " ".join([config.env_id, *(assignment(f, getattr(config, f)) for f in fields)])
 
 
 class _Buffer:

@@ -74,7 +74,3 @@ class LabTable(Database):
         if not rows:
             raise StoreError(f"no lab result {result_id!r} in {self.path}")
         return json.loads(rows[0][0])
-
-    def delete_lab_result(self, result_id: str) -> None:
-        with self._write() as conn:
-            conn.execute("DELETE FROM lab_results WHERE id = ?", (result_id,))

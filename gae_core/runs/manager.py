@@ -235,11 +235,6 @@ class RunManager:
         with self._lock:
             return [rid for rid, thread in self._threads.items() if thread.is_alive()]
 
-    def is_active(self, run_id: str) -> bool:
-        with self._lock:
-            thread = self._threads.get(run_id)
-        return thread is not None and thread.is_alive()
-
     def wait(self, run_id: str, timeout: float | None = None) -> bool:
         """Join the run's thread; True when it has ended (False on timeout)."""
         with self._lock:

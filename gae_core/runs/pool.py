@@ -1,9 +1,12 @@
 """The local sweep backend: warm worker processes that train trials and stream their data back.
 
 Each worker is a spawned process with one duplex pipe to the coordinator. The coordinator sends
-it one trial at a time; the worker runs :func:`~gae_core.runs.execute.execute_run` with a
-:class:`PipeSink`, which sends every flush, checkpoint and the end of the trial back through the
-pipe, and never touches the store: the coordinator is the store's single writer.
+it one trial at a time, or with ``members > 1`` a population of up to that many trials whose
+configs can share one (:mod:`gae_core.agent.population`: one batched network for all of them);
+the worker runs :func:`~gae_core.runs.execute.execute_run` (or
+:func:`~gae_core.runs.population_run.execute_population`) with a :class:`PipeSink` per trial,
+which sends every flush, checkpoint and the end of the trial back through the pipe, and never
+touches the store: the coordinator is the store's single writer.
 
 Why pipes, one per worker, and not a shared ``multiprocessing.Queue``: a queue's writers share
 a lock, and a worker killed with -9 while holding it would block every other worker; a broken
@@ -26,7 +29,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gae_core.outcome import RunSummary
@@ -75,13 +78,15 @@ class PipeSink:
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush: float) -> None:
-    """A worker process: import the trainer once (warm), then train the trials it is sent."""
+    """A worker process: import the trainer once (warm), then train the trials it is sent: one
+    (``("trial", [(index, run_id, config)])``) or a population (several in that list)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
 
         from gae_core.agent.config import TrainConfig
         from gae_core.runs.execute import execute_run
+        from gae_core.runs.population_run import execute_population
 
         torch.set_num_threads(1)  # the workers are the parallelism
         conn.send(("ready", os.getpid()))
@@ -89,20 +94,23 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
             message = conn.recv()
             if message[0] == "exit":
                 return
-            _, index, run_id, config = message
+            trials = message[1]
+            indices = [index for index, _, _ in trials]
             try:
-                execute_run(
-                    PipeSink(conn, index, flags),
-                    run_id,
-                    TrainConfig.from_dict(config),
-                    _FlagEvent(flags, index),
-                    flush_interval=flush,
-                )
+                configs = [TrainConfig.from_dict(config) for _, _, config in trials]
+                sinks = [PipeSink(conn, index, flags) for index in indices]
+                stops = [_FlagEvent(flags, index) for index in indices]
+                run_ids = [run_id for _, run_id, _ in trials]
+                if len(trials) == 1:
+                    execute_run(sinks[0], run_ids[0], configs[0], stops[0], flush_interval=flush)
+                else:
+                    execute_population(sinks, run_ids, configs, stops, flush_interval=flush)
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise
             except Exception:  # the config cannot be built here (an env this host lacks)
-                conn.send(("finish", index, "failed", traceback.format_exc()))
-            conn.send(("idle", index))
+                for index in indices:
+                    conn.send(("finish", index, "failed", traceback.format_exc()))
+            conn.send(("idle", indices))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         os._exit(0)  # the coordinator is gone: nothing to report to
 
@@ -113,10 +121,14 @@ class WorkerHandle:
 
     process: multiprocessing.process.BaseProcess
     conn: multiprocessing.connection.Connection
-    trial: int | None = None  # the trial it is training
+    # the trials it is training (trial index → env steps at its last flush)
+    trials: dict[int, int] = field(default_factory=dict)
     ready: bool = False
     pid: int | None = None
-    steps: int = 0  # env steps of its trial at the last flush
+
+    @property
+    def free(self) -> bool:
+        return self.ready and not self.trials
 
 
 class LocalPool:
@@ -124,17 +136,29 @@ class LocalPool:
 
     The coordinator submits trials (:meth:`submit`) while :meth:`idle_slots` is positive, reads
     :meth:`events`: the workers' ``flush``, ``checkpoint`` and ``finish`` messages, and
-    ``("lost", index, why)`` when a worker died in the middle of a trial. A dead worker is
-    replaced at once; workers that die before they are ready :data:`MAX_START_FAILURES` times
-    in a row raise ``RuntimeError`` (they cannot start at all: a broken install).
+    ``("lost", index, why)`` for each trial of a worker that died in the middle of it. A dead
+    worker is replaced at once; workers that die before they are ready
+    :data:`MAX_START_FAILURES` times in a row raise ``RuntimeError`` (they cannot start at
+    all: a broken install).
+
+    ``members``: the most trials one worker trains at once, as a population. Submitted trials
+    are gathered and sent on the next :meth:`events`, spread evenly over the free workers (at
+    most ⌈trials / workers⌉ each); only trials whose configs can share a population go
+    together, the rest train alone.
     """
 
     name = "local"
 
-    def __init__(self, workers: int, trials: int, flush_interval: float) -> None:
+    def __init__(
+        self, workers: int, trials: int, flush_interval: float, *, members: int = 1
+    ) -> None:
+        if members < 1:
+            raise ValueError(f"members must be at least 1, got {members}")
         self._context = multiprocessing.get_context("spawn")
         self.flags = self._context.Array("b", max(trials, 1), lock=False)
         self.flush_interval = flush_interval
+        self.capacity = max(1, min(members, -(-trials // max(workers, 1))))
+        self._gathered: list[tuple[tuple, tuple[int, str, dict]]] = []  # (key, trial)
         self._start_failures = 0
         self.workers: list[WorkerHandle] = [self._spawn() for _ in range(workers)]
 
@@ -152,24 +176,48 @@ class LocalPool:
         return WorkerHandle(process, parent)
 
     def idle_slots(self) -> int:
-        return sum(1 for w in self.workers if w.ready and w.trial is None)
+        free = sum(1 for w in self.workers if w.free)
+        return max(0, free * self.capacity - len(self._gathered))
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
-        worker = next(w for w in self.workers if w.ready and w.trial is None)
+        """Take the trial; it goes to a worker, alone or in a population, on the next
+        :meth:`events`."""
+        key = _population_key(config) if self.capacity > 1 else _ALONE
         self.flags[index] = 0
-        worker.trial, worker.steps = index, 0
-        worker.conn.send(("trial", index, run_id, config))
+        self._gathered.append((key, (index, run_id, config)))
+
+    def _send_gathered(self) -> None:
+        """Hand the gathered trials to the free workers: each key's trials in even batches of
+        at most ``capacity``; what finds no free worker waits for the next call."""
+        free = [w for w in self.workers if w.free]
+        if not free or not self._gathered:
+            return
+        groups: dict[tuple, list] = {}
+        for key, trial in self._gathered:
+            groups.setdefault(key, []).append(trial)
+        batches = []
+        for key, trials in groups.items():
+            size = 1 if key == _ALONE else self.capacity
+            parts = -(-len(trials) // size)
+            batches += [trials[i::parts] for i in range(parts)]  # even sizes, order kept
+        sent = set()
+        for worker, batch in zip(free, batches, strict=False):  # as many as workers are free
+            worker.trials = {index: 0 for index, _, _ in batch}
+            worker.conn.send(("trial", batch))
+            sent |= set(worker.trials)
+        self._gathered = [(k, t) for k, t in self._gathered if t[0] not in sent]
 
     def stop(self, index: int) -> None:
         self.flags[index] = 1
 
     def trial_pids(self) -> dict[int, int]:
         """``{trial index: worker pid}`` of the trials being trained now."""
-        return {w.trial: w.pid for w in self.workers if w.trial is not None and w.pid}
+        return {t: w.pid for w in self.workers if w.pid for t in w.trials}
 
     def events(self, timeout: float) -> list[tuple]:
         """Messages from the workers (waiting up to ``timeout`` for the first), and a ``lost``
         event for each trial whose worker died."""
+        self._send_gathered()
         by_key: dict[Any, WorkerHandle] = {}
         for worker in self.workers:
             by_key[worker.conn] = worker
@@ -199,27 +247,29 @@ class LocalPool:
                 worker.ready, worker.pid = True, message[1]
                 self._start_failures = 0
             elif kind == "idle":
-                # "finish" already freed the worker, and the coordinator may have sent it the
-                # next trial since: the late "idle" of the trial before must not free it again
-                # (it did: trials piled up in one worker's pipe, shown "running" at step 0)
-                if worker.trial == message[1]:
-                    worker.trial = None
+                # the trials it names are over (a deleted run sends no "finish"); "finish" may
+                # have freed the worker already and the coordinator sent it the next trials
+                # since: those are not named here, so a late "idle" never frees them (it did
+                # once: trials piled up in one worker's pipe, shown "running" at step 0)
+                for index in message[1]:
+                    worker.trials.pop(index, None)
             else:
-                if kind == "flush":
-                    worker.steps = message[3]
+                if kind == "flush" and message[1] in worker.trials:
+                    worker.trials[message[1]] = message[3]
                 elif kind == "finish":
-                    worker.trial = None  # it ended: a death from here on costs no trial
+                    # it ended: a death from here on costs it nothing
+                    worker.trials.pop(message[1], None)
                 out.append(message)
         return worker.process.is_alive()
 
     def _bury(self, worker: WorkerHandle, out: list[tuple]) -> None:
         worker.process.join(1.0)
-        if worker.trial is not None:
+        for index, steps in worker.trials.items():
             why = (
                 f"worker pid {worker.pid} died (exit code {worker.process.exitcode}) at env step "
-                f"{worker.steps:,}"
+                f"{steps:,}"
             )
-            out.append(("lost", worker.trial, why))
+            out.append(("lost", index, why))
         if not worker.ready:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
@@ -242,6 +292,19 @@ class LocalPool:
                 worker.process.kill()
                 worker.process.join(timeout)
             worker.conn.close()
+
+
+#: The population key of a trial that trains alone (its config cannot join a population).
+_ALONE = ("alone",)
+
+
+def _population_key(config: dict) -> tuple:
+    # imported here: with one trial per worker the coordinator never needs it
+    from gae_core.agent.config import TrainConfig
+    from gae_core.agent.population import can_join, population_key
+
+    built = TrainConfig.from_dict(config)
+    return population_key(built) if can_join(built) else _ALONE
 
 
 @contextlib.contextmanager

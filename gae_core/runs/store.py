@@ -358,12 +358,6 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         """One row per env step and one column per key: ``env_step, wall_time, <keys...>``."""
         return to_wide(self.metrics(run_id, keys))
 
-    def metric_keys(self, run_id: str) -> list[str]:
-        rows = self._read(
-            "SELECT DISTINCT key FROM metrics WHERE run_id = ? ORDER BY key", (run_id,)
-        )
-        return [row[0] for row in rows]
-
     # -- checkpoints and trajectories -------------------------------------------------------
 
     def save_checkpoint(
@@ -432,14 +426,6 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
             (run_id, int(env_step)),
         )
         return [bytes(row[0]) for row in rows]
-
-    def trajectory_steps(self, run_id: str) -> list[int]:
-        """Checkpoint env steps that have recorded trajectories."""
-        rows = self._read(
-            "SELECT DISTINCT env_step FROM trajectories WHERE run_id = ? ORDER BY env_step",
-            (run_id,),
-        )
-        return [row[0] for row in rows]
 
     def runs_with_trajectories(self) -> set[str]:
         """Ids of the runs that have at least one recorded trajectory (one query)."""

@@ -36,7 +36,7 @@ from typing import Any
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.errors import ConfigError, StoreError
-from gae_core.labels import label
+from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
 from gae_core.runs.execute import call_before_thread_shutdown
 from gae_core.runs.pool import LocalPool
@@ -151,7 +151,7 @@ def hold_critic_target(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> Tra
 
 def _trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
     names = [field_spec(n).name for n in grid]
-    return " ".join([prefix, *(f"{label(n)}={getattr(config, n)}" for n in names)])
+    return " ".join([prefix, *(assignment(n, getattr(config, n)) for n in names)])
 
 
 def sweep_progress(store: RunStore, sweep_id: str) -> SweepProgress:
@@ -383,7 +383,7 @@ class Sweep:
 
 
 def _describe(config: TrainConfig) -> str:
-    return f"λ={config.lambda_:g} seed={config.seed}"
+    return f"{assignment('lambda_', config.lambda_)} {assignment('seed', config.seed)}"
 
 
 def start_sweep(

@@ -109,11 +109,3 @@ class SweepTable(Database):
         ):
             counts[status] = count
         return counts
-
-    def delete_sweep(self, sweep_id: str, *, runs: bool = True, force: bool = False) -> None:
-        """Delete a sweep row and (by default) its trials."""
-        if runs:
-            for run in self.list_runs(sweep_id=sweep_id):
-                self.delete_run(run.id, force=force)
-        with self._write() as conn:
-            conn.execute("DELETE FROM sweeps WHERE id = ?", (sweep_id,))

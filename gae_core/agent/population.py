@@ -1,0 +1,470 @@
+"""Several A2C+GAE runs trained together in one process, as one batched population.
+
+A λ study trains many copies of one small network (the CartPole preset: a 4-64-64-2 actor on
+8 envs × 5 steps). Trained one at a time, every forward pass, backward pass and optimizer step
+handles a few dozen rows and the time goes to per-op overhead, not arithmetic. A population
+stacks its members' parameters (``[M, fan_in, fan_out]``), so each of those ops runs once for
+all M members: one actor forward per vector step, one critic forward per rollout and one
+backward and optimizer step per update, for the whole population.
+
+What a member gets is what a single run (:class:`~gae_core.agent.trainer.Trainer`) with its
+config gets:
+
+* the same initial weights (each member's :class:`~gae_core.agent.policy.ActorCritic` is built
+  from its seed and copied into the stack);
+* the same losses, per member: means over the member's own valid rows, advantages standardised
+  over its own rows, its own value and entropy coefficients;
+* the same update: gradients of one member's loss reach only its own slice of the stack, the
+  gradient norm is clipped per member, and Adam/RMSprop act element by element, so each member's
+  optimizer state is its own;
+* the same GAE: one call with one γ and λ per column (``estimators.gae``).
+
+Its envs are its own ``num_envs`` sub-envs of one vector env and its actions are drawn from the
+population's generator, so it sees different samples from the same distributions as the single
+run would: a member's results are identical in distribution to a single run's, not bit for bit.
+The learning rate of a linear schedule follows the mean progress of the active members, which
+differ by at most a rollout (a relative difference under ``num_envs × rollout_steps /
+total_steps``).
+
+Members may differ in :data:`PER_MEMBER` fields; every other field must be equal
+(:func:`population_key`). Observation or reward normalisation keeps running statistics of the
+whole vector env, which would mix members, so such configs train alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.envs import make_vector_env
+from gae_core.agent.optim import Optimizer
+from gae_core.agent.policy import ActorCritic, StackedMLP
+from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_replay, record_replay
+from gae_core.agent.trainer import Episode, Rollout, StepResult, TrainingDiverged
+from gae_core.estimators import gae
+from gae_core.trajectory import Trajectory
+
+__all__ = ["PER_MEMBER", "Member", "PopulationTrainer", "can_join", "population_key"]
+
+#: Fields in which the members of one population may differ.
+PER_MEMBER = (
+    "seed",
+    "lambda_",
+    "gamma",
+    "critic_target",
+    "critic_lambda",
+    "value_coef",
+    "entropy_coef",
+    "max_grad_norm",
+    "log_std_init",
+)
+
+
+def can_join(config: TrainConfig) -> bool:
+    """Whether a run with ``config`` can train in a population (no normalisation, on the CPU)."""
+    return (
+        not config.normalize_observations
+        and not config.normalize_rewards
+        and config.device == "cpu"
+    )
+
+
+def population_key(config: TrainConfig) -> tuple:
+    """What the members of one population share: every field but :data:`PER_MEMBER`."""
+    values = config.to_dict()
+    return tuple(sorted((k, repr(v)) for k, v in values.items() if k not in PER_MEMBER))
+
+
+@dataclass
+class _State:
+    """Where one member stands."""
+
+    env_steps: int = 0
+    steps_before_update: int = 0
+    active: bool = True
+    error: str | None = None  # why it stopped learning (a NaN/inf blow-up)
+
+
+class PopulationTrainer:
+    """One update for every active member per :meth:`step` (see the module docstring)."""
+
+    def __init__(self, configs: Sequence[TrainConfig]) -> None:
+        if not configs:
+            raise ValueError("a population needs at least one member")
+        keys = {population_key(c) for c in configs}
+        if len(keys) > 1 or not all(can_join(c) for c in configs):
+            raise ValueError(
+                "members of a population must differ only in " + ", ".join(PER_MEMBER)
+                + " and train without normalisation, on the CPU"
+            )  # fmt: skip
+        self.configs = list(configs)
+        shared = self.shared = configs[0]
+        torch.set_num_threads(shared.torch_threads)
+        members, per = len(configs), shared.num_envs
+        self.size, self.envs_per_member = members, per
+        self.env = make_vector_env(shared.env_id, members * per)
+        space = self.env.single_action_space
+        self.discrete = isinstance(space, gym.spaces.Discrete)
+        self._bounds = None if self.discrete else (space.low, space.high)
+        models = [
+            ActorCritic(
+                self.env.single_observation_space, space, shared.hidden_sizes, c.seed,
+                c.log_std_init,
+            )
+            for c in configs
+        ]  # fmt: skip
+        self._template = models[0]
+        self.actor = StackedMLP([m.actor for m in models])
+        self.critic = StackedMLP([m.critic for m in models])
+        self.log_std = (
+            None
+            if self.discrete
+            else torch.stack([m.log_std.detach() for m in models]).requires_grad_(True)
+        )
+        params = self.actor.parameters() + self.critic.parameters()
+        if self.log_std is not None:
+            params.append(self.log_std)
+        self.params = params
+        self.optimizer = Optimizer(params, shared.optimizer, shared.learning_rate)
+        seeds = [int(c.seed) for c in configs]
+        self._rng = np.random.default_rng(seeds)
+        self._rollout = Rollout(shared.rollout_steps, members * per, self.env)
+        self._batch = self._rollout
+        self._obs, _ = self.env.reset(seed=seeds[0])
+        self._reset_next = np.zeros(members * per, bool)
+        self._returns = np.zeros(members * per, np.float64)
+        self._lengths = np.zeros(members * per, np.int64)
+        self._members = [_State() for _ in configs]
+        # per column (sub-env) parameters of GAE and of the critic's target
+        self._gamma = np.repeat([c.gamma for c in configs], per)
+        self._lambda = np.repeat([c.lambda_ for c in configs], per)
+        self._target_lambda = np.repeat([c.target_lambda for c in configs], per)
+        column = lambda name: torch.tensor([float(getattr(c, name)) for c in configs])  # noqa: E731
+        self._value_coef, self._entropy_coef = column("value_coef"), column("entropy_coef")
+        norms = [c.max_grad_norm if c.max_grad_norm > 0 else math.inf for c in configs]
+        self._max_norm = torch.tensor(norms)
+        self._started = time.perf_counter()
+        self.updates = 0
+
+    # -- the population as a whole -------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return not any(m.active for m in self._members)
+
+    def member(self, index: int) -> Member:
+        return Member(self, index)
+
+    def deactivate(self, index: int) -> None:
+        """Stop training member ``index`` (stopped, done or failed); the others go on."""
+        self._members[index].active = False
+
+    def step(self) -> dict[int, StepResult]:
+        """One update of every active member: ``{member index: its StepResult}``. A member
+        whose loss or gradient becomes NaN/inf is deactivated with :meth:`Member.error` set and
+        left out of the result; the others are untouched by it."""
+        started = time.perf_counter()
+        before = [m.env_steps for m in self._members]
+        for state in self._members:
+            state.steps_before_update = state.env_steps
+        active = [i for i, m in enumerate(self._members) if m.active]
+        episodes = self._collect(active)
+        metrics = self._update(active)
+        self.updates += 1
+        now = time.perf_counter()
+        out = {}
+        for i in active:
+            state = self._members[i]
+            if state.error is not None:
+                continue
+            metrics[i][M.STEPS_PER_SECOND.key] = (state.env_steps - before[i]) / (now - started)
+            metrics[i][M.WALL_TIME.key] = now - self._started
+            out[i] = StepResult(state.env_steps, metrics[i], episodes[i])
+            if state.env_steps >= self.configs[i].total_steps:
+                state.active = False  # its budget is spent
+        return out
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- collect, estimate, update ----------------------------------------------------------
+
+    def _collect(self, active: list[int]) -> dict[int, list[Episode]]:
+        shared, per = self.shared, self.envs_per_member
+        remaining = max(
+            -(-(self.configs[i].total_steps - self._members[i].env_steps) // per) for i in active
+        )
+        steps = min(shared.rollout_steps, max(remaining, 1))
+        rollout = self._batch = self._rollout.head(steps)
+        obs, rng = self._obs, self._rng
+        members = self.size
+        episodes: dict[int, list[Episode]] = {i: [] for i in active}
+        live = np.zeros(members, bool)
+        live[active] = True
+        live_columns = np.repeat(live, per)
+        with torch.inference_mode():
+            for t in range(steps):
+                rollout.observations[t] = obs
+                valid = ~self._reset_next
+                rollout.valid[t] = valid & live_columns
+                out = self.actor(torch.from_numpy(obs).view(members, per, -1))
+                actions = self._sample(out.reshape(members * per, -1).numpy(), rng)
+                rollout.actions[t] = actions
+                env_actions = actions if self._bounds is None else np.clip(actions, *self._bounds)
+                obs, rewards, terminated, truncated, _ = self.env.step(env_actions)
+                rollout.rewards[t] = rewards
+                rollout.terminated[t] = terminated
+                rollout.truncated[t] = truncated
+                self._returns += rewards
+                self._lengths += valid
+                self._reset_next = terminated | truncated
+                if self._reset_next.any():
+                    self._finish_episodes(t, episodes, live_columns)
+        rollout.observations[-1] = obs
+        self._obs = obs
+        counted = rollout.valid.reshape(steps, members, per).sum(axis=(0, 2))
+        for i in active:
+            self._members[i].env_steps += int(counted[i])
+        return episodes
+
+    def _sample(self, out: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self.discrete:
+            return (out + rng.gumbel(size=out.shape)).argmax(axis=1)
+        std = np.exp(self.log_std.detach().numpy())  # [M, A]
+        std = np.repeat(std, self.envs_per_member, axis=0)
+        return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
+
+    def _finish_episodes(self, t: int, episodes: dict, live_columns: np.ndarray) -> None:
+        per = self.envs_per_member
+        for column in np.flatnonzero(self._reset_next):
+            member = column // per
+            if live_columns[column]:
+                block = self._batch.valid[: t + 1, member * per : (member + 1) * per]
+                at_step = self._members[member].env_steps + int(block.sum())
+                returned, length = float(self._returns[column]), int(self._lengths[column])
+                episodes[member].append(Episode(at_step, returned, length))
+            self._returns[column] = 0.0
+            self._lengths[column] = 0
+
+    def _by_member(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows)."""
+        steps, members, per = x.shape[0], self.size, self.envs_per_member
+        x = x.reshape(steps, members, per, *x.shape[2:]).transpose(0, 1)
+        return x.reshape(members, steps * per, *x.shape[3:])
+
+    def _estimate(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE advantages and the critic's targets ``[M, T·E]`` from the critic's values of
+        all T+1 observations (``[M, (T+1)·E]``, detached), with each column's γ and λ."""
+        rollout = self._batch
+        steps = rollout.rewards.shape[0]
+        members, per = self.size, self.envs_per_member
+        values = values.reshape(members, steps + 1, per).transpose(0, 1)
+        values = values.reshape(steps + 1, members * per)
+        inputs = (
+            torch.from_numpy(rollout.rewards),
+            values[:-1],
+            values[1:],
+            torch.from_numpy(rollout.terminated),
+            torch.from_numpy(rollout.truncated),
+        )
+        advantages = gae(*inputs, gamma=self._gamma, lambda_=self._lambda)
+        same = np.array_equal(self._target_lambda, self._lambda)
+        critic = (
+            advantages if same else gae(*inputs, gamma=self._gamma, lambda_=self._target_lambda)
+        )
+        return self._by_member(advantages), self._by_member(critic + values[:-1])
+
+    def _update(self, active: list[int]) -> dict[int, dict[str, float]]:
+        shared = self.shared
+        metrics: dict[int, dict[str, float]] = {i: {} for i in active}
+        rollout = self._batch
+        rows = rollout.rewards.size // self.size  # T·E per member
+        # One critic pass over all T+1 observations: its detached values feed GAE, the first
+        # T·E rows (member-major, time-major within) the value loss.
+        observations = self._by_member(torch.from_numpy(rollout.observations))
+        all_values = self.critic(observations).squeeze(-1)
+        detached = all_values.detach()
+        finite_values = torch.isfinite(detached).all(1)
+        blown = [i for i in active if not finite_values[i] and self._members[i].error is None]
+        self._fail(blown, "critic values")
+        # a blown-up member's columns enter GAE as zeros: its results are never used
+        advantages, returns = self._estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
+        values, observations = all_values[:, :rows], observations[:, :rows]
+        mask = self._by_member(torch.from_numpy(rollout.valid)).to(advantages.dtype)  # [M, R]
+        counts = mask.sum(1)
+        learning = (counts > 0) & torch.tensor([m.active for m in self._members]) & finite_values
+        safe = counts.clamp(min=1.0)
+
+        def mean(x: torch.Tensor) -> torch.Tensor:  # per member, over its valid rows
+            return (x * mask).sum(1) / safe
+
+        raw_mean = mean(advantages)
+        raw_std = mean((advantages - raw_mean[:, None]).square()).sqrt()
+        used = advantages
+        if shared.normalize_advantages:
+            standardise = (counts > 1)[:, None]
+            used = torch.where(
+                standardise, (advantages - raw_mean[:, None]) / (raw_std[:, None] + 1e-8), used
+            )
+        actions = self._by_member(torch.from_numpy(rollout.actions))
+        log_probs, entropy = self._log_probs_and_entropy(observations, actions)
+        policy = -mean(used * log_probs)
+        value = mean((returns - values).square())
+        entropy = mean(entropy)
+        per_member = policy + self._value_coef * value - self._entropy_coef * entropy
+        finite = torch.isfinite(per_member.detach())
+        self._fail([i for i in active if learning[i] and not finite[i]], "loss")
+        learning &= finite
+        self.optimizer.zero_grad()
+        if bool(learning.any()):
+            torch.where(learning, per_member, torch.zeros_like(per_member)).sum().backward()
+            norms = self._clip_gradients(learning)
+        else:
+            norms = torch.zeros(self.size)
+        self.optimizer.learning_rate = self._learning_rate(active)
+        if bool(learning.any()):
+            self.optimizer.step()
+        ev = self._explained_variance(values.detach(), returns, mask)
+        columns = (policy, value, entropy, raw_mean, raw_std, norms, ev)
+        table = torch.stack([c.detach().double() for c in columns]).tolist()
+        keys = (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.ADVANTAGE_MEAN, M.ADVANTAGE_STD,
+                M.GRAD_NORM, M.EXPLAINED_VARIANCE)  # fmt: skip
+        for i in active:
+            if bool(learning[i]):
+                row = {metric.key: table[k][i] for k, metric in enumerate(keys)}
+            else:
+                row = dict.fromkeys((m.key for m in M.UPDATE), 0.0)
+            row[M.LEARNING_RATE.key] = self.optimizer.learning_rate
+            metrics[i] = row
+        return metrics
+
+    def _log_probs_and_entropy(
+        self, observations: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.actor(observations)  # [M, R, A]
+        if self.discrete:
+            log_p = F.log_softmax(out, dim=-1)
+            log_probs = log_p.gather(2, actions.long().unsqueeze(2)).squeeze(2)
+            return log_probs, -(log_p.exp() * log_p).sum(-1)
+        log_std = self.log_std[:, None, :]  # [M, 1, A]
+        z = (actions - out) / log_std.exp()
+        log_probs = (-0.5 * z.square() - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2.0 * math.pi) + log_std).sum(-1).expand(out.shape[:2])
+        return log_probs, entropy
+
+    def _clip_gradients(self, learning: torch.Tensor) -> torch.Tensor:
+        """Clip each member's global gradient norm to its ``max_grad_norm`` (as
+        ``torch.nn.utils.clip_grad_norm_`` does for one network); returns the norms before
+        clipping. A member whose norm is not finite is deactivated."""
+        grads = [p.grad.reshape(self.size, -1) for p in self.params if p.grad is not None]
+        norms = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, dim=1) for g in grads], dim=1), dim=1
+        )  # [M], in the gradients' dtype, as clip_grad_norm_ computes it
+        finite = torch.isfinite(norms)
+        self._fail([i for i in range(self.size) if learning[i] and not finite[i]], "gradient")
+        coef = (self._max_norm / (norms + 1e-6)).clamp(max=1.0)
+        idle = ~(finite & learning)  # not learning this update: its slice takes no step
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.mul_(coef.to(p.grad.dtype).view(self.size, *([1] * (p.grad.dim() - 1))))
+                p.grad[idle] = 0.0  # (0 × NaN is NaN: a blown-up member's slice is zeroed)
+        return norms
+
+    def _fail(self, members: list[int], what: str) -> None:
+        for i in members:
+            state = self._members[i]
+            state.active = False
+            state.error = (
+                f"{TrainingDiverged.__name__}: {what} became non-finite at update {self.updates}"
+            )
+
+    def _learning_rate(self, active: list[int]) -> float:
+        shared = self.shared
+        if shared.lr_schedule == "constant":
+            return shared.learning_rate
+        progress = np.mean(
+            [min(1.0, self._members[i].steps_before_update / shared.total_steps) for i in active]
+        )
+        return shared.learning_rate * (1.0 - float(progress))
+
+    def _explained_variance(
+        self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        safe = mask.sum(1).clamp(min=1.0)
+
+        def variance(x: torch.Tensor) -> torch.Tensor:
+            mean = (x * mask).sum(1) / safe
+            return ((x - mean[:, None]).square() * mask).sum(1) / safe
+
+        spread = variance(returns)
+        ev = 1.0 - variance(returns - values) / torch.where(spread > 0, spread, 1.0)
+        return torch.where(spread > 0, ev, torch.zeros_like(ev))
+
+    # -- one member, for checkpoints, evaluations and recordings ------------------------------
+
+    def model_of(self, index: int) -> ActorCritic:
+        """Member ``index``'s networks as a standalone :class:`ActorCritic` (a copy)."""
+        config = self.configs[index]
+        space = self.env.single_action_space
+        model = ActorCritic(
+            self.env.single_observation_space, space, config.hidden_sizes, 0, config.log_std_init
+        )
+        self.actor.copy_into(model.actor, index)
+        self.critic.copy_into(model.critic, index)
+        if self.log_std is not None:
+            with torch.no_grad():
+                model.log_std.copy_(self.log_std[index])
+        return model.eval()
+
+
+class Member:
+    """One member of a :class:`PopulationTrainer`, seen as a single run (the part of
+    :class:`~gae_core.runs.execute.TrainerLike` that is about one run)."""
+
+    def __init__(self, population: PopulationTrainer, index: int) -> None:
+        self.population, self.index = population, index
+        self.config = population.configs[index]
+        self._state = population._members[index]
+
+    @property
+    def env_steps(self) -> int:
+        return self._state.env_steps
+
+    @property
+    def done(self) -> bool:
+        return self._state.env_steps >= self.config.total_steps
+
+    @property
+    def error(self) -> str | None:
+        """Why the member stopped learning, if it blew up (its run ends ``failed``)."""
+        return self._state.error
+
+    def _crossed(self, every: int) -> bool:
+        state = self._state
+        return every > 0 and state.env_steps // every > state.steps_before_update // every
+
+    def checkpoint_due(self) -> bool:
+        return self._crossed(self.config.checkpoint_every)
+
+    def evaluation_due(self) -> bool:
+        return self._crossed(self.config.eval_every)
+
+    def checkpoint_bytes(self) -> bytes:
+        return checkpoint_bytes(self.population.model_of(self.index), {})
+
+    def evaluate(self, episodes: int, seed: int) -> list[float]:
+        replay = Replay(self.population.model_of(self.index))
+        return evaluate_replay(replay, self.config.env_id, episodes, seed)
+
+    def record(self, episodes: int, seed: int) -> list[Trajectory]:
+        replay = Replay(self.population.model_of(self.index))
+        return record_replay(replay, self.config.env_id, episodes, seed)

@@ -1,0 +1,173 @@
+"""The run loop of a population: :func:`execute_run`'s bookkeeping for each member of a
+:class:`~gae_core.agent.population.PopulationTrainer`, each member still its own run.
+
+Every member has its own sink, stop event, metric buffer, return tracker, evaluations and
+checkpoints, exactly as :func:`~gae_core.runs.execute.execute_run` keeps them for one run; only
+the stepping is shared. A member that is stopped, deleted or blows up ends on its own (the
+others go on); an exception in the population itself (its env, its process) fails every member
+that had not ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+
+from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.envs import reward_threshold
+from gae_core.agent.population import Member, PopulationTrainer
+from gae_core.agent.trainer import StepResult
+from gae_core.outcome import ReturnTracker
+from gae_core.runs.execute import (
+    RunDeleted,
+    RunOutcome,
+    RunSink,
+    _Buffer,
+    _evaluate,
+    _flush_quietly,
+    _save_checkpoint,
+)
+
+__all__ = ["execute_population"]
+
+log = logging.getLogger(__name__)
+
+
+class _Book:
+    """One member's run: what :func:`~gae_core.runs.execute.execute_run` keeps for a run."""
+
+    def __init__(self, sink: RunSink, run_id: str, config: TrainConfig, stop, flush_s: float):
+        self.sink, self.run_id, self.config, self.stop = sink, run_id, config, stop
+        self.tracker = ReturnTracker(reward_threshold(config.env_id))
+        self.buffer = _Buffer(flush_s)
+        self.env_steps = 0
+        self.last_checkpoint = self.last_evaluation = -1
+        self.episode_flushed = False
+        self.status: str | None = None  # set once the run has ended
+        self.error: str | None = None
+
+    def flush(self) -> bool:
+        return self.sink.flush(self.buffer.take(), self.env_steps, self.tracker.summary())
+
+    def record(self, member: Member, result: StepResult, wall: float) -> None:
+        """The bookkeeping after one update (:func:`execute_run`'s loop body)."""
+        self.env_steps = env_steps = int(result.env_steps)
+        rows = self.buffer.rows
+        for key, value in result.metrics.items():
+            rows.append((key, env_steps, wall, float(value)))
+        for episode in result.episodes:
+            step = int(episode.env_step)
+            rows.append((M.EPISODIC_RETURN.key, step, wall, float(episode.return_)))
+            rows.append((M.EPISODIC_LENGTH.key, step, wall, float(episode.length)))
+            self.tracker.add(step, float(episode.return_))
+        if member.evaluation_due():
+            _evaluate(self.buffer, member, self.config, env_steps, wall)
+            self.last_evaluation = env_steps
+        if member.checkpoint_due():
+            if self.flush():  # metrics first: a checkpoint is never ahead of the curve
+                self.stop.set()
+            _save_checkpoint(self.sink, member, self.config)
+            self.last_checkpoint = env_steps
+        first_episode = bool(result.episodes) and not self.episode_flushed
+        if (self.buffer.due() or first_episode) and self.flush():
+            self.stop.set()
+        self.episode_flushed = self.episode_flushed or first_episode
+
+    def close(self, member: Member, status: str, error: str | None, started: float) -> None:
+        """End the run: the last evaluation and checkpoint of a finished run, the last
+        flush, then its status (``execute_run``'s ending)."""
+        self.status, self.error = status, error
+        try:
+            self.env_steps = member.env_steps
+            if status == "failed":
+                _flush_quietly(self.flush, self.run_id)
+            else:
+                if status == "finished" and self.config.eval_every > 0:
+                    if self.last_evaluation != self.env_steps:
+                        wall = time.monotonic() - started
+                        _evaluate(self.buffer, member, self.config, self.env_steps, wall)
+                self.flush()
+                if self.last_checkpoint != self.env_steps and self.env_steps > 0:
+                    _save_checkpoint(self.sink, member, self.config)
+        except RunDeleted:
+            self.status = "deleted"
+        if self.status != "deleted":
+            self.sink.finish(self.status, self.error)
+
+
+def execute_population(
+    sinks: Sequence[RunSink],
+    run_ids: Sequence[str],
+    configs: Sequence[TrainConfig],
+    stop_events: Sequence[threading.Event],
+    *,
+    flush_interval: float = 1.0,
+) -> list[RunOutcome]:
+    """Train the queued runs ``run_ids`` as one population (their configs must be able to share
+    one: :func:`~gae_core.agent.population.population_key`); never raises for a training
+    failure. Each run ends as :func:`~gae_core.runs.execute.execute_run` would end it alone."""
+    started = time.monotonic()
+    books = [
+        _Book(sink, run_id, config, stop, flush_interval)
+        for sink, run_id, config, stop in zip(sinks, run_ids, configs, stop_events, strict=True)
+    ]
+    claimed = [book for book in books if book.sink.claim()]
+    for book in books:
+        if book not in claimed:
+            book.status = "skipped"
+    population: PopulationTrainer | None = None
+    try:
+        if claimed:
+            population = PopulationTrainer([book.config for book in claimed])
+            members = [population.member(i) for i in range(len(claimed))]
+            _train(population, members, claimed, started)
+    except Exception:
+        error = traceback.format_exc()
+        log.warning("population of %s failed: %s", [b.run_id for b in claimed], error)
+        for book in claimed:
+            if book.status is None:
+                book.status, book.error = "failed", error
+                _flush_quietly(book.flush, book.run_id)
+                book.sink.finish("failed", error)
+    finally:
+        if population is not None:
+            population.close()
+    wall = time.monotonic() - started
+    return [
+        RunOutcome(book.run_id, book.status or "failed", book.env_steps, wall, book.error)
+        for book in books
+    ]
+
+
+def _train(population: PopulationTrainer, members: list[Member], books: list[_Book], started):
+    while True:
+        for i, (member, book) in enumerate(zip(members, books, strict=True)):
+            if book.status is None and book.stop.is_set():
+                population.deactivate(i)
+                book.close(member, "finished" if member.done else "stopped", None, started)
+        if population.done:
+            break
+        results = population.step()
+        wall = time.monotonic() - started
+        for i, (member, book) in enumerate(zip(members, books, strict=True)):
+            if book.status is not None:
+                continue
+            try:
+                if member.error is not None:
+                    book.close(member, "failed", member.error, started)
+                    continue
+                if i in results:
+                    book.record(member, results[i], wall)
+                if member.done and not book.stop.is_set():
+                    population.deactivate(i)
+                    book.close(member, "finished", None, started)
+            except RunDeleted:
+                population.deactivate(i)
+                book.status = "deleted"
+    for member, book in zip(members, books, strict=True):
+        if book.status is None:  # deactivated without an end (cannot happen; be safe)
+            book.close(member, "finished" if member.done else "stopped", None, started)
