@@ -42,7 +42,8 @@ class Optimizer:
             # v ← αv + (1−α)g²;  θ ← θ − lr·g / (√v + ε)
             torch._foreach_mul_(second, self.alpha)
             torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.alpha)
-            denominators = torch._foreach_add(torch._foreach_sqrt(second), self.eps)
+            denominators = torch._foreach_sqrt(second)
+            torch._foreach_add_(denominators, self.eps)
             torch._foreach_addcdiv_(params, grads, denominators, value=-self.learning_rate)
             return
         # Adam: m ← β1·m + (1−β1)g;  v ← β2·v + (1−β2)g²;

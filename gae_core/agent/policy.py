@@ -148,6 +148,15 @@ class StackedMLP:
                 x = torch.tanh(x)
         return x
 
+    def select(self, members: Sequence[int]) -> StackedMLP:
+        """A detached copy of the given members' networks, in that order."""
+        chosen = object.__new__(StackedMLP)
+        index = torch.as_tensor(list(members))
+        with torch.no_grad():
+            chosen.weights = [w[index] for w in self.weights]
+            chosen.biases = [b[index] for b in self.biases]
+        return chosen
+
     def copy_into(self, net: nn.Sequential, member: int) -> None:
         linears = [m for m in net if isinstance(m, nn.Linear)]
         with torch.no_grad():

@@ -373,10 +373,12 @@ class PopulationTrainer:
         self._fail([i for i in range(self.size) if learning[i] and not finite[i]], "gradient")
         coef = (self._max_norm / (norms + 1e-6)).clamp(max=1.0)
         idle = ~(finite & learning)  # not learning this update: its slice takes no step
+        any_idle = bool(idle.any())
         for p in self.params:
             if p.grad is not None:
                 p.grad.mul_(coef.to(p.grad.dtype).view(self.size, *([1] * (p.grad.dim() - 1))))
-                p.grad[idle] = 0.0  # (0 × NaN is NaN: a blown-up member's slice is zeroed)
+                if any_idle:
+                    p.grad[idle] = 0.0  # (0 × NaN is NaN: a blown-up member's slice is zeroed)
         return norms
 
     def _fail(self, members: list[int], what: str) -> None:
@@ -409,7 +411,39 @@ class PopulationTrainer:
         ev = 1.0 - variance(returns - values) / torch.where(spread > 0, spread, 1.0)
         return torch.where(spread > 0, ev, torch.zeros_like(ev))
 
-    # -- one member, for checkpoints, evaluations and recordings ------------------------------
+    # -- evaluations, checkpoints, recordings ------------------------------------------------
+
+    def evaluate_members(
+        self, members: Sequence[int], episodes: int, seed: int
+    ) -> dict[int, list[float]]:
+        """Deterministic evaluations (argmax / mean actions) of several members at once:
+        ``episodes`` episodes each, in one vector env of ``len(members) · episodes`` sub-envs
+        reset with ``seed``, one stacked forward pass per step. A member's episodes start from
+        other states than its evaluation alone would (same distribution): the price of
+        evaluating 35 members in about the time of one."""
+        if not members:
+            return {}
+        count = len(members)
+        actor = self.actor.select(members)
+        env = make_vector_env(self.shared.env_id, count * episodes)
+        try:
+            obs, _ = env.reset(seed=seed)
+            returns = np.zeros(count * episodes)
+            running = np.ones(count * episodes, bool)
+            with torch.inference_mode():
+                while running.any():
+                    out = actor(torch.from_numpy(obs).view(count, episodes, -1))
+                    out = out.reshape(count * episodes, -1).numpy()
+                    actions = out.argmax(axis=1) if self.discrete else out.astype(np.float32)
+                    if self._bounds is not None:
+                        actions = np.clip(actions, *self._bounds)
+                    obs, rewards, terminated, truncated, _ = env.step(actions)
+                    returns += np.where(running, rewards, 0.0)
+                    running &= ~(terminated | truncated)
+        finally:
+            env.close()
+        by_member = returns.reshape(count, episodes)
+        return {m: by_member[k].tolist() for k, m in enumerate(members)}
 
     def model_of(self, index: int) -> ActorCritic:
         """Member ``index``'s networks as a standalone :class:`ActorCritic` (a copy)."""
