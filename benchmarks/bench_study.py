@@ -2,11 +2,14 @@
 
     python benchmarks/bench_study.py [--seeds 0-9] [--lambdas ...] [--total-steps 200000]
                                      [--modes single population ray] [--workers 2]
+                                     [--config preset|field-defaults]
 
 CartPole-v1 from its preset, as the compare page and ``sweep`` launch it (8 envs × 5 steps,
 RMSprop 7e-4, the critic's target held fixed, an evaluation every 25k steps and a checkpoint
 with 2 recorded episodes every 50k), 7 λ × 10 seeds × 200k env steps by default, each mode in a
-fresh data folder:
+fresh data folder. ``--config field-defaults`` runs the study the issue first timed (168 s on 2
+workers then): ``TrainConfig``'s field defaults, 16 envs × 64 steps with Adam 5e-3, no
+checkpoints.
 
 * ``single``: the local process pool before populations, one trial per worker process at a
   time (``--population 1``);
@@ -35,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gae_core.agent.config import TrainConfig
 from gae_core.agent.presets import preset_config
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
 from gae_core.runs.store import RunStore
@@ -80,16 +84,20 @@ def main() -> int:
     parser.add_argument("--total-steps", type=int, default=200_000, help="per trial")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--config", choices=["preset", "field-defaults"], default="preset")
     args = parser.parse_args()
 
     grid = grid_of(lambdas=args.lambdas, seeds=args.seeds)
-    preset = dataclasses.replace(preset_config("CartPole-v1"), total_steps=args.total_steps)
-    base = hold_critic_target(preset, grid)
+    if args.config == "preset":
+        preset = dataclasses.replace(preset_config("CartPole-v1"), total_steps=args.total_steps)
+        base = hold_critic_target(preset, grid)
+    else:
+        base = TrainConfig(total_steps=args.total_steps, checkpoint_every=0, record_episodes=0)
     trials = len(args.lambdas) * len(args.seeds)
     full = trials == 70 and args.total_steps == 200_000
     print(
         f"study: {len(args.lambdas)} λ × {len(args.seeds)} seeds = {trials} trials of "
-        f"{args.total_steps:,} env steps ({base.env_id} preset: num_envs={base.num_envs}, "
+        f"{args.total_steps:,} env steps ({base.env_id} {args.config}: num_envs={base.num_envs}, "
         f"rollout_steps={base.rollout_steps}, {base.optimizer} {base.learning_rate:g}, eval every "
         f"{base.eval_every:,}, checkpoint every {base.checkpoint_every:,}), {args.workers} "
         f"workers, {os.cpu_count()} CPUs",
@@ -114,7 +122,8 @@ def main() -> int:
         print(f"{mode:>10}: {wall:9.3f} s wall, {steps / wall:10,.0f} env steps/s aggregate, "
               f"{solved}/{len(finals)} final ≥ 475  {ratio}{verdict}", flush=True)  # fmt: skip
         row = {
-            "mode": mode, "wall_s": wall, "env_steps": steps, "trials": trials,
+            "mode": mode, "config": args.config, "wall_s": wall, "env_steps": steps,
+            "trials": trials,
             "total_steps": args.total_steps, "workers": args.workers, "cpus": os.cpu_count(),
             "final_returns": finals, "date": time.strftime("%Y-%m-%d %H:%M"),
         }  # fmt: skip

@@ -45,14 +45,15 @@ def label(name: str) -> str:
 
 
 def format_value(value: Any) -> str:
-    """A config value as people read it: ``0.95``, ``500,000``, ``64x64``, ``True``."""
+    """A value as people read it: ``0.95``, ``500,000``, ``-1,234.5``, ``64x64``, ``True``
+    (six significant digits, thousands separated)."""
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, numbers.Integral):
         return f"{int(value):,}"
     if isinstance(value, numbers.Real):
         value = float(value)
-        return f"{value:.6g}" if math.isfinite(value) else str(value)
+        return f"{value:,.6g}" if math.isfinite(value) else str(value)
     if isinstance(value, tuple | list):
         return "x".join(format_value(v).replace(",", "") for v in value)
     return str(value)

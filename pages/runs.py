@@ -59,7 +59,7 @@ def runs_view() -> None:
     table_key = "runs.table." + hashlib.sha1("\n".join(shown_ids).encode()).hexdigest()[:16]
     on_screen = [
         "name", "run_id", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
-        "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds",
+        "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds", "error",
     ]  # fmt: skip
     selection = st.dataframe(
         shown,
@@ -86,6 +86,9 @@ def runs_view() -> None:
             ),
             "started_at": st.column_config.TextColumn(label("started_at")),
             "wall_seconds": st.column_config.NumberColumn(label("wall_seconds"), format="%.1f"),
+            "error": st.column_config.TextColumn(
+                label("error"), help="why a run failed, or what is wrong with its stored row"
+            ),
         },
     )
 

@@ -260,3 +260,26 @@ def app(page: str | None = None):
         at.switch_page(page).run()
     assert not at.exception, at.exception
     return at
+
+
+@contextlib.contextmanager
+def read_only_folder(folder: Path):
+    """Make ``folder`` refuse new files, also for root: chattr +i where we are root (root
+    ignores permission bits), chmod otherwise."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+        if done.returncode != 0:
+            message = f"cannot make {folder} immutable: {done.stderr.strip()}"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(message)
+            pytest.skip(message)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)

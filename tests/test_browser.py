@@ -363,6 +363,10 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     print(f"live refresh: {TIMINGS['live_refresh']} (target: every ≤ 2 s)")
     assert len(text_times) >= 1, samples  # loose: the fragment refreshed at all
     assert max(last_steps) > min(last_steps), "the return chart did not grow while training"
+    # the chart never blanks out while it refreshes: every sample (every 50 ms, a sample kept
+    # whenever something changed) found it, with points
+    blank = [s for s in samples if not s[2] or not s[2][0]]
+    assert blank == [], blank
 
     # Click latency: the x-axis radio, from the click event (its timeStamp is when the input
     # arrived, so the main thread's input delay counts) to the return chart's new x-axis

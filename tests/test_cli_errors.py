@@ -4,7 +4,6 @@ traceback) and loses nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_FLAGS, cli, cli_env
+from conftest import TINY_FLAGS, cli, cli_env, read_only_folder
 
 from gae_core.runs.store import DB_FILENAME, RunStore
 from gae_core.runs.table import RUN_COLUMNS
@@ -173,29 +172,6 @@ def test_a_damaged_database_is_refused_for_writing_and_left_untouched(tmp_path):
     line = one_line_error(done)
     assert str(path) in line and "damaged" in line and "refusing to write" in line
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-
-
-@contextlib.contextmanager
-def read_only_folder(folder: Path):
-    """Make ``folder`` refuse new files, also for root: chattr +i where we are root (root
-    ignores permission bits), chmod otherwise."""
-    if os.geteuid() == 0:
-        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
-        if done.returncode != 0:
-            message = f"cannot make {folder} immutable: {done.stderr.strip()}"
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(message)
-            pytest.skip(message)
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", str(folder)], check=True)
-    else:
-        folder.chmod(0o555)
-        try:
-            yield
-        finally:
-            folder.chmod(0o755)
 
 
 def test_read_only_folder_still_lists_and_exports(tmp_path):

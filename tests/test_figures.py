@@ -63,6 +63,11 @@ def test_overlay_has_one_trace_per_run():
     )
     assert [trace.name for trace in figure.data] == ["a", "b"]
     assert frame.groupby("run").size().to_dict() == {"a": 10, "b": 20}
+    # every run its own colour, however many are overlaid
+    many = {f"run {i}": long_metrics(5) for i in range(len(figures.RUN_COLORS))}
+    figure, _ = figures.overlay_figure(many, M.EPISODIC_RETURN.key)
+    colours = [trace.line.color for trace in figure.data]
+    assert len(set(colours)) == len(colours) == len(figures.RUN_COLORS)
 
 
 def test_explorer_figure_marks_each_boundary_kind():
@@ -90,6 +95,10 @@ def test_explorer_figure_marks_each_boundary_kind():
     assert "gae[lambda=0.95]" in frame and "k_step[k=3]" in frame and "delta" in frame
     names = [trace.name for trace in figure.data]
     assert "GAE λ = 0.95" in names and "Â^(3)" in names and "δ_t" in names
+    # the CSV says at which γ and λ it was computed, at the precision used
+    _, frame = figures.explorer_figure(table, gamma=0.99731, lambda_=0.37)
+    assert (frame["gamma"] == 0.99731).all() and (frame["lambda_"] == 0.37).all()
+    assert list(frame.columns[:3]) == ["t", "gamma", "lambda_"]
 
 
 def test_each_estimator_keeps_its_colour_whatever_else_is_shown():

@@ -139,3 +139,14 @@ def test_progress_never_passes_100_percent():
     fraction, eta = views.progress(over, now=10.0)
     assert fraction == 1.0 and eta == 0.0
     assert views.progress(_run())[0] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(0.95, "0.95"), (500_000.0, "500,000"), (-1234.56, "-1,234.56"), (12_345.678, "12,345.7"),
+     (0.0007, "0.0007"), (3, "3"), (1_000_000, "1,000,000"), ((64, 64), "64x64"), (True, "True")],
+)  # fmt: skip
+def test_values_read_with_sensible_precision_and_thousands_separators(value, shown):
+    from gae_core.labels import format_value
+
+    assert format_value(value) == shown

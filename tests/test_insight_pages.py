@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 
 import numpy as np
@@ -75,6 +76,24 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
     assert len(at.get("plotly_chart")) == 3  # main plot, heat map, weights
 
 
+def test_explorer_draws_each_estimator_once_and_keeps_chips_sorted(recorded_run):
+    """By default δ is drawn once: Â^(1) and GAE λ = 0 are δ itself, so neither is on by
+    default; pinned λ and k chips stay in value order (the order of the lines' colours)."""
+    at = app("pages/explorer.py")
+    chart = next(c for c in at.get("plotly_chart") if "Advantage estimates" in c.proto.spec)
+    names = [d.get("name") for d in json.loads(chart.proto.spec)["data"]]
+    assert names.count("δ_t") == 1 and "Â^(1)" not in names and "GAE λ = 0" not in names
+    assert at.multiselect(key="ex.pinned").value == [1.0]
+    assert at.multiselect(key="ex.ks").value == [10]
+    at.multiselect(key="ex.pinned").set_value([0.9, 0.3, 1.0]).run()
+    at.multiselect(key="ex.ks").set_value([50, 2]).run()
+    assert at.multiselect(key="ex.pinned").value == [0.3, 0.9, 1.0]
+    assert at.multiselect(key="ex.ks").value == [2, 50]
+    # γ is shown at the precision it is used
+    at.number_input(key="ex.gamma").set_value(0.99731).run()
+    assert at.number_input(key="ex.gamma").value == 0.99731 and not at.exception
+
+
 def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     """The page draws the seed-7 episode of the chosen policy, and V(s_t) of the chosen critic:
     the early checkpoint's values, not the policy's own."""
@@ -142,6 +161,10 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     at = app("pages/compare.py")
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
     assert at.number_input(key="cmp.seeds").value == 10  # a new study defaults to 10 seeds
+    # the three study knobs explain themselves
+    assert "in [0, 1]" in at.text_input(key="cmp.lambdas").help
+    assert "about 10 seeds" in at.number_input(key="cmp.seeds").help
+    assert "retried once" in at.number_input(key="cmp.workers").help
     at.text_input(key="cmp.lambdas").set_value("0.5, 0.5, 1").run()
     assert "λ values: 0.5 given twice" in at.error[0].value  # duplicates reported
     at.text_input(key="cmp.lambdas").set_value("0.5, 1.5").run()
@@ -168,6 +191,11 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert not at.exception
     assert at.segmented_control(key="cmp.view").value == "Compare"
     assert at.selectbox(key="cmp.sweep_pick").value == sweep_id
+    # sweeps are listed by name, env and date, not by id alone
+    (listed,) = at.selectbox(key="cmp.sweep_pick").options
+    name, env, when = listed.split(" · ")
+    assert name == store.get_sweep(sweep_id).name and env == "CartPole-v1"
+    assert dt.datetime.strptime(when, "%Y-%m-%d %H:%M")
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert sum(trace.get("fill") == "tonexty" for trace in spec["data"]) == 2
     assert "IQM across seeds, 95 % percentile-bootstrap band" in spec["layout"]["title"]["text"]

@@ -263,6 +263,8 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
     for row in report["lambdas"] + report["ks"]:
         assert set(row) >= {"bias2", "variance", "mse", "ci_low", "ci_high"}
         assert row["ci_low"] <= row["mse"] <= row["ci_high"]
+        assert row["bias2_ci_low"] <= row["bias2"] <= row["bias2_ci_high"]
+        assert row["variance_ci_low"] <= row["variance"] <= row["variance_ci_high"]
         assert row["mse"] == pytest.approx(row["bias2"] + row["variance"])
     assert report["critic_step"] == steps[0] and report["policy_step"] == steps[-1]
     with RunStore(tmp_path) as store:  # kept with the run, for the page and after a restart
@@ -270,6 +272,14 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
         assert record.id == report["result_id"] and record.critic_step == steps[0]
         stored = store.load_lab_result(record.id)
         assert stored["estimators"]["mse"][-1] == pytest.approx(report["lambdas"][-1]["mse"])
+    # two critics: the first one's figures on top, both under "critics"
+    both = cli("lab", run_id, *small, "--critic-step", str(steps[0]), "--critic-step",
+               str(steps[-1]), "--json", "--no-progress")  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    pair = json.loads(both.stdout.splitlines()[-1])
+    assert [c["critic_step"] for c in pair["critics"]] == [steps[0], steps[-1]]
+    assert pair["critic_step"] == steps[0] and pair["lambdas"] == pair["critics"][0]["lambdas"]
+    assert pair["ks"] and pair["critics"][1]["lambdas"] != pair["lambdas"]
     bad = cli("lab", run_id, "--states", "0")
     assert bad.returncode == 2 and "states must be an integer in [1, 4096], got 0" in bad.stderr
     wrong = cli("lab", run_id, "--policy-step", "123")

@@ -5,9 +5,14 @@ AppTest never fires ``run_every``: the tests call ``run()`` again to refresh a f
 
 from __future__ import annotations
 
-from conftest import TINY, app, trajectory_steps, wait_until
+import contextlib
+import sqlite3
+
+import pytest
+from conftest import TINY, app, read_only_folder, trajectory_steps, wait_until
 from streamlit.testing.v1 import AppTest
 
+from gae_core import metrics as M
 from gae_core.inert import markdown_text
 from gae_core.runs.store import RunStore
 from pages import _ui
@@ -141,6 +146,21 @@ def test_runs_selection_follows_run_ids_when_another_process_adds_a_run(data_dir
     assert at.text_input(key=f"runs.name.{older}").value == "older run"  # rename acts on the id
 
 
+def test_overlaying_runs_of_different_envs_warns(data_dir):
+    store = RunStore(data_dir)
+    for env_id in ("CartPole-v1", "Acrobot-v1"):
+        run_id = store.create_run({"env_id": env_id, "total_steps": 10}, name=env_id)
+        store.flush(run_id, [(M.EPISODIC_RETURN.key, 1, 0.0, 1.0)], env_steps=1)
+        store.finish_run(run_id, "stopped")
+    at = app("pages/runs.py")
+    at.session_state[_table_key(at)] = {"selection": {"rows": [0, 1], "columns": [], "cells": []}}
+    at.run()
+    assert not at.exception
+    warning = next(w.value for w in at.warning if "different environments" in w.value)
+    assert "Acrobot-v1" in warning and "CartPole-v1" in warning
+    assert len(at.get("plotly_chart")) == 1  # one overlay chart, one trace per run
+
+
 def test_a_run_name_renders_as_text_in_the_header(data_dir):
     evil = "**bold** [x](javascript:alert(1)) ![i](http://e/x.png) <b>h</b> :red[r] $x^2$"
     store = RunStore(data_dir)
@@ -153,23 +173,86 @@ def test_a_run_name_renders_as_text_in_the_header(data_dir):
     assert markdown_text(evil) in header  # every markdown character escaped: shown as typed
 
 
-def test_an_unusable_store_gets_one_message_naming_the_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("broken", "words"),
+    [
+        ("garbage file", "not a database"),
+        ("data folder is a file", "is a file, not a folder"),
+        ("read-only folder", "is read-only"),
+    ],
+)
+def test_an_unusable_store_gets_one_message_naming_the_path(tmp_path, monkeypatch, broken, words):
     import streamlit as st
 
-    (tmp_path / "runs.sqlite3").write_bytes(b"garbage" * 500)
-    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path))
+    folder = tmp_path / "data"
+    if broken == "garbage file":
+        folder.mkdir()
+        (folder / "runs.sqlite3").write_bytes(b"garbage" * 500)
+        named = folder / "runs.sqlite3"
+    elif broken == "data folder is a file":
+        folder.write_text("not a folder")
+        named = folder
+    else:
+        RunStore(folder).close()
+        named = folder
+    monkeypatch.setenv("GAE_CORE_DATA", str(folder))
     st.cache_resource.clear()
+    guard = read_only_folder(folder) if broken == "read-only folder" else contextlib.nullcontext()
     try:
-        for page in (None, "pages/train.py", "pages/runs.py"):
-            at = AppTest.from_file("../dashboard.py", default_timeout=60).run()
-            if page:
-                at.switch_page(page).run()
-            assert not at.exception
-            errors = [e.value for e in at.error]
-            assert errors and str(tmp_path / "runs.sqlite3") in errors[0]
-            assert "not a database" in errors[0]
+        with guard:
+            for page in (None, "pages/train.py", "pages/runs.py"):
+                at = AppTest.from_file("../dashboard.py", default_timeout=60).run()
+                if page:
+                    at.switch_page(page).run()
+                assert not at.exception
+                errors = [e.value for e in at.error]
+                assert len(errors) == 1 and str(named) in errors[0] and words in errors[0]
     finally:
         st.cache_resource.clear()
+
+
+def test_a_run_with_a_corrupt_row_is_listed_and_says_what_is_wrong(data_dir):
+    store = RunStore(data_dir)
+    good = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="good run")
+    store.finish_run(good, "stopped")
+    bad = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="bad run")
+    store.finish_run(bad, "stopped")
+    store.close()
+    raw = sqlite3.connect(data_dir / "runs.sqlite3")
+    raw.execute("UPDATE runs SET config = '{broken' WHERE id = ?", (bad,))
+    raw.commit()
+    raw.close()
+    at = app("pages/runs.py")
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert set(table["run_id"]) == {good, bad}
+    assert "config is not a valid JSON object" in table.set_index("run_id").loc[bad, "error"]
+    at.session_state[_table_key(at)] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    at.run()  # the newest row: the damaged run opens and says why
+    assert not at.exception
+    header = next(m.value for m in at.markdown if "—" in m.value)
+    assert "damaged" in header and "config is not a valid JSON object" in header
+
+
+def test_delete_removes_the_opened_run_even_after_another_process_deleted_one(data_dir):
+    """The user opens a run and asks to delete it; before the confirmation, another process
+    deletes the newest run, so every row moves up one. The confirmation deletes the run that
+    was opened, by its id, and nothing else."""
+    store = RunStore(data_dir)
+    ids = {}
+    for name in ("oldest", "middle", "newest"):
+        ids[name] = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name=name)
+        store.finish_run(ids[name], "stopped")
+    at = app("pages/runs.py")
+    at.session_state[_table_key(at)] = {"selection": {"rows": [1], "columns": [], "cells": []}}
+    at.run()
+    assert any("middle" in m.value for m in at.markdown if "—" in m.value)
+    at.button(key="runs.delete").click().run()
+    assert any("middle" in m.value and ids["middle"] in m.value for m in at.markdown)
+    store.delete_run(ids["newest"])  # another process; "oldest" moves into row 1
+    at.button(key="runs.delete.confirm").click().run()
+    assert not at.exception
+    assert [r.name for r in store.list_runs()] == ["oldest"]
 
 
 def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_dir):

@@ -181,3 +181,34 @@ def test_backend_names_and_addresses_are_checked():
         backend_factory("spark")
     with pytest.raises(ConfigError, match="address: only the ray backend"):
         backend_factory("local", "10.0.0.1:6379")
+    with pytest.raises(ConfigError, match=r"members must be an integer in \[1, 256\], got 0"):
+        backend_factory("local", members=0)
+    with pytest.raises(ConfigError, match="members: the ray backend trains one trial per task"):
+        backend_factory("ray", members=4)
+
+
+def test_another_clusters_address_is_refused_once_connected(local_ray):
+    """One Ray per process: asked for another cluster while connected to the local one, the
+    factory says so instead of running the sweep on the local Ray."""
+    assert backend_factory("ray", local_ray)  # the Ray it is connected to: fine
+    with pytest.raises(ConfigError, match="already connected to the Ray at"):
+        backend_factory("ray", "10.0.0.1:6379")
+
+
+def test_a_stop_asked_through_the_store_reaches_a_ray_trial(tmp_path, local_ray):
+    """What the Runs page's Stop and `python -m gae_core stop RUN_ID` do: set the run's stop
+    flag in the store. The coordinator relays it at the trial's next flush; that trial ends
+    stopped with its data, the other goes on."""
+    store = RunStore(tmp_path)
+    sweep = start_sweep(store, LONG, grid_of(seeds=[0, 1]), workers=2,
+                        backend=backend_factory("ray"))  # fmt: skip
+    assert wait_until(lambda: all(store.get_run(r).env_steps > 0 for r in sweep.run_ids), 90)
+    victim, other = sweep.run_ids
+    start = time.monotonic()
+    store.request_stop(victim)
+    assert wait_until(lambda: store.get_run(victim).status == "stopped", 30)
+    print(f"\nRay: store stop flag → trial stopped in {time.monotonic() - start:.2f} s")
+    assert store.get_run(victim).env_steps > 0 and store.get_run(other).status == "running"
+    sweep.cancel()
+    assert sweep.wait(timeout=30)
+    store.close()

@@ -136,7 +136,12 @@ def test_performance_profile_counts_scores_strictly_above_tau():
     assert (profile["fraction"] <= profile["ci_high"]).all()
     assert profile.loc[0, "ci_low"] == profile.loc[0, "ci_high"] == 1.0  # no seed can fall below
     taus = stats.default_taus({"a": [3.0, 9.0], "b": [-1.0]}, points=5)
-    assert taus[0] == -1.0 and taus[-1] == 9.0 and len(taus) == 5
+    assert taus[0] == -1.0 - 0.05 * 10 and taus[-1] == 9.0 and len(taus) == 5
+    # every score equal (a study whose runs all end at 500): a step at 500, not an empty chart
+    flat = stats.performance_profile({"λ=0": [500.0] * 3, "λ=1": [500.0] * 3})
+    assert flat["tau"].min() == 495.0 and flat["tau"].max() == 500.0
+    for _, group in flat.groupby("group"):
+        assert group["fraction"].iloc[0] == 1.0 and group["fraction"].iloc[-1] == 0.0
 
 
 @settings(max_examples=30, deadline=None)

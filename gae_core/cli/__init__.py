@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--critic-step",
         type=int,
         action="append",
-        help="critic checkpoint (default: the policy's own); repeat to compare critics",
+        help="critic checkpoint (default: the policy's own); repeat to compare critics (--json: "
+        "the first one's figures on top, every critic's under 'critics')",
     )
     lab.add_argument("--gamma", type=float, help=f"discount {gam} in [0, 1) (default: the run's)")
     lab.add_argument("--states", type=int, default=64, help="states sampled, N (default 64)")

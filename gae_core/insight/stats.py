@@ -215,12 +215,18 @@ def improvement_matrix(
 
 
 def default_taus(groups: Mapping[Any, Sequence[float]], points: int = 101) -> np.ndarray:
-    """Thresholds evenly spaced from the smallest to the largest score of all groups."""
+    """Thresholds evenly spaced from just below the smallest score of all groups (every
+    profile starts at 1) to the largest (where every profile is 0, scores counting only when
+    strictly above τ). Below by 5 % of the scores' range, or by max(1, 1 % of the score) when
+    every score is equal: a study whose runs all end at 500 draws a step at 500, not an empty
+    chart."""
     scores = np.concatenate([np.asarray(v, float) for v in groups.values()])
     scores = scores[~np.isnan(scores)]
     if not len(scores):
         return np.zeros(1)
-    return np.linspace(scores.min(), scores.max(), points)
+    low, high = float(scores.min()), float(scores.max())
+    pad = 0.05 * (high - low) if high > low else max(1.0, 0.01 * abs(low))
+    return np.linspace(low - pad, high, points)
 
 
 def performance_profile(

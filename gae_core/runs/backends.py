@@ -90,6 +90,8 @@ def backend_factory(
         raise ConfigError("members: the ray backend trains one trial per task (use 1)")
     if not ray_installed():
         raise ConfigError("backend ray: ray is not installed (pip install -r requirements-ray.txt)")
-    from gae_core.runs.ray_pool import RayPool
+    from gae_core.runs.ray_pool import RayPool, check_address
+
+    check_address(address)
 
     return functools.partial(RayPool, address=address)

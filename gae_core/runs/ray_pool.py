@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gae_core.errors import ConfigError
 from gae_core.outcome import RunSummary
 
 try:
@@ -36,7 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only where ray is missing
     raise ImportError("the Ray backend needs ray: pip install -r requirements-ray.txt") from exc
 
-__all__ = ["RUNTIME_ENV", "RayPool"]
+__all__ = ["RUNTIME_ENV", "RayPool", "check_address"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])
 RUNTIME_ENV = {"py_modules": [_PACKAGE], "excludes": ["__pycache__", "*.pyc"]}
@@ -124,6 +125,8 @@ class RayPool:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env=RUNTIME_ENV)  # fmt: skip
+        else:
+            check_address(address)
         self.workers = workers
         self.flush_interval = flush_interval
         self.inbox = _Inbox.remote()
@@ -183,3 +186,18 @@ class RayPool:
             ray.cancel(ref, force=True)
         self._refs.clear()
         ray.kill(self.inbox)
+
+
+def check_address(address: str | None) -> None:
+    """One Ray per process: when this process is already connected to a Ray, a sweep that names
+    another cluster's address must not quietly run on this one (``ConfigError`` naming both).
+    A ``ray://`` client address cannot be compared with the connection's GCS address and
+    counts as another."""
+    if address is None or address == "auto" or not ray.is_initialized():
+        return
+    current = ray.get_runtime_context().gcs_address
+    if address != current:
+        raise ConfigError(
+            f"address: this process is already connected to the Ray at {current}; a sweep on "
+            f"{address} needs a new process (or no address, to use the one it has)"
+        )
