@@ -108,42 +108,14 @@ def runs_view() -> None:
         actions = st.columns([3, 1, 1])
         new_name = actions[0].text_input("name", value=run.name, key=f"runs.name.{run.id}")
 
-        @st.dialog("Rename run", on_dismiss=lambda: st.session_state.pop("runs.renaming", None))
-        def confirm_rename(run_id: str, old: str, new: str) -> None:
-            st.markdown(f"Rename **{markdown_text(old)}** ({run_id}) to **{markdown_text(new)}**?")
-            if st.button("Rename", type="primary", key="runs.rename.confirm"):
-                st.session_state.pop("runs.renaming", None)
-                try:
-                    store.rename_run(run_id, new)
-                except (ValueError, StoreError) as error:
-                    st.error(str(error))
-                    return
-                st.rerun()
-
         if actions[1].button("Rename", key="runs.rename", disabled=new_name.strip() == run.name):
-            # kept in state: the dialog stays open (with the id it was opened for) until answered
+            # kept in state: the dialog stays open, with the id it was opened for, until it is
+            # answered, whatever the table's selection does meanwhile
             st.session_state["runs.renaming"] = (run.id, run.name, new_name)
-        renaming = st.session_state.get("runs.renaming")
-        if renaming and renaming[0] == run.id:
-            confirm_rename(*renaming)
-
-        @st.dialog("Delete run")
-        def confirm_delete(run_id: str, name: str) -> None:
-            st.markdown(
-                f"Delete **{markdown_text(name)}** ({run_id}) with its metrics, checkpoints and "
-                "trajectories?"
-            )
-            st.write("This cannot be undone.")
-            if st.button("Delete", type="primary", key="runs.delete.confirm"):
-                try:
-                    store.delete_run(run_id)
-                except StoreError as error:
-                    st.error(str(error))
-                    return
-                st.rerun()
-
+            st.rerun()  # the whole page: the dialogs are drawn outside this fragment
         if actions[2].button("Delete", key="runs.delete", disabled=run.active):
-            confirm_delete(run.id, run.name)
+            st.session_state["runs.deleting"] = (run.id, run.name)
+            st.rerun()
         with st.expander("Config"):
             st.json(run.config)
         _ui.run_charts(run.id, prefix="runs", **_ui.chart_controls("runs"))
@@ -172,7 +144,43 @@ def runs_view() -> None:
         _ui.csv_link("CSV of every logged point", url, "runs-overlay-csv")
 
 
+@st.dialog("Rename run", on_dismiss=lambda: st.session_state.pop("runs.renaming", None))
+def confirm_rename(run_id: str, old: str, new: str) -> None:
+    st.markdown(f"Rename **{markdown_text(old)}** ({run_id}) to **{markdown_text(new)}**?")
+    if st.button("Rename", type="primary", key="runs.rename.confirm"):
+        st.session_state.pop("runs.renaming", None)
+        try:
+            store.rename_run(run_id, new)
+        except (ValueError, StoreError) as error:
+            st.error(str(error))
+            return
+        st.rerun()
+
+
+@st.dialog("Delete run", on_dismiss=lambda: st.session_state.pop("runs.deleting", None))
+def confirm_delete(run_id: str, name: str) -> None:
+    st.markdown(
+        f"Delete **{markdown_text(name)}** ({run_id}) with its metrics, checkpoints and "
+        "trajectories?"
+    )
+    st.write("This cannot be undone.")
+    if st.button("Delete", type="primary", key="runs.delete.confirm"):
+        st.session_state.pop("runs.deleting", None)
+        try:
+            store.delete_run(run_id)  # by id: rows that moved meanwhile cannot redirect it
+        except StoreError as error:
+            st.error(str(error))
+            return
+        st.rerun()
+
+
 runs_view()
+# The dialogs belong to the run they were opened for (its id), not to a row of the table: a run
+# that another process adds or deletes while one is open changes the rows, never the dialog.
+if renaming := st.session_state.get("runs.renaming"):
+    confirm_rename(*renaming)
+elif deleting := st.session_state.get("runs.deleting"):
+    confirm_delete(*deleting)
 
 st.divider()
 size = store.size_bytes()
