@@ -71,23 +71,16 @@ def home() -> None:
     )
 
 
+@st.fragment(run_every=2.0)
 def runs_in_progress() -> None:
-    """The sidebar's runs in progress. It redraws every 2 s only while runs train: each timed
-    redraw is a script run on the server, for every open tab."""
-    training = bool(_ui.store().list_runs(status=["queued", "running"]))
-
-    @st.fragment(run_every=2.0 if training else None)
-    def listing() -> None:
-        active = _ui.store().list_runs(status=["queued", "running"])
-        st.caption(f"Runs in progress: {len(active)}")
-        for run in active[:10]:
-            fraction, eta = views.progress(run)
-            text = f"{markdown_text(run.name)} · ETA {views.format_duration(eta)}"
-            st.progress(fraction, text=text)
-        if training and not active:  # the last run ended: redraw once, without the timer
-            st.rerun()
-
-    listing()
+    """The sidebar's runs in progress. Always on a timer: a run started on a page appears here
+    only after the sidebar was drawn (the page's Start handler runs after it)."""
+    active = _ui.store().list_runs(status=["queued", "running"])
+    st.caption(f"Runs in progress: {len(active)}")
+    for run in active[:10]:
+        fraction, eta = views.progress(run)
+        text = f"{markdown_text(run.name)} · ETA {views.format_duration(eta)}"
+        st.progress(fraction, text=text)
 
 
 home_page = st.Page(home, title="Home", icon=":material/home:", default=True)
