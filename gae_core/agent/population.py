@@ -57,16 +57,9 @@ __all__ = ["PER_MEMBER", "Member", "PopulationTrainer", "can_join", "population_
 
 #: Fields in which the members of one population may differ.
 PER_MEMBER = (
-    "seed",
-    "lambda_",
-    "gamma",
-    "critic_target",
-    "critic_lambda",
-    "value_coef",
-    "entropy_coef",
-    "max_grad_norm",
-    "log_std_init",
-)
+    "seed", "lambda_", "gamma", "critic_target", "critic_lambda", "value_coef", "entropy_coef",
+    "max_grad_norm", "log_std_init",
+)  # fmt: skip
 
 
 def can_join(config: TrainConfig) -> bool:

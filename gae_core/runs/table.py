@@ -8,11 +8,11 @@ with :func:`gae_core.labels.label` only.
 from __future__ import annotations
 
 import datetime as dt
-import math
 from typing import Any
 
 import pandas as pd
 
+from gae_core.runs.database import finite_or_none
 from gae_core.runs.records import RunRecord
 
 __all__ = ["RUN_COLUMNS", "run_row", "runs_frame"]
@@ -44,13 +44,6 @@ RUN_COLUMNS = (
 )
 
 
-def _finite(value: float | None) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _timestamp(seconds: float | None) -> str | None:
     if seconds is None:
         return None
@@ -73,9 +66,9 @@ def run_row(run: RunRecord) -> dict[str, Any]:
         "env_steps": run.env_steps,
         "total_steps": config.get("total_steps"),
         "episodes": summary.episodes,
-        "best_return": _finite(summary.best_return),
-        "final_return": _finite(summary.final_return),
-        "reward_threshold": _finite(summary.reward_threshold),
+        "best_return": finite_or_none(summary.best_return),
+        "final_return": finite_or_none(summary.final_return),
+        "reward_threshold": finite_or_none(summary.reward_threshold),
         "solved": summary.solved,
         "solved_at_step": summary.solved_at_step,
         "fell_below_at_step": summary.fell_below_at_step,
