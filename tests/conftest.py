@@ -226,6 +226,23 @@ def cli(data: Path, *args: str, timeout: float = 120, **env: str) -> subprocess.
     )
 
 
+def cli_in_process(data: Path, *args: str) -> subprocess.CompletedProcess:
+    """The CLI's ``main`` in this process (for argument errors, which exit before anything
+    heavy starts: 0.01 s where a subprocess costs a second or two of imports)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from gae_core.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(["--data-dir", str(data), *args])
+        except SystemExit as exit_:  # argparse's own errors
+            code = exit_.code
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def trajectory_steps(store, run_id: str) -> list[int]:
     """The env steps at which the store's file holds trajectories of the run (read with SQL: the
     library has no use for this list)."""

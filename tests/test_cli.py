@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_FLAGS, cli, cli_env
+from conftest import TINY_FLAGS, cli, cli_env, cli_in_process
 
 from gae_core import metrics as M
 from gae_core.cli import build_parser
@@ -163,12 +163,13 @@ def test_bad_config_exits_2_naming_the_field(tmp_path):
     assert bad.returncode == 2
     assert "lambda_" in bad.stderr and "[0.0, 1.0]" in bad.stderr and "1.5" in bad.stderr
     assert bad.stdout == ""
-    bad_steps = cli(tmp_path / "data", "train", "--num-envs", "0")
+    # the rest in this process (the same main(); the subprocess above checks the real exit)
+    bad_steps = cli_in_process(tmp_path / "data", "train", "--num-envs", "0")
     assert bad_steps.returncode == 2 and "num_envs" in bad_steps.stderr
     assert "[1, 1024]" in bad_steps.stderr
-    not_a_number = cli(tmp_path / "data", "train", "--gamma", "abc")
+    not_a_number = cli_in_process(tmp_path / "data", "train", "--gamma", "abc")
     assert not_a_number.returncode == 2 and "--gamma" in not_a_number.stderr
-    listed = cli(tmp_path / "data", "runs", "--json")
+    listed = cli_in_process(tmp_path / "data", "runs", "--json")
     assert _last_json(listed.stdout) == []  # nothing was created
 
 

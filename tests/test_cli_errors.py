@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_FLAGS, cli, cli_env, read_only_folder
+from conftest import TINY_FLAGS, cli, cli_env, cli_in_process, read_only_folder
 
 from gae_core.runs.store import DB_FILENAME, RunStore
 from gae_core.runs.table import RUN_COLUMNS
@@ -59,30 +59,30 @@ def test_unusable_env_ids_exit_2_with_one_line_and_leave_no_run(tmp_path, env_id
 
 
 def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
-    bogus = cli(tmp_path, "runs", "--status", "bogus")
+    bogus = cli_in_process(tmp_path, "runs", "--status", "bogus")
     assert bogus.returncode == 2
     assert "invalid choice: 'bogus'" in bogus.stderr
     assert "'queued', 'running', 'stopped', 'finished', 'failed', 'interrupted'" in bogus.stderr
-    both = cli(tmp_path, "sweep", "--lambda", "0.9", "--lambdas", "0.9", "1.0")
+    both = cli_in_process(tmp_path, "sweep", "--lambda", "0.9", "--lambdas", "0.9", "1.0")
     assert both.returncode == 2
     assert "--lambdas conflicts with --lambda" in one_line_error(both)
-    twice = cli(tmp_path, "sweep", "--lambdas", "0.9", "--grid", "lambda=0.8,1")
+    twice = cli_in_process(tmp_path, "sweep", "--lambdas", "0.9", "--grid", "lambda=0.8,1")
     assert twice.returncode == 2 and "λ is already a grid axis" in one_line_error(twice)
-    duplicate = cli(tmp_path, "sweep", "--lambdas", "0.9", "0.90", "1")
+    duplicate = cli_in_process(tmp_path, "sweep", "--lambdas", "0.9", "0.90", "1")
     assert duplicate.returncode == 2
     assert "sweep grid lambda_: duplicate value 0.9" in one_line_error(duplicate)
-    unreadable = cli(tmp_path, "sweep", "--seeds", "0", "--grid", "gamma=0.9,abc")
+    unreadable = cli_in_process(tmp_path, "sweep", "--seeds", "0", "--grid", "gamma=0.9,abc")
     assert unreadable.returncode == 2
     line = one_line_error(unreadable)
     assert "--grid gamma" in line and "cannot read 'abc'" in line and "in [0, 1]" in line
-    unknown = cli(tmp_path, "sweep", "--grid", "gama=0.9")
+    unknown = cli_in_process(tmp_path, "sweep", "--grid", "gama=0.9")
     assert unknown.returncode == 2 and "unknown config field 'gama'" in one_line_error(unknown)
-    address = cli(tmp_path, "sweep", "--seeds", "0", "--address", "head:6379")
+    address = cli_in_process(tmp_path, "sweep", "--seeds", "0", "--address", "head:6379")
     assert address.returncode == 2
     assert "--address: only the ray backend takes a cluster address" in one_line_error(address)
-    backend = cli(tmp_path, "sweep", "--seeds", "0", "--backend", "spark")
+    backend = cli_in_process(tmp_path, "sweep", "--seeds", "0", "--backend", "spark")
     assert backend.returncode == 2 and "invalid choice: 'spark'" in backend.stderr
-    population = cli(tmp_path, "sweep", "--seeds", "0", "--population", "0")
+    population = cli_in_process(tmp_path, "sweep", "--seeds", "0", "--population", "0")
     assert population.returncode == 2
     assert "--population must be an integer in [1, 256], got 0" in one_line_error(population)
     assert not (tmp_path / DB_FILENAME).exists()
