@@ -167,11 +167,3 @@ def k_step(deltas, done, gamma, ks, out):  # pragma: no cover
                     out[i, t, n] = suffix[t] - powers[i] * suffix[t + k]
                 else:
                     out[i, t, n] = suffix[t]
-
-
-@nb.njit(**_JIT)
-def streaming_floor(rewards, values, next_values, terminated, truncated, out):  # pragma: no cover
-    """Benchmark floor: read the same five 1-D arrays as ``gae`` once, write one, no chain."""
-    for i in range(rewards.shape[0]):
-        keep = 1 - (terminated[i] | truncated[i])
-        out[i] = rewards[i] + keep * next_values[i] - values[i]

@@ -152,16 +152,17 @@ def seed_scores(
     for (key, seed_value), run in episodes.groupby([group, "seed"], sort=True):
         run = run.sort_values("env_step", kind="stable")
         curve = aligned[(aligned[group] == key) & (aligned["seed"] == seed_value)]
+        # final return and solved step by the one rule (gae_core.outcome), as the run reports
+        summary = summarize_returns(run["env_step"], run["return"], threshold, final_window)
         row = {
             group: key,
             "seed": seed_value,
-            "final_return": float(run["return"].tail(final_window).mean()),
+            "final_return": summary.final_return,
             "auc": area_under_curve(curve["env_step"].to_numpy(), curve["return"].to_numpy()),
         }
         if threshold is not None:
-            row["solved_at_step"] = steps_to_solve(
-                run["env_step"], run["return"], threshold, final_window
-            )
+            solved = summary.solved_at_step
+            row["solved_at_step"] = math.nan if solved is None else float(solved)
         rows.append(row)
     return pd.DataFrame(rows)
 
