@@ -6,10 +6,10 @@ holds one (the README's "Reproducing the figures" section has the commands that 
 captures, in a tall window so each page fits in one image:
 
 - ``compare_<N>seeds.png`` for each sweep in the store (N: its seeds per λ);
-- ``lab.png``: the lab's newest stored measurement of ``--lab-run`` (early and late critic);
-- ``lab_chain.png``: the lab's exact-chain mode with its defaults.
+- with ``--lab-run``: ``lab.png``, the lab's newest stored measurement of that run, and
+  ``lab_chain.png``, the lab's exact-chain mode with its defaults.
 
-Usage: ``python docs/screenshots.py --data-dir DIR --lab-run RUN_ID [--out docs/screenshots]``.
+Usage: ``python docs/screenshots.py --data-dir DIR [--lab-run RUN_ID] [--out docs/screenshots]``.
 Needs Debian's Chromium and Playwright's Python package (as the browser tests do).
 """
 
@@ -85,7 +85,7 @@ def _shot(page, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--lab-run", required=True, help="run whose stored lab result to show")
+    parser.add_argument("--lab-run", help="run whose stored lab result to show (none: no lab)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -105,6 +105,9 @@ def main() -> None:
                 _settle(page)
                 _pick(page, "cmp-sweep_pick", sweep.name)
                 _shot(page, args.out / f"compare_{seeds[sweep.id]}seeds.png")
+            if args.lab_run is None:
+                browser.close()
+                return
             page.set_viewport_size({"width": 1400, "height": 2600})
             page.goto(f"{url}/lab")
             _settle(page)

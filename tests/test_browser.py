@@ -570,6 +570,10 @@ def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
     page.locator(".st-key-ex-main .js-plotly-plot").wait_for()
     wait_idle(page)
     assert page.locator(".st-key-ex-run input").input_value().endswith(recorded_run)
+    # no large blank area: the per-step table's CSV follows the main chart closely
+    chart_box = page.locator(".st-key-ex-main").bounding_box()
+    below = page.locator(".st-key-ex-csv").bounding_box()
+    assert 0 <= below["y"] - (chart_box["y"] + chart_box["height"]) < 80, (chart_box, below)
     thumb = page.locator('.st-key-ex-lambda input[type="range"]')
     lambda_ = float(thumb.input_value())
     gamma = float(page.locator(".st-key-ex-gamma input").input_value())

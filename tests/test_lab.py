@@ -228,6 +228,30 @@ def test_the_lab_measures_a_trained_cartpole_checkpoint():
     assert result.best_lambda() in (0.0, 0.5, 1.0)
 
 
+def test_the_lab_measures_a_mujoco_checkpoint_through_qpos_and_qvel():
+    """End to end on Hopper-v5 (state restored through qpos/qvel, normalised observations and
+    rewards frozen from the checkpoint): every figure finite, MSE = bias² + variance, within the
+    env-step budget the settings promise."""
+    from gae_core.agent.presets import preset_config
+
+    config = preset_config("Hopper-v5", total_steps=640, num_envs=2, rollout_steps=8,
+                           hidden_sizes=(16,), checkpoint_every=0, record_episodes=0,
+                           eval_every=0)  # fmt: skip
+    trainer = Trainer(config)
+    while not trainer.done:
+        trainer.step()
+    replay = load_replay(config, trainer.checkpoint_bytes())
+    trainer.close()
+    assert replay.obs_mean is not None and replay.return_var is not None  # frozen statistics
+    settings = LabSettings(gamma=0.99, states=4, rollouts=4, continuations=4, segment=20,
+                           lambdas=(0.0, 1.0), ks=(1, 5), seed=0)  # fmt: skip
+    result = measure("Hopper-v5", replay, replay, settings)
+    frame = result.estimators
+    assert np.isfinite(frame[["bias2", "variance", "mse"]].to_numpy()).all()
+    np.testing.assert_allclose(frame["mse"], frame["bias2"] + frame["variance"], rtol=1e-12)
+    assert len(result.states) == 4 and result.env_steps <= settings.env_steps()
+
+
 def test_cli_lab_json_contract_and_stored_result(tmp_path):
     import json
     import os
