@@ -138,6 +138,7 @@ def improvement_figure(
             y=names,
             text=text,
             texttemplate="%{text}",
+            textfont={"size": 11},  # readable: Plotly shrinks it to fit small cells otherwise
             colorscale="RdBu",
             zmin=0.0,
             zmax=1.0,
@@ -150,7 +151,7 @@ def improvement_figure(
         f"P(row beats column) on {score}, 95% CI",
         f"Y ({label(group)})",
         f"X ({label(group)})",
-        height=360,
+        height=max(360, 120 + 56 * len(keys)),  # two lines of text in every cell
     )
     figure.update_yaxes(autorange="reversed")
     return figure, matrix.assign(score=score)
