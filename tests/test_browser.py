@@ -442,7 +442,7 @@ def test_train_csv_download_matches_the_store(app_page, app_server):
     open_page(page, app_server, "train")
     store = store_of(app_server)
     known = {r.id for r in store.list_runs()}
-    start_run(page, {"total_steps": 20_000})
+    start_run(page, {"total_steps": 10_000})
     assert wait_until(lambda: len(store.list_runs()) == len(known) + 1, 15)
     (run_id,) = {r.id for r in store.list_runs()} - known
     assert wait_until(lambda: store.get_run(run_id).status == "finished", 60)
