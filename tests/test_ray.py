@@ -191,6 +191,11 @@ def test_another_clusters_address_is_refused_once_connected(local_ray):
     """One Ray per process: asked for another cluster while connected to the local one, the
     factory says so instead of running the sweep on the local Ray."""
     assert backend_factory("ray", local_ray)  # the Ray it is connected to: fine
+    port = local_ray.rsplit(":", 1)[1]
+    for same in (f"localhost:{port}", f"127.0.0.1:{port}"):  # Ray reports the node's IP
+        assert backend_factory("ray", same)
+    with pytest.raises(ConfigError, match=f"a sweep on localhost:{int(port) + 1} needs"):
+        backend_factory("ray", f"localhost:{int(port) + 1}")
     with pytest.raises(ConfigError, match="already connected to the Ray at"):
         backend_factory("ray", "10.0.0.1:6379")
 

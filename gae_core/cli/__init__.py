@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--population",
         type=int,
-        default=DEFAULT_MEMBERS,
+        default=None,
         metavar="N",
         help="local backend: train up to N trials per worker process as one batched population "
         f"(default {DEFAULT_MEMBERS}; trials are spread evenly over the workers). Each trial is "

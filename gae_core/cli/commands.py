@@ -286,12 +286,14 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    from gae_core.runs.backends import backend_factory
+    from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
     from gae_core.runs.sweep import SweepProgress, expand_grid, hold_critic_target, start_sweep
 
     grid = _grid(args)
+    members = args.population  # given with --backend ray it is refused: it would be ignored
+    if members is None:
+        members = DEFAULT_MEMBERS if args.backend == "local" else 1
     try:
-        members = args.population if args.backend == "local" else 1
         backend = backend_factory(args.backend, args.address, members=members)
     except ConfigError as exc:
         raise UsageError(f"--{exc}".replace("--members", "--population")) from None
@@ -357,7 +359,7 @@ def sweep(args: argparse.Namespace) -> int:
         "error": record.error,
         "workers": handle.workers,
         "backend": args.backend,
-        "population": args.population if args.backend == "local" else 1,
+        "population": members,
         "total": progress.total,
         "counts": progress.counts,
         "wall_seconds": wall,

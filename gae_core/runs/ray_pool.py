@@ -41,6 +41,8 @@ __all__ = ["RUNTIME_ENV", "RayPool", "check_address"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])
 RUNTIME_ENV = {"py_modules": [_PACKAGE], "excludes": ["__pycache__", "*.pyc"]}
+#: The addresses this process passed to ``ray.init`` (the connection reports its own form).
+_JOINED: set[str] = set()
 #: How often an idle coordinator asks the inbox for news.
 _POLL_S = 0.05
 
@@ -125,6 +127,8 @@ class RayPool:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env=RUNTIME_ENV)  # fmt: skip
+            if address is not None:
+                _JOINED.add(address)
         else:
             check_address(address)
         self.workers = workers
@@ -191,13 +195,27 @@ class RayPool:
 def check_address(address: str | None) -> None:
     """One Ray per process: when this process is already connected to a Ray, a sweep that names
     another cluster's address must not quietly run on this one (``ConfigError`` naming both).
-    A ``ray://`` client address cannot be compared with the connection's GCS address and
-    counts as another."""
+
+    The address is compared as Ray itself resolves it (``localhost:6379`` and
+    ``127.0.0.1:6379`` are this node's IP, which the connection reports), and the address this
+    process joined with is always accepted. A ``ray://`` client address cannot be compared with
+    the connection's GCS address and counts as another unless it is the one joined with."""
     if address is None or address == "auto" or not ray.is_initialized():
         return
     current = ray.get_runtime_context().gcs_address
-    if address != current:
+    if address not in _JOINED and _canonical(address) != _canonical(current):
         raise ConfigError(
             f"address: this process is already connected to the Ray at {current}; a sweep on "
             f"{address} needs a new process (or no address, to use the one it has)"
         )
+
+
+def _canonical(address: str) -> str:
+    """``host:port`` with a local host name resolved to this node's IP, as ``ray.init`` does
+    (Ray's own helper; a private module, so any failure leaves the address as given)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(address) or address
+    except Exception:
+        return address
