@@ -200,6 +200,29 @@ def test_a_stopped_member_ends_stopped_and_the_others_finish(tmp_path):
     store.close()
 
 
+def test_a_member_whose_ending_breaks_still_ends_failed(tmp_path):
+    """Its last checkpoint raising (a full disk) must not leave its run without an end: a sweep
+    would wait for it forever. It ends failed with the reason; the others finish."""
+    store = RunStore(tmp_path)
+    configs = [config(**m) for m in MEMBERS[:3]]
+    run_ids = [store.create_run(c.to_dict()) for c in configs]
+    sinks = [StoreSink(store, r) for r in run_ids]
+
+    class FullDisk(StoreSink):
+        def checkpoint(self, env_step, blob, trajectories):
+            raise OSError(28, "No space left on device")
+
+    sinks[1] = FullDisk(store, run_ids[1])
+    stops = [threading.Event() for _ in configs]
+    outcomes = execute_population(sinks, run_ids, configs, stops, flush_interval=0.05)
+    assert [o.status for o in outcomes] == ["finished", "failed", "finished"]
+    broken = store.get_run(run_ids[1])
+    assert broken.status == "failed" and "No space left on device" in broken.error
+    assert broken.env_steps >= configs[1].total_steps  # what it measured is kept
+    assert len(store.metrics(run_ids[1], [M.EPISODIC_RETURN.key])) == broken.summary.episodes
+    store.close()
+
+
 def test_population_members_learn_cartpole_like_single_runs():
     """On the task: 8 members with the CartPole preset (seeds 0-7) at 60k steps. Single runs
     with those seeds ended at 84-500 (median 182) in their last 20 episodes, the members at

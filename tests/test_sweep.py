@@ -311,6 +311,53 @@ def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_i
         worker_end.close()
 
 
+def test_a_trial_that_trains_alone_takes_a_whole_worker():
+    """Normalised trials cannot join a population: two of them fill two workers, so the pool
+    takes no third (it would be claimed "running" and wait at step 0); trials that can share a
+    population fill the room of the one they join."""
+    pool, ends = _fake_pool(capacity=4, workers=2)
+    alone, shared = TrainConfig(normalize_rewards=True), TrainConfig()
+    try:
+        assert pool.idle_slots() == 8
+        pool.submit(0, "run-0", alone.to_dict())
+        assert pool.idle_slots() == 4  # the other worker, as a population of up to 4
+        pool.submit(1, "run-1", shared.to_dict())
+        assert pool.idle_slots() == 3  # the room left in that population
+        pool.submit(2, "run-2", alone.to_dict())
+        # the room was for a trial that shares; one that trains alone needs a worker of its own
+        # (the pool cannot know the next trial's kind): three batches, two workers, one waits
+        assert pool.idle_slots() == 0
+        pool._send_gathered()
+        sent = sorted([index for index, _, _ in end.recv()[1]] for end in ends)
+        assert sent in ([[0], [1]], [[0], [2]], [[1], [2]])
+        assert pool.idle_slots() == 0 and len(pool._gathered) == 1
+    finally:
+        for worker, end in zip(pool.workers, ends, strict=True):
+            worker.conn.close()
+            end.close()
+
+
+def test_a_trial_its_worker_left_without_an_end_fails_instead_of_hanging():
+    """A worker that goes idle naming a trial it never sent "finish" for (a bug in the worker):
+    the trial ends failed with a reason, so the sweep does not wait for it forever."""
+    pool, (worker_end,) = _fake_pool(capacity=2, workers=1)
+    worker = pool.workers[0]
+    try:
+        pool.submit(0, "run-0", {})
+        pool.submit(1, "run-1", {})
+        pool._send_gathered()
+        worker_end.recv()
+        worker_end.send(("finish", 0, "finished", None))
+        worker_end.send(("idle", [0, 1]))
+        out: list[tuple] = []
+        assert pool._drain(worker, out) and worker.free
+        assert out[0] == ("finish", 0, "finished", None)
+        assert out[1][:3] == ("finish", 1, "failed") and "without reporting" in out[1][3]
+    finally:
+        worker.conn.close()
+        worker_end.close()
+
+
 def test_trials_that_can_share_a_population_go_together_evenly():
     """7 trials of one kind and 2 of another (more envs), 2 free workers, at most 5 members
     each: the 7 go out as populations of 4 and 3 (even, never over 5), the other kind waits

@@ -176,8 +176,22 @@ class LocalPool:
         return WorkerHandle(process, parent)
 
     def idle_slots(self) -> int:
+        """How many more trials can start now: every free worker not yet spoken for by a
+        gathered batch takes ``capacity``, plus the room left in the gathered populations. A
+        trial that trains alone takes a whole worker (counting trials, not batches, claimed
+        trials that then waited, shown "running" at step 0)."""
         free = sum(1 for w in self.workers if w.free)
-        return max(0, free * self.capacity - len(self._gathered))
+        counts: dict[tuple, int] = {}
+        for key, _ in self._gathered:
+            counts[key] = counts.get(key, 0) + 1
+        batches = room = 0
+        for key, n in counts.items():
+            size = 1 if key == _ALONE else self.capacity
+            parts = -(-n // size)  # as _send_gathered splits them
+            batches, room = batches + parts, room + parts * size - n
+        if batches > free:
+            return 0
+        return (free - batches) * self.capacity + room
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         """Take the trial; it goes to a worker, alone or in a population, on the next
@@ -247,12 +261,14 @@ class LocalPool:
                 worker.ready, worker.pid = True, message[1]
                 self._start_failures = 0
             elif kind == "idle":
-                # the trials it names are over (a deleted run sends no "finish"); "finish" may
-                # have freed the worker already and the coordinator sent it the next trials
-                # since: those are not named here, so a late "idle" never frees them (it did
-                # once: trials piled up in one worker's pipe, shown "running" at step 0)
+                # the trials it names are over; "finish" may have freed the worker already and
+                # the coordinator sent it the next trials since: those are not named here, so a
+                # late "idle" never frees them (it did once: trials piled up in one worker's
+                # pipe, shown "running" at step 0). A named trial still held had no "finish"
+                # (a bug in the worker): it ends failed rather than leaving the sweep waiting
                 for index in message[1]:
-                    worker.trials.pop(index, None)
+                    if worker.trials.pop(index, None) is not None:
+                        out.append(("finish", index, "failed", _NO_END))
             else:
                 if kind == "flush" and message[1] in worker.trials:
                     worker.trials[message[1]] = message[3]
@@ -294,6 +310,8 @@ class LocalPool:
             worker.conn.close()
 
 
+#: The error of a trial whose worker went idle without reporting how the trial ended.
+_NO_END = "the worker finished this trial without reporting how it ended (see the worker's log)"
 #: The population key of a trial that trains alone (its config cannot join a population).
 _ALONE = ("alone",)
 

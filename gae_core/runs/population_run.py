@@ -113,6 +113,10 @@ class _Book:
                     _save_checkpoint(self.sink, member, self.config)
         except RunDeleted:
             self.status = "deleted"
+        except Exception:  # its last checkpoint or flush broke: it still ends, as failed
+            self.status, self.error = "failed", traceback.format_exc()
+            log.warning("run %s failed while ending: %s", self.run_id, self.error)
+            _flush_quietly(self.flush, self.run_id)
         if self.status != "deleted":
             self.sink.finish(self.status, self.error)
 
