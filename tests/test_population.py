@@ -15,7 +15,7 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.population import PopulationTrainer, can_join, population_key
-from gae_core.agent.recording import load_replay
+from gae_core.agent.recording import Replay, evaluate_replay, load_replay
 from gae_core.agent.trainer import Rollout, Trainer
 from gae_core.runs.execute import StoreSink
 from gae_core.runs.population_run import execute_population
@@ -116,6 +116,63 @@ def test_each_member_takes_the_update_a_single_run_takes_on_the_same_data(env_id
             single.close()
 
 
+def test_no_member_overshoots_its_budget_more_than_a_single_run():
+    """Members count different steps per rollout (the step after an episode's end resets and is
+    not counted), so the last rollout is as long as the member furthest from its budget needs.
+    The others' rows end where their budgets do, with a bootstrap there: each member ends
+    within num_envs − 1 steps of its budget, as a single run does, and its last rollout's
+    advantages are those of a single run's shorter last rollout."""
+    configs = [config(**m, total_steps=1_000, rollout_steps=64) for m in MEMBERS]
+    population = PopulationTrainer(configs)
+    last: dict[int, tuple] = {}  # member → (its steps before, its result, its rows) at its end
+    try:
+        while not population.done:
+            before = [state.env_steps for state in population._members]
+            results = population.step()
+            for i, result in results.items():
+                last[i] = (before[i], result, _member_rollout(population, i))
+        ended_early = 0
+        for i, c in enumerate(configs):
+            steps_before, result, view = last[i]
+            assert c.total_steps <= result.env_steps < c.total_steps + c.num_envs, i
+            assert all(e.env_step <= result.env_steps for e in result.episodes)
+            assert view.valid.sum() == result.env_steps - steps_before
+            final_row = np.flatnonzero(view.valid.any(axis=1))[-1]
+            if final_row < len(view.valid) - 1:  # its rollout ended early: bootstrapped there
+                ended_early += 1
+                assert (view.truncated[final_row] | view.terminated[final_row]).all()
+                assert not view.valid[final_row + 1 :].any()
+        assert ended_early  # the case this is about happened
+    finally:
+        population.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_a_members_evaluation_is_the_one_it_would_have_alone(env_id):
+    """Evaluated with others, in any order and company, a member's deterministic episodes are
+    those of its own weights on the envs its seed gives, exactly what a single run's
+    evaluation of the same weights returns (the same start states at every evaluation)."""
+    configs = [config(env_id, **m) for m in MEMBERS]
+    population = PopulationTrainer(configs)
+    try:
+        for _ in range(3):
+            population.step()
+        seeds = {i: 1_000 + 7 * i for i in range(len(configs))}
+        alone = {
+            i: evaluate_replay(Replay(population.model_of(i)), env_id, 3, seeds[i])
+            for i in range(len(configs))
+        }
+        for due in ([0, 1, 2, 3], [3, 1], [2]):
+            got = population.evaluate_members(due, 3, [seeds[i] for i in due])
+            assert set(got) == set(due)
+            for i in due:
+                np.testing.assert_allclose(got[i], alone[i], rtol=1e-5, err_msg=str((due, i)))
+        with pytest.raises(ValueError, match="seeds: one per member, got 1 for 2"):
+            population.evaluate_members([0, 1], 3, [5])
+    finally:
+        population.close()
+
+
 def test_a_member_that_blows_up_fails_alone():
     configs = [config(**m) for m in MEMBERS[:3]]
     population = PopulationTrainer(configs)
@@ -164,7 +221,8 @@ def test_a_population_run_stores_each_member_as_its_own_run(tmp_path):
     assert [o.status for o in outcomes] == ["finished"] * 3
     for run_id, c in zip(run_ids, configs, strict=True):
         run = store.get_run(run_id)
-        assert run.status == "finished" and c.total_steps <= run.env_steps < c.total_steps + 18
+        # within a single run's overshoot (under num_envs), whatever the others still need
+        assert run.status == "finished" and c.total_steps <= run.env_steps < c.total_steps + 3
         steps = store.checkpoint_steps(run_id)
         assert steps[:2] == sorted(steps)[:2] and steps[-1] == run.env_steps
         assert [s // 1_000 for s in steps[:-1]] == [1, 2]  # one per 1,000 steps crossed
@@ -220,6 +278,30 @@ def test_a_member_whose_ending_breaks_still_ends_failed(tmp_path):
     assert broken.status == "failed" and "No space left on device" in broken.error
     assert broken.env_steps >= configs[1].total_steps  # what it measured is kept
     assert len(store.metrics(run_ids[1], [M.EPISODIC_RETURN.key])) == broken.summary.episodes
+    store.close()
+
+
+def test_a_stop_on_the_last_update_still_ends_finished_with_its_evaluation(tmp_path):
+    """A stop that arrives with the budget's last update (the UI's Stop, a cancelled sweep)
+    ends the run finished, with the final evaluation a finished run always has."""
+    store = RunStore(tmp_path)
+    configs = [config(**m, eval_every=300) for m in MEMBERS[:2]]
+    run_ids = [store.create_run(c.to_dict()) for c in configs]
+    stops = [threading.Event() for _ in configs]
+
+    class StopAtTheEnd(StoreSink):
+        def flush(self, rows, env_steps, summary):
+            if env_steps >= configs[0].total_steps:
+                stops[0].set()
+            return super().flush(rows, env_steps, summary)
+
+    sinks = [StopAtTheEnd(store, run_ids[0]), StoreSink(store, run_ids[1])]
+    outcomes = execute_population(sinks, run_ids, configs, stops, flush_interval=0.0)
+    assert stops[0].is_set() and [o.status for o in outcomes] == ["finished", "finished"]
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        evals = store.metrics(run_id, [M.EVAL_RETURN.key])["env_step"].tolist()
+        assert evals[-1] == run.env_steps and len(evals) == 2, (run_id, evals)
     store.close()
 
 

@@ -143,6 +143,38 @@ def test_a_dead_worker_costs_only_its_own_trial(tmp_path):
     store.close()
 
 
+def test_a_dead_population_worker_costs_its_members_one_retry(tmp_path):
+    """With populations a worker holds several trials: kill -9 of it re-queues every member it
+    held (their data from the dead attempt dropped) and they finish, as do the others."""
+    import functools
+
+    from gae_core.runs.pool import LocalPool
+
+    store = RunStore(tmp_path)
+    config = TrainConfig(num_envs=4, rollout_steps=16, total_steps=60_000, hidden_sizes=(16,))
+    backend = functools.partial(LocalPool, members=2)
+    sweep = start_sweep(store, config, grid_of(seeds=[0, 1, 2, 3]), workers=2, backend=backend)
+    victim = sweep.run_ids[0]
+    assert wait_until(
+        lambda: victim in sweep.trial_pids() and store.get_run(victim).env_steps > 0, 60
+    )
+    pids = sweep.trial_pids()
+    members = [run_id for run_id, pid in pids.items() if pid == pids[victim]]
+    assert len(members) == 2  # the victim and its population's other member
+    os.kill(pids[victim], signal.SIGKILL)
+    assert sweep.wait(timeout=120)
+    attempts = {t.run_id: t.attempts for t in sweep._trials}
+    assert attempts == {r: int(r in members) for r in sweep.run_ids}  # both members, once
+    runs = {r: store.get_run(r) for r in sweep.run_ids}
+    assert [run.status for run in runs.values()] == ["finished"] * 4
+    assert all(run.env_steps >= 60_000 for run in runs.values())
+    for run_id in members:  # retried from scratch: one curve, not the dead attempt's as well
+        steps = store.metrics(run_id, [M.EPISODIC_RETURN.key])["env_step"]
+        assert steps.is_monotonic_increasing and len(steps) == runs[run_id].summary.episodes
+    assert store.get_sweep(sweep.sweep_id).status == "finished"
+    store.close()
+
+
 def test_a_sweep_whose_every_trial_failed_is_failed(tmp_path):
     """Trials that fail inside their worker (here: an env registered only in this process,
     which the spawned workers do not know) end failed with the reason; all failed → the sweep

@@ -192,20 +192,25 @@ class PopulationTrainer:
     # -- collect, estimate, update ----------------------------------------------------------
 
     def _collect(self, active: list[int]) -> dict[int, list[Episode]]:
-        shared, per = self.shared, self.envs_per_member
-        remaining = max(
-            -(-(self.configs[i].total_steps - self._members[i].env_steps) // per) for i in active
-        )
-        steps = min(shared.rollout_steps, max(remaining, 1))
+        shared, per, members = self.shared, self.envs_per_member, self.size
+        # A member's budget ends in this rollout once it has counted ``need`` more env steps:
+        # from there its rows are not its own (invalid) and its last row is a rollout end (a
+        # bootstrap, as in a single run's last, shorter rollout), so no member overshoots its
+        # budget by more than a single run does (under num_envs steps). The rollout is as long
+        # as the member furthest from its end needs.
+        need = np.zeros(members, np.int64)
+        for i in active:
+            need[i] = self.configs[i].total_steps - self._members[i].env_steps
+        steps = min(shared.rollout_steps, max(int(-(-need.max() // per)), 1))
         rollout = self._batch = self._rollout.head(steps)
         obs, rng = self._obs, self._rng
-        members = self.size
         episodes: dict[int, list[Episode]] = {i: [] for i in active}
         live = np.zeros(members, bool)
         live[active] = True
-        live_columns = np.repeat(live, per)
+        counted = np.zeros(members, np.int64)
         with torch.inference_mode():
             for t in range(steps):
+                live_columns = np.repeat(live, per)
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
                 rollout.valid[t] = valid & live_columns
@@ -222,9 +227,13 @@ class PopulationTrainer:
                 self._reset_next = terminated | truncated
                 if self._reset_next.any():
                     self._finish_episodes(t, episodes, live_columns)
+                counted += rollout.valid[t].reshape(members, per).sum(1)
+                ended = live & (counted >= need)
+                if ended.any() and t < steps - 1:
+                    rollout.truncated[t, np.repeat(ended, per)] = True  # its rollout ends here
+                    live &= ~ended
         rollout.observations[-1] = obs
         self._obs = obs
-        counted = rollout.valid.reshape(steps, members, per).sum(axis=(0, 2))
         for i in active:
             self._members[i].env_steps += int(counted[i])
         return episodes
@@ -407,36 +416,38 @@ class PopulationTrainer:
     # -- evaluations, checkpoints, recordings ------------------------------------------------
 
     def evaluate_members(
-        self, members: Sequence[int], episodes: int, seed: int
+        self, members: Sequence[int], episodes: int, seeds: Sequence[int]
     ) -> dict[int, list[float]]:
         """Deterministic evaluations (argmax / mean actions) of several members at once:
-        ``episodes`` episodes each, in one vector env of ``len(members) · episodes`` sub-envs
-        reset with ``seed``, one stacked forward pass per step. A member's episodes start from
-        other states than its evaluation alone would (same distribution): the price of
-        evaluating 35 members in about the time of one."""
+        ``episodes`` episodes each on a vector env of its own reset with its seed (``seeds``,
+        one per member), so a member's episodes start from the states its evaluation alone
+        (:func:`~gae_core.agent.recording.evaluate_replay`) would, whichever other members are
+        due with it; one stacked forward pass per step for all of them."""
         if not members:
             return {}
+        if len(seeds) != len(members):
+            raise ValueError(f"seeds: one per member, got {len(seeds)} for {len(members)}")
         count = len(members)
         actor = self.actor.select(members)
-        env = make_vector_env(self.shared.env_id, count * episodes)
+        envs = [make_vector_env(self.shared.env_id, episodes) for _ in members]
         try:
-            obs, _ = env.reset(seed=seed)
-            returns = np.zeros(count * episodes)
-            running = np.ones(count * episodes, bool)
+            obs = np.stack([env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)])
+            returns = np.zeros((count, episodes))
+            running = np.ones((count, episodes), bool)
             with torch.inference_mode():
                 while running.any():
-                    out = actor(torch.from_numpy(obs).view(count, episodes, -1))
-                    out = out.reshape(count * episodes, -1).numpy()
-                    actions = out.argmax(axis=1) if self.discrete else out.astype(np.float32)
+                    out = actor(torch.from_numpy(obs)).numpy()  # [count, episodes, ...]
+                    actions = out.argmax(axis=-1) if self.discrete else out.astype(np.float32)
                     if self._bounds is not None:
                         actions = np.clip(actions, *self._bounds)
-                    obs, rewards, terminated, truncated, _ = env.step(actions)
-                    returns += np.where(running, rewards, 0.0)
-                    running &= ~(terminated | truncated)
+                    for k in np.flatnonzero(running.any(axis=1)):  # the others are over
+                        obs[k], rewards, terminated, truncated, _ = envs[k].step(actions[k])
+                        returns[k] += np.where(running[k], rewards, 0.0)
+                        running[k] &= ~(terminated | truncated)
         finally:
-            env.close()
-        by_member = returns.reshape(count, episodes)
-        return {m: by_member[k].tolist() for k, m in enumerate(members)}
+            for env in envs:
+                env.close()
+        return {m: returns[k].tolist() for k, m in enumerate(members)}
 
     def model_of(self, index: int) -> ActorCritic:
         """Member ``index``'s networks as a standalone :class:`ActorCritic` (a copy)."""

@@ -3,8 +3,9 @@
 
 Every member has its own sink, stop event, metric buffer, return tracker, evaluations and
 checkpoints, exactly as :func:`~gae_core.runs.execute.execute_run` keeps them for one run; only
-the stepping is shared, and so are the deterministic evaluations of the members due at one
-update (one vector env for all of them: 35 evaluations took 3.9 s one by one). A member that is
+the stepping is shared, and so is the forward pass of the deterministic evaluations of the
+members due at one update (each on envs of its own, seeded as its evaluation alone would be,
+so its evaluation curve has the same start states at every point). A member that is
 stopped, deleted or blows up ends on its own (the others go on); an exception in the population
 itself (its env, its process) fails every member that had not ended.
 """
@@ -169,16 +170,20 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
     def evaluations(due: list[int]) -> dict[int, list[float]]:
         if not due:
             return {}
-        config = books[due[0]].config
-        seed = (config.seed + EVAL_SEED_OFFSET) % 2**31
-        return population.evaluate_members(due, config.eval_episodes, seed)
+        seeds = [(books[i].config.seed + EVAL_SEED_OFFSET) % 2**31 for i in due]  # as alone
+        return population.evaluate_members(due, books[due[0]].config.eval_episodes, seeds)
 
     while True:
         wall = time.monotonic() - started
-        for i, (member, book) in enumerate(zip(members, books, strict=True)):
-            if book.status is None and book.stop.is_set():
-                population.deactivate(i)
-                book.close(member, "finished" if member.done else "stopped", None, wall)
+        stopping = [i for i, book in enumerate(books) if book.status is None and book.stop.is_set()]
+        # a stop that lands on a budget's last update ends a finished run: with its evaluation
+        final = evaluations(
+            [i for i in stopping if members[i].done and books[i].needs_final_evaluation(members[i])]
+        )
+        for i in stopping:
+            population.deactivate(i)
+            status = "finished" if members[i].done else "stopped"
+            books[i].close(members[i], status, None, wall, final.get(i))
         if population.done:
             break
         results = population.step()

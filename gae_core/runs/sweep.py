@@ -6,10 +6,11 @@ endings that the worker streams back. A trial never touches the store, so a work
 machine needs no access to it (:mod:`gae_core.runs.pool` is the local backend,
 :mod:`gae_core.runs.ray_pool` the Ray one; :mod:`gae_core.runs.backends` picks by name).
 
-Failures stay local: a worker that dies (killed, out of memory) costs only the trial it held,
-which is retried once by default from the start (trials are deterministic per seed) and
-otherwise ends ``interrupted`` with the worker's pid and exit code; the other trials run to the
-end. A coordinator killed with -9 leaves its trials owned by a dead process: the next recovery
+Failures stay local: a worker that dies (killed, out of memory) costs only the trials it held
+(one, or the members of its population), each retried once by default from the start (a trial
+alone is deterministic per seed; a member may rejoin another population, so its rerun matches in
+distribution) and otherwise ended ``interrupted`` with the worker's pid and exit code; the other
+trials run to the end. A coordinator killed with -9 leaves its trials owned by a dead process: the next recovery
 marks every one of them ``interrupted``, and its workers exit when its pipes close.
 
 >>> sweep = start_sweep(RunStore(), TrainConfig(total_steps=50_000),
