@@ -294,6 +294,34 @@ def report(args: argparse.Namespace) -> None:
             f"left out: {len(stale)} of our rows from older presets ({', '.join(envs_left)})"
         )
     print("\n".join(["", *verdicts]))
+    if args.curves:
+        print_curves(latest, args.curves)
+
+
+def print_curves(latest: dict[tuple, dict], envs: list[str]) -> None:
+    """The learning curves (100-episode mean of the training returns) at every fifth of the
+    budget, per run and as the median over seeds: what the README's curve tables quote."""
+    print("\nlearning curves: 100-episode mean at each fifth of the budget")
+    for env in envs:
+        for impl in ("ours", "sb3"):
+            runs = [r for (i, e, _), r in sorted(latest.items()) if i == impl and e == env]
+            runs = [r for r in runs if r.get("curve")]
+            if not runs:
+                continue
+            marks = [point[0] for point in runs[0]["curve"]][3::4]  # 20 points → 5
+            print(f"{env} {impl}: at " + " ".join(f"{m / 1e3:.0f}k" for m in marks))
+            table = []
+            for run in runs:
+                by_step = dict((step, value) for step, value in run["curve"])
+                values = [by_step.get(m) for m in marks]
+                table.append(values)
+                cells = " ".join("—" if v is None else f"{v:.0f}" for v in values)
+                print(f"  seed {run['seed']}: {cells}")
+            medians = []
+            for column in zip(*table, strict=True):
+                known = [v for v in column if v is not None]
+                medians.append(f"{statistics.median(known):.0f}" if known else "—")
+            print(f"  median: {' '.join(medians)}")
 
 
 def main() -> None:
@@ -308,6 +336,10 @@ def main() -> None:
     runner.set_defaults(handler=run)
     reporter = sub.add_parser("report")
     reporter.add_argument("--out", default=str(DEFAULT_OUT))
+    reporter.add_argument(
+        "--curves", nargs="*", metavar="ENV", default=None,
+        help="also print these envs' learning curves (at each fifth of the budget)",
+    )  # fmt: skip
     reporter.set_defaults(handler=report)
     args = parser.parse_args()
     args.handler(args)

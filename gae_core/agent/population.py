@@ -48,7 +48,7 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_vector_env
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import ActorCritic, StackedMLP
-from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_replay, record_replay
+from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_policies, record_replay
 from gae_core.agent.trainer import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
@@ -418,36 +418,23 @@ class PopulationTrainer:
     def evaluate_members(
         self, members: Sequence[int], episodes: int, seeds: Sequence[int]
     ) -> dict[int, list[float]]:
-        """Deterministic evaluations (argmax / mean actions) of several members at once:
-        ``episodes`` episodes each on a vector env of its own reset with its seed (``seeds``,
-        one per member), so a member's episodes start from the states its evaluation alone
-        (:func:`~gae_core.agent.recording.evaluate_replay`) would, whichever other members are
+        """Deterministic evaluations (argmax / mean actions) of several members at once, one
+        seed each: each on envs of its own seeded as its evaluation alone
+        (:func:`~gae_core.agent.recording.evaluate_replay`) would be, whichever members are
         due with it; one stacked forward pass per step for all of them."""
-        if not members:
-            return {}
         if len(seeds) != len(members):
             raise ValueError(f"seeds: one per member, got {len(seeds)} for {len(members)}")
-        count = len(members)
+        if not members:
+            return {}
         actor = self.actor.select(members)
-        envs = [make_vector_env(self.shared.env_id, episodes) for _ in members]
-        try:
-            obs = np.stack([env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)])
-            returns = np.zeros((count, episodes))
-            running = np.ones((count, episodes), bool)
+
+        def act(obs: np.ndarray) -> np.ndarray:  # [members, episodes, obs...]
             with torch.inference_mode():
-                while running.any():
-                    out = actor(torch.from_numpy(obs)).numpy()  # [count, episodes, ...]
-                    actions = out.argmax(axis=-1) if self.discrete else out.astype(np.float32)
-                    if self._bounds is not None:
-                        actions = np.clip(actions, *self._bounds)
-                    for k in np.flatnonzero(running.any(axis=1)):  # the others are over
-                        obs[k], rewards, terminated, truncated, _ = envs[k].step(actions[k])
-                        returns[k] += np.where(running[k], rewards, 0.0)
-                        running[k] &= ~(terminated | truncated)
-        finally:
-            for env in envs:
-                env.close()
-        return {m: returns[k].tolist() for k, m in enumerate(members)}
+                out = actor(torch.from_numpy(obs)).numpy()
+            return out.argmax(axis=-1) if self.discrete else out.astype(np.float32)
+
+        returns = evaluate_policies(act, self.shared.env_id, episodes, seeds)
+        return dict(zip(members, returns, strict=True))
 
     def model_of(self, index: int) -> ActorCritic:
         """Member ``index``'s networks as a standalone :class:`ActorCritic` (a copy)."""
@@ -500,8 +487,7 @@ class Member:
         return checkpoint_bytes(self.population.model_of(self.index), {})
 
     def evaluate(self, episodes: int, seed: int) -> list[float]:
-        replay = Replay(self.population.model_of(self.index))
-        return evaluate_replay(replay, self.config.env_id, episodes, seed)
+        return self.population.evaluate_members([self.index], episodes, [seed])[self.index]
 
     def record(self, episodes: int, seed: int) -> list[Trajectory]:
         replay = Replay(self.population.model_of(self.index))

@@ -15,6 +15,7 @@ them with its own statistics.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -30,6 +31,7 @@ __all__ = [
     "NORMALIZATION_EPSILON",
     "Replay",
     "checkpoint_bytes",
+    "evaluate_policies",
     "evaluate_replay",
     "evaluate_values",
     "load_replay",
@@ -175,22 +177,34 @@ def evaluate_values(config: TrainConfig, blob: bytes, observations: np.ndarray) 
 def evaluate_replay(replay: Replay, env_id: str, episodes: int, seed: int) -> list[float]:
     """Returns of ``episodes`` deterministic episodes (argmax / mean actions, clipped to the
     action bounds for the env), one per env of a fresh vector env reset with ``seed``."""
-    env = make_vector_env(env_id, episodes)
-    space = env.single_action_space
+    return evaluate_policies(lambda obs: replay.act(obs[0])[None], env_id, episodes, [seed])[0]
+
+
+def evaluate_policies(
+    act: Callable[[np.ndarray], np.ndarray], env_id: str, episodes: int, seeds: Sequence[int]
+) -> list[list[float]]:
+    """:func:`evaluate_replay` for several policies at once, one per seed: policy k plays
+    ``episodes`` deterministic episodes on a fresh vector env of its own reset with
+    ``seeds[k]`` (the start states it would have alone); ``act`` maps the observations of all
+    of them, ``[policies, episodes, obs...]``, to their actions in one call."""
+    envs = [make_vector_env(env_id, episodes) for _ in seeds]
+    space = envs[0].single_action_space
     bounds = None if isinstance(space, gym.spaces.Discrete) else (space.low, space.high)
     try:
-        obs, _ = env.reset(seed=seed)
-        returns = np.zeros(episodes)
-        running = np.ones(episodes, bool)
+        obs = np.stack([env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)])
+        returns = np.zeros((len(envs), episodes))
+        running = np.ones((len(envs), episodes), bool)
         while running.any():
-            actions = replay.act(obs)
+            actions = act(obs)
             if bounds is not None:
                 actions = np.clip(actions, *bounds)
-            obs, rewards, terminated, truncated, _ = env.step(actions)
-            returns += np.where(running, rewards, 0.0)
-            running &= ~(terminated | truncated)
+            for k in np.flatnonzero(running.any(axis=1)):  # the others' episodes are over
+                obs[k], rewards, terminated, truncated, _ = envs[k].step(actions[k])
+                returns[k] += np.where(running[k], rewards, 0.0)
+                running[k] &= ~(terminated | truncated)
     finally:
-        env.close()
+        for env in envs:
+            env.close()
     return returns.tolist()
 
 

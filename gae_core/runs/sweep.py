@@ -10,8 +10,9 @@ Failures stay local: a worker that dies (killed, out of memory) costs only the t
 (one, or the members of its population), each retried once by default from the start (a trial
 alone is deterministic per seed; a member may rejoin another population, so its rerun matches in
 distribution) and otherwise ended ``interrupted`` with the worker's pid and exit code; the other
-trials run to the end. A coordinator killed with -9 leaves its trials owned by a dead process: the next recovery
-marks every one of them ``interrupted``, and its workers exit when its pipes close.
+trials run to the end. A coordinator killed with -9 leaves its trials owned by a dead process:
+the next recovery marks every one of them ``interrupted``, and its workers exit when its pipes
+close.
 
 >>> sweep = start_sweep(RunStore(), TrainConfig(total_steps=50_000),
 ...                     grid_of(lambdas=[0.9, 0.95, 1.0], seeds=[0, 1, 2]), workers=2)
