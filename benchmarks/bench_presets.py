@@ -184,12 +184,21 @@ def summarize(raw: dict, env_id: str) -> dict:
     return out
 
 
+#: Config fields added after rows in the results file were run, with the value that gives the
+#: behaviour those runs had: left out of the fingerprint at that value, so adding a field does
+#: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
+ADDED_LATER = {"use_sde": False}
+
+
 def preset_fingerprint(env_id: str) -> str:
     """A short hash of today's preset for ``env_id`` (every field but the seed)."""
     from gae_core.agent.presets import preset_config
 
     fields = dataclasses.asdict(preset_config(env_id, seed=0))
     fields.pop("seed")
+    for name, old_behaviour in ADDED_LATER.items():
+        if fields.get(name) == old_behaviour:
+            del fields[name]
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -90,8 +90,8 @@ if view == "Launch a sweep":
             help="Each worker trains its share of the trials as one population: one batched "
             "network pass for all of them, several times faster on small networks. Every "
             "trial is still its own run, identical in distribution to training it alone but "
-            "not bit for bit. Off: each trial trains alone. Trials with normalisation always "
-            "train alone.",
+            "not bit for bit. Off: each trial trains alone. Trials with normalisation or "
+            "gSDE always train alone.",
         )  # fmt: skip
         values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
         errors = []

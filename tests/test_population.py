@@ -201,10 +201,12 @@ def test_only_configs_that_can_share_a_population_do():
     assert population_key(a) != population_key(config(num_envs=4))
     assert population_key(a) != population_key(config(learning_rate=1e-2))
     assert not can_join(config(normalize_observations=True))
+    assert not can_join(config("Pendulum-v1", use_sde=True))
     with pytest.raises(ValueError, match="must differ only in seed"):
         PopulationTrainer([a, config(num_envs=4)])
-    with pytest.raises(ValueError, match="without normalisation"):
-        PopulationTrainer([config(normalize_rewards=True)])
+    for alone in (config(normalize_rewards=True), config("Pendulum-v1", use_sde=True)):
+        with pytest.raises(ValueError, match="without normalisation or gSDE"):
+            PopulationTrainer([alone])
 
 
 def test_a_population_run_stores_each_member_as_its_own_run(tmp_path):
@@ -258,17 +260,28 @@ def test_a_stopped_member_ends_stopped_and_the_others_finish(tmp_path):
     store.close()
 
 
-def test_a_member_whose_ending_breaks_still_ends_failed(tmp_path):
-    """Its last checkpoint raising (a full disk) must not leave its run without an end: a sweep
-    would wait for it forever. It ends failed with the reason; the others finish."""
+@pytest.mark.parametrize(
+    "breaks", ["a checkpoint mid-run", "its last checkpoint", "its last flush"]
+)
+def test_a_member_whose_store_writes_break_ends_failed_alone(tmp_path, breaks):
+    """A member whose checkpoint or flush raises (a full disk) ends failed with the reason and
+    is never left without an end (a sweep would wait for it forever); the others finish."""
     store = RunStore(tmp_path)
-    configs = [config(**m) for m in MEMBERS[:3]]
+    every = 150 if breaks == "a checkpoint mid-run" else 0
+    configs = [config(**m, checkpoint_every=every) for m in MEMBERS[:3]]
     run_ids = [store.create_run(c.to_dict()) for c in configs]
     sinks = [StoreSink(store, r) for r in run_ids]
 
     class FullDisk(StoreSink):
         def checkpoint(self, env_step, blob, trajectories):
-            raise OSError(28, "No space left on device")
+            if breaks != "its last flush":
+                raise OSError(28, "No space left on device")
+            super().checkpoint(env_step, blob, trajectories)
+
+        def flush(self, rows, env_steps, summary):
+            if breaks == "its last flush" and env_steps >= configs[1].total_steps:
+                raise OSError(28, "No space left on device")
+            return super().flush(rows, env_steps, summary)
 
     sinks[1] = FullDisk(store, run_ids[1])
     stops = [threading.Event() for _ in configs]
@@ -276,7 +289,10 @@ def test_a_member_whose_ending_breaks_still_ends_failed(tmp_path):
     assert [o.status for o in outcomes] == ["finished", "failed", "finished"]
     broken = store.get_run(run_ids[1])
     assert broken.status == "failed" and "No space left on device" in broken.error
-    assert broken.env_steps >= configs[1].total_steps  # what it measured is kept
+    if breaks == "a checkpoint mid-run":
+        assert broken.env_steps < configs[1].total_steps  # it ended there
+    for run_id in (run_ids[0], run_ids[2]):
+        assert store.get_run(run_id).env_steps >= configs[0].total_steps
     assert len(store.metrics(run_ids[1], [M.EPISODIC_RETURN.key])) == broken.summary.episodes
     store.close()
 

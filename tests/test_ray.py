@@ -187,6 +187,21 @@ def test_backend_names_and_addresses_are_checked():
         backend_factory("ray", members=4)
 
 
+def test_the_address_joined_with_counts_only_for_the_connection_it_made(local_ray):
+    """An address this process passed to ray.init is accepted while that connection lasts; a
+    later connection to another Ray (after a shutdown) does not inherit it."""
+    from gae_core.runs import ray_pool
+
+    ray_pool._JOINED["head.example:6379"] = local_ray  # as if ray.init had joined it
+    try:
+        assert backend_factory("ray", "head.example:6379")
+        ray_pool._JOINED["head.example:6379"] = "10.9.9.9:6379"  # a connection since gone
+        with pytest.raises(ConfigError, match=r"a sweep on head\.example:6379 needs"):
+            backend_factory("ray", "head.example:6379")
+    finally:
+        ray_pool._JOINED.pop("head.example:6379", None)
+
+
 def test_another_clusters_address_is_refused_once_connected(local_ray):
     """One Ray per process: asked for another cluster while connected to the local one, the
     factory says so instead of running the sweep on the local Ray."""

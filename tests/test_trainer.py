@@ -459,3 +459,86 @@ def test_log_std_init_sets_the_initial_exploration():
         np.testing.assert_array_equal(trainer.model.log_std.detach().numpy(), [-2.0])
     finally:
         trainer.close()
+
+
+def _sde_model(seed: int = 0, log_std_init: float = -1.0):
+    from gae_core.agent.policy import ActorCritic
+
+    observations = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    actions = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+    return ActorCritic(observations, actions, (8, 5), seed, log_std_init, sde=True)
+
+
+def test_gsde_log_prob_and_entropy_are_the_gaussians_with_state_dependent_std():
+    """log π(a|s) and the entropy of gSDE's policy are those of N(μ(s), φ(s)² · σ² + ε) per
+    action dimension (torch.distributions as the reference), with a per-entry log-std and
+    gradients reaching it and the mean but not the features φ."""
+    from gae_core.agent.policy import SDE_EPSILON
+
+    model = _sde_model()
+    assert model.log_std.shape == (5, 2)  # last hidden width × action dims
+    with torch.no_grad():
+        model.log_std.copy_(torch.randn(5, 2, generator=torch.Generator().manual_seed(1)))
+    rng = np.random.default_rng(0)
+    obs = torch.from_numpy(rng.normal(size=(6, 3)).astype(np.float32))
+    actions = torch.from_numpy(rng.normal(size=(6, 2)).astype(np.float32))
+    log_probs, entropy = model.log_probs_and_entropy(obs, actions)
+    hidden = obs
+    for layer in [m for m in model.actor if isinstance(m, torch.nn.Linear)][:-1]:
+        hidden = torch.tanh(layer(hidden))
+    mean = model.actor(obs)
+    variance = hidden.detach().square() @ model.log_std.exp().square() + SDE_EPSILON
+    reference = torch.distributions.Normal(mean, variance.sqrt())
+    torch.testing.assert_close(log_probs, reference.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, reference.entropy().sum(-1))
+    (log_probs.sum() + entropy.sum()).backward()
+    assert model.log_std.grad is not None and model.log_std.grad.abs().sum() > 0
+
+
+def test_gsde_noise_has_the_policys_variance_and_is_fixed_within_a_rollout():
+    """With a drawn matrix W per env the noise is φ(s) · W: linear in the features, so the
+    same W gives the same noise for the same state, and over many W its variance per action
+    dimension is φ(s)² · σ² (the distribution the log-prob uses). Without W (a replay) each
+    row is drawn from that distribution directly."""
+    model = _sde_model(log_std_init=-0.5)
+    rng = np.random.default_rng(0)
+    obs = torch.from_numpy(rng.normal(size=(1, 3)).astype(np.float32))
+    with torch.inference_mode():
+        mean = model.act(obs)
+        _, features = model._actor_features(obs)
+        expected = (features.square() @ model.log_std.exp().square()).numpy()[0]
+        count = 20_000
+        noise = model.sde_noise(count, rng)
+        assert noise.shape == (count, 5, 2)
+        drawn = model.sample(obs.expand(count, 3), rng, noise) - mean
+        fresh = model.sample(obs.expand(count, 3), rng) - mean
+        again = model.sample(obs.expand(count, 3), rng, noise) - mean
+    np.testing.assert_allclose(drawn, again, rtol=1e-6, atol=1e-7)  # same W, same noise
+    for samples in (drawn, fresh):
+        assert np.all(np.abs(samples.mean(axis=0)) <= 4 * np.sqrt(expected / count))
+        # the sample variance's standard error is √(2/n)·σ² ≈ 1 % of it here
+        np.testing.assert_allclose(samples.var(axis=0), expected, rtol=0.05)
+
+
+def test_a_gsde_run_draws_one_matrix_per_env_per_rollout_and_replays_its_checkpoint():
+    config = tiny("Pendulum-v1", use_sde=True, log_std_init=-2.0, total_steps=48)
+    trainer = Trainer(config)
+    draws = []
+    original = trainer.model.sde_noise
+
+    def counted(count, rng):
+        draws.append(count)
+        return original(count, rng)
+
+    trainer.model.sde_noise = counted
+    try:
+        while not trainer.done:
+            trainer.step()
+        assert draws == [config.num_envs] * trainer.updates  # one per rollout, one per env
+        replay = load_replay(config, trainer.checkpoint_bytes())
+        assert replay.model.sde and replay.model.log_std.shape == (16, 1)
+        obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+        with torch.inference_mode():
+            np.testing.assert_array_equal(replay.act(obs), trainer.model.act(torch.from_numpy(obs)))
+    finally:
+        trainer.close()

@@ -91,6 +91,12 @@ class TrainConfig:
     log_std_init: float = _field(
         0.0, "Initial log-std of the Gaussian policy (continuous actions)", min=-5.0, max=2.0
     )
+    use_sde: bool = _field(
+        False,
+        "gSDE: state-dependent exploration for continuous actions (SB3's use_sde): noise is the "
+        "actor's last hidden features times a random matrix drawn once per rollout and env; "
+        "log_std_init is then that matrix's initial log-std",
+    )
     seed: int = _field(0, "Seed for weights, env resets and action sampling", min=0, max=2**31 - 1)
     device: str = _field(
         "cpu", "Torch device ('cuda' only where available)", choices=("cpu", "cuda")

@@ -18,9 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ActorCritic", "StackedMLP"]
+__all__ = ["SDE_EPSILON", "ActorCritic", "StackedMLP"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
+#: Added to gSDE's per-step variance (SB3's ``epsilon``): a zero feature vector is not a
+#: zero-width Gaussian.
+SDE_EPSILON = 1e-6
 
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
@@ -45,9 +48,17 @@ def _init(net: nn.Sequential, output_gain: float, generator: torch.Generator) ->
 class ActorCritic(nn.Module):
     """π(a|s) and V(s) for a flat Box observation space and a Discrete or 1-D Box action space.
 
-    Continuous actions: a Gaussian with a state-independent log-std parameter. ``sample`` returns
-    the *unclipped* sample, whose log-prob the loss uses; the trainer clips a copy to the action
-    bounds for the env (the usual practice, e.g. SB3; the paper does not discuss bounds).
+    Continuous actions: a Gaussian with a state-independent log-std parameter, or with ``sde``
+    generalized state-dependent exploration (gSDE, Raffin, Kober & Stulp 2022; SB3's
+    ``use_sde`` with ``full_std``): the noise is ``φ(s) · W``, with φ(s) the actor's last hidden
+    features (detached) and W a ``[features, actions]`` matrix with entries ~ N(0, σ²),
+    ``σ = exp(log_std)`` (one log-std per entry). The trainer draws one W per env per rollout
+    (:meth:`sde_noise`), so exploration is smooth along a trajectory. For a given s the action is
+    Gaussian with mean μ(s) and variance ``Σ_j φ_j(s)² σ_ja² + ε`` per dimension (ε = 1e-6, as
+    SB3), which is what the log-prob and entropy use; without a W (replays, the lab) ``sample``
+    draws from that same per-step distribution. ``sample`` returns the *unclipped* sample, whose
+    log-prob the loss uses; the trainer clips a copy to the action bounds for the env (the usual
+    practice, e.g. SB3; the paper does not discuss bounds).
     """
 
     def __init__(
@@ -57,15 +68,19 @@ class ActorCritic(nn.Module):
         hidden_sizes: tuple[int, ...],
         seed: int,
         log_std_init: float = 0.0,
+        sde: bool = False,
     ) -> None:
         super().__init__()
         obs_dim = int(observation_space.shape[0])
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         out_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.sde = sde and not self.discrete
         self.actor = _mlp([obs_dim, *hidden_sizes, out_dim])
         self.critic = _mlp([obs_dim, *hidden_sizes, 1])
+        features = ([obs_dim, *hidden_sizes])[-1]
+        shape = (features, out_dim) if self.sde else (out_dim,)
         self.log_std = (
-            None if self.discrete else nn.Parameter(torch.full((out_dim,), float(log_std_init)))
+            None if self.discrete else nn.Parameter(torch.full(shape, float(log_std_init)))
         )
         generator = torch.Generator().manual_seed(seed)  # local: no global RNG state touched
         _init(self.actor, 0.01, generator)
@@ -73,22 +88,53 @@ class ActorCritic(nn.Module):
         self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
 
     def _actor_forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._actor_features(obs)[0]
+
+    def _actor_features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's output and its last hidden features φ(s) (the input, with no hidden
+        layer), detached: gSDE's noise does not train the features (SB3's default)."""
         # F.linear on the layers directly: nn.Module.__call__ overhead dominates at batch 16.
-        h = obs
+        h = features = obs
         last = len(self._actor_layers) - 1
         for i, layer in enumerate(self._actor_layers):
+            if i == last:
+                features = h
             h = F.linear(h, layer.weight, layer.bias)
             if i < last:
                 h = torch.tanh(h)
-        return h
+        return h, features.detach()
+
+    def sde_noise(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """``count`` exploration matrices W ``[count, features, actions]``, entries
+        ~ N(0, exp(log_std)²): one per env, drawn at the start of a rollout (gSDE)."""
+        sigma = np.exp(self.log_std.detach().cpu().numpy())
+        return (sigma * rng.standard_normal((count, *sigma.shape))).astype(np.float32)
+
+    def _sde_std(self, features: torch.Tensor) -> torch.Tensor:
+        """The per-step std of gSDE's action noise, ``√(φ² · σ² + ε)`` ``[B, actions]``."""
+        variance = features.square() @ (2.0 * self.log_std).exp()
+        return (variance + SDE_EPSILON).sqrt()
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) for ``obs [..., obs_dim]`` → ``[...]``."""
         return self.critic(obs).squeeze(-1)
 
-    def sample(self, obs: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
+    def sample(
+        self, obs: torch.Tensor, rng: np.random.Generator, noise: np.ndarray | None = None
+    ) -> np.ndarray:
         """Sample actions for a batch (call under ``torch.inference_mode``); numpy out:
-        int64 ``[B]`` (discrete) or float32 ``[B, action_dim]`` (continuous, unclipped)."""
+        int64 ``[B]`` (discrete) or float32 ``[B, action_dim]`` (continuous, unclipped).
+        ``noise``: with gSDE, row b's exploration matrix (:meth:`sde_noise`, ``[B, F, A]``);
+        without it each row's noise is drawn afresh from the same per-step distribution."""
+        if self.sde:
+            out, features = self._actor_features(obs)
+            if noise is not None:
+                matrices = torch.as_tensor(noise, device=obs.device)
+                explore = torch.einsum("bf,bfa->ba", features, matrices)
+                return (out + explore).cpu().numpy().astype(np.float32)
+            std = self._sde_std(features).cpu().numpy()
+            out = out.cpu().numpy()
+            return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
         out = self._actor_forward(obs).cpu().numpy()
         if self.discrete:
             # Gumbel-max: argmax(logits + Gumbel noise) is an exact categorical sample.
@@ -106,15 +152,17 @@ class ActorCritic(nn.Module):
         self, obs: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """log π(a|s) and the policy entropy per row, differentiable. ``obs [B, obs_dim]``."""
-        out = self._actor_forward(obs)
+        out, features = self._actor_features(obs)
         if self.discrete:
             log_p = F.log_softmax(out, dim=-1)
             log_probs = log_p.gather(1, actions.long().unsqueeze(1)).squeeze(1)
             entropy = -(log_p.exp() * log_p).sum(-1)
             return log_probs, entropy
-        z = (actions - out) / self.log_std.exp()
-        log_probs = (-0.5 * z.square() - self.log_std - 0.5 * _LOG_2PI).sum(-1)
-        entropy = (0.5 + 0.5 * _LOG_2PI + self.log_std).sum().expand(out.shape[0])
+        # gSDE: a per-row std, √(φ(s)² · σ² + ε); otherwise one std for every row
+        log_std = self._sde_std(features).log() if self.sde else self.log_std.expand(out.shape)
+        z = (actions - out) / log_std.exp()
+        log_probs = (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(-1)
+        entropy = (0.5 + 0.5 * _LOG_2PI + log_std).sum(-1)
         return log_probs, entropy
 
 

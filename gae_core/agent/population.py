@@ -28,7 +28,8 @@ total_steps``).
 
 Members may differ in :data:`PER_MEMBER` fields; every other field must be equal
 (:func:`population_key`). Observation or reward normalisation keeps running statistics of the
-whole vector env, which would mix members, so such configs train alone.
+whole vector env, which would mix members, so such configs train alone; so do gSDE configs (their
+per-env exploration matrices are not stacked here).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ PER_MEMBER = (
 
 
 def can_join(config: TrainConfig) -> bool:
-    """Whether a run with ``config`` can train in a population (no normalisation, on the CPU)."""
+    """Whether a run with ``config`` can train in a population (no normalisation, no gSDE,
+    on the CPU)."""
     return (
         not config.normalize_observations
         and not config.normalize_rewards
+        and not config.use_sde
         and config.device == "cpu"
     )
 
@@ -97,7 +100,7 @@ class PopulationTrainer:
         if len(keys) > 1 or not all(can_join(c) for c in configs):
             raise ValueError(
                 "members of a population must differ only in " + ", ".join(PER_MEMBER)
-                + " and train without normalisation, on the CPU"
+                + " and train without normalisation or gSDE, on the CPU"
             )  # fmt: skip
         self.configs = list(configs)
         shared = self.shared = configs[0]

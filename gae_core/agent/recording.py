@@ -103,7 +103,12 @@ def load_replay(config: TrainConfig, blob: bytes) -> Replay:
     env = make_eval_env(config.env_id)
     try:
         model = ActorCritic(
-            env.observation_space, env.action_space, config.hidden_sizes, 0, config.log_std_init
+            env.observation_space,
+            env.action_space,
+            config.hidden_sizes,
+            0,
+            config.log_std_init,
+            config.use_sde,
         )
     finally:
         env.close()
@@ -187,10 +192,14 @@ def evaluate_policies(
     ``episodes`` deterministic episodes on a fresh vector env of its own reset with
     ``seeds[k]`` (the start states it would have alone); ``act`` maps the observations of all
     of them, ``[policies, episodes, obs...]``, to their actions in one call."""
-    envs = [make_vector_env(env_id, episodes) for _ in seeds]
-    space = envs[0].single_action_space
-    bounds = None if isinstance(space, gym.spaces.Discrete) else (space.low, space.high)
+    if not seeds:
+        return []
+    envs: list[gym.vector.VectorEnv] = []
     try:
+        for _ in seeds:
+            envs.append(make_vector_env(env_id, episodes))  # each closed below, even on failure
+        space = envs[0].single_action_space
+        bounds = None if isinstance(space, gym.spaces.Discrete) else (space.low, space.high)
         obs = np.stack([env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)])
         returns = np.zeros((len(envs), episodes))
         running = np.ones((len(envs), episodes), bool)

@@ -118,6 +118,7 @@ class Trainer:
             config.hidden_sizes,
             config.seed,
             config.log_std_init,
+            config.use_sde,
         ).to(self.device)
         self.optimizer = Optimizer(
             list(self.model.parameters()), config.optimizer, config.learning_rate
@@ -175,6 +176,8 @@ class Trainer:
         model, env, rng = self.model, self.env, self._rng
         obs, on_cpu = self._obs, self.device.type == "cpu"
         episodes: list[Episode] = []
+        # gSDE: one exploration matrix per env for the whole rollout (SB3's sde_sample_freq -1)
+        noise = model.sde_noise(config.num_envs, rng) if model.sde else None
         with torch.inference_mode():
             for t in range(steps):
                 rollout.observations[t] = obs
@@ -183,7 +186,7 @@ class Trainer:
                 obs_tensor = (
                     torch.from_numpy(obs) if on_cpu else torch.as_tensor(obs, device=self.device)
                 )
-                actions = model.sample(obs_tensor, rng)
+                actions = model.sample(obs_tensor, rng, noise)
                 rollout.actions[t] = actions
                 obs, rewards, terminated, truncated, _ = env.step(self._env_actions(actions))
                 rollout.rewards[t] = rewards  # scaled when rewards are normalised

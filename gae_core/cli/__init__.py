@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="local backend: train up to N trials per worker process as one batched population "
         f"(default {DEFAULT_MEMBERS}; trials are spread evenly over the workers). Each trial is "
         "still its own run, identical in distribution to training it alone but not bit for "
-        "bit; 1 trains each trial alone. Trials with normalisation always train alone.",
+        "bit; 1 trains each trial alone. Trials with normalisation or gSDE always train alone.",
     )
     sweep.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -117,7 +117,10 @@ class _Book:
         except Exception:  # its last checkpoint or flush broke: it still ends, as failed
             self.status, self.error = "failed", traceback.format_exc()
             log.warning("run %s failed while ending: %s", self.run_id, self.error)
-            _flush_quietly(self.flush, self.run_id)
+            try:
+                self.flush()  # what it measured, if the sink takes it now
+            except Exception:
+                log.exception("run %s: could not flush metrics after the failure", self.run_id)
         if self.status != "deleted":
             self.sink.finish(self.status, self.error)
 
@@ -201,6 +204,9 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
             except RunDeleted:
                 population.deactivate(i)
                 book.status = "deleted"
+            except Exception:  # its checkpoint or flush broke: it ends alone, the others go on
+                population.deactivate(i)
+                book.close(member, "failed", traceback.format_exc(), wall)
         ending = [
             i for i in open_books
             if books[i].status is None and members[i].done and not books[i].stop.is_set()
@@ -208,10 +214,7 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
         final = evaluations([i for i in ending if books[i].needs_final_evaluation(members[i])])
         for i in ending:
             population.deactivate(i)
-            try:
-                books[i].close(members[i], "finished", None, wall, final.get(i))
-            except RunDeleted:
-                books[i].status = "deleted"
+            books[i].close(members[i], "finished", None, wall, final.get(i))
     for member, book in zip(members, books, strict=True):
         if book.status is None:  # deactivated without an end (cannot happen; be safe)
             book.close(member, "finished" if member.done else "stopped", None, wall)

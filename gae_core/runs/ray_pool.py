@@ -41,8 +41,9 @@ __all__ = ["RUNTIME_ENV", "RayPool", "check_address"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])
 RUNTIME_ENV = {"py_modules": [_PACKAGE], "excludes": ["__pycache__", "*.pyc"]}
-#: The addresses this process passed to ``ray.init`` (the connection reports its own form).
-_JOINED: set[str] = set()
+#: The address this process passed to ``ray.init`` → the GCS address that connection reported
+#: (its own form of the same address; a later connection to another Ray does not match it).
+_JOINED: dict[str, str] = {}
 #: How often an idle coordinator asks the inbox for news.
 _POLL_S = 0.05
 
@@ -128,7 +129,7 @@ class RayPool:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env=RUNTIME_ENV)  # fmt: skip
             if address is not None:
-                _JOINED.add(address)
+                _JOINED[address] = ray.get_runtime_context().gcs_address
         else:
             check_address(address)
         self.workers = workers
@@ -203,7 +204,7 @@ def check_address(address: str | None) -> None:
     if address is None or address == "auto" or not ray.is_initialized():
         return
     current = ray.get_runtime_context().gcs_address
-    if address not in _JOINED and _canonical(address) != _canonical(current):
+    if _JOINED.get(address) != current and _canonical(address) != _canonical(current):
         raise ConfigError(
             f"address: this process is already connected to the Ray at {current}; a sweep on "
             f"{address} needs a new process (or no address, to use the one it has)"
