@@ -187,7 +187,7 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: Config fields added after rows in the results file were run, with the value that gives the
 #: behaviour those runs had: left out of the fingerprint at that value, so adding a field does
 #: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
-ADDED_LATER = {"use_sde": False}
+ADDED_LATER = {"use_sde": False, "ortho_init": True}
 
 
 def preset_fingerprint(env_id: str) -> str:

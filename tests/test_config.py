@@ -39,6 +39,7 @@ BAD_VALUES = {
     "critic_lambda": [-0.1, 1.5, float("nan")],
     "log_std_init": [-5.5, 2.5, "0"],
     "use_sde": [1, "yes"],
+    "ortho_init": [0, "no"],
     "eval_every": [-1, 0.5],
     "eval_episodes": [0, 101, 2.0],
 }

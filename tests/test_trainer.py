@@ -542,3 +542,32 @@ def test_a_gsde_run_draws_one_matrix_per_env_per_rollout_and_replays_its_checkpo
             np.testing.assert_array_equal(replay.act(obs), trainer.model.act(torch.from_numpy(obs)))
     finally:
         trainer.close()
+
+
+def test_ortho_init_off_is_pytorchs_linear_init_from_the_runs_seed():
+    """ortho_init=False: every layer's weights and biases ~ U(±1/√fan_in) (nn.Linear's own
+    init, SB3's ortho_init=False), drawn from the run's seed, never the global RNG; on: the
+    orthogonal recipe (W Wᵀ = gain² I for a wide-enough layer, zero biases)."""
+    from gae_core.agent.policy import ActorCritic
+
+    observations = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    actions = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    plain = ActorCritic(observations, actions, (64, 64), 7, ortho_init=False)
+    torch.manual_seed(123)  # the global RNG moved: the weights come from the seed alone
+    again = ActorCritic(observations, actions, (64, 64), 7, ortho_init=False)
+    orthogonal = ActorCritic(observations, actions, (64, 64), 7)
+    for name, tensor in plain.state_dict().items():
+        torch.testing.assert_close(tensor, again.state_dict()[name])  # from the seed alone
+    layers = [m for m in (*plain.actor, *plain.critic) if isinstance(m, torch.nn.Linear)]
+    for layer in layers:
+        bound = 1.0 / math.sqrt(layer.in_features)
+        for tensor in (layer.weight, layer.bias):
+            assert tensor.abs().max() <= bound
+            if tensor.numel() >= 64:  # and spread over the whole range
+                assert tensor.abs().max() > 0.9 * bound
+    # a uniform on ±b has variance b²/3
+    first = layers[0].weight.detach()
+    assert first.var().item() == pytest.approx(1.0 / (3 * 3), rel=0.35)
+    hidden = orthogonal.actor[2].weight.detach()  # 64 × 64, gain √2
+    torch.testing.assert_close(hidden @ hidden.T, 2.0 * torch.eye(64), atol=1e-4, rtol=0)
+    assert all(not m.bias.any() for m in orthogonal.actor if isinstance(m, torch.nn.Linear))

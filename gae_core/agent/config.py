@@ -91,6 +91,11 @@ class TrainConfig:
     log_std_init: float = _field(
         0.0, "Initial log-std of the Gaussian policy (continuous actions)", min=-5.0, max=2.0
     )
+    ortho_init: bool = _field(
+        True,
+        "Orthogonal initialisation (gain √2 hidden layers, 0.01 policy head, 1 value head; "
+        "zero biases); off: PyTorch's default Linear init, as SB3's ortho_init=False",
+    )
     use_sde: bool = _field(
         False,
         "gSDE: state-dependent exploration for continuous actions (SB3's use_sde): noise is the "

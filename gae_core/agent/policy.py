@@ -35,11 +35,20 @@ def _mlp(sizes: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def _init(net: nn.Sequential, output_gain: float, generator: torch.Generator) -> None:
+def _init(
+    net: nn.Sequential, output_gain: float, generator: torch.Generator, orthogonal: bool = True
+) -> None:
     """Orthogonal init (gain √2 hidden, ``output_gain`` last), zero biases: the CleanRL/SB3
-    recipe; a small policy gain starts the policy near uniform."""
+    recipe; a small policy gain starts the policy near uniform. ``orthogonal=False``:
+    PyTorch's own ``nn.Linear`` init (weights and biases ~ U(±1/√fan_in)), as SB3 with
+    ``ortho_init=False``, drawn from ``generator`` (never the global RNG)."""
     linears = [m for m in net if isinstance(m, nn.Linear)]
     for i, layer in enumerate(linears):
+        if not orthogonal:
+            bound = 1.0 / math.sqrt(layer.in_features)
+            nn.init.uniform_(layer.weight, -bound, bound, generator=generator)
+            nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+            continue
         gain = output_gain if i == len(linears) - 1 else math.sqrt(2.0)
         nn.init.orthogonal_(layer.weight, gain=gain, generator=generator)
         nn.init.zeros_(layer.bias)
@@ -69,6 +78,7 @@ class ActorCritic(nn.Module):
         seed: int,
         log_std_init: float = 0.0,
         sde: bool = False,
+        ortho_init: bool = True,
     ) -> None:
         super().__init__()
         obs_dim = int(observation_space.shape[0])
@@ -83,8 +93,8 @@ class ActorCritic(nn.Module):
             None if self.discrete else nn.Parameter(torch.full(shape, float(log_std_init)))
         )
         generator = torch.Generator().manual_seed(seed)  # local: no global RNG state touched
-        _init(self.actor, 0.01, generator)
-        _init(self.critic, 1.0, generator)
+        _init(self.actor, 0.01, generator, ortho_init)
+        _init(self.critic, 1.0, generator, ortho_init)
         self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
 
     def _actor_forward(self, obs: torch.Tensor) -> torch.Tensor:

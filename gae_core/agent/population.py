@@ -114,7 +114,7 @@ class PopulationTrainer:
         models = [
             ActorCritic(
                 self.env.single_observation_space, space, shared.hidden_sizes, c.seed,
-                c.log_std_init,
+                c.log_std_init, ortho_init=shared.ortho_init,
             )
             for c in configs
         ]  # fmt: skip

@@ -163,11 +163,12 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 normalize_rewards=True,
                 log_std_init=-2.0,
                 use_sde=True,
+                ortho_init=False,
             ),
-            "The Zoo's tuned row, gSDE included (initial log-std −2 of its noise matrix). "
-            "Measured on seeds 0–4 at 1M steps: median final −226 (−241 −219 −293 −226 −208), "
-            "every seed learning; without gSDE the best initial log-std we found (−0.5) gave "
-            "−457 with two seeds at −1002 and −707, and −2 never explored (−1012, −1014).",
+            "The Zoo's tuned row as it is: gSDE (initial log-std −2 of its noise matrix) and "
+            "PyTorch's default init (ortho_init off). Seeds 0–4 at 1M steps: median final −168 "
+            "(−160 −168 −164 −177 −201); with orthogonal init −226; without gSDE the best initial "
+            "log-std (−0.5) gave −457 with seeds at −1002 and −707, and −2 never explored.",
             {
                 "normalize": True,
                 "n_envs": 8,

@@ -119,6 +119,7 @@ class Trainer:
             config.seed,
             config.log_std_init,
             config.use_sde,
+            config.ortho_init,
         ).to(self.device)
         self.optimizer = Optimizer(
             list(self.model.parameters()), config.optimizer, config.learning_rate
