@@ -343,26 +343,28 @@ def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_i
         worker_end.close()
 
 
-def test_a_trial_that_trains_alone_takes_a_whole_worker():
-    """Normalised trials cannot join a population: two of them fill two workers, so the pool
-    takes no third (it would be claimed "running" and wait at step 0); trials that can share a
-    population fill the room of the one they join."""
+def test_the_pool_takes_a_trial_only_when_it_would_start_at_once():
+    """A trial is claimed ("running") only if it starts at the next send: one that trains alone
+    (normalised) takes a whole worker, one that can share joins the room of its own kind's
+    population, and one of a third kind waits in the queue (not in the pool) while both
+    workers are spoken for."""
     pool, ends = _fake_pool(capacity=4, workers=2)
-    alone, shared = TrainConfig(normalize_rewards=True), TrainConfig()
+    alone, shared, other = (
+        TrainConfig(normalize_rewards=True), TrainConfig(), TrainConfig(num_envs=8)
+    )  # fmt: skip
     try:
-        assert pool.idle_slots() == 8
+        assert pool.idle_slots() == 8 and pool.can_take(alone.to_dict())
         pool.submit(0, "run-0", alone.to_dict())
-        assert pool.idle_slots() == 4  # the other worker, as a population of up to 4
+        assert pool.can_take(shared.to_dict())  # the other worker, as a population
         pool.submit(1, "run-1", shared.to_dict())
-        assert pool.idle_slots() == 3  # the room left in that population
-        pool.submit(2, "run-2", alone.to_dict())
-        # the room was for a trial that shares; one that trains alone needs a worker of its own
-        # (the pool cannot know the next trial's kind): three batches, two workers, one waits
-        assert pool.idle_slots() == 0
+        assert pool.can_take(shared.to_dict())  # the room left in that population
+        pool.submit(2, "run-2", shared.to_dict())
+        for kind in (alone, other):  # a worker of its own: none is left
+            assert not pool.can_take(kind.to_dict())
         pool._send_gathered()
         sent = sorted([index for index, _, _ in end.recv()[1]] for end in ends)
-        assert sent in ([[0], [1]], [[0], [2]], [[1], [2]])
-        assert pool.idle_slots() == 0 and len(pool._gathered) == 1
+        assert sent == [[0], [1, 2]] and not pool._gathered  # everything taken started
+        assert not pool.can_take(shared.to_dict())  # both workers busy now
     finally:
         for worker, end in zip(pool.workers, ends, strict=True):
             worker.conn.close()

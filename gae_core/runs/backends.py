@@ -35,7 +35,10 @@ class Backend(Protocol):
 
     name: str
 
-    def idle_slots(self) -> int: ...
+    def can_take(self, config: dict) -> bool:
+        """Whether a trial with ``config`` (``TrainConfig.to_dict()``) would start training at
+        once if submitted now (the coordinator claims a trial only then)."""
+        ...
 
     def submit(self, index: int, run_id: str, config: dict) -> None: ...
 

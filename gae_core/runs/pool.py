@@ -134,8 +134,9 @@ class WorkerHandle:
 class LocalPool:
     """``workers`` spawned processes on this machine: a sweep backend (see the module docstring).
 
-    The coordinator submits trials (:meth:`submit`) while :meth:`idle_slots` is positive, reads
-    :meth:`events`: the workers' ``flush``, ``checkpoint`` and ``finish`` messages, and
+    The coordinator submits trials (:meth:`submit`) while :meth:`can_take` says the next one
+    would start, and reads :meth:`events`: the workers' ``flush``, ``checkpoint`` and
+    ``finish`` messages, and
     ``("lost", index, why)`` for each trial of a worker that died in the middle of it. A dead
     worker is replaced at once; workers that die before they are ready
     :data:`MAX_START_FAILURES` times in a row raise ``RuntimeError`` (they cannot start at
@@ -176,29 +177,44 @@ class LocalPool:
         return WorkerHandle(process, parent)
 
     def idle_slots(self) -> int:
-        """How many more trials can start now: every free worker not yet spoken for by a
-        gathered batch takes ``capacity``, plus the room left in the gathered populations. A
-        trial that trains alone takes a whole worker (counting trials, not batches, claimed
-        trials that then waited, shown "running" at step 0)."""
+        """How many more trials could start now if they can all share the gathered
+        populations: every free worker not yet spoken for by a gathered batch takes
+        ``capacity``, plus the room left in the gathered populations."""
         free = sum(1 for w in self.workers if w.free)
+        batches, room = self._batches()
+        if batches > free:
+            return 0
+        return (free - batches) * self.capacity + room
+
+    def can_take(self, config: dict) -> bool:
+        """Whether a trial with ``config`` would start at the next :meth:`events`: every
+        gathered batch, with it added, finds a free worker. A trial that trains alone takes a
+        whole worker, and one of another population's kind cannot use the room in this one
+        (counting slots instead claimed trials that then waited "running" at step 0)."""
+        free = sum(1 for w in self.workers if w.free)
+        return self._batches(self._key(config))[0] <= free
+
+    def _key(self, config: dict) -> tuple:
+        return _population_key(config) if self.capacity > 1 else _ALONE
+
+    def _batches(self, extra: tuple | None = None) -> tuple[int, int]:
+        """(batches, spare room) the gathered trials, and one more of key ``extra``, form
+        when :meth:`_send_gathered` splits them."""
         counts: dict[tuple, int] = {}
-        for key, _ in self._gathered:
+        for key in [key for key, _ in self._gathered] + ([extra] if extra else []):
             counts[key] = counts.get(key, 0) + 1
         batches = room = 0
         for key, n in counts.items():
             size = 1 if key == _ALONE else self.capacity
             parts = -(-n // size)  # as _send_gathered splits them
             batches, room = batches + parts, room + parts * size - n
-        if batches > free:
-            return 0
-        return (free - batches) * self.capacity + room
+        return batches, room
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         """Take the trial; it goes to a worker, alone or in a population, on the next
         :meth:`events`."""
-        key = _population_key(config) if self.capacity > 1 else _ALONE
         self.flags[index] = 0
-        self._gathered.append((key, (index, run_id, config)))
+        self._gathered.append((self._key(config), (index, run_id, config)))
 
     def _send_gathered(self) -> None:
         """Hand the gathered trials to the free workers: each key's trials in even batches of

@@ -142,6 +142,10 @@ class RayPool:
     def idle_slots(self) -> int:
         return max(0, self.workers - len(self._refs))
 
+    def can_take(self, config: dict) -> bool:
+        """Whether a trial would start now: one task per trial, ``workers`` at a time."""
+        return self.idle_slots() > 0
+
     def submit(self, index: int, run_id: str, config: dict) -> None:
         ray.get(self.inbox.clear.remote(index))
         self._ended.discard(index)

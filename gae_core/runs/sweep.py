@@ -298,7 +298,7 @@ class Sweep:
             while pending or any(t.status == "running" for t in self._trials):
                 if self._cancel.is_set() and not self._cancelled:
                     self._cancel_all(backend, pending)
-                while pending and backend.idle_slots() > 0:
+                while pending and backend.can_take(self._trials[pending[0]].config.to_dict()):
                     self._dispatch(backend, pending.popleft())
                 for event in backend.events(_POLL_S):
                     self._handle(backend, event, pending)
