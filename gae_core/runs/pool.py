@@ -242,7 +242,9 @@ class LocalPool:
 
     def trial_pids(self) -> dict[int, int]:
         """``{trial index: worker pid}`` of the trials being trained now."""
-        return {t: w.pid for w in self.workers if w.pid for t in w.trials}
+        # list(): the UI thread asks while the coordinator's thread changes these dicts;
+        # copying one in C holds the GIL, iterating it in Python would not
+        return {t: w.pid for w in list(self.workers) if w.pid for t in list(w.trials)}
 
     def events(self, timeout: float) -> list[tuple]:
         """Messages from the workers (waiting up to ``timeout`` for the first), and a ``lost``
