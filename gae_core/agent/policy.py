@@ -87,7 +87,7 @@ class ActorCritic(nn.Module):
         self.sde = sde and not self.discrete
         self.actor = _mlp([obs_dim, *hidden_sizes, out_dim])
         self.critic = _mlp([obs_dim, *hidden_sizes, 1])
-        features = ([obs_dim, *hidden_sizes])[-1]
+        features = hidden_sizes[-1] if hidden_sizes else obs_dim  # the last layer's input
         shape = (features, out_dim) if self.sde else (out_dim,)
         self.log_std = (
             None if self.discrete else nn.Parameter(torch.full(shape, float(log_std_init)))
