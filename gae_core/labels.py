@@ -35,6 +35,8 @@ LABELS: dict[str, str] = {
     "started_at": "started",
     "critic_lambda": "critic target λ",
     "num_envs": "envs",
+    "use_sde": "gSDE exploration",
+    "ortho_init": "orthogonal init",
 }
 
 
