@@ -7,13 +7,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.policy import ActorCritic
+from gae_core.agent.policy import TANH_VIA_SIGMOID_MIN, ActorCritic, StackedMLP, stacked_tanh
 from gae_core.agent.population import PopulationTrainer, can_join, population_key
 from gae_core.agent.recording import Replay, evaluate_replay, load_replay
 from gae_core.agent.trainer import Rollout, Trainer
@@ -59,6 +62,51 @@ def test_members_start_from_the_single_runs_weights():
                 torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0)
     finally:
         population.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 700),
+    scale=st.sampled_from([1e-4, 0.1, 1.0, 4.0, 30.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed):
+    """tanh(x) = 2·σ(2x) − 1 (its form above TANH_VIA_SIGMOID_MIN elements) agrees with
+    torch.tanh to 4e-7 at any scale of x, with the gradient (1 − tanh²(x))·g, with grad
+    enabled or not; below the threshold it is torch.tanh itself. NaN and ±inf map as tanh's."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, rows, 64, generator=generator) * scale
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    expected = torch.tanh(x)
+    with torch.no_grad():
+        got = stacked_tanh(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=4e-7, equal_nan=True)
+    if x.numel() < TANH_VIA_SIGMOID_MIN:
+        assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+    leaf = x.clone().requires_grad_(True)
+    grad = torch.randn(x.shape, generator=generator)
+    (gradient,) = torch.autograd.grad(stacked_tanh(leaf), leaf, grad)
+    exact = (1 - expected.square()) * grad
+    assert torch.equal(gradient.isnan(), exact.isnan())
+    error = (gradient - exact).nan_to_num().abs()
+    assert bool((error <= 1e-6 * grad.abs() + 1e-12).all())  # 1 − y² to ~2·4e-7, times g
+
+
+def test_a_stacked_network_is_its_members_networks():
+    """Each member's slice of a StackedMLP forward (the sigmoid form of tanh included: 300
+    rows × 64 units per member is over its threshold) is that member's own nn.Sequential."""
+    observations = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    nets = [
+        ActorCritic(observations, gym.spaces.Discrete(2), (64, 64), seed, 0.0).actor
+        for seed in range(4)
+    ]
+    stacked = StackedMLP(nets)
+    x = torch.randn(4, 300, 4, generator=torch.Generator().manual_seed(0))
+    assert x.shape[0] * x.shape[1] * 64 >= TANH_VIA_SIGMOID_MIN
+    with torch.no_grad():
+        out = stacked(x)
+        for i, net in enumerate(nets):
+            torch.testing.assert_close(out[i], net(x[i]), rtol=1e-5, atol=2e-6)
 
 
 def _member_rollout(population: PopulationTrainer, member: int) -> Rollout:

@@ -1,0 +1,122 @@
+"""What :func:`gae_core.agent.policy.stacked_tanh` buys a population, against ``torch.tanh``.
+
+    python benchmarks/bench_population.py [--members 35] [--repeats 3]
+
+Two measurements, each side by side in this one process (baseline and candidate alternate, so
+machine noise hits both alike), one torch thread as in a sweep worker:
+
+1. the activation alone on the stacked hidden activations of a CartPole population
+   (``[members, rows, 64]``) at the rows of a rollout step and of an update, for the preset
+   (8 envs × 5 steps) and ``TrainConfig``'s field defaults (16 envs × 64 steps);
+2. whole :class:`~gae_core.agent.population.PopulationTrainer` updates (collect, estimate,
+   update) of the λ study's population, once with ``torch.tanh`` in its stacked networks and
+   once with ``stacked_tanh``, from the same seeds: env steps per second of each and the
+   ratio.
+
+The ratios print with four decimals and PASS/FAIL against the target: the candidate must not be
+slower anywhere (ratio of times ≤ 1), and must be faster on the field defaults' population
+(≥ 1.05× env steps/s), the case it was written for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.policy import stacked_tanh
+from gae_core.agent.population import PopulationTrainer
+from gae_core.agent.presets import preset_config
+
+LAMBDAS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+def _time(fn, repeats: int) -> float:
+    fn()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def activation_rows(members: int, repeats: int) -> bool:
+    ok = True
+    print("activation alone (ms per call, median of alternating rounds):")
+    for label, rows in (("preset step", 8), ("preset update", 48), ("defaults step", 16),
+                        ("defaults update", 1040)):  # fmt: skip
+        x = torch.randn(members, rows, 64)
+        base, cand = [], []
+        for _ in range(repeats):
+            base.append(_time(lambda x=x: torch.tanh(x), 50))
+            cand.append(_time(lambda x=x: stacked_tanh(x), 50))
+        b, c = statistics.median(base), statistics.median(cand)
+        ratio = c / b
+        verdict = "PASS" if ratio <= 1.0 + 0.05 else "FAIL"  # within noise of no regression
+        ok &= verdict == "PASS"
+        print(f"  {label:>16} [{members}, {rows:4d}, 64]: torch.tanh {b * 1e3:8.4f}  "
+              f"stacked_tanh {c * 1e3:8.4f}  time ratio {ratio:.4f}  {verdict} (≤ 1.05)")  # fmt: skip
+    return ok
+
+
+def _population_rate(configs: list[TrainConfig], activation) -> float:
+    population = PopulationTrainer(configs)
+    population.actor.activation = population.critic.activation = activation
+    try:
+        started = time.perf_counter()
+        while not population.done:
+            population.step()
+        elapsed = time.perf_counter() - started
+        steps = sum(population.member(i).env_steps for i in range(population.size))
+        return steps / elapsed
+    finally:
+        population.close()
+
+
+def population_rows(members: int, repeats: int) -> bool:
+    ok = True
+    seeds = max(1, members // len(LAMBDAS))
+    print(f"population updates ({len(LAMBDAS)} λ × {seeds} seeds, env steps/s, alternating):")
+    cases = (
+        ("preset", dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000), 1.0),
+        ("field defaults", TrainConfig(total_steps=30_000), 1.05),
+    )
+    for label, base, target in cases:
+        configs = [
+            dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
+                                checkpoint_every=0, eval_every=0, record_episodes=0)
+            for lam in LAMBDAS for s in range(seeds)
+        ]  # fmt: skip
+        base_rates, cand_rates = [], []
+        for _ in range(repeats):
+            base_rates.append(_population_rate(configs, torch.tanh))
+            cand_rates.append(_population_rate(configs, stacked_tanh))
+        b, c = statistics.median(base_rates), statistics.median(cand_rates)
+        ratio = c / b
+        verdict = "PASS" if ratio >= target else "FAIL"
+        ok &= verdict == "PASS"
+        print(f"  {label:>16}: torch.tanh {b:10,.0f}  stacked_tanh {c:10,.0f}  "
+              f"speed-up {ratio:.4f}×  {verdict} (≥ {target:.2f}×)")  # fmt: skip
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, default=35, help="a worker's share of 70 trials")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ok = activation_rows(args.members, args.repeats)
+    ok &= population_rows(args.members, args.repeats)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
