@@ -61,8 +61,10 @@ def activation_rows(members: int, repeats: int) -> bool:
         ratio = c / b
         verdict = "PASS" if ratio <= 1.0 + 0.05 else "FAIL"  # within noise of no regression
         ok &= verdict == "PASS"
-        print(f"  {label:>16} [{members}, {rows:4d}, 64]: torch.tanh {b * 1e3:8.4f}  "
-              f"stacked_tanh {c * 1e3:8.4f}  time ratio {ratio:.4f}  {verdict} (≤ 1.05)")  # fmt: skip
+        print(
+            f"  {label:>16} [{members}, {rows:4d}, 64]: torch.tanh {b * 1e3:8.4f}  "
+            f"stacked_tanh {c * 1e3:8.4f}  time ratio {ratio:.4f}  {verdict} (≤ 1.05)"
+        )
     return ok
 
 
