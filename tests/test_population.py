@@ -18,11 +18,12 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.policy import TANH_VIA_SIGMOID_MIN, ActorCritic, StackedMLP, stacked_tanh
 from gae_core.agent.population import PopulationTrainer, can_join, population_key
-from gae_core.agent.recording import Replay, evaluate_replay, load_replay
+from gae_core.agent.recording import Replay, evaluate_replay, load_replay, record_replay
 from gae_core.agent.trainer import Rollout, Trainer
-from gae_core.runs.execute import StoreSink
+from gae_core.runs.execute import StoreSink, record_seed
 from gae_core.runs.population_run import execute_population
 from gae_core.runs.store import RunStore
+from gae_core.trajectory import Trajectory
 
 
 def config(env_id: str = "CartPole-v1", **overrides) -> TrainConfig:
@@ -221,6 +222,53 @@ def test_a_members_evaluation_is_the_one_it_would_have_alone(env_id):
         population.close()
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_members_recorded_together_record_what_each_would_alone(env_id):
+    """Recorded in lockstep with others (one stacked forward pass per step), a member's
+    episodes are those record_replay of its own weights plays: the same start states,
+    actions drawn from its own generator, values and log-probs under its own networks
+    (discrete actions exactly; Gaussian ones up to the float32 rounding of a batched matmul,
+    which Pendulum's dynamics amplify along an episode: compared closely over its first 50
+    steps, and by its return over all 200)."""
+    configs = [config(env_id, **m) for m in MEMBERS]
+    population = PopulationTrainer(configs)
+    try:
+        for _ in range(3):
+            population.step()
+        seeds = {i: 500 + 11 * i for i in range(len(configs))}
+        alone = {
+            i: record_replay(Replay(population.model_of(i)), env_id, 2, seeds[i])
+            for i in range(len(configs))
+        }
+        lengths = {len(t.rewards) for episodes in alone.values() for t in episodes}
+        if env_id == "CartPole-v1":  # episodes that end at different steps (Pendulum's: 200)
+            assert len(lengths) > 1
+        for due in ([0, 1, 2, 3], [3, 1], [2]):
+            got = population.record_members(due, 2, [seeds[i] for i in due])
+            assert set(got) == set(due)
+            for i in due:
+                assert len(got[i]) == 2
+                for ours, theirs in zip(got[i], alone[i], strict=True):
+                    for name in ("terminated", "truncated"):
+                        np.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name))
+                    exact = ("observations", "next_observations", "actions", "rewards")
+                    for name in exact if env_id == "CartPole-v1" else ():
+                        np.testing.assert_array_equal(
+                            getattr(ours, name), getattr(theirs, name), err_msg=f"{due} {i}"
+                        )
+                    steps = slice(None) if env_id == "CartPole-v1" else slice(0, 50)
+                    for name in (*exact, "values", "next_values", "log_probs"):
+                        np.testing.assert_allclose(
+                            getattr(ours, name)[steps], getattr(theirs, name)[steps],
+                            rtol=1e-5, atol=1e-6,
+                        )  # fmt: skip
+                    assert ours.rewards.sum() == pytest.approx(theirs.rewards.sum(), rel=1e-4)
+        with pytest.raises(ValueError, match="seeds: one per member, got 1 for 2"):
+            population.record_members([0, 1], 2, [5])
+    finally:
+        population.close()
+
+
 def test_a_member_that_blows_up_fails_alone():
     configs = [config(**m) for m in MEMBERS[:3]]
     population = PopulationTrainer(configs)
@@ -278,12 +326,46 @@ def test_a_population_run_stores_each_member_as_its_own_run(tmp_path):
         assert [s // 1_000 for s in steps[:-1]] == [1, 2]  # one per 1,000 steps crossed
         replay = load_replay(c, store.load_checkpoint(run_id))
         assert replay.act(np.zeros((2, 4), np.float32)).shape == (2,)
-        assert store.trajectory_blobs(run_id)  # recorded episodes with each checkpoint
+        for step in steps:  # each checkpoint's episodes: those its weights record alone
+            stored = [Trajectory.from_bytes(b) for b in store.trajectory_blobs(run_id, step)]
+            replay = load_replay(c, store.load_checkpoint(run_id, step))
+            alone = record_replay(replay, c.env_id, c.record_episodes, record_seed(c))
+            assert len(stored) == len(alone) == 1
+            np.testing.assert_array_equal(stored[0].actions, alone[0].actions)
+            np.testing.assert_array_equal(stored[0].observations, alone[0].observations)
         evals = store.metrics(run_id, [M.EVAL_RETURN.key])
         # one when 1,500 was crossed, one when the budget's last update crossed 3,000
         assert evals["env_step"].tolist()[-1] == run.env_steps and len(evals) == 2
         returns = store.metrics(run_id, [M.EPISODIC_RETURN.key])
         assert len(returns) == run.summary.episodes > 0
+    store.close()
+
+
+def test_members_whose_joint_recording_breaks_record_alone(tmp_path, monkeypatch):
+    """If recording the members due together raises, each records alone inside its own run's
+    failure handling: a recording that works alone still lands, one that fails fails only its
+    run."""
+    joint = PopulationTrainer.record_members
+
+    def alone_only(self, members, episodes, seeds):
+        if len(members) > 1:
+            raise RuntimeError("joint recording broke")
+        if members == [1]:
+            raise RuntimeError("member 1's recording broke")
+        return joint(self, members, episodes, seeds)
+
+    monkeypatch.setattr(PopulationTrainer, "record_members", alone_only)
+    store = RunStore(tmp_path)
+    configs = [config(**m, checkpoint_every=200, record_episodes=1) for m in MEMBERS[:3]]
+    run_ids = [store.create_run(c.to_dict()) for c in configs]
+    stops = [threading.Event() for _ in configs]
+    outcomes = execute_population(
+        [StoreSink(store, r) for r in run_ids], run_ids, configs, stops, flush_interval=0.05
+    )
+    assert [o.status for o in outcomes] == ["finished", "failed", "finished"]
+    assert "member 1's recording broke" in store.get_run(run_ids[1]).error
+    for run_id in (run_ids[0], run_ids[2]):
+        assert len(store.trajectory_blobs(run_id)) == 1
     store.close()
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SDE_EPSILON", "ActorCritic", "StackedMLP", "stacked_tanh"]
+__all__ = ["SDE_EPSILON", "ActorCritic", "StackedMLP", "sample_actions", "stacked_tanh"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 #: Added to gSDE's per-step variance (SB3's ``epsilon``): a zero feature vector is not a
@@ -52,6 +52,16 @@ def _init(
         gain = output_gain if i == len(linears) - 1 else math.sqrt(2.0)
         nn.init.orthogonal_(layer.weight, gain=gain, generator=generator)
         nn.init.zeros_(layer.bias)
+
+
+def sample_actions(out: np.ndarray, rng: np.random.Generator, std: np.ndarray | None):
+    """Actions for the actor's outputs ``out [B, A]``: a categorical sample of the logits
+    (``std`` None) or the Gaussian ``out + std · N(0, 1)`` (float32); one draw of ``rng`` of
+    ``out``'s shape either way."""
+    if std is None:
+        # Gumbel-max: argmax(logits + Gumbel noise) is an exact categorical sample.
+        return (out + rng.gumbel(size=out.shape)).argmax(axis=1)
+    return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
 
 
 class ActorCritic(nn.Module):
@@ -146,11 +156,8 @@ class ActorCritic(nn.Module):
             out = out.cpu().numpy()
             return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
         out = self._actor_forward(obs).cpu().numpy()
-        if self.discrete:
-            # Gumbel-max: argmax(logits + Gumbel noise) is an exact categorical sample.
-            return (out + rng.gumbel(size=out.shape)).argmax(axis=1)
-        std = np.exp(self.log_std.detach().cpu().numpy())
-        return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
+        std = None if self.discrete else np.exp(self.log_std.detach().cpu().numpy())
+        return sample_actions(out, rng, std)
 
     def act(self, obs: torch.Tensor) -> np.ndarray:
         """The deterministic action for a batch (call under ``torch.inference_mode``): the most

@@ -48,8 +48,8 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_vector_env
 from gae_core.agent.optim import Optimizer
-from gae_core.agent.policy import ActorCritic, StackedMLP
-from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_policies, record_replay
+from gae_core.agent.policy import ActorCritic, StackedMLP, sample_actions
+from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_policies, record_replays
 from gae_core.agent.trainer import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
@@ -439,6 +439,31 @@ class PopulationTrainer:
         returns = evaluate_policies(act, self.shared.env_id, episodes, seeds)
         return dict(zip(members, returns, strict=True))
 
+    def record_members(
+        self, members: Sequence[int], episodes: int, seeds: Sequence[int]
+    ) -> dict[int, list[Trajectory]]:
+        """Recorded episodes (sampled actions) of several members at once, one seed each:
+        each the episodes :func:`~gae_core.agent.recording.record_replay` of its weights would
+        record (its own envs and generator), whichever members are due with it; one stacked
+        forward pass per step for all of them."""
+        if len(seeds) != len(members):
+            raise ValueError(f"seeds: one per member, got {len(seeds)} for {len(members)}")
+        if not members:
+            return {}
+        actor = self.actor.select(members)
+        stds = [
+            None if self.discrete else np.exp(self.log_std[i].detach().numpy()) for i in members
+        ]
+
+        def sample(obs: np.ndarray, playing: list[int], generators: list) -> list[np.ndarray]:
+            with torch.inference_mode():
+                out = actor(torch.from_numpy(obs.astype(np.float32))[:, None, :]).numpy()
+            return [sample_actions(out[k], generators[k], stds[k])[0] for k in playing]
+
+        replays = [Replay(self.model_of(i)) for i in members]
+        recorded = record_replays(replays, self.shared.env_id, episodes, seeds, sample)
+        return dict(zip(members, recorded, strict=True))
+
     def model_of(self, index: int) -> ActorCritic:
         """Member ``index``'s networks as a standalone :class:`ActorCritic` (a copy)."""
         config = self.configs[index]
@@ -493,5 +518,4 @@ class Member:
         return self.population.evaluate_members([self.index], episodes, [seed])[self.index]
 
     def record(self, episodes: int, seed: int) -> list[Trajectory]:
-        replay = Replay(self.population.model_of(self.index))
-        return record_replay(replay, self.config.env_id, episodes, seed)
+        return self.population.record_members([self.index], episodes, [seed])[self.index]

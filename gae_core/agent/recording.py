@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -37,6 +37,8 @@ __all__ = [
     "load_replay",
     "record_episode",
     "record_replay",
+    "record_replays",
+    "record_together",
 ]
 
 #: gymnasium's default ε in NormalizeObservation and NormalizeReward.
@@ -130,42 +132,83 @@ def record_episode(env: gym.Env, replay: Replay, rng: np.random.Generator, seed:
     """One episode of the replay's policy (actions sampled with ``rng``) on ``env`` reset with
     ``seed``, capped at the spec's time limit (marked truncated); values in one batch, in env
     reward units."""
-    obs, _ = env.reset(seed=seed)
-    cap = episode_cap(env)
+    sample = lambda obs, _: [replay.sample(obs[0][None], rng)[0]]  # noqa: E731
+    return record_together([replay], [env], sample, [seed])[0]
+
+
+def record_together(
+    replays: Sequence[Replay],
+    envs: Sequence[gym.Env],
+    sample: Callable[[np.ndarray, list[int]], Sequence[np.ndarray]],
+    seeds: Sequence[int],
+) -> list[Trajectory]:
+    """One episode per replay, stepped in lockstep: replay k's on ``envs[k]`` reset with
+    ``seeds[k]``, each as :func:`record_episode` would play it alone. ``sample(obs, playing)``
+    takes the current observations of every replay (``[K, obs_dim]``) and the indices of those
+    still playing, and returns one sampled action for each of those, in that order, each drawn
+    as that replay alone would draw it (its own generator)."""
     bounds = None
-    if isinstance(env.action_space, gym.spaces.Box):
-        bounds = (env.action_space.low, env.action_space.high)
-    observations, actions, rewards, terminated, truncated = [obs], [], [], [], []
-    while True:
-        action = replay.sample(obs[None], rng)[0]
-        env_action = action if bounds is None else np.clip(action, *bounds)
-        obs, reward, term, trunc, _ = env.step(env_action)
-        observations.append(obs)
-        actions.append(action)
-        rewards.append(reward)
-        terminated.append(term)
-        truncated.append(bool(trunc or (len(rewards) >= cap and not term)))
-        if terminated[-1] or truncated[-1]:
-            break
-    all_obs = np.asarray(observations, np.float32)
-    all_values = replay.values(all_obs)  # one batch: next_values = values[1:]
-    action_array = np.asarray(actions)
-    with torch.inference_mode():
-        log_probs, _ = replay.model.log_probs_and_entropy(
-            replay.policy_input(all_obs[:-1]), torch.as_tensor(action_array, device=replay.device)
+    if isinstance(envs[0].action_space, gym.spaces.Box):
+        bounds = (envs[0].action_space.low, envs[0].action_space.high)
+    caps = [episode_cap(env) for env in envs]
+    obs = [env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)]
+    played = [_Played([o]) for o in obs]
+    playing = list(range(len(envs)))
+    while playing:
+        actions = sample(np.stack(obs), playing)
+        for k, action in zip(playing, actions, strict=True):
+            env_action = action if bounds is None else np.clip(action, *bounds)
+            obs[k], reward, term, trunc, _ = envs[k].step(env_action)
+            played[k].add(obs[k], action, reward, term, trunc, caps[k])
+        playing = [k for k in playing if not played[k].over]
+    return [p.trajectory(replay) for p, replay in zip(played, replays, strict=True)]
+
+
+@dataclass
+class _Played:
+    """One episode as it is played: what :class:`Trajectory` is built from."""
+
+    observations: list
+    actions: list = field(default_factory=list)
+    rewards: list = field(default_factory=list)
+    terminated: list = field(default_factory=list)
+    truncated: list = field(default_factory=list)
+
+    def add(self, obs, action, reward, terminated: bool, truncated: bool, cap: int) -> None:
+        """One step; the step that reaches the spec's time limit ``cap`` without terminating
+        is marked truncated."""
+        self.observations.append(obs)
+        self.actions.append(action)
+        self.rewards.append(reward)
+        self.terminated.append(bool(terminated))
+        self.truncated.append(bool(truncated or (len(self.rewards) >= cap and not terminated)))
+
+    @property
+    def over(self) -> bool:
+        return self.terminated[-1] or self.truncated[-1]
+
+    def trajectory(self, replay: Replay) -> Trajectory:
+        """Values in one batch (``next_values = values[1:]``) and log-probs under ``replay``."""
+        all_obs = np.asarray(self.observations, np.float32)
+        all_values = replay.values(all_obs)
+        action_array = np.asarray(self.actions)
+        with torch.inference_mode():
+            log_probs, _ = replay.model.log_probs_and_entropy(
+                replay.policy_input(all_obs[:-1]),
+                torch.as_tensor(action_array, device=replay.device),
+            )
+        return Trajectory(
+            observations=all_obs[:-1],
+            next_observations=all_obs[1:],
+            actions=action_array,
+            rewards=np.asarray(self.rewards, np.float32),
+            values=all_values[:-1],
+            next_values=all_values[1:],
+            terminated=np.asarray(self.terminated, bool),
+            truncated=np.asarray(self.truncated, bool),
+            log_probs=log_probs.cpu().numpy().astype(np.float32),
+            value_scale=np.float32(replay.value_scale),
         )
-    return Trajectory(
-        observations=all_obs[:-1],
-        next_observations=all_obs[1:],
-        actions=action_array,
-        rewards=np.asarray(rewards, np.float32),
-        values=all_values[:-1],
-        next_values=all_values[1:],
-        terminated=np.asarray(terminated, bool),
-        truncated=np.asarray(truncated, bool),
-        log_probs=log_probs.cpu().numpy().astype(np.float32),
-        value_scale=np.float32(replay.value_scale),
-    )
 
 
 def evaluate_values(config: TrainConfig, blob: bytes, observations: np.ndarray) -> np.ndarray:
@@ -220,9 +263,44 @@ def evaluate_policies(
 def record_replay(replay: Replay, env_id: str, episodes: int, seed: int) -> list[Trajectory]:
     """``episodes`` episodes of the replay's policy (sampled actions) on a fresh single env,
     reset with ``seed``, ``seed + 1``, …; a generator of their own, so nothing else moves."""
-    env = make_eval_env(env_id)
-    rng = np.random.default_rng(seed)
+    return record_replays([replay], env_id, episodes, [seed])[0]
+
+
+def record_replays(
+    replays: Sequence[Replay],
+    env_id: str,
+    episodes: int,
+    seeds: Sequence[int],
+    sample: Callable[[np.ndarray, list[int], list[np.random.Generator]], Sequence[np.ndarray]]
+    | None = None,
+) -> list[list[Trajectory]]:
+    """:func:`record_replay` for several replays at once, one seed each: replay k plays its
+    episodes on a fresh env of its own with a generator seeded ``seeds[k]``, exactly as alone;
+    episode j of every replay is played in lockstep (:func:`record_together`). ``sample(obs,
+    playing, generators)`` draws the actions of the replays still playing from their
+    observations ``[K, obs_dim]`` with each one's generator (a population's stacked forward
+    pass); by default each replay samples its own."""
+    if sample is None:
+
+        def sample(obs, playing, generators):
+            return [replays[k].sample(obs[k][None], generators[k])[0] for k in playing]
+
+    generators = [np.random.default_rng(seed) for seed in seeds]
+    envs: list[gym.Env] = []
     try:
-        return [record_episode(env, replay, rng, seed + k) for k in range(episodes)]
+        for _ in replays:
+            envs.append(make_eval_env(env_id))  # each closed below, even on failure
+        recorded: list[list[Trajectory]] = [[] for _ in replays]
+        for j in range(episodes):
+            played = record_together(
+                replays,
+                envs,
+                lambda obs, playing: sample(obs, playing, generators),
+                [seed + j for seed in seeds],
+            )
+            for k, trajectory in enumerate(played):
+                recorded[k].append(trajectory)
+        return recorded
     finally:
-        env.close()
+        for env in envs:
+            env.close()

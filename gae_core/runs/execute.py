@@ -289,10 +289,20 @@ def _evaluate(
     buffer.rows.append((M.EVAL_RETURN.key, env_steps, wall, float(sum(returns) / len(returns))))
 
 
-def _save_checkpoint(sink: RunSink, trainer: TrainerLike, config: TrainConfig) -> None:
+def record_seed(config: TrainConfig) -> int:
+    """The seed of the episodes recorded with each of a run's checkpoints (the same at each)."""
+    return (config.seed + RECORD_SEED_OFFSET) % (2**31)
+
+
+def _save_checkpoint(
+    sink: RunSink,
+    trainer: TrainerLike,
+    config: TrainConfig,
+    recorded: Sequence[Trajectory] | None = None,
+) -> None:
+    """Save a checkpoint with its recorded episodes: ``recorded`` where the caller already
+    played them (a population records its members together), else the trainer records them."""
     blob = trainer.checkpoint_bytes()
-    recorded = []
-    if config.record_episodes > 0:
-        seed = (config.seed + RECORD_SEED_OFFSET) % (2**31)
-        recorded = [t.to_bytes() for t in trainer.record(config.record_episodes, seed)]
-    sink.checkpoint(int(trainer.env_steps), blob, recorded)
+    if recorded is None and config.record_episodes > 0:
+        recorded = trainer.record(config.record_episodes, record_seed(config))
+    sink.checkpoint(int(trainer.env_steps), blob, [t.to_bytes() for t in recorded or ()])

@@ -32,7 +32,9 @@ from gae_core.runs.execute import (
     _Buffer,
     _flush_quietly,
     _save_checkpoint,
+    record_seed,
 )
+from gae_core.trajectory import Trajectory
 
 __all__ = ["execute_population"]
 
@@ -62,10 +64,16 @@ class _Book:
         self.last_evaluation = env_steps
 
     def record(
-        self, member: Member, result: StepResult, wall: float, evaluation: list[float] | None
+        self,
+        member: Member,
+        result: StepResult,
+        wall: float,
+        evaluation: list[float] | None,
+        recorded: list[Trajectory] | None = None,
     ) -> None:
         """The bookkeeping after one update (:func:`execute_run`'s loop body); ``evaluation``:
-        the returns of the evaluation due at this update, if one was."""
+        the returns of the evaluation due at this update, if one was; ``recorded``: the
+        episodes recorded for the checkpoint due at this update, if they were played already."""
         self.env_steps = env_steps = int(result.env_steps)
         rows = self.buffer.rows
         for key, value in result.metrics.items():
@@ -80,7 +88,7 @@ class _Book:
         if member.checkpoint_due():
             if self.flush():  # metrics first: a checkpoint is never ahead of the curve
                 self.stop.set()
-            _save_checkpoint(self.sink, member, self.config)
+            _save_checkpoint(self.sink, member, self.config, recorded)
             self.last_checkpoint = env_steps
         first_episode = bool(result.episodes) and not self.episode_flushed
         if (self.buffer.due() or first_episode) and self.flush():
@@ -91,6 +99,11 @@ class _Book:
         """A finished run ends with an evaluation at its last step (unless it just had one)."""
         return self.config.eval_every > 0 and self.last_evaluation != member.env_steps
 
+    def needs_final_checkpoint(self, member: Member) -> bool:
+        """A run that ends (not failed) saves a checkpoint at its last step (unless it just
+        did)."""
+        return self.last_checkpoint != member.env_steps and member.env_steps > 0
+
     def close(
         self,
         member: Member,
@@ -98,9 +111,11 @@ class _Book:
         error: str | None,
         wall: float,
         evaluation: list[float] | None = None,
+        recorded: list[Trajectory] | None = None,
     ) -> None:
         """End the run: the last evaluation (``evaluation``, for a finished run that needs
-        one) and checkpoint, the last flush, then its status (``execute_run``'s ending)."""
+        one) and checkpoint (with ``recorded`` episodes, if played already), the last flush,
+        then its status (``execute_run``'s ending)."""
         self.status, self.error = status, error
         try:
             self.env_steps = member.env_steps
@@ -110,8 +125,8 @@ class _Book:
                 if evaluation is not None:
                     self.evaluated(evaluation, self.env_steps, wall)
                 self.flush()
-                if self.last_checkpoint != self.env_steps and self.env_steps > 0:
-                    _save_checkpoint(self.sink, member, self.config)
+                if self.needs_final_checkpoint(member):
+                    _save_checkpoint(self.sink, member, self.config, recorded)
         except RunDeleted:
             self.status = "deleted"
         except Exception:  # its last checkpoint or flush broke: it still ends, as failed
@@ -176,6 +191,18 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
         seeds = [(books[i].config.seed + EVAL_SEED_OFFSET) % 2**31 for i in due]  # as alone
         return population.evaluate_members(due, books[due[0]].config.eval_episodes, seeds)
 
+    def recordings(due: list[int]) -> dict[int, list[Trajectory]]:
+        """The episodes of the checkpoints due, played together (each as alone)."""
+        due = [i for i in due if books[i].config.record_episodes > 0]
+        if not due:
+            return {}
+        seeds = [record_seed(books[i].config) for i in due]
+        try:
+            return population.record_members(due, books[due[0]].config.record_episodes, seeds)
+        except Exception:  # each then records alone, inside its own run's failure handling
+            log.warning("recording members %s together failed", due, exc_info=True)
+            return {}
+
     while True:
         wall = time.monotonic() - started
         stopping = [i for i, book in enumerate(books) if book.status is None and book.stop.is_set()]
@@ -193,6 +220,7 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
         wall = time.monotonic() - started
         open_books = [i for i, book in enumerate(books) if book.status is None]
         due = evaluations([i for i in open_books if i in results and members[i].evaluation_due()])
+        played = recordings([i for i in open_books if i in results and members[i].checkpoint_due()])
         for i in open_books:
             member, book = members[i], books[i]
             try:
@@ -200,7 +228,7 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
                     book.close(member, "failed", member.error, wall)
                     continue
                 if i in results:
-                    book.record(member, results[i], wall, due.get(i))
+                    book.record(member, results[i], wall, due.get(i), played.get(i))
             except RunDeleted:
                 population.deactivate(i)
                 book.status = "deleted"
@@ -212,9 +240,10 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
             if books[i].status is None and members[i].done and not books[i].stop.is_set()
         ]  # fmt: skip
         final = evaluations([i for i in ending if books[i].needs_final_evaluation(members[i])])
+        played = recordings([i for i in ending if books[i].needs_final_checkpoint(members[i])])
         for i in ending:
             population.deactivate(i)
-            books[i].close(members[i], "finished", None, wall, final.get(i))
+            books[i].close(members[i], "finished", None, wall, final.get(i), played.get(i))
     for member, book in zip(members, books, strict=True):
         if book.status is None:  # deactivated without an end (cannot happen; be safe)
             book.close(member, "finished" if member.done else "stopped", None, wall)
