@@ -222,6 +222,28 @@ def test_a_members_evaluation_is_the_one_it_would_have_alone(env_id):
         population.close()
 
 
+def test_evaluations_in_one_joined_cartpole_env_are_those_on_envs_of_their_own(monkeypatch):
+    """CartPole's evaluations step every policy's episodes in one native vector env whose
+    blocks start from each policy's own seed: the returns equal those of each policy on a
+    vector env of its own (the general path), for members with different episode lengths."""
+    from gae_core.agent import recording
+
+    configs = [config(**m) for m in MEMBERS]
+    population = PopulationTrainer(configs)
+    try:
+        for _ in range(3):
+            population.step()
+        members, seeds = [3, 0, 2, 1], [40, 7, 7, 123]
+        joined = population.evaluate_members(members, 4, seeds)
+        assert recording._joined_native_env("CartPole-v1", 4, seeds) is not None
+        monkeypatch.setattr(recording, "_joined_native_env", lambda *args: None)
+        separate = population.evaluate_members(members, 4, seeds)
+        assert joined == separate
+        assert len({r for returns in separate.values() for r in returns}) > 1
+    finally:
+        population.close()
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_members_recorded_together_record_what_each_would_alone(env_id):
     """Recorded in lockstep with others (one stacked forward pass per step), a member's

@@ -232,11 +232,21 @@ def evaluate_policies(
     act: Callable[[np.ndarray], np.ndarray], env_id: str, episodes: int, seeds: Sequence[int]
 ) -> list[list[float]]:
     """:func:`evaluate_replay` for several policies at once, one per seed: policy k plays
-    ``episodes`` deterministic episodes on a fresh vector env of its own reset with
-    ``seeds[k]`` (the start states it would have alone); ``act`` maps the observations of all
-    of them, ``[policies, episodes, obs...]``, to their actions in one call."""
+    ``episodes`` deterministic episodes on envs that start where a fresh vector env of its own
+    reset with ``seeds[k]`` starts (the start states it would have alone); ``act`` maps the
+    observations of all of them, ``[policies, episodes, obs...]``, to their actions in one
+    call. Where the env's native vector env keeps its state as one array (CartPole), all of
+    them step in one env (:func:`_joined_native_env`); otherwise each has a vector env of its
+    own."""
     if not seeds:
         return []
+    joined = _joined_native_env(env_id, episodes, seeds)
+    if joined is not None:
+        env, obs = joined
+        try:
+            return _evaluate_joined(act, env, obs, len(seeds), episodes)
+        finally:
+            env.close()
     envs: list[gym.vector.VectorEnv] = []
     try:
         for _ in seeds:
@@ -257,6 +267,62 @@ def evaluate_policies(
     finally:
         for env in envs:
             env.close()
+    return returns.tolist()
+
+
+def _joined_native_env(
+    env_id: str, episodes: int, seeds: Sequence[int]
+) -> tuple[gym.vector.VectorEnv, np.ndarray] | None:
+    """One vector env of ``episodes × len(seeds)`` envs in which block k starts exactly where
+    a fresh ``make_vector_env(env_id, episodes)`` reset with ``seeds[k]`` starts, and its first
+    observations ``[policies, episodes, obs_dim]``; None for envs other than CartPole.
+
+    Written for speed, measured: a CartPole vector env step costs about the same for 5 envs
+    (68 µs) as for 175 (82 µs), so a population's 35 evaluations stepped one env each spent
+    2.4 ms per step where one joined env spends 0.08 ms. gymnasium's ``CartPoleVectorEnv``
+    keeps every env's state in one ``state`` array ``[4, num_envs]`` that its step advances
+    column by column, with no public way to reset sub-envs from different seeds, so each
+    block's start state is read from a vector env of its own reset with its seed and written
+    into the joined env's array. ``tests/test_population.py`` checks the returns equal those
+    of each policy evaluated alone."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    if gym.spec(env_id).vector_entry_point is None:
+        return None
+    blocks = []
+    for seed in seeds:
+        alone = make_vector_env(env_id, episodes)
+        try:
+            if not isinstance(alone.unwrapped, CartPoleVectorEnv):
+                return None
+            alone.reset(seed=seed)
+            blocks.append(np.array(alone.unwrapped.state, copy=True))
+        finally:
+            alone.close()
+    env = make_vector_env(env_id, episodes * len(seeds))
+    env.reset(seed=seeds[0])
+    native = env.unwrapped
+    native.state = np.concatenate(blocks, axis=1)
+    obs = native.state.T.astype(np.float32)
+    return env, obs.reshape(len(seeds), episodes, -1)
+
+
+def _evaluate_joined(
+    act: Callable[[np.ndarray], np.ndarray],
+    env: gym.vector.VectorEnv,
+    obs: np.ndarray,
+    policies: int,
+    episodes: int,
+) -> list[list[float]]:
+    returns = np.zeros((policies, episodes))
+    running = np.ones((policies, episodes), bool)
+    while running.any():
+        actions = np.asarray(act(obs))  # discrete (CartPole): no bounds to clip to
+        actions = actions.reshape(policies * episodes, *actions.shape[2:])
+        flat, rewards, terminated, truncated, _ = env.step(actions)
+        obs = flat.reshape(policies, episodes, -1)
+        returns += np.where(running, rewards.reshape(policies, episodes), 0.0)
+        running &= ~(terminated | truncated).reshape(policies, episodes)
     return returns.tolist()
 
 
