@@ -1,4 +1,4 @@
-"""What :func:`gae_core.agent.policy.stacked_tanh` buys a population, against ``torch.tanh``.
+"""What :func:`gae_core.agent.stacked.stacked_tanh` buys a population, against ``torch.tanh``.
 
     python benchmarks/bench_population.py [--members 35] [--repeats 3]
 
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.policy import stacked_tanh
 from gae_core.agent.population import PopulationTrainer
 from gae_core.agent.presets import preset_config
+from gae_core.agent.stacked import stacked_tanh
 
 LAMBDAS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 

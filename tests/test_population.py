@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.policy import TANH_VIA_SIGMOID_MIN, ActorCritic, StackedMLP, stacked_tanh
+from gae_core.agent.policy import ActorCritic
 from gae_core.agent.population import PopulationTrainer, can_join, population_key
 from gae_core.agent.recording import Replay, evaluate_replay, load_replay, record_replay
+from gae_core.agent.stacked import TANH_VIA_SIGMOID_MIN, StackedMLP, stacked_tanh
 from gae_core.agent.trainer import Rollout, Trainer
 from gae_core.runs.execute import StoreSink, record_seed
 from gae_core.runs.population_run import execute_population

@@ -48,8 +48,9 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_vector_env
 from gae_core.agent.optim import Optimizer
-from gae_core.agent.policy import ActorCritic, StackedMLP, sample_actions
+from gae_core.agent.policy import ActorCritic, sample_actions
 from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_policies, record_replays
+from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
 from gae_core.agent.trainer import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
@@ -338,7 +339,7 @@ class PopulationTrainer:
         self.optimizer.learning_rate = self._learning_rate(active)
         if bool(learning.any()):
             self.optimizer.step()
-        ev = self._explained_variance(values.detach(), returns, mask)
+        ev = explained_variance(values.detach(), returns, mask)
         columns = (policy, value, entropy, raw_mean, raw_std, norms, ev)
         table = torch.stack([c.detach().double() for c in columns]).tolist()
         keys = (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.ADVANTAGE_MEAN, M.ADVANTAGE_STD,
@@ -367,23 +368,10 @@ class PopulationTrainer:
         return log_probs, entropy
 
     def _clip_gradients(self, learning: torch.Tensor) -> torch.Tensor:
-        """Clip each member's global gradient norm to its ``max_grad_norm`` (as
-        ``torch.nn.utils.clip_grad_norm_`` does for one network); returns the norms before
-        clipping. A member whose norm is not finite is deactivated."""
-        grads = [p.grad.reshape(self.size, -1) for p in self.params if p.grad is not None]
-        norms = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g, dim=1) for g in grads], dim=1), dim=1
-        )  # [M], in the gradients' dtype, as clip_grad_norm_ computes it
-        finite = torch.isfinite(norms)
+        """Clip each member's gradient norm (:func:`clip_per_member`); a member whose norm is
+        not finite is deactivated. Returns the norms before clipping."""
+        norms, finite = clip_per_member(self.params, self._max_norm, learning)
         self._fail([i for i in range(self.size) if learning[i] and not finite[i]], "gradient")
-        coef = (self._max_norm / (norms + 1e-6)).clamp(max=1.0)
-        idle = ~(finite & learning)  # not learning this update: its slice takes no step
-        any_idle = bool(idle.any())
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.mul_(coef.to(p.grad.dtype).view(self.size, *([1] * (p.grad.dim() - 1))))
-                if any_idle:
-                    p.grad[idle] = 0.0  # (0 × NaN is NaN: a blown-up member's slice is zeroed)
         return norms
 
     def _fail(self, members: list[int], what: str) -> None:
@@ -402,19 +390,6 @@ class PopulationTrainer:
             [min(1.0, self._members[i].steps_before_update / shared.total_steps) for i in active]
         )
         return shared.learning_rate * (1.0 - float(progress))
-
-    def _explained_variance(
-        self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        safe = mask.sum(1).clamp(min=1.0)
-
-        def variance(x: torch.Tensor) -> torch.Tensor:
-            mean = (x * mask).sum(1) / safe
-            return ((x - mean[:, None]).square() * mask).sum(1) / safe
-
-        spread = variance(returns)
-        ev = 1.0 - variance(returns - values) / torch.where(spread > 0, spread, 1.0)
-        return torch.where(spread > 0, ev, torch.zeros_like(ev))
 
     # -- evaluations, checkpoints, recordings ------------------------------------------------
 

@@ -235,12 +235,12 @@ def evaluate_policies(
     ``episodes`` deterministic episodes on envs that start where a fresh vector env of its own
     reset with ``seeds[k]`` starts (the start states it would have alone); ``act`` maps the
     observations of all of them, ``[policies, episodes, obs...]``, to their actions in one
-    call. Where the env's native vector env keeps its state as one array (CartPole), all of
-    them step in one env (:func:`_joined_native_env`); otherwise each has a vector env of its
-    own."""
+    call. Where the env's native vector env keeps its state as one array (CartPole), several
+    policies step in one env (:func:`_joined_native_env`); otherwise, and for one policy alone
+    (a single run's evaluation), each has a vector env of its own."""
     if not seeds:
         return []
-    joined = _joined_native_env(env_id, episodes, seeds)
+    joined = _joined_native_env(env_id, episodes, seeds) if len(seeds) > 1 else None
     if joined is not None:
         env, obs = joined
         try:
