@@ -4,6 +4,7 @@ population run stores each member as its own run."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
@@ -140,7 +141,7 @@ def test_each_member_takes_the_update_a_single_run_takes_on_the_same_data(env_id
     singles = [Trainer(c) for c in configs]
     try:
         for update in range(4):
-            active = list(range(len(configs)))
+            active = list(range(len(MEMBERS)))
             for state in population._members:
                 state.steps_before_update = state.env_steps
             population._collect(active)
@@ -197,20 +198,28 @@ def test_no_member_overshoots_its_budget_more_than_a_single_run():
         population.close()
 
 
+@contextlib.contextmanager
+def _stepped_population(env_id: str = "CartPole-v1", updates: int = 3):
+    """A population of :data:`MEMBERS` after ``updates`` updates, closed on exit."""
+    population = PopulationTrainer([config(env_id, **m) for m in MEMBERS])
+    try:
+        for _ in range(updates):
+            population.step()
+        yield population
+    finally:
+        population.close()
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_a_members_evaluation_is_the_one_it_would_have_alone(env_id):
     """Evaluated with others, in any order and company, a member's deterministic episodes are
     those of its own weights on the envs its seed gives, exactly what a single run's
     evaluation of the same weights returns (the same start states at every evaluation)."""
-    configs = [config(env_id, **m) for m in MEMBERS]
-    population = PopulationTrainer(configs)
-    try:
-        for _ in range(3):
-            population.step()
-        seeds = {i: 1_000 + 7 * i for i in range(len(configs))}
+    with _stepped_population(env_id) as population:
+        seeds = {i: 1_000 + 7 * i for i in range(len(MEMBERS))}
         alone = {
             i: evaluate_replay(Replay(population.model_of(i)), env_id, 3, seeds[i])
-            for i in range(len(configs))
+            for i in range(len(MEMBERS))
         }
         for due in ([0, 1, 2, 3], [3, 1], [2]):
             got = population.evaluate_members(due, 3, [seeds[i] for i in due])
@@ -219,8 +228,6 @@ def test_a_members_evaluation_is_the_one_it_would_have_alone(env_id):
                 np.testing.assert_allclose(got[i], alone[i], rtol=1e-5, err_msg=str((due, i)))
         with pytest.raises(ValueError, match="seeds: one per member, got 1 for 2"):
             population.evaluate_members([0, 1], 3, [5])
-    finally:
-        population.close()
 
 
 def test_evaluations_in_one_joined_cartpole_env_are_those_on_envs_of_their_own(monkeypatch):
@@ -229,11 +236,7 @@ def test_evaluations_in_one_joined_cartpole_env_are_those_on_envs_of_their_own(m
     vector env of its own (the general path), for members with different episode lengths."""
     from gae_core.agent import recording
 
-    configs = [config(**m) for m in MEMBERS]
-    population = PopulationTrainer(configs)
-    try:
-        for _ in range(3):
-            population.step()
+    with _stepped_population() as population:
         members, seeds = [3, 0, 2, 1], [40, 7, 7, 123]
         joined = population.evaluate_members(members, 4, seeds)
         assert recording._joined_native_env("CartPole-v1", 4, seeds) is not None
@@ -241,8 +244,6 @@ def test_evaluations_in_one_joined_cartpole_env_are_those_on_envs_of_their_own(m
         separate = population.evaluate_members(members, 4, seeds)
         assert joined == separate
         assert len({r for returns in separate.values() for r in returns}) > 1
-    finally:
-        population.close()
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -253,15 +254,11 @@ def test_members_recorded_together_record_what_each_would_alone(env_id):
     (discrete actions exactly; Gaussian ones up to the float32 rounding of a batched matmul,
     which Pendulum's dynamics amplify along an episode: compared closely over its first 50
     steps, and by its return over all 200)."""
-    configs = [config(env_id, **m) for m in MEMBERS]
-    population = PopulationTrainer(configs)
-    try:
-        for _ in range(3):
-            population.step()
-        seeds = {i: 500 + 11 * i for i in range(len(configs))}
+    with _stepped_population(env_id) as population:
+        seeds = {i: 500 + 11 * i for i in range(len(MEMBERS))}
         alone = {
             i: record_replay(Replay(population.model_of(i)), env_id, 2, seeds[i])
-            for i in range(len(configs))
+            for i in range(len(MEMBERS))
         }
         lengths = {len(t.rewards) for episodes in alone.values() for t in episodes}
         if env_id == "CartPole-v1":  # episodes that end at different steps (Pendulum's: 200)
@@ -288,8 +285,6 @@ def test_members_recorded_together_record_what_each_would_alone(env_id):
                     assert ours.rewards.sum() == pytest.approx(theirs.rewards.sum(), rel=1e-4)
         with pytest.raises(ValueError, match="seeds: one per member, got 1 for 2"):
             population.record_members([0, 1], 2, [5])
-    finally:
-        population.close()
 
 
 def test_a_member_that_blows_up_fails_alone():
