@@ -246,6 +246,35 @@ def test_evaluations_in_one_joined_cartpole_env_are_those_on_envs_of_their_own(m
         assert len({r for returns in separate.values() for r in returns}) > 1
 
 
+def test_a_gymnasium_whose_cartpole_state_moved_gets_envs_of_their_own(monkeypatch):
+    """The joined env relies on CartPole's internal ``state`` array. A gymnasium where writing
+    it no longer moves the env (simulated: the write is dropped) fails the run-time check, and
+    evaluations fall back to an env per policy with the same returns as that path."""
+    from gae_core.agent import recording
+
+    with _stepped_population() as population:
+        members, seeds = [0, 2, 1], [3, 99, 3]
+        expected = population.evaluate_members(members, 3, seeds)
+        real_join = recording._join_blocks
+
+        def join_without_state(env_id, episodes, seeds):
+            joined = real_join(env_id, episodes, seeds)
+            env, obs = joined
+            env.reset(seed=seeds[0])  # the blocks' start states are lost
+            return env, obs
+
+        monkeypatch.setattr(recording, "_join_blocks", join_without_state)
+        recording._joining_works.cache_clear()
+        try:
+            assert not recording._joining_works("CartPole-v1")
+            assert recording._joined_native_env("CartPole-v1", 3, seeds) is None
+            assert population.evaluate_members(members, 3, seeds) == expected
+        finally:
+            recording._joining_works.cache_clear()
+        monkeypatch.undo()
+        assert recording._joining_works("CartPole-v1")
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_members_recorded_together_record_what_each_would_alone(env_id):
     """Recorded in lockstep with others (one stacked forward pass per step), a member's

@@ -14,6 +14,7 @@ them with its own statistics.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -284,11 +285,20 @@ def _joined_native_env(
     column by column, with no public way to reset sub-envs from different seeds, so each
     block's start state is read from a vector env of its own reset with its seed and written
     into the joined env's array. ``tests/test_population.py`` checks the returns equal those
-    of each policy evaluated alone."""
+    of each policy evaluated alone, and :func:`_joining_works` checks it again at run time
+    (gymnasium's internals may change): where it fails, each policy gets an env of its own."""
+
+    if gym.spec(env_id).vector_entry_point is None or not _joining_works(env_id):
+        return None
+    return _join_blocks(env_id, episodes, seeds)
+
+
+def _join_blocks(
+    env_id: str, episodes: int, seeds: Sequence[int]
+) -> tuple[gym.vector.VectorEnv, np.ndarray] | None:
+    """:func:`_joined_native_env` without the run-time check."""
     from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
-    if gym.spec(env_id).vector_entry_point is None:
-        return None
     blocks = []
     for seed in seeds:
         alone = make_vector_env(env_id, episodes)
@@ -305,6 +315,47 @@ def _joined_native_env(
     native.state = np.concatenate(blocks, axis=1)
     obs = native.state.T.astype(np.float32)
     return env, obs.reshape(len(seeds), episodes, -1)
+
+
+@functools.cache
+def _joining_works(env_id: str) -> bool:
+    """Whether :func:`_joined_native_env` reproduces envs of their own in this gymnasium:
+    two blocks from different seeds, stepped a few times with fixed actions, must see exactly
+    the observations, rewards and ends that two vector envs of their own see. Checked once
+    per process and env (a few milliseconds); a gymnasium whose CartPole keeps its state
+    elsewhere fails it and evaluations fall back to an env per policy."""
+    episodes, seeds, steps = 2, (11, 12), 8
+    alone = [make_vector_env(env_id, episodes) for _ in seeds]
+    joined = None
+    try:
+        expected = [env.reset(seed=seed)[0] for env, seed in zip(alone, seeds, strict=True)]
+        joined = _join_blocks(env_id, episodes, seeds)
+        if joined is None:
+            return False
+        env, obs = joined
+        actions = np.arange(episodes * len(seeds) * steps) % 2  # CartPole: Discrete(2)
+        for t in range(steps):
+            if not np.array_equal(obs, np.stack(expected)):
+                return False
+            chosen = actions[t * episodes * len(seeds) : (t + 1) * episodes * len(seeds)]
+            flat, rewards, terminated, truncated, _ = env.step(chosen)
+            obs = flat.reshape(len(seeds), episodes, -1)
+            mine = [a.step(c) for a, c in zip(alone, chosen.reshape(len(seeds), -1), strict=True)]
+            expected = [m[0] for m in mine]
+            if not (
+                np.array_equal(rewards, np.concatenate([m[1] for m in mine]))
+                and np.array_equal(terminated, np.concatenate([m[2] for m in mine]))
+                and np.array_equal(truncated, np.concatenate([m[3] for m in mine]))
+            ):
+                return False
+        return bool(np.array_equal(obs, np.stack(expected)))
+    except Exception:  # any failure of the internal route means: do not take it
+        return False
+    finally:
+        for env in alone:
+            env.close()
+        if joined is not None:
+            joined[0].close()
 
 
 def _evaluate_joined(
