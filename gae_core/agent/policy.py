@@ -63,6 +63,21 @@ def sample_actions(out: np.ndarray, rng: np.random.Generator, std: np.ndarray | 
     return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
 
 
+def _forward(layers: list[nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An MLP's output (tanh between ``layers``) and its last layer's input. ``F.linear`` on
+    the layers directly: at a rollout's few dozen rows ``nn.Module.__call__``'s overhead is
+    most of the time (measured: a critic pass through the ``nn.Sequential`` cost 0.2 ms)."""
+    h = features = x
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        if i == last:
+            features = h
+        h = F.linear(h, layer.weight, layer.bias)
+        if i < last:
+            h = torch.tanh(h)
+    return h, features
+
+
 class ActorCritic(nn.Module):
     """π(a|s) and V(s) for a flat Box observation space and a Discrete or 1-D Box action space.
 
@@ -105,6 +120,7 @@ class ActorCritic(nn.Module):
         _init(self.actor, 0.01, generator, ortho_init)
         _init(self.critic, 1.0, generator, ortho_init)
         self._actor_layers = [m for m in self.actor if isinstance(m, nn.Linear)]
+        self._critic_layers = [m for m in self.critic if isinstance(m, nn.Linear)]
 
     def _actor_forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self._actor_features(obs)[0]
@@ -112,15 +128,7 @@ class ActorCritic(nn.Module):
     def _actor_features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's output and its last hidden features φ(s) (the input, with no hidden
         layer), detached: gSDE's noise does not train the features (SB3's default)."""
-        # F.linear on the layers directly: nn.Module.__call__ overhead dominates at batch 16.
-        h = features = obs
-        last = len(self._actor_layers) - 1
-        for i, layer in enumerate(self._actor_layers):
-            if i == last:
-                features = h
-            h = F.linear(h, layer.weight, layer.bias)
-            if i < last:
-                h = torch.tanh(h)
+        h, features = _forward(self._actor_layers, obs)
         return h, features.detach()
 
     def sde_noise(self, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -136,7 +144,7 @@ class ActorCritic(nn.Module):
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) for ``obs [..., obs_dim]`` → ``[...]``."""
-        return self.critic(obs).squeeze(-1)
+        return _forward(self._critic_layers, obs)[0].squeeze(-1)
 
     def sample(
         self, obs: torch.Tensor, rng: np.random.Generator, noise: np.ndarray | None = None

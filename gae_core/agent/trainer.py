@@ -138,6 +138,7 @@ class Trainer:
         self._episode_returns = np.zeros(config.num_envs, np.float64)
         self._episode_lengths = np.zeros(config.num_envs, np.int64)
         self._steps_before_update = 0
+        self._values: torch.Tensor | None = None  # estimate's critic pass (with its graph)
         self._started = time.perf_counter()
         self.env_steps = 0
         self.updates = 0
@@ -208,9 +209,12 @@ class Trainer:
         λ-returns with the advantage's λ, or with ``critic_lambda`` (see the module docstring)."""
         rollout, config = self._batch, self.config
         device = self.device
-        with torch.no_grad():
-            observations = torch.as_tensor(rollout.observations, device=device)
-            all_values = self.model.values(observations)  # [T+1, N]
+        # One critic pass over all T+1 observations per update: its detached values feed GAE
+        # and, kept with their graph, the valid rows' values are what ``update``'s value loss
+        # trains (as in a population; measured: 0.2 ms of a 3.5 ms CartPole update saved).
+        observations = torch.as_tensor(rollout.observations, device=device)
+        self._values = self.model.values(observations)  # [T+1, N], differentiable
+        all_values = self._values.detach()
         if not torch.isfinite(all_values).all():
             raise TrainingDiverged(f"critic values became non-finite at update {self.updates}")
         values, next_values = all_values[:-1], all_values[1:]
@@ -241,11 +245,11 @@ class Trainer:
         self.optimizer.learning_rate = self.learning_rate()
         if not self._batch.valid.any():
             return {m.key: 0.0 for m in M.UPDATE}
-        observations, actions, advantages, returns = self._valid_rows(advantages, returns)
+        observations, actions, advantages, returns, values = self._valid_rows(advantages, returns)
         raw_advantages = advantages
         if self.config.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
-        losses, values = self._losses(observations, actions, advantages, returns)
+        losses, values = self._losses(observations, actions, advantages, returns, values)
         grad_norm = self._descend(losses["loss"])
         return {
             M.POLICY_LOSS.key: losses["policy"].item(),
@@ -270,16 +274,19 @@ class Trainer:
     def _valid_rows(
         self, advantages: torch.Tensor, returns: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        """Flatten ``[T, N]`` to rows and drop the NEXT_STEP reset rows; tensors on the device."""
+        """Flatten ``[T, N]`` to rows and drop the NEXT_STEP reset rows; tensors on the device:
+        observations, actions, advantages, returns and the critic's values (differentiable,
+        from :meth:`estimate`'s pass)."""
         rollout, device = self._batch, self.device
         valid = torch.from_numpy(rollout.valid.reshape(-1))
         rows = valid.shape[0]
         observations = torch.from_numpy(rollout.observations[:-1].reshape(rows, -1))
         actions = torch.from_numpy(rollout.actions.reshape(rows, *rollout.actions.shape[2:]))
-        return tuple(
+        rows_out = tuple(
             x[valid].to(device)
             for x in (observations, actions, advantages.reshape(-1), returns.reshape(-1))
         )
+        return (*rows_out, self._values[:-1].reshape(-1)[valid.to(device)])
 
     def _losses(
         self,
@@ -287,11 +294,11 @@ class Trainer:
         actions: torch.Tensor,
         advantages: torch.Tensor,
         returns: torch.Tensor,
+        values: torch.Tensor,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """A2C loss terms (differentiable) and the critic's values (detached, CPU)."""
         config = self.config
         log_probs, entropy = self.model.log_probs_and_entropy(observations, actions)
-        values = self.model.values(observations)
         policy = -(advantages * log_probs).mean()
         # The critic regresses on λ-returns with config.target_lambda (1.0: the paper's
         # discounted returns, eq. 28). MSE as in SB3 (CleanRL halves it).
@@ -308,7 +315,7 @@ class Trainer:
         self.optimizer.zero_grad()
         loss.backward()
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.params, max_norm).item()
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(f"gradient norm became {grad_norm} at update {self.updates}")
         self.optimizer.step()
