@@ -20,7 +20,12 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.population import PopulationTrainer, can_join, population_key
 from gae_core.agent.recording import Replay, evaluate_replay, load_replay, record_replay
-from gae_core.agent.stacked import TANH_VIA_SIGMOID_MIN, StackedMLP, stacked_tanh
+from gae_core.agent.stacked import (
+    TANH_VIA_SIGMOID_MIN,
+    TANH_VIA_SIGMOID_MIN_NO_GRAD,
+    StackedMLP,
+    stacked_tanh,
+)
 from gae_core.agent.trainer import Rollout, Trainer
 from gae_core.runs.execute import StoreSink, record_seed
 from gae_core.runs.population_run import execute_population
@@ -74,9 +79,10 @@ def test_members_start_from_the_single_runs_weights():
     seed=st.integers(0, 2**31 - 1),
 )
 def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed):
-    """tanh(x) = 2·σ(2x) − 1 (its form above TANH_VIA_SIGMOID_MIN elements) agrees with
-    torch.tanh to 4e-7 at any scale of x, with the gradient (1 − tanh²(x))·g, with grad
-    enabled or not; below the threshold it is torch.tanh itself. NaN and ±inf map as tanh's."""
+    """tanh(x) = 2·σ(2x) − 1 (its form above TANH_VIA_SIGMOID_MIN elements with a gradient,
+    TANH_VIA_SIGMOID_MIN_NO_GRAD without) agrees with torch.tanh to 4e-7 at any scale of x,
+    with the gradient (1 − tanh²(x))·g, with grad enabled or not; below the threshold it is
+    torch.tanh itself. NaN and ±inf map as tanh's."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(3, rows, 64, generator=generator) * scale
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
@@ -84,11 +90,15 @@ def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed):
     with torch.no_grad():
         got = stacked_tanh(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=4e-7, equal_nan=True)
-    if x.numel() < TANH_VIA_SIGMOID_MIN:
+    if x.numel() < TANH_VIA_SIGMOID_MIN_NO_GRAD:
         assert torch.equal(got.nan_to_num(), expected.nan_to_num())
     leaf = x.clone().requires_grad_(True)
     grad = torch.randn(x.shape, generator=generator)
-    (gradient,) = torch.autograd.grad(stacked_tanh(leaf), leaf, grad)
+    forward = stacked_tanh(leaf)
+    torch.testing.assert_close(forward.detach(), expected, rtol=0, atol=4e-7, equal_nan=True)
+    if x.numel() < TANH_VIA_SIGMOID_MIN:
+        assert torch.equal(forward.detach().nan_to_num(), expected.nan_to_num())
+    (gradient,) = torch.autograd.grad(forward, leaf, grad)
     exact = (1 - expected.square()) * grad
     assert torch.equal(gradient.isnan(), exact.isnan())
     error = (gradient - exact).nan_to_num().abs()

@@ -300,7 +300,8 @@ class PopulationTrainer:
         all_values = self.critic(observations).squeeze(-1)
         detached = all_values.detach()
         finite_values = torch.isfinite(detached).all(1)
-        blown = [i for i in active if not finite_values[i] and self._members[i].error is None]
+        finite_list = finite_values.tolist()  # per-member checks in Python: one conversion
+        blown = [i for i in active if not finite_list[i] and self._members[i].error is None]
         self._fail(blown, "critic values")
         # a blown-up member's columns enter GAE as zeros: its results are never used
         advantages, returns = self._estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
@@ -327,9 +328,9 @@ class PopulationTrainer:
         value = mean((returns - values).square())
         entropy = mean(entropy)
         per_member = policy + self._value_coef * value - self._entropy_coef * entropy
-        finite = torch.isfinite(per_member.detach())
-        self._fail([i for i in active if learning[i] and not finite[i]], "loss")
-        learning &= finite
+        finite, learning_list = torch.isfinite(per_member.detach()).tolist(), learning.tolist()
+        self._fail([i for i in active if learning_list[i] and not finite[i]], "loss")
+        learning &= torch.tensor(finite)
         self.optimizer.zero_grad()
         if bool(learning.any()):
             torch.where(learning, per_member, torch.zeros_like(per_member)).sum().backward()
@@ -344,8 +345,9 @@ class PopulationTrainer:
         table = torch.stack([c.detach().double() for c in columns]).tolist()
         keys = (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.ADVANTAGE_MEAN, M.ADVANTAGE_STD,
                 M.GRAD_NORM, M.EXPLAINED_VARIANCE)  # fmt: skip
+        learning_list = learning.tolist()
         for i in active:
-            if bool(learning[i]):
+            if learning_list[i]:
                 row = {metric.key: table[k][i] for k, metric in enumerate(keys)}
             else:
                 row = dict.fromkeys((m.key for m in M.UPDATE), 0.0)
@@ -371,7 +373,8 @@ class PopulationTrainer:
         """Clip each member's gradient norm (:func:`clip_per_member`); a member whose norm is
         not finite is deactivated. Returns the norms before clipping."""
         norms, finite = clip_per_member(self.params, self._max_norm, learning)
-        self._fail([i for i in range(self.size) if learning[i] and not finite[i]], "gradient")
+        failed = (learning & ~finite).tolist()
+        self._fail([i for i in range(self.size) if failed[i]], "gradient")
         return norms
 
     def _fail(self, members: list[int], what: str) -> None:
