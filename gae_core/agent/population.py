@@ -300,7 +300,7 @@ class PopulationTrainer:
         all_values = self.critic(observations).squeeze(-1)
         detached = all_values.detach()
         finite_values = torch.isfinite(detached).all(1)
-        finite_list = finite_values.tolist()  # per-member checks in Python: one conversion
+        finite_list = finite_values.tolist()
         blown = [i for i in active if not finite_list[i] and self._members[i].error is None]
         self._fail(blown, "critic values")
         # a blown-up member's columns enter GAE as zeros: its results are never used
@@ -328,9 +328,10 @@ class PopulationTrainer:
         value = mean((returns - values).square())
         entropy = mean(entropy)
         per_member = policy + self._value_coef * value - self._entropy_coef * entropy
-        finite, learning_list = torch.isfinite(per_member.detach()).tolist(), learning.tolist()
-        self._fail([i for i in active if learning_list[i] and not finite[i]], "loss")
-        learning &= torch.tensor(finite)
+        finite = torch.isfinite(per_member.detach())
+        failed = (learning & ~finite).tolist()  # per-member checks in Python: one conversion
+        self._fail([i for i in active if failed[i]], "loss")
+        learning &= finite
         self.optimizer.zero_grad()
         if bool(learning.any()):
             torch.where(learning, per_member, torch.zeros_like(per_member)).sum().backward()

@@ -53,9 +53,9 @@ def stacked_tanh(x: torch.Tensor) -> torch.Tensor:
 
     Written because it measured faster: on this project's 2-core AVX2 machine with torch 2.13
     (one thread) ``torch.tanh`` takes 3.3 ns per float32 element and ``torch.sigmoid`` 1.0 ns,
-    so 2·σ(2x) − 1 in one buffer takes 0.44–0.48 of ``torch.tanh``'s time on a CartPole
-    population's activations, and a whole population update runs 1.05× (the preset's 8 × 5
-    rollouts) to 1.16× (16 × 64) faster (``benchmarks/bench_population.py``). The two agree
+    so 2·σ(2x) − 1 in one buffer takes 0.40–0.59 of ``torch.tanh``'s time on a CartPole
+    population's activations, and a whole population update runs 1.08× (the preset's 8 × 5
+    rollouts) to 1.13× (16 × 64) faster (``benchmarks/bench_population.py``). The two agree
     to within 4e-7 (a few float32 ulps of 1; ``tests/test_population.py``). Tensors under
     :data:`TANH_VIA_SIGMOID_MIN` elements keep ``torch.tanh``: there the custom autograd node's
     overhead outweighs the gain. Without a gradient (a rollout's forward pass) the threshold
