@@ -120,6 +120,13 @@ def test_a_stacked_network_is_its_members_networks():
         out = stacked(x)
         for i, net in enumerate(nets):
             torch.testing.assert_close(out[i], net(x[i]), rtol=1e-5, atol=2e-6)
+        # snapshots of single members, joined in another order, are those members' networks
+        order = [2, 0, 3]
+        joined = StackedMLP.concat([stacked.select([i]) for i in order])
+        torch.testing.assert_close(joined(x[order]), out[order], rtol=0, atol=0)
+        for p in stacked.parameters():
+            p.data.add_(1.0)  # the stack trains on: a snapshot keeps the weights it was taken with
+        torch.testing.assert_close(joined(x[order]), out[order], rtol=0, atol=0)
 
 
 def _member_rollout(population: PopulationTrainer, member: int) -> Rollout:
@@ -398,22 +405,69 @@ def test_a_population_run_stores_each_member_as_its_own_run(tmp_path):
     store.close()
 
 
+def test_members_due_at_different_updates_play_together_with_the_weights_they_had(
+    tmp_path, monkeypatch
+):
+    """Members cross an evaluation step at different updates (their reset rows differ). Each
+    one's evaluation and checkpoint are taken when it is due and played together with the
+    others' once all have passed the step: fewer calls than evaluations, and every stored
+    evaluation is that of the checkpoint saved at the same step (its weights then, not the
+    later ones it had when it was played), evaluated alone."""
+    from gae_core.runs import population_run
+    from gae_core.runs.execute import eval_seed
+
+    calls = []
+    real = population_run.evaluate_stacked
+
+    def counted(actor, *args):
+        calls.append(len(actor.weights[0]))
+        return real(actor, *args)
+
+    monkeypatch.setattr(population_run, "evaluate_stacked", counted)
+    store = RunStore(tmp_path)
+    configs = [
+        config(**m, total_steps=3_000, checkpoint_every=1_000, eval_every=1_000, record_episodes=1)
+        for m in MEMBERS
+    ]
+    run_ids = [store.create_run(c.to_dict()) for c in configs]
+    stops = [threading.Event() for _ in configs]
+    outcomes = execute_population(
+        [StoreSink(store, r) for r in run_ids], run_ids, configs, stops, flush_interval=0.05
+    )
+    assert [o.status for o in outcomes] == ["finished"] * len(configs)
+    first_steps = {store.checkpoint_steps(r)[0] for r in run_ids}
+    assert len(first_steps) > 1  # due at different updates
+    evaluations = 0
+    for run_id, c in zip(run_ids, configs, strict=True):
+        evals = store.metrics(run_id, [M.EVAL_RETURN.key])
+        assert evals["env_step"].tolist() == store.checkpoint_steps(run_id)
+        for step, value in zip(evals["env_step"], evals["value"], strict=True):
+            replay = load_replay(c, store.load_checkpoint(run_id, int(step)))
+            alone = evaluate_replay(replay, c.env_id, c.eval_episodes, eval_seed(c))
+            assert value == pytest.approx(np.mean(alone), rel=1e-6)
+        evaluations += len(evals)
+    assert sum(calls) == evaluations and len(calls) < evaluations and max(calls) > 1
+    store.close()
+
+
 def test_members_whose_joint_recording_breaks_record_alone(tmp_path, monkeypatch):
     """If recording the members due together raises, each records alone inside its own run's
     failure handling: a recording that works alone still lands, one that fails fails only its
     run."""
-    joint = PopulationTrainer.record_members
+    from gae_core.runs import population_run
 
-    def alone_only(self, members, episodes, seeds):
-        if len(members) > 1:
-            raise RuntimeError("joint recording broke")
-        if members == [1]:
-            raise RuntimeError("member 1's recording broke")
-        return joint(self, members, episodes, seeds)
-
-    monkeypatch.setattr(PopulationTrainer, "record_members", alone_only)
-    store = RunStore(tmp_path)
+    joint = population_run.record_stacked
     configs = [config(**m, checkpoint_every=200, record_episodes=1) for m in MEMBERS[:3]]
+
+    def alone_only(models, env_id, episodes, seeds):
+        if len(models) > 1:
+            raise RuntimeError("joint recording broke")
+        if seeds == [record_seed(configs[1])]:
+            raise RuntimeError("member 1's recording broke")
+        return joint(models, env_id, episodes, seeds)
+
+    monkeypatch.setattr(population_run, "record_stacked", alone_only)
+    store = RunStore(tmp_path)
     run_ids = [store.create_run(c.to_dict()) for c in configs]
     stops = [threading.Event() for _ in configs]
     outcomes = execute_population(

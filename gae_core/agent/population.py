@@ -48,9 +48,9 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_vector_env
 from gae_core.agent.optim import Optimizer
-from gae_core.agent.policy import ActorCritic, sample_actions
-from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_policies, record_replays
+from gae_core.agent.policy import ActorCritic
 from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
+from gae_core.agent.together import evaluate_stacked, record_stacked
 from gae_core.agent.trainer import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
@@ -401,46 +401,28 @@ class PopulationTrainer:
         self, members: Sequence[int], episodes: int, seeds: Sequence[int]
     ) -> dict[int, list[float]]:
         """Deterministic evaluations (argmax / mean actions) of several members at once, one
-        seed each: each on envs of its own seeded as its evaluation alone
-        (:func:`~gae_core.agent.recording.evaluate_replay`) would be, whichever members are
-        due with it; one stacked forward pass per step for all of them."""
+        seed each, each as its evaluation alone would play
+        (:func:`~gae_core.agent.together.evaluate_stacked`)."""
         if len(seeds) != len(members):
             raise ValueError(f"seeds: one per member, got {len(seeds)} for {len(members)}")
         if not members:
             return {}
         actor = self.actor.select(members)
-
-        def act(obs: np.ndarray) -> np.ndarray:  # [members, episodes, obs...]
-            with torch.inference_mode():
-                out = actor(torch.from_numpy(obs)).numpy()
-            return out.argmax(axis=-1) if self.discrete else out.astype(np.float32)
-
-        returns = evaluate_policies(act, self.shared.env_id, episodes, seeds)
+        returns = evaluate_stacked(actor, self.discrete, self.shared.env_id, episodes, seeds)
         return dict(zip(members, returns, strict=True))
 
     def record_members(
         self, members: Sequence[int], episodes: int, seeds: Sequence[int]
     ) -> dict[int, list[Trajectory]]:
-        """Recorded episodes (sampled actions) of several members at once, one seed each:
-        each the episodes :func:`~gae_core.agent.recording.record_replay` of its weights would
-        record (its own envs and generator), whichever members are due with it; one stacked
-        forward pass per step for all of them."""
+        """Recorded episodes (sampled actions) of several members at once, one seed each,
+        each as :func:`~gae_core.agent.recording.record_replay` of its weights would record
+        (:func:`~gae_core.agent.together.record_stacked`)."""
         if len(seeds) != len(members):
             raise ValueError(f"seeds: one per member, got {len(seeds)} for {len(members)}")
         if not members:
             return {}
-        actor = self.actor.select(members)
-        stds = [
-            None if self.discrete else np.exp(self.log_std[i].detach().numpy()) for i in members
-        ]
-
-        def sample(obs: np.ndarray, playing: list[int], generators: list) -> list[np.ndarray]:
-            with torch.inference_mode():
-                out = actor(torch.from_numpy(obs.astype(np.float32))[:, None, :]).numpy()
-            return [sample_actions(out[k], generators[k], stds[k])[0] for k in playing]
-
-        replays = [Replay(self.model_of(i)) for i in members]
-        recorded = record_replays(replays, self.shared.env_id, episodes, seeds, sample)
+        models = [self.model_of(i) for i in members]
+        recorded = record_stacked(models, self.shared.env_id, episodes, seeds)
         return dict(zip(members, recorded, strict=True))
 
     def model_of(self, index: int) -> ActorCritic:
@@ -448,8 +430,9 @@ class PopulationTrainer:
         config = self.configs[index]
         space = self.env.single_action_space
         model = ActorCritic(
-            self.env.single_observation_space, space, config.hidden_sizes, 0, config.log_std_init
-        )
+            self.env.single_observation_space, space, config.hidden_sizes, 0, config.log_std_init,
+            ortho_init=False,  # overwritten below: skip the orthogonal init's QR (1.4 ms a copy)
+        )  # fmt: skip
         self.actor.copy_into(model.actor, index)
         self.critic.copy_into(model.critic, index)
         if self.log_std is not None:
@@ -489,12 +472,3 @@ class Member:
 
     def evaluation_due(self) -> bool:
         return self._crossed(self.config.eval_every)
-
-    def checkpoint_bytes(self) -> bytes:
-        return checkpoint_bytes(self.population.model_of(self.index), {})
-
-    def evaluate(self, episodes: int, seed: int) -> list[float]:
-        return self.population.evaluate_members([self.index], episodes, [seed])[self.index]
-
-    def record(self, episodes: int, seed: int) -> list[Trajectory]:
-        return self.population.record_members([self.index], episodes, [seed])[self.index]

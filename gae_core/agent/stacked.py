@@ -113,6 +113,19 @@ class StackedMLP:
             chosen.biases = [b[index] for b in self.biases]
         return chosen
 
+    @staticmethod
+    def concat(parts: Sequence[StackedMLP]) -> StackedMLP:
+        """The members of several stacks (e.g. snapshots taken by :meth:`select` at different
+        updates) as one stack, in order; detached."""
+        joined = object.__new__(StackedMLP)
+        joined.activation = parts[0].activation
+        with torch.no_grad():
+            layers = zip(*(p.weights for p in parts), strict=True)
+            joined.weights = [torch.cat(ws) for ws in layers]
+            layers = zip(*(p.biases for p in parts), strict=True)
+            joined.biases = [torch.cat(bs) for bs in layers]
+        return joined
+
     def copy_into(self, net: nn.Sequential, member: int) -> None:
         linears = [m for m in net if isinstance(m, nn.Linear)]
         with torch.no_grad():

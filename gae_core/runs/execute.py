@@ -285,8 +285,14 @@ def _evaluate(
     buffer: _Buffer, trainer: TrainerLike, config: TrainConfig, env_steps: int, wall: float
 ) -> None:
     """Deterministic evaluation: the mean return of ``eval_episodes`` episodes, one row."""
-    returns = trainer.evaluate(config.eval_episodes, (config.seed + EVAL_SEED_OFFSET) % 2**31)
+    returns = trainer.evaluate(config.eval_episodes, eval_seed(config))
     buffer.rows.append((M.EVAL_RETURN.key, env_steps, wall, float(sum(returns) / len(returns))))
+
+
+def eval_seed(config: TrainConfig) -> int:
+    """The seed of a run's deterministic evaluations (the same at each: the same start
+    states at every point of its evaluation curve)."""
+    return (config.seed + EVAL_SEED_OFFSET) % (2**31)
 
 
 def record_seed(config: TrainConfig) -> int:
