@@ -40,7 +40,9 @@ class Metric:
     ``smoothed``: the live charts offer TensorBoard's EMA smoothing for it. ``log_scale``: a log
     y axis is offered (losses spanning decades). ``display_range``: values are clipped to it when
     drawn (never when stored or exported), for metrics whose useful range is bounded but whose
-    raw values can run off (explained variance goes to −∞ for a bad critic).
+    raw values can run off (explained variance goes to −∞ for a bad critic). ``window``: what
+    one stored row of a per-update metric holds when a row covers several updates (a run's
+    ``log_every``): ``"mean"`` of their values, or the ``"last"`` one (a clock).
     """
 
     key: str
@@ -50,6 +52,7 @@ class Metric:
     log_scale: bool = False
     display_range: tuple[float, float] | None = None
     short_name: str | None = None
+    window: str = "mean"
 
     @property
     def column(self) -> str:
@@ -88,7 +91,7 @@ ADVANTAGE_STD = Metric(
     "advantages/std", "Advantage std", "advantage", log_scale=True, short_name="advantage_std"
 )
 STEPS_PER_SECOND = Metric("perf/steps_per_second", "Env steps per second", "steps/s")
-WALL_TIME = Metric("perf/wall_time", "Wall time", "s", smoothed=False)
+WALL_TIME = Metric("perf/wall_time", "Wall time", "s", smoothed=False, window="last")
 
 REGISTRY: dict[str, Metric] = {
     m.key: m

@@ -4,6 +4,8 @@
 * :func:`wait_until`: poll a condition with a deadline.
 * :func:`cli` and :data:`TINY_FLAGS`: the CLI as a subprocess, and a run it trains in a second.
 * :func:`trajectory_steps`: what the store file holds, for tests that check what was removed.
+* :func:`stored_update_metric`: the rows a run stores of one update metric, worked out from its
+  updates independently of the code that writes them (``log_every`` windows).
 * The browser fixtures (docs/DESIGN.md, "Testing in a real browser"): Debian's Chromium driven by
   Playwright, and one Streamlit server per session on a free port with an empty data folder.
   Without Chromium or Playwright the browser tests skip, except under ``CI=true`` where they
@@ -241,6 +243,30 @@ def cli_in_process(data: Path, *args: str) -> subprocess.CompletedProcess:
         except SystemExit as exit_:  # argparse's own errors
             code = exit_.code
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def stored_update_metric(
+    updates: list[tuple[int, float]], every: int, also: int = 0
+) -> list[tuple[int, float]]:
+    """``(env_step, value)`` rows of an update metric whose updates, in order, ended at the
+    given env steps with the given values: a row (the mean of the updates since the last row,
+    at the step of the last of them) at each update that crossed a multiple of ``every``
+    (each update for 0) or of ``also`` (a checkpoint's), and one for any left at the end."""
+    rows, window, before = [], [], 0
+    for step, value in updates:
+        window.append(value)
+        crossed = every == 0 or any(
+            before < m <= step
+            for period in (every, also) if period
+            for m in range(period, step + 1, period)
+        )  # fmt: skip
+        if crossed:
+            rows.append((step, sum(window) / len(window)))
+            window = []
+        before = step
+    if window:
+        rows.append((updates[-1][0], sum(window) / len(window)))
+    return rows
 
 
 def trajectory_steps(store, run_id: str) -> list[int]:

@@ -42,6 +42,7 @@ BAD_VALUES = {
     "ortho_init": [0, "no"],
     "eval_every": [-1, 0.5],
     "eval_episodes": [0, 101, 2.0],
+    "log_every": [-1, 0.5, 10**11],
 }
 
 

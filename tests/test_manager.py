@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from conftest import stored_update_metric, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
@@ -119,12 +119,45 @@ def test_four_concurrent_runs_keep_their_data_apart(manager):
         assert run.config["seed"] == config.seed and run.config["lambda_"] == config.lambda_
         stored = manager.store.metrics(run_id, [M.VALUE_LOSS.key])
         trainer = Trainer(config)
-        expected = []
+        updates = []
         while not trainer.done:
-            expected.append(trainer.step().metrics[M.VALUE_LOSS.key])
+            result = trainer.step()
+            updates.append((result.env_steps, result.metrics[M.VALUE_LOSS.key]))
         trainer.close()
-        np.testing.assert_allclose(stored["value"].to_numpy(), expected, rtol=1e-6)
+        # a row per log_every (1,000) env steps: the mean of the updates since the last row
+        expected = stored_update_metric(updates, config.log_every)
+        assert len(expected) < len(updates)
+        assert stored["env_step"].tolist() == [s for s, _ in expected]
+        np.testing.assert_allclose(stored["value"].to_numpy(), [v for _, v in expected], rtol=1e-6)
         assert run.env_steps == trainer.env_steps
+
+
+def test_update_metrics_are_stored_as_window_means_closed_at_checkpoints(tmp_path):
+    """A row per metric each time the run crosses a multiple of log_every: the mean of the
+    updates since the last row (the wall-time clock: its last value). A checkpoint closes the
+    window too, so the stored curve reaches every checkpoint's step."""
+    config = TrainConfig(**{**SMALL, "log_every": 300, "checkpoint_every": 700})
+    store = RunStore(tmp_path)
+    run_id = store.create_run(config.to_dict())
+    assert execute_run(StoreSink(store, run_id), run_id, config).status == "finished"
+    trainer = Trainer(config)
+    updates = []
+    while not trainer.done:
+        result = trainer.step()
+        updates.append((result.env_steps, result.metrics))
+    trainer.close()
+    steps = store.checkpoint_steps(run_id)
+    for metric in (M.VALUE_LOSS, M.GRAD_NORM, M.WALL_TIME):
+        stored = store.metrics(run_id, [metric.key])
+        values = [(s, m[metric.key]) for s, m in updates]
+        by_log_every_alone = {s for s, _ in stored_update_metric(values, config.log_every)}
+        assert not set(steps) <= by_log_every_alone  # the checkpoints close windows of their own
+        expected = stored_update_metric(values, config.log_every, also=config.checkpoint_every)
+        assert stored["env_step"].tolist() == [s for s, _ in expected]
+        assert set(steps) <= set(stored["env_step"])
+        if metric is not M.WALL_TIME:  # a clock: its last value, which differs between runs
+            np.testing.assert_allclose(stored["value"], [v for _, v in expected], rtol=1e-6)
+    store.close()
 
 
 def test_diverged_loss_marks_failed_with_reason(manager, monkeypatch):
@@ -141,7 +174,8 @@ def test_diverged_loss_marks_failed_with_reason(manager, monkeypatch):
     run = manager.store.get_run(run_id)
     assert run.status == "failed"
     assert run.error == "TrainingDiverged: loss became nan at update 2"
-    assert len(manager.store.metrics(run_id, [M.VALUE_LOSS.key])) == 2  # kept
+    # kept: the updates before the failure (in one row: under log_every's 1,000 env steps)
+    assert len(manager.store.metrics(run_id, [M.VALUE_LOSS.key])) == 1
 
 
 def test_any_other_exception_fails_with_traceback(manager, monkeypatch):

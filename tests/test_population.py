@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import stored_update_metric
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -447,6 +448,36 @@ def test_members_due_at_different_updates_play_together_with_the_weights_they_ha
             assert value == pytest.approx(np.mean(alone), rel=1e-6)
         evaluations += len(evals)
     assert sum(calls) == evaluations and len(calls) < evaluations and max(calls) > 1
+    store.close()
+
+
+def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypatch):
+    """Each member stores its update metrics as a single run does: a row per metric each time
+    it crosses a multiple of log_every, the mean of its own updates since the last row."""
+    seen: dict[int, list] = {}
+    real_step = PopulationTrainer.step
+
+    def step(self):
+        results = real_step(self)
+        for i, result in results.items():
+            seen.setdefault(i, []).append((result.env_steps, result.metrics[M.VALUE_LOSS.key]))
+        return results
+
+    monkeypatch.setattr(PopulationTrainer, "step", step)
+    store = RunStore(tmp_path)
+    configs = [config(**m, total_steps=1_000, log_every=150) for m in MEMBERS[:3]]
+    run_ids = [store.create_run(c.to_dict()) for c in configs]
+    stops = [threading.Event() for _ in configs]
+    outcomes = execute_population(
+        [StoreSink(store, r) for r in run_ids], run_ids, configs, stops, flush_interval=0.05
+    )
+    assert [o.status for o in outcomes] == ["finished"] * 3
+    for i, run_id in enumerate(run_ids):
+        stored = store.metrics(run_id, [M.VALUE_LOSS.key])
+        expected = stored_update_metric(seen[i], 150)
+        assert 5 < len(expected) < len(seen[i])
+        assert stored["env_step"].tolist() == [s for s, _ in expected]
+        np.testing.assert_allclose(stored["value"], [v for _, v in expected], rtol=1e-6)
     store.close()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from conftest import stored_update_metric, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
@@ -72,12 +72,15 @@ def test_sweep_with_two_workers(tmp_path):
     # A trial trained in a worker process equals the same config trained here.
     run = next(r for r in runs if r.config["lambda_"] == 1.0 and r.config["seed"] == 1)
     trainer = Trainer(TrainConfig.from_dict(run.config))
-    expected = []
+    updates = []
     while not trainer.done:
-        expected.append(trainer.step().metrics[M.VALUE_LOSS.key])
+        result = trainer.step()
+        updates.append((result.env_steps, result.metrics[M.VALUE_LOSS.key]))
     trainer.close()
-    stored = store.metrics(run.id, [M.VALUE_LOSS.key])["value"].to_numpy()
-    np.testing.assert_allclose(stored, expected, rtol=1e-6)
+    expected = stored_update_metric(updates, BASE.log_every)
+    stored = store.metrics(run.id, [M.VALUE_LOSS.key])
+    assert stored["env_step"].tolist() == [s for s, _ in expected]
+    np.testing.assert_allclose(stored["value"].to_numpy(), [v for _, v in expected], rtol=1e-6)
     assert store.integrity_check() == "ok"
     store.close()
 

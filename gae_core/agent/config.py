@@ -120,6 +120,13 @@ class TrainConfig:
         max=10**10,
     )
     eval_episodes: int = _field(5, "Episodes per deterministic evaluation", min=1, max=100)
+    log_every: int = _field(
+        1_000,
+        "Store the update metrics (losses, gradient norm, learning rate, steps/s) once every "
+        "this many env steps, each row the mean over the updates since the last; 0 every update",
+        min=0,
+        max=10**10,
+    )
     torch_threads: int = _field(
         1,
         "torch.set_num_threads for the run (process-wide); 1 is fastest for small nets",

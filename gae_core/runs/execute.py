@@ -39,6 +39,7 @@ __all__ = [
     "RunSink",
     "StoreSink",
     "TrainerLike",
+    "UpdateLog",
     "default_run_name",
     "execute_run",
 ]
@@ -181,6 +182,51 @@ class _Buffer:
         return rows
 
 
+class UpdateLog:
+    """An update's metrics as stored rows, one row per metric each time the run crosses a
+    multiple of ``log_every`` env steps (every update for 0): the row summarises the updates
+    since the last row (:attr:`~gae_core.metrics.Metric.window`: their mean, or the last value
+    of a clock), at the step and wall time of the last of them.
+
+    Why not one row per update: the CartPole preset updates every 40 env steps, so a 7 λ ×
+    10 seed study of 200k steps stored 3.5 M update rows (~114 bytes each in SQLite, about
+    400 MB) and its single writer took a core's share from the trainers (measured: the study
+    ran 9 % faster with a row per 1,000 steps). SB3's A2C, for the same reason, logs every
+    100 updates."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._sums: dict[str, float] = {}
+        self._count = 0
+        self._last: tuple[int, float, dict[str, float]] = (0, 0.0, {})
+
+    def add(self, steps_before: int, env_steps: int, wall: float, metrics: dict) -> MetricRows:
+        """Take one update's ``metrics`` (it moved the run from ``steps_before`` to
+        ``env_steps``); returns the rows due now (none until the window closes)."""
+        for key, value in metrics.items():
+            self._sums[key] = self._sums.get(key, 0.0) + float(value)
+        self._count += 1
+        self._last = (env_steps, wall, metrics)
+        every = self.every
+        if every <= 0 or env_steps // every > steps_before // every:
+            return self.close()
+        return []
+
+    def close(self) -> MetricRows:
+        """The rows of the updates since the last row, if any (a run's end, a checkpoint: what
+        was measured is stored)."""
+        if not self._count:
+            return []
+        env_steps, wall, last = self._last
+        rows = [
+            (key, env_steps, wall,
+             float(last[key]) if M.get(key).window == "last" else total / self._count)
+            for key, total in self._sums.items()
+        ]  # fmt: skip
+        self._sums, self._count = {}, 0
+        return rows
+
+
 def execute_run(
     sink: RunSink,
     run_id: str,
@@ -206,22 +252,26 @@ def execute_run(
         return RunOutcome(run_id, "skipped", 0, 0.0, "the run was not queued any more")
     tracker = ReturnTracker(reward_threshold(config.env_id))
     buffer = _Buffer(flush_interval)
+    updates = UpdateLog(config.log_every)
     trainer: TrainerLike | None = None
     env_steps, last_checkpoint, last_evaluation = 0, -1, -1
     episode_flushed = False
     status, error = "failed", None
 
-    def flush() -> bool:
+    def flush(*, window: bool = False) -> bool:
+        """Store the rows so far (``window``: the update metrics' open window too)."""
+        if window:
+            buffer.rows.extend(updates.close())
         return sink.flush(buffer.take(), env_steps, tracker.summary())
 
     try:
         trainer = trainer_factory(config)
         while not trainer.done and not stop_event.is_set():
+            steps_before = env_steps
             result = trainer.step()
             env_steps = int(result.env_steps)
             wall = time.monotonic() - started
-            for key, value in result.metrics.items():
-                buffer.rows.append((key, env_steps, wall, float(value)))
+            buffer.rows.extend(updates.add(steps_before, env_steps, wall, result.metrics))
             for episode in result.episodes:
                 step = int(episode.env_step)
                 buffer.rows.append((M.EPISODIC_RETURN.key, step, wall, float(episode.return_)))
@@ -234,7 +284,7 @@ def execute_run(
                 last_evaluation = env_steps
             if trainer.checkpoint_due():
                 # metrics first, so a checkpoint is never ahead of the stored curve
-                if flush():
+                if flush(window=True):
                     stop_event.set()
                 _save_checkpoint(sink, trainer, config)
                 last_checkpoint = env_steps
@@ -248,7 +298,7 @@ def execute_run(
         status = "finished" if trainer.done else "stopped"
         if status == "finished" and config.eval_every > 0 and last_evaluation != env_steps:
             _evaluate(buffer, trainer, config, env_steps, time.monotonic() - started)
-        flush()
+        flush(window=True)
         if last_checkpoint != env_steps and env_steps > 0:
             _save_checkpoint(sink, trainer, config)
     except RunDeleted:
@@ -256,7 +306,7 @@ def execute_run(
     except KeyboardInterrupt:
         # No handler turned Ctrl-C into a stop event: still close the run as stopped.
         status = "stopped"
-        _flush_quietly(flush, run_id)
+        _flush_quietly(lambda: flush(window=True), run_id)
         raise
     except Exception as exc:
         if isinstance(exc, TrainingDiverged | FloatingPointError):
@@ -265,7 +315,7 @@ def execute_run(
             error = traceback.format_exc()
         log.warning("run %s failed: %s", run_id, error)
         status = "failed"
-        _flush_quietly(flush, run_id)  # keep what was measured up to the failure
+        _flush_quietly(lambda: flush(window=True), run_id)  # what was measured until the failure
     finally:
         if trainer is not None:
             trainer.close()

@@ -33,6 +33,7 @@ from gae_core.runs.execute import (
     RunDeleted,
     RunOutcome,
     RunSink,
+    UpdateLog,
     _Buffer,
     _flush_quietly,
     eval_seed,
@@ -68,6 +69,7 @@ class _Book:
         self.sink, self.run_id, self.config, self.stop = sink, run_id, config, stop
         self.tracker = ReturnTracker(reward_threshold(config.env_id))
         self.buffer = _Buffer(flush_s)
+        self.updates = UpdateLog(config.log_every)
         self.env_steps = 0
         self.last_checkpoint = self.last_evaluation = -1
         self.episode_flushed = False
@@ -79,7 +81,10 @@ class _Book:
     def training(self) -> bool:
         return self.status is None and not self.closing
 
-    def flush(self) -> bool:
+    def flush(self, *, window: bool = False) -> bool:
+        """Store the rows so far (``window``: the update metrics' open window too)."""
+        if window:
+            self.buffer.rows.extend(self.updates.close())
         return self.sink.flush(self.buffer.take(), self.env_steps, self.tracker.summary())
 
     def evaluated(self, returns: list[float], env_steps: int, wall: float) -> None:
@@ -90,10 +95,9 @@ class _Book:
     def record(self, result: StepResult, wall: float) -> None:
         """The bookkeeping after one update (:func:`execute_run`'s loop body, less the
         evaluations and checkpoints, which :func:`_train` settles)."""
-        self.env_steps = env_steps = int(result.env_steps)
+        steps_before, self.env_steps = self.env_steps, int(result.env_steps)
         rows = self.buffer.rows
-        for key, value in result.metrics.items():
-            rows.append((key, env_steps, wall, float(value)))
+        rows.extend(self.updates.add(steps_before, self.env_steps, wall, result.metrics))
         for episode in result.episodes:
             step = int(episode.env_step)
             rows.append((M.EPISODIC_RETURN.key, step, wall, float(episode.return_)))
@@ -108,7 +112,7 @@ class _Book:
         """Save ``model`` (the member's networks at ``env_step``) after flushing every metric
         so far (a checkpoint is never ahead of the curve), with the episodes ``recorded`` for
         it, or, where they were not played together, recorded alone now."""
-        if self.flush():
+        if self.flush(window=True):
             self.stop.set()
         config = self.config
         if recorded is None and config.record_episodes > 0:
@@ -173,21 +177,21 @@ class _Book:
         self.status, self.error = status, error
         try:
             if status == "failed":
-                _flush_quietly(self.flush, self.run_id)
+                _flush_quietly(lambda: self.flush(window=True), self.run_id)
             else:
                 if evaluation is not None:
                     self.evaluated(evaluation, self.env_steps, wall)
                 if model is not None:
                     self.checkpoint(model, self.env_steps, recorded)
                 else:
-                    self.flush()
+                    self.flush(window=True)
         except RunDeleted:
             self.status = "deleted"
         except Exception:  # its last checkpoint or flush broke: it still ends, as failed
             self.status, self.error = "failed", traceback.format_exc()
             log.warning("run %s failed while ending: %s", self.run_id, self.error)
             try:
-                self.flush()  # what it measured, if the sink takes it now
+                self.flush(window=True)  # what it measured, if the sink takes it now
             except Exception:
                 log.exception("run %s: could not flush metrics after the failure", self.run_id)
         if self.status != "deleted":
@@ -226,7 +230,7 @@ def execute_population(
         for book in claimed:
             if book.status is None:
                 book.status, book.error = "failed", error
-                _flush_quietly(book.flush, book.run_id)
+                _flush_quietly(lambda b=book: b.flush(window=True), book.run_id)
                 book.sink.finish("failed", error)
     finally:
         if population is not None:
