@@ -251,15 +251,18 @@ class PopulationTrainer:
 
     def _finish_episodes(self, t: int, episodes: dict, live_columns: np.ndarray) -> None:
         per = self.envs_per_member
-        for column in np.flatnonzero(self._reset_next):
-            member = column // per
+        ended = np.flatnonzero(self._reset_next)
+        counted = self._batch.valid[: t + 1].reshape(t + 1, self.size, per).sum((0, 2))
+        owners = ended // per
+        for column, member, returned, length in zip(
+            ended.tolist(), owners.tolist(), self._returns[ended].tolist(),
+            self._lengths[ended].tolist(), strict=True,
+        ):  # fmt: skip
             if live_columns[column]:
-                block = self._batch.valid[: t + 1, member * per : (member + 1) * per]
-                at_step = self._members[member].env_steps + int(block.sum())
-                returned, length = float(self._returns[column]), int(self._lengths[column])
+                at_step = self._members[member].env_steps + int(counted[member])
                 episodes[member].append(Episode(at_step, returned, length))
-            self._returns[column] = 0.0
-            self._lengths[column] = 0
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
 
     def _by_member(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows)."""
