@@ -1,21 +1,25 @@
-"""What :func:`gae_core.agent.stacked.stacked_tanh` buys a population, against ``torch.tanh``.
+"""What :func:`~gae_core.agent.stacked.stacked_tanh` and :func:`~gae_core.agent.stacked.
+stacked_linear` buy a population, against ``torch.tanh`` and ``torch.baddbmm``.
 
     python benchmarks/bench_population.py [--members 35] [--repeats 3]
 
-Two measurements, each side by side in this one process (baseline and candidate alternate, so
-machine noise hits both alike), one torch thread as in a sweep worker:
+Measurements side by side in this one process (baseline and candidate alternate, so machine
+noise hits both alike), one torch thread as in a sweep worker:
 
 1. the activation alone on the stacked hidden activations of a CartPole population
    (``[members, rows, 64]``) at the rows of a rollout step and of an update, for the preset
    (8 envs × 5 steps) and ``TrainConfig``'s field defaults (16 envs × 64 steps);
-2. whole :class:`~gae_core.agent.population.PopulationTrainer` updates (collect, estimate,
-   update) of the λ study's population, once with ``torch.tanh`` in its stacked networks and
-   once with ``stacked_tanh``, from the same seeds: env steps per second of each and the
-   ratio.
+2. the narrow output layers alone (the actor's 64 → 2 logits, the critic's 64 → 1 value),
+   forward and backward at an update's rows, and forward at a rollout step's;
+3. whole :class:`~gae_core.agent.population.PopulationTrainer` updates (collect, estimate,
+   update) of the λ study's population, from the same seeds: ``torch.tanh`` against
+   ``stacked_tanh`` (with ``baddbmm`` layers), then ``baddbmm`` layers against
+   ``stacked_linear`` (with ``stacked_tanh``): env steps per second of each and the ratio.
 
-The ratios print with four decimals and PASS/FAIL against the target: the candidate must not be
-slower anywhere (ratio of times ≤ 1), and must be faster on the field defaults' population
-(≥ 1.05× env steps/s), the case it was written for.
+The ratios print with four decimals and PASS/FAIL against the target: a candidate must not be
+slower anywhere (ratio of times ≤ 1, within 5 % noise), and must be faster on the population it
+was written for (``stacked_tanh``: ≥ 1.05× env steps/s on the field defaults; ``stacked_linear``:
+≥ 1.05× on both).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.population import PopulationTrainer
 from gae_core.agent.presets import preset_config
-from gae_core.agent.stacked import stacked_tanh
+from gae_core.agent.stacked import stacked_linear, stacked_tanh
 
 LAMBDAS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -68,9 +72,47 @@ def activation_rows(members: int, repeats: int) -> bool:
     return ok
 
 
-def _population_rate(configs: list[TrainConfig], activation) -> float:
+def narrow_rows(members: int, repeats: int) -> bool:
+    ok = True
+    print("narrow layers alone (ms per call, median of alternating rounds):")
+    cases = (
+        ("actor update", 48, 2, True), ("critic update", 48, 1, True), ("actor step", 8, 2, False),
+        ("defaults actor update", 1040, 2, True), ("defaults critic update", 1040, 1, True),
+        ("defaults actor step", 16, 2, False),
+    )  # fmt: skip
+    for label, rows, outputs, backward in cases:
+        x = torch.randn(members, rows, 64, requires_grad=backward)
+        weight = torch.randn(members, 64, outputs, requires_grad=backward)
+        bias = torch.randn(members, 1, outputs, requires_grad=backward)
+        grad = torch.randn(members, rows, outputs)
+
+        def run(layer, x=x, weight=weight, bias=bias, grad=grad, backward=backward):
+            if not backward:
+                with torch.inference_mode():
+                    return layer(bias, x, weight)
+            return layer(bias, x, weight).backward(grad)
+
+        base, cand = [], []
+        for _ in range(repeats):
+            base.append(_time(lambda: run(torch.baddbmm), 20))
+            cand.append(_time(lambda: run(stacked_linear), 20))
+        b, c = statistics.median(base), statistics.median(cand)
+        ratio = c / b
+        verdict = "PASS" if ratio <= 1.0 + 0.05 else "FAIL"
+        ok &= verdict == "PASS"
+        what = "fwd+bwd" if backward else "fwd"
+        print(
+            f"  {label:>22} [{members}, {rows:4d}, 64] → {outputs} {what}: baddbmm "
+            f"{b * 1e3:8.4f}  stacked_linear {c * 1e3:8.4f}  time ratio {ratio:.4f}  {verdict} "
+            f"(≤ 1.05)"
+        )
+    return ok
+
+
+def _population_rate(configs: list[TrainConfig], activation, linear=stacked_linear) -> float:
     population = PopulationTrainer(configs)
     population.actor.activation = population.critic.activation = activation
+    population.actor.linear = population.critic.linear = linear
     try:
         started = time.perf_counter()
         while not population.done:
@@ -96,16 +138,23 @@ def population_rows(members: int, repeats: int) -> bool:
                                 checkpoint_every=0, eval_every=0, record_episodes=0)
             for lam in LAMBDAS for s in range(seeds)
         ]  # fmt: skip
-        base_rates, cand_rates = [], []
-        for _ in range(repeats):
-            base_rates.append(_population_rate(configs, torch.tanh))
-            cand_rates.append(_population_rate(configs, stacked_tanh))
-        b, c = statistics.median(base_rates), statistics.median(cand_rates)
-        ratio = c / b
-        verdict = "PASS" if ratio >= target else "FAIL"
-        ok &= verdict == "PASS"
-        print(f"  {label:>16}: torch.tanh {b:10,.0f}  stacked_tanh {c:10,.0f}  "
-              f"speed-up {ratio:.4f}×  {verdict} (≥ {target:.2f}×)")  # fmt: skip
+        pairs = (
+            ("torch.tanh", (torch.tanh, torch.baddbmm), "stacked_tanh",
+             (stacked_tanh, torch.baddbmm), target),
+            ("baddbmm", (stacked_tanh, torch.baddbmm), "stacked_linear",
+             (stacked_tanh, stacked_linear), 1.05),
+        )  # fmt: skip
+        for base_name, base_ops, cand_name, cand_ops, goal in pairs:
+            base_rates, cand_rates = [], []
+            for _ in range(repeats):
+                base_rates.append(_population_rate(configs, *base_ops))
+                cand_rates.append(_population_rate(configs, *cand_ops))
+            b, c = statistics.median(base_rates), statistics.median(cand_rates)
+            ratio = c / b
+            verdict = "PASS" if ratio >= goal else "FAIL"
+            ok &= verdict == "PASS"
+            print(f"  {label:>16}: {base_name} {b:10,.0f}  {cand_name} {c:10,.0f}  "
+                  f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
     return ok
 
 
@@ -116,6 +165,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     ok = activation_rows(args.members, args.repeats)
+    ok &= narrow_rows(args.members, args.repeats)
     ok &= population_rows(args.members, args.repeats)
     return 0 if ok else 1
 

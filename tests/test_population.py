@@ -22,9 +22,11 @@ from gae_core.agent.policy import ActorCritic
 from gae_core.agent.population import PopulationTrainer, can_join, population_key
 from gae_core.agent.recording import Replay, evaluate_replay, load_replay, record_replay
 from gae_core.agent.stacked import (
+    NARROW_MAX,
     TANH_VIA_SIGMOID_MIN,
     TANH_VIA_SIGMOID_MIN_NO_GRAD,
     StackedMLP,
+    stacked_linear,
     stacked_tanh,
 )
 from gae_core.agent.trainer import Rollout, Trainer
@@ -104,6 +106,46 @@ def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed):
     assert torch.equal(gradient.isnan(), exact.isnan())
     error = (gradient - exact).nan_to_num().abs()
     assert bool((error <= 1e-6 * grad.abs() + 1e-12).all())  # 1 − y² to ~2·4e-7, times g
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    members=st.integers(1, 6),
+    rows=st.integers(1, 300),
+    fan_in=st.sampled_from([1, 4, 17, 64]),
+    fan_out=st.sampled_from([1, 2, 3, NARROW_MAX, NARROW_MAX + 1]),
+    grads=st.sampled_from(["all", "no input", "none"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_stacked_linear_is_baddbmm_with_its_gradients(members, rows, fan_in, fan_out, grads, seed):
+    """stacked_linear(b, x, W) = baddbmm(b, x, W) (narrow layers take transposed forms), and
+    its gradients with respect to b, x and W are baddbmm's, for any shapes, whichever inputs
+    need a gradient, and without one."""
+    generator = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    bias, x, weight = (
+        make(members, 1, fan_out),
+        make(members, rows, fan_in),
+        make(members, fan_in, fan_out),
+    )
+    grad = make(members, rows, fan_out)
+    inputs = {"all": (bias, x, weight), "no input": (bias, weight), "none": ()}[grads]
+    ours = [t.clone().requires_grad_(any(t is i for i in inputs)) for t in (bias, x, weight)]
+    theirs = [t.clone().requires_grad_(any(t is i for i in inputs)) for t in (bias, x, weight)]
+    out = stacked_linear(*ours)
+    expected = torch.baddbmm(*theirs)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert out.shape == (members, rows, fan_out) and out.is_contiguous()
+    if inputs:
+        out.backward(grad)
+        expected.backward(grad)
+        for mine, reference in zip(ours, theirs, strict=True):
+            if reference.grad is None:
+                assert mine.grad is None
+            else:
+                torch.testing.assert_close(mine.grad, reference.grad, rtol=1e-5, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(stacked_linear(bias, x, weight), expected.detach())
 
 
 def test_a_stacked_network_is_its_members_networks():
