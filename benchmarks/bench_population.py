@@ -16,17 +16,23 @@ noise hits both alike), one torch thread as in a sweep worker:
    ``stacked_tanh`` (with ``baddbmm`` layers), then ``baddbmm`` layers against
    ``stacked_linear`` (with ``stacked_tanh``): env steps per second of each and the ratio.
 
+4. the C allocator's setting (:func:`~gae_core.agent.memory.keep_freed_memory`, which every
+   population sets): the same populations, each timed in a fresh process (the setting is
+   process-wide and cannot be undone), with and without it, alternating.
+
 The ratios print with four decimals and PASS/FAIL against the target: a candidate must not be
 slower anywhere (ratio of times ≤ 1, within 5 % noise), and must be faster on the population it
-was written for (``stacked_tanh``: ≥ 1.05× env steps/s on the field defaults; ``stacked_linear``:
-≥ 1.05× on both).
+was written for (``stacked_tanh`` and ``stacked_linear``: ≥ 1.05× env steps/s on the field
+defaults, no slower on the preset; ``keep_freed_memory``: ≥ 1.05× on both).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -142,7 +148,7 @@ def population_rows(members: int, repeats: int) -> bool:
             ("torch.tanh", (torch.tanh, torch.baddbmm), "stacked_tanh",
              (stacked_tanh, torch.baddbmm), target),
             ("baddbmm", (stacked_tanh, torch.baddbmm), "stacked_linear",
-             (stacked_tanh, stacked_linear), 1.05),
+             (stacked_tanh, stacked_linear), target),
         )  # fmt: skip
         for base_name, base_ops, cand_name, cand_ops, goal in pairs:
             base_rates, cand_rates = [], []
@@ -158,6 +164,56 @@ def population_rows(members: int, repeats: int) -> bool:
     return ok
 
 
+_ALLOCATOR_RUN = """
+import dataclasses, sys, time
+import torch
+from gae_core.agent import population as P
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.presets import preset_config
+case, keep, seeds = sys.argv[1], sys.argv[2] == "keep", int(sys.argv[3])
+if not keep:
+    P.keep_freed_memory = lambda: False  # the baseline: glibc's defaults
+torch.set_num_threads(1)
+base = (dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000) if case == "preset"
+        else TrainConfig(total_steps=30_000))
+configs = [dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
+                               checkpoint_every=0, eval_every=0, record_episodes=0)
+           for lam in (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0) for s in range(seeds)]
+population = P.PopulationTrainer(configs)
+started = time.perf_counter()
+while not population.done:
+    population.step()
+elapsed = time.perf_counter() - started
+print(sum(population.member(i).env_steps for i in range(population.size)) / elapsed)
+"""
+
+
+def allocator_rows(members: int, repeats: int) -> bool:
+    ok = True
+    seeds = max(1, members // len(LAMBDAS))
+    print(
+        f"allocator ({len(LAMBDAS)} λ × {seeds} seeds, env steps/s, fresh processes, alternating):"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    for case in ("preset", "field defaults"):
+        rates: dict[str, list[float]] = {"default": [], "keep": []}
+        for _ in range(repeats):
+            for mode in rates:
+                out = subprocess.run(
+                    [sys.executable, "-c", _ALLOCATOR_RUN, case.split()[0], mode, str(seeds)],
+                    capture_output=True, text=True, check=True, cwd=root,
+                    env={**os.environ, "PYTHONPATH": root},
+                )  # fmt: skip
+                rates[mode].append(float(out.stdout.split()[-1]))
+        b, c = statistics.median(rates["default"]), statistics.median(rates["keep"])
+        ratio = c / b
+        verdict = "PASS" if ratio >= 1.05 else "FAIL"
+        ok &= verdict == "PASS"
+        print(f"  {case:>16}: glibc defaults {b:10,.0f}  keep_freed_memory {c:10,.0f}  "
+              f"speed-up {ratio:.4f}×  {verdict} (≥ 1.05×)")  # fmt: skip
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=35, help="a worker's share of 70 trials")
@@ -167,6 +223,7 @@ def main() -> int:
     ok = activation_rows(args.members, args.repeats)
     ok &= narrow_rows(args.members, args.repeats)
     ok &= population_rows(args.members, args.repeats)
+    ok &= allocator_rows(args.members, args.repeats)
     return 0 if ok else 1
 
 

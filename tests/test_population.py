@@ -654,3 +654,47 @@ def test_population_members_learn_cartpole_like_single_runs():
         population.close()
     late = [np.mean(r[-20:]) for r in returns.values()]
     assert min(late) > 2 * 22 and np.median(late) > 100, late
+
+
+_MEMORY = """
+import os, sys, torch
+from gae_core.agent.memory import keep_freed_memory
+took = keep_freed_memory() if sys.argv[1] == "on" else None
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def update():  # an update's activations at the field defaults: 35 members x 1,024 rows x 64
+    before = rss()
+    blocks = [torch.ones(35, 1024, 64) for _ in range(4)]
+    grew = rss() - before
+    del blocks
+    return before, grew
+start, first = update()
+print(took, (rss() - start) / first)  # of the first update's memory, still mapped after it
+"""
+
+
+def test_a_population_process_keeps_freed_memory_mapped():
+    """glibc gives an update's freed 9 MB blocks back to the OS (in a fresh process: its
+    mmap threshold starts at 128 KB), so the next update maps and faults them in again; with
+    keep_freed_memory (set by every population) the memory stays mapped for the next update.
+    Each case runs in a fresh process (the setting is process-wide); Linux only (/proc, glibc).
+    What it saves is measured by benchmarks/bench_population.py."""
+    import subprocess
+    import sys
+
+    if sys.platform != "linux":
+        from gae_core.agent.memory import keep_freed_memory
+
+        keep_freed_memory()  # no glibc mallopt: nothing changes, nothing breaks
+        return
+
+    def run(mode: str) -> list[str]:
+        return subprocess.run(
+            [sys.executable, "-c", _MEMORY, mode], capture_output=True, text=True, check=True
+        ).stdout.split()
+
+    took, kept = run("off")
+    assert float(kept) < 0.2  # handed back: the next update maps and faults it in again
+    took, kept = run("on")
+    assert took == "True" and float(kept) > 0.8  # kept for the next update

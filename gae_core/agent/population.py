@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_vector_env
+from gae_core.agent.memory import keep_freed_memory
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
@@ -106,6 +107,7 @@ class PopulationTrainer:
         self.configs = list(configs)
         shared = self.shared = configs[0]
         torch.set_num_threads(shared.torch_threads)
+        keep_freed_memory()  # its updates reuse large blocks (measured, agent/memory.py)
         members, per = len(configs), shared.num_envs
         self.size, self.envs_per_member = members, per
         self.env = make_vector_env(shared.env_id, members * per)
