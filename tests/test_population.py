@@ -30,7 +30,7 @@ from gae_core.agent.stacked import (
     stacked_tanh,
 )
 from gae_core.agent.trainer import Rollout, Trainer
-from gae_core.runs.execute import StoreSink, record_seed
+from gae_core.runs.execute import StoreSink, eval_seed, record_seed
 from gae_core.runs.population_run import execute_population
 from gae_core.runs.store import RunStore
 from gae_core.trajectory import Trajectory
@@ -466,7 +466,17 @@ def test_members_due_at_different_updates_play_together_with_the_weights_they_ha
         calls.append(len(actor.weights[0]))
         return real(actor, *args)
 
+    weights = {}  # (member, env step) -> its weights after the update that reached that step
+    real_step = PopulationTrainer.step
+
+    def step(self):
+        results = real_step(self)
+        for i, result in results.items():
+            weights[i, result.env_steps] = self.model_of(i).state_dict()
+        return results
+
     monkeypatch.setattr(population_run, "evaluate_stacked", counted)
+    monkeypatch.setattr(PopulationTrainer, "step", step)
     store = RunStore(tmp_path)
     configs = [
         config(**m, total_steps=3_000, checkpoint_every=1_000, eval_every=1_000, record_episodes=1)
@@ -484,8 +494,11 @@ def test_members_due_at_different_updates_play_together_with_the_weights_they_ha
     for run_id, c in zip(run_ids, configs, strict=True):
         evals = store.metrics(run_id, [M.EVAL_RETURN.key])
         assert evals["env_step"].tolist() == store.checkpoint_steps(run_id)
+        index = run_ids.index(run_id)
         for step, value in zip(evals["env_step"], evals["value"], strict=True):
             replay = load_replay(c, store.load_checkpoint(run_id, int(step)))
+            for name, tensor in replay.model.state_dict().items():  # its weights when due
+                torch.testing.assert_close(tensor, weights[index, int(step)][name], rtol=0, atol=0)
             alone = evaluate_replay(replay, c.env_id, c.eval_episodes, eval_seed(c))
             assert value == pytest.approx(np.mean(alone), rel=1e-6)
         evaluations += len(evals)
@@ -495,7 +508,9 @@ def test_members_due_at_different_updates_play_together_with_the_weights_they_ha
 
 def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypatch):
     """Each member stores its update metrics as a single run does: a row per metric each time
-    it crosses a multiple of log_every, the mean of its own updates since the last row."""
+    it crosses a multiple of log_every or of checkpoint_every (a checkpoint closes the window
+    at the update it became due, even when it is saved later), the mean of its own updates
+    since the last row."""
     seen: dict[int, list] = {}
     real_step = PopulationTrainer.step
 
@@ -507,7 +522,9 @@ def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypat
 
     monkeypatch.setattr(PopulationTrainer, "step", step)
     store = RunStore(tmp_path)
-    configs = [config(**m, total_steps=1_000, log_every=150) for m in MEMBERS[:3]]
+    configs = [
+        config(**m, total_steps=1_000, log_every=150, checkpoint_every=250) for m in MEMBERS[:3]
+    ]
     run_ids = [store.create_run(c.to_dict()) for c in configs]
     stops = [threading.Event() for _ in configs]
     outcomes = execute_population(
@@ -516,8 +533,9 @@ def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypat
     assert [o.status for o in outcomes] == ["finished"] * 3
     for i, run_id in enumerate(run_ids):
         stored = store.metrics(run_id, [M.VALUE_LOSS.key])
-        expected = stored_update_metric(seen[i], 150)
+        expected = stored_update_metric(seen[i], 150, also=250)
         assert 5 < len(expected) < len(seen[i])
+        assert not {s for s, _ in expected} <= {s for s, _ in stored_update_metric(seen[i], 150)}
         assert stored["env_step"].tolist() == [s for s, _ in expected]
         np.testing.assert_allclose(stored["value"], [v for _, v in expected], rtol=1e-6)
     store.close()
@@ -532,7 +550,10 @@ def test_members_whose_joint_recording_breaks_record_alone(tmp_path, monkeypatch
     joint = population_run.record_stacked
     configs = [config(**m, checkpoint_every=200, record_episodes=1) for m in MEMBERS[:3]]
 
+    sizes = []
+
     def alone_only(models, env_id, episodes, seeds):
+        sizes.append(len(models))
         if len(models) > 1:
             raise RuntimeError("joint recording broke")
         if seeds == [record_seed(configs[1])]:
@@ -548,9 +569,55 @@ def test_members_whose_joint_recording_breaks_record_alone(tmp_path, monkeypatch
     )
     assert [o.status for o in outcomes] == ["finished", "failed", "finished"]
     assert "member 1's recording broke" in store.get_run(run_ids[1]).error
+    assert max(sizes) > 1  # they were played together first
     for run_id in (run_ids[0], run_ids[2]):
         assert len(store.trajectory_blobs(run_id)) == 1
     store.close()
+
+
+def test_members_whose_joint_evaluation_breaks_evaluate_alone(tmp_path, monkeypatch):
+    """If evaluating the members due together raises, each evaluates alone inside its own
+    run's failure handling: what works alone still lands (every evaluation and checkpoint of
+    the others), an evaluation that fails alone fails only its run."""
+    from gae_core.runs import population_run
+
+    joint = population_run.evaluate_stacked
+    configs = [config(**m, eval_every=150, checkpoint_every=150) for m in MEMBERS[:3]]
+    sizes = []
+
+    def alone_only(actor, discrete, env_id, episodes, seeds):
+        sizes.append(len(seeds))
+        if len(seeds) > 1:
+            raise RuntimeError("joint evaluation broke")
+        if seeds == [eval_seed(configs[1])]:
+            raise RuntimeError("member 1's evaluation broke")
+        return joint(actor, discrete, env_id, episodes, seeds)
+
+    monkeypatch.setattr(population_run, "evaluate_stacked", alone_only)
+    store = RunStore(tmp_path)
+    run_ids = [store.create_run(c.to_dict()) for c in configs]
+    stops = [threading.Event() for _ in configs]
+    sinks = [_CountedSink(store, r) for r in run_ids]
+    outcomes = execute_population(sinks, run_ids, configs, stops, flush_interval=0.05)
+    assert [o.status for o in outcomes] == ["finished", "failed", "finished"]
+    assert "member 1's evaluation broke" in store.get_run(run_ids[1]).error
+    assert max(sizes) > 1 and [sink.finished for sink in sinks] == [1, 1, 1]
+    for run_id in (run_ids[0], run_ids[2]):
+        run = store.get_run(run_id)
+        evals = store.metrics(run_id, [M.EVAL_RETURN.key])["env_step"].tolist()
+        assert evals[-1] == run.env_steps and len(evals) == run.env_steps // 150 + 1
+        assert store.checkpoint_steps(run_id) == evals
+    store.close()
+
+
+class _CountedSink(StoreSink):
+    """A store sink that counts how often its run was ended (exactly once, always)."""
+
+    finished = 0
+
+    def finish(self, status, error):
+        self.finished += 1
+        return super().finish(status, error)
 
 
 def test_a_stopped_member_ends_stopped_and_the_others_finish(tmp_path):
@@ -586,7 +653,7 @@ def test_a_member_whose_store_writes_break_ends_failed_alone(tmp_path, breaks):
     run_ids = [store.create_run(c.to_dict()) for c in configs]
     sinks = [StoreSink(store, r) for r in run_ids]
 
-    class FullDisk(StoreSink):
+    class FullDisk(_CountedSink):
         def checkpoint(self, env_step, blob, trajectories):
             if breaks != "its last flush":
                 raise OSError(28, "No space left on device")
@@ -601,6 +668,7 @@ def test_a_member_whose_store_writes_break_ends_failed_alone(tmp_path, breaks):
     stops = [threading.Event() for _ in configs]
     outcomes = execute_population(sinks, run_ids, configs, stops, flush_interval=0.05)
     assert [o.status for o in outcomes] == ["finished", "failed", "finished"]
+    assert sinks[1].finished == 1
     broken = store.get_run(run_ids[1])
     assert broken.status == "failed" and "No space left on device" in broken.error
     if breaks == "a checkpoint mid-run":

@@ -10,9 +10,10 @@ Written because it measured faster: on this project's 2-core machine with torch 
 thread, 35 CartPole members: an update at the field defaults (16 envs × 64 steps) took 83 to
 96 ms in fresh processes and 66 to 68 ms with :func:`keep_freed_memory`; a whole population
 step at the preset (8 × 5) 10.4 to 10.9 ms, and 8.8 to 9.0 ms with it. Single runs (a few dozen
-rows a pass) measured no difference (13,800 to 14,000 env steps/s either way), so they leave
-the allocator alone. The cost is memory that stays mapped after its peak until the process
-exits (a worker trains its population to the end, then exits).
+rows a pass) measured no difference (13,800 to 14,000 env steps/s either way), so a single run
+does not set it. The cost is memory that stays mapped after its peak: a sweep worker that
+trained a population keeps it (and the setting, which is process-wide) for the rest of the
+sweep, and gives it back when the sweep ends and the worker exits.
 """
 
 from __future__ import annotations

@@ -120,8 +120,8 @@ def stacked_linear(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     the same forms take 27 instead of 116 µs. Wider layers keep ``baddbmm`` (at 64 outputs the
     transposed forms are no faster). ``tests/test_population.py`` checks values and gradients
     against ``baddbmm``'s."""
-    if weight.shape[2] > NARROW_MAX:
-        return torch.baddbmm(bias, x, weight)
+    if weight.shape[2] > NARROW_MAX or bias.dim() != 3 or bias.shape[1] != 1:
+        return torch.baddbmm(bias, x, weight)  # (the narrow forms take one bias row each)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _NarrowLinear.apply(bias, x, weight)
     return _narrow_forward(bias, x, weight)

@@ -110,9 +110,10 @@ class _Book:
 
     def checkpoint(self, model: ActorCritic, env_step: int, recorded: list | None) -> None:
         """Save ``model`` (the member's networks at ``env_step``) after flushing every metric
-        so far (a checkpoint is never ahead of the curve), with the episodes ``recorded`` for
+        so far (a checkpoint is never ahead of the curve: the update metrics' window was
+        closed at ``env_step``, as a single run closes it), with the episodes ``recorded`` for
         it, or, where they were not played together, recorded alone now."""
-        if self.flush(window=True):
+        if self.flush():
             self.stop.set()
         config = self.config
         if recorded is None and config.record_episodes > 0:
@@ -138,6 +139,7 @@ class _Book:
             self.last_evaluation = step
         if save:
             self.last_checkpoint = step
+            self.buffer.rows.extend(self.updates.close())  # the curve reaches the checkpoint
         return _Due(
             i, step, wall, horizon,
             actor=population.actor.select([i]) if evaluate else None,
@@ -151,6 +153,7 @@ class _Book:
         run's evaluation at its last step, and a checkpoint there (unless it just had them)."""
         population.deactivate(i)
         self.closing = True
+        self.buffer.rows.extend(self.updates.close())
         step = self.env_steps = member.env_steps
         evaluate = status == "finished" and self.config.eval_every > 0
         evaluate = evaluate and self.last_evaluation != step
@@ -260,7 +263,12 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
         if not force and steps and min(steps) < max(d.horizon for d in pending):
             return  # a member still training has not reached the step yet
         due, pending = pending, []
-        evaluations = _evaluate(population, books, [d for d in due if d.actor is not None])
+        try:
+            evaluations = _evaluate(population, books, [d for d in due if d.actor is not None])
+        except Exception:  # each then plays alone, inside its own run's failure handling
+            log.warning("evaluating members %s together failed", [d.index for d in due],
+                        exc_info=True)  # fmt: skip
+            evaluations = {}
         recordings = _record(books, [d for d in due if d.model is not None], shared)
         for d in due:
             book = books[d.index]
@@ -268,10 +276,16 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
                 continue
             try:
                 if d.ends is not None:
-                    book.close(d.ends, None, d.wall, evaluations.get(d), d.model, recordings.get(d))
+                    returns = evaluations.get(d)
+                    if d.actor is not None and returns is None:  # alone, inside its own try
+                        returns = _evaluate(population, books, [d])[d]
+                    book.close(d.ends, None, d.wall, returns, d.model, recordings.get(d))
                     continue
                 if d.actor is not None:
-                    book.evaluated(evaluations[d], d.env_step, d.wall)
+                    returns = evaluations.get(d)
+                    if returns is None:  # alone, inside its own try
+                        returns = _evaluate(population, books, [d])[d]
+                    book.evaluated(returns, d.env_step, d.wall)
                 if d.model is not None:
                     book.checkpoint(d.model, d.env_step, recordings.get(d))
             except RunDeleted:
@@ -297,12 +311,9 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
             member = members[i]
             if not book.training:
                 continue
+            error = member.error
             try:
-                if member.error is not None:
-                    settle(force=any(d.index == i for d in pending))  # what it owes first
-                    book.close("failed", member.error, wall)
-                    continue
-                if i in results:
+                if error is None and i in results:
                     book.record(results[i], wall)
                     due = book.due(i, member, population, wall)
                     if due is not None:
@@ -311,8 +322,12 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
                 population.deactivate(i)
                 book.status = "deleted"
             except Exception:  # its flush broke: it ends alone, the others go on
+                error = traceback.format_exc()
+            if error is not None and book.status is None:
                 population.deactivate(i)
-                book.close("failed", traceback.format_exc(), wall)
+                settle(force=any(d.index == i for d in pending))  # what it owes, first
+                if book.status is None:  # (settling may have ended it already)
+                    book.close("failed", error, wall)
         for i, book in enumerate(books):
             if book.training and members[i].done and not book.stop.is_set():
                 pending.append(book.end(i, members[i], population, wall, "finished"))
@@ -323,7 +338,8 @@ def _train(population: PopulationTrainer, members: list[Member], books: list[_Bo
 
 
 def _evaluate(population: PopulationTrainer, books: list[_Book], evaluating: list[_Due]) -> dict:
-    """The evaluations due, played together (each as alone): ``{due: its returns}``."""
+    """The evaluations due, played together (each as alone): ``{due: its returns}``; raises
+    if playing them breaks."""
     if not evaluating:
         return {}
     shared = books[evaluating[0].index].config
