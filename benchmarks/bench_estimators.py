@@ -200,6 +200,31 @@ def main() -> None:
     t_loop = best_time(lambda: [loop_gae(*sweep_batch, gamma, lam) for lam in lambdas], 1)
     rows.append(row("sweep 101 λ [1e4, 1]", "(a) loop per λ", t_ours, t_loop, 1000.0))
 
+    # --- a trainer's short rollouts as CPU tensors: the NumPy loop (T <= LOOP_MAX_STEPS) against
+    # the torch scan route it replaces there, both through the public gae (validation included)
+    import torch
+
+    from gae_core.estimators import advantages
+
+    limit = advantages.LOOP_MAX_STEPS
+    for steps in (5, 8, limit, 2 * limit):
+        tensors = [torch.from_numpy(x) for x in make_batch(steps, 8)]
+        t_loop = best_time(ours(tensors), repeats * 100) if steps <= limit else None
+        advantages.LOOP_MAX_STEPS = 0  # every call takes the scan
+        try:
+            t_scan = best_time(ours(tensors), repeats * 100)
+        finally:
+            advantages.LOOP_MAX_STEPS = limit
+        if t_loop is not None:
+            rows.append(row(f"gae tensors [{steps}, 8]", "torch scan route", t_loop, t_scan, 1.0))
+        else:
+            advantages.LOOP_MAX_STEPS = 10**9  # every call takes the loop
+            try:
+                t_loop = best_time(ours(tensors), repeats * 100)
+            finally:
+                advantages.LOOP_MAX_STEPS = limit
+            rows.append(row(f"gae tensors [{steps}, 8]", "loop (not taken)", t_scan, t_loop, None))
+
     cost = first_call_cost()
 
     print(f"{'case':24} {'baseline':22} {'ours ms':>10} {'base ms':>11} {'base/ours':>12}  target")

@@ -80,11 +80,12 @@ def ours_solve(seed: int) -> dict:
     return {"solved": solved, "seconds": elapsed, "env_steps": trainer.env_steps}
 
 
-def ours_throughput(steps: int) -> dict:
+def ours_throughput(steps: int, autograd: bool = False) -> dict:
     from gae_core.agent.presets import preset_config
     from gae_core.agent.trainer import Trainer
 
-    trainer = Trainer(preset_config(ENV_ID, num_envs=ZOO_ENVS, total_steps=10**9))
+    config = preset_config(ENV_ID, num_envs=ZOO_ENVS, total_steps=10**9)
+    trainer = Trainer(config, autograd=autograd)
     trainer.step()  # warm-up: first numba/torch calls
     start_steps, started = trainer.env_steps, time.perf_counter()
     while trainer.env_steps - start_steps < steps:
@@ -141,6 +142,7 @@ def worker(side: str, task: str, arg: int) -> None:
     functions = {
         ("ours", "solve"): ours_solve,
         ("ours", "throughput"): ours_throughput,
+        ("ours-autograd", "throughput"): lambda steps: ours_throughput(steps, autograd=True),
         ("sb3", "solve"): sb3_solve,
         ("sb3", "throughput"): sb3_throughput,
     }
@@ -191,6 +193,9 @@ def main() -> None:
                 flush=True,
             )
     rate = {side: spawn(side, "throughput", throughput_steps[side]) for side in ("ours", "sb3")}
+    # the same trainer on torch autograd instead of the NumPy engine (gae_core.agent.numpy_a2c)
+    autograd = spawn("ours-autograd", "throughput", throughput_steps["ours"])
+    engine_ratio = rate["ours"]["steps_per_second"] / autograd["steps_per_second"]
 
     ours_time, sb3_time = median_time(runs["ours"]), median_time(runs["sb3"])
     ours_mem = statistics.median(r["peak_mb"] for r in runs["ours"])
@@ -209,7 +214,7 @@ def main() -> None:
         ("median s to solve", f"{ours_time:.2f}", f"{sb3_time:.2f}", f"{time_ratio:.4f}",
          "<= 0.25", verdict(time_ratio <= 0.25)),
         ("env steps/s, 8 envs", f"{rate['ours']['steps_per_second']:.0f}",
-         f"{rate['sb3']['steps_per_second']:.0f}", f"{rate_ratio:.3f}", ">= 4",
+         f"{rate['sb3']['steps_per_second']:.0f}", f"{rate_ratio:.4f}", ">= 4",
          verdict(rate_ratio >= 4)),
         ("peak MB, one run", f"{ours_mem:.0f}", f"{sb3_mem:.0f}", f"{mem_ratio:.4f}", "<= 1",
          verdict(mem_ratio <= 1)),
@@ -218,6 +223,10 @@ def main() -> None:
     print(f"{'':<22}{'ours':>10}{'SB3 zoo':>10}{'ratio':>9}{'target':>9}{'':>6}")
     for name, ours, sb3, ratio, target, ok in rows:
         print(f"{name:<22}{ours:>10}{sb3:>10}{ratio:>9}{target:>9}{ok:>6}")
+    print(
+        f"engines: NumPy {rate['ours']['steps_per_second']:.0f} env steps/s against torch "
+        f"autograd {autograd['steps_per_second']:.0f} on the same preset: {engine_ratio:.4f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gae_core
-from gae_core.estimators import _torch_scan
+from gae_core.estimators import _numpy_loop, _torch_scan
+from gae_core.estimators._numpy_loop import LOOP_MAX_STEPS
 
 # ----------------------------------------------------------------------------- references
 # Written from docs/DESIGN.md's definitions, one step and one environment at a time.
@@ -428,6 +429,26 @@ def test_small_torch_batches_do_not_load_numba():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize("steps", [1, 2, LOOP_MAX_STEPS, LOOP_MAX_STEPS + 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_short_cpu_tensors_take_the_numpy_loop_and_agree(steps, dtype, monkeypatch):
+    """CPU tensors of at most LOOP_MAX_STEPS rows run gae as a NumPy loop (float64
+    accumulation, the caller's dtype out), longer ones the torch scan; both equal the compiled
+    kernels, with one γ and λ or one per column."""
+    calls = []
+    loop = _numpy_loop.gae
+    monkeypatch.setattr(_numpy_loop, "gae", lambda *a, **k: calls.append(1) or loop(*a, **k))
+    batch = [x.astype(dtype) if x.dtype.kind == "f" else x
+             for x in rollout(np.random.default_rng(steps), steps, 3, 0.2, 0.1)]  # fmt: skip
+    for gamma, lambda_ in ((0.99, 0.95), ([0.9, 0.99, 1.0], [0.0, 0.5, 0.97])):
+        expected = gae_core.gae(*batch, gamma=gamma, lambda_=lambda_)
+        got = gae_core.gae(*as_tensors(batch), gamma=gamma, lambda_=lambda_)
+        assert got.dtype == (torch.float32 if dtype == np.float32 else torch.float64)
+        tolerance = 1e-6 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got.numpy(), expected, rtol=tolerance, atol=tolerance)
+    assert len(calls) == (2 if steps <= LOOP_MAX_STEPS else 0)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 64, 1000, 1025])

@@ -129,7 +129,8 @@ class TrainConfig:
     )
     torch_threads: int = _field(
         1,
-        "torch.set_num_threads for the run (process-wide); 1 is fastest for small nets",
+        "CPU threads for the run's torch and NumPy BLAS kernels (process-wide); 1 is fastest "
+        "for small nets",
         min=1,
         max=256,
     )

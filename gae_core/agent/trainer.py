@@ -7,6 +7,10 @@ One update per rollout, as a plain object a test can step:
                 and the critic's target (λ-returns with ``config.target_lambda``)
     update()    one gradient step on policy loss + value_coef·value loss − entropy_coef·entropy
 
+Two engines compute the passes and gradients: on the CPU (without gSDE) the NumPy engine of
+:mod:`gae_core.agent.numpy_a2c` with hand-derived gradients, several times less overhead per op
+at a preset's few dozen rows; otherwise torch autograd. They agree to float rounding (tests).
+
 The critic's target is a choice the run records (``critic_target``): λ-returns with the
 advantage's λ, as SB3 and CleanRL do, or with a λ of its own; ``critic_lambda`` 1.0 is the paper's
 choice (eq. 28: V regressed on discounted returns, bootstrapped where an episode is cut and at the
@@ -38,6 +42,7 @@ import torch
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import make_training_env
+from gae_core.agent.numpy_a2c import NumpyA2C, supports
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_replay, record_replay
@@ -100,7 +105,9 @@ class Rollout:
 class Trainer:
     """A2C+GAE on a gymnasium vector env; see the module docstring and docs/DESIGN.md."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, *, autograd: bool = False) -> None:
+        """``autograd``: train on torch autograd even where the NumPy engine applies (tests
+        and ``benchmarks/bench_train.py`` compare the two engines side by side)."""
         self.config = config
         torch.set_num_threads(config.torch_threads)  # process-wide, see module docstring
         self.device = torch.device(config.device)
@@ -121,9 +128,16 @@ class Trainer:
             config.use_sde,
             config.ortho_init,
         ).to(self.device)
-        self.optimizer = Optimizer(
-            list(self.model.parameters()), config.optimizer, config.learning_rate
+        # On the CPU the passes and gradients run in NumPy on a flat buffer (numpy_a2c: several
+        # times less per-op overhead at a preset's few dozen rows); the optimizer steps that
+        # buffer. gSDE and other devices run on torch autograd.
+        self._numpy = (
+            NumpyA2C(self.model, config.torch_threads)
+            if supports(config.use_sde, config.device) and not autograd
+            else None
         )
+        params = [self._numpy.flat] if self._numpy else list(self.model.parameters())
+        self.optimizer = Optimizer(params, config.optimizer, config.learning_rate)
         self._rng = np.random.default_rng(config.seed)
         self._rollout = Rollout(config.rollout_steps, config.num_envs, self.env)
         self._batch = self._rollout  # the rows of the rollout being processed
@@ -176,7 +190,7 @@ class Trainer:
         steps = config.rollout_steps if remaining <= 0 else min(config.rollout_steps, remaining)
         rollout = self._batch = self._rollout.head(steps)
         model, env, rng = self.model, self.env, self._rng
-        obs, on_cpu = self._obs, self.device.type == "cpu"
+        obs, on_cpu, fast = self._obs, self.device.type == "cpu", self._numpy
         episodes: list[Episode] = []
         # gSDE: one exploration matrix per env for the whole rollout (SB3's sde_sample_freq -1)
         noise = model.sde_noise(config.num_envs, rng) if model.sde else None
@@ -185,10 +199,15 @@ class Trainer:
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
                 rollout.valid[t] = valid
-                obs_tensor = (
-                    torch.from_numpy(obs) if on_cpu else torch.as_tensor(obs, device=self.device)
-                )
-                actions = model.sample(obs_tensor, rng, noise)
+                if fast is not None:
+                    actions = fast.sample(obs, rng)
+                else:
+                    obs_tensor = (
+                        torch.from_numpy(obs)
+                        if on_cpu
+                        else torch.as_tensor(obs, device=self.device)
+                    )
+                    actions = model.sample(obs_tensor, rng, noise)
                 rollout.actions[t] = actions
                 obs, rewards, terminated, truncated, _ = env.step(self._env_actions(actions))
                 rollout.rewards[t] = rewards  # scaled when rewards are normalised
@@ -212,14 +231,21 @@ class Trainer:
         # One critic pass over all T+1 observations per update: its detached values feed GAE
         # and, kept with their graph, the valid rows' values are what ``update``'s value loss
         # trains (as in a population; measured: 0.2 ms of a 3.5 ms CartPole update saved).
-        observations = torch.as_tensor(rollout.observations, device=device)
-        self._values = self.model.values(observations)  # [T+1, N], differentiable
-        all_values = self._values.detach()
-        if not torch.isfinite(all_values).all():
+        if self._numpy is not None:
+            numpy_values = self._numpy.values(rollout.observations)
+            finite = np.isfinite(numpy_values).all()
+            all_values = torch.from_numpy(numpy_values)
+        else:
+            observations = torch.as_tensor(rollout.observations, device=device)
+            self._values = self.model.values(observations)  # [T+1, N], differentiable
+            all_values = self._values.detach()
+            finite = torch.isfinite(all_values).all()
+        if not finite:
             raise TrainingDiverged(f"critic values became non-finite at update {self.updates}")
         values, next_values = all_values[:-1], all_values[1:]
-        # Torch tensors in: gae stays in torch on the rollout's device (a doubling scan), so a
-        # training process never loads the numba runtime (see estimators.TORCH_CPU_MAX_ELEMENTS).
+        # Torch tensors in: gae runs on the rollout's device (on the CPU a NumPy loop for short
+        # rollouts, else a doubling scan), so a training process never loads the numba runtime
+        # (see estimators.TORCH_CPU_MAX_ELEMENTS).
         inputs = (
             torch.as_tensor(rollout.rewards, device=device),
             values,
@@ -245,19 +271,60 @@ class Trainer:
         self.optimizer.learning_rate = self.learning_rate()
         if not self._batch.valid.any():
             return {m.key: 0.0 for m in M.UPDATE}
+        if self._numpy is not None:
+            return self._numpy_update(advantages.numpy(), returns.numpy())
         observations, actions, advantages, returns, values = self._valid_rows(advantages, returns)
         raw_advantages = advantages
         if self.config.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
         losses, values = self._losses(observations, actions, advantages, returns, values)
-        grad_norm = self._descend(losses["loss"])
+        self.optimizer.zero_grad()
+        losses["loss"].backward()
+        return self._metrics(
+            {name: term.item() for name, term in losses.items()},
+            explained_variance(values, returns.cpu()),
+            (raw_advantages.mean().item(), raw_advantages.std(correction=0).item()),
+            self._clip_and_step(),
+        )
+
+    def _numpy_update(self, advantages: np.ndarray, returns: np.ndarray) -> dict[str, float]:
+        """:meth:`update` on the NumPy engine: the same loss on the same valid rows."""
+        batch, config = self._batch, self.config
+        valid = batch.valid.reshape(-1)
+        rows = np.flatnonzero(valid)
+        observations = batch.observations[:-1].reshape(len(valid), -1)[rows]
+        actions = batch.actions.reshape(len(valid), *batch.actions.shape[2:])[rows]
+        raw_advantages, returns = advantages.reshape(-1)[rows], returns.reshape(-1)[rows]
+        advantages = raw_advantages
+        if config.normalize_advantages and len(rows) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        terms, values = self._numpy.gradients(
+            observations, actions, advantages, returns, rows,
+            config.value_coef, config.entropy_coef,
+        )  # fmt: skip
+        if not math.isfinite(terms["loss"]):
+            raise TrainingDiverged(f"loss became {terms['loss']} at update {self.updates}")
+        return self._metrics(
+            terms,
+            explained_variance(torch.from_numpy(values), torch.from_numpy(returns)),
+            (float(raw_advantages.mean()), float(raw_advantages.std())),
+            self._clip_and_step(),
+        )
+
+    def _metrics(
+        self,
+        terms: dict[str, float],
+        explained: float,
+        advantage_moments: tuple[float, float],
+        grad_norm: float,
+    ) -> dict[str, float]:
         return {
-            M.POLICY_LOSS.key: losses["policy"].item(),
-            M.VALUE_LOSS.key: losses["value"].item(),
-            M.ENTROPY.key: losses["entropy"].item(),
-            M.EXPLAINED_VARIANCE.key: explained_variance(values, returns.cpu()),
-            M.ADVANTAGE_MEAN.key: raw_advantages.mean().item(),
-            M.ADVANTAGE_STD.key: raw_advantages.std(correction=0).item(),
+            M.POLICY_LOSS.key: terms["policy"],
+            M.VALUE_LOSS.key: terms["value"],
+            M.ENTROPY.key: terms["entropy"],
+            M.EXPLAINED_VARIANCE.key: explained,
+            M.ADVANTAGE_MEAN.key: advantage_moments[0],
+            M.ADVANTAGE_STD.key: advantage_moments[1],
             M.GRAD_NORM.key: grad_norm,
             M.LEARNING_RATE.key: self.optimizer.learning_rate,
         }
@@ -310,12 +377,13 @@ class Trainer:
         terms = {"loss": loss, "policy": policy, "value": value, "entropy": entropy}
         return terms, values.detach().cpu()
 
-    def _descend(self, loss: torch.Tensor) -> float:
-        """Backward, clip the global gradient norm, step; returns the norm before clipping."""
-        self.optimizer.zero_grad()
-        loss.backward()
+    def _clip_and_step(self) -> float:
+        """Clip the global gradient norm, step; returns the norm before clipping."""
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.params, max_norm).item()
+        if self._numpy is not None:
+            grad_norm = self._numpy.clip(max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.params, max_norm).item()
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(f"gradient norm became {grad_norm} at update {self.updates}")
         self.optimizer.step()

@@ -278,13 +278,19 @@ def _prepare_in_torch(floats: dict, flags: dict, device: Any, one_dim: bool) -> 
     torch = torch_module()
     dtype = functools.reduce(torch.promote_types, (v.dtype for v in floats.values()))
     arrays = {}
+    on_cpu = device.type == "cpu"
     for name, value in floats.items():
-        value = value.detach().to(dtype)
-        if not bool(torch.isfinite(value).all()):
+        value = value.detach()
+        if value.dtype != dtype:
+            value = value.to(dtype)
+        # on the CPU numpy's check on a zero-copy view: a tenth of torch's dispatch cost
+        finite = np.isfinite(value.numpy()).all() if on_cpu else torch.isfinite(value).all()
+        if not bool(finite):
             raise ValueError(f"{name} must be finite, found NaN or infinite values")
         arrays[name] = value
     for name, value in flags.items():
-        arrays[name] = value.detach() != 0
+        value = value.detach()
+        arrays[name] = value if value.dtype == torch.bool else value != 0
     if one_dim:
         arrays = {k: v.unsqueeze(-1) for k, v in arrays.items()}
     return Batch(arrays, dtype, one_dim, device, in_torch=True)

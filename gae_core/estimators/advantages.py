@@ -22,7 +22,9 @@ Conventions shared by every function (the design contract: ``docs/DESIGN.md``):
 * Backends: numpy arrays and large CPU tensors run compiled numba kernels (float64
   accumulation, imported on first use); tensors on an accelerator and CPU tensors of at most
   :data:`TORCH_CPU_MAX_ELEMENTS` elements (a training rollout) run a log-depth doubling scan
-  in torch, in the tensors' dtype. Both are tested against the same references.
+  in torch, in the tensors' dtype, except that :func:`gae` on CPU tensors of at most
+  ``LOOP_MAX_STEPS`` rows (a trainer's short rollout) runs a plain loop over t in NumPy
+  (float64 accumulation). All are tested against the same references.
 
 Where our indexing differs from the paper: the paper writes sums to infinity over one
 episode; here every sum stops at the end of the segment that contains t (the first done step at
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gae_core.estimators import _numpy_loop
+from gae_core.estimators._numpy_loop import LOOP_MAX_STEPS
 from gae_core.estimators._validate import (
     TORCH_CPU_MAX_ELEMENTS,
     check_horizon,
@@ -45,6 +49,7 @@ from gae_core.estimators._validate import (
     on_device,
     prepare,
     raise_non_finite,
+    torch_module,
 )
 
 __all__ = [
@@ -138,6 +143,12 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_):
         {"terminated": terminated, "truncated": truncated},
         check_finite=False,
     )
+    if batch.in_torch and batch.device.type == "cpu" and batch.shape[0] <= LOOP_MAX_STEPS:
+        column_parameter("gamma", gamma, batch)  # checks only: the loop takes float64 numpy
+        column_parameter("lambda_", lambda_, batch)
+        views = {name: tensor.numpy() for name, tensor in batch.arrays.items()}
+        out = _numpy_loop.gae(**views, gamma=gamma, lambda_=lambda_)
+        return batch.wrap(torch_module().from_numpy(out))
     gamma = column_parameter("gamma", gamma, batch)
     lambda_ = column_parameter("lambda_", lambda_, batch)
     if batch.in_torch:
