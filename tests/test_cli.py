@@ -304,13 +304,13 @@ def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
 
 def test_solved_flag_matches_the_stored_returns(tmp_path):
     # The old default (Adam 5e-3, 16 x 64, standardised advantages) solves CartPole fast and
-    # then collapses: with seed 4 it solves near 155k steps and falls below before 300k, so
+    # then collapses: with seed 6 it solves near 123k steps and falls below near 133k, so
     # both the solved and the fell-below steps are checked against Gym's rule recomputed from
-    # the stored returns (about 10 s where the stable preset needs 500k steps, 76 s in CI).
+    # the stored returns (a few seconds where the stable preset needs 500k steps).
     fast = ["--num-envs", "16", "--rollout-steps", "64", "--optimizer", "adam", "--torch-threads",
             "1", "--learning-rate", "0.005", "--normalize-advantages"]  # fmt: skip
     done = cli(
-        tmp_path / "data", "train", "--seed", "4", "--total-steps", "300000", *fast, "--json"
+        tmp_path / "data", "train", "--seed", "6", "--total-steps", "200000", *fast, "--json"
     )
     assert done.returncode == 0, done.stderr
     result = _last_json(done.stdout)
