@@ -112,7 +112,7 @@ while not trainer.done:
 wall_s = time.perf_counter() - started
 evaluation = trainer.evaluate(10, seed=10_000 + seed)
 print(json.dumps({"steps": steps, "returns": returns, "budget": config.total_steps,
-                  "wall_s": wall_s, "eval_returns": evaluation}))
+                  "wall_s": wall_s, "eval_returns": evaluation, "engine": trainer.engine}))
 """
 
 _SB3 = """
@@ -187,15 +187,27 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: Config fields added after rows in the results file were run, with the value that gives the
 #: behaviour those runs had: left out of the fingerprint at that value, so adding a field does
 #: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
-ADDED_LATER = {"use_sde": False, "ortho_init": True}
+#: ``engine`` is not a config field but what computes a run (gae_core.agent.numpy_a2c): rows run
+#: before the NumPy engine were autograd's, and trajectories differ in float rounding.
+ADDED_LATER = {"use_sde": False, "ortho_init": True, "engine": "autograd"}
+
+
+#: Fields that change what a run logs, not what it learns: never part of the fingerprint.
+LOGGING_ONLY = ("log_every",)
 
 
 def preset_fingerprint(env_id: str) -> str:
-    """A short hash of today's preset for ``env_id`` (every field but the seed)."""
+    """A short hash of today's preset for ``env_id`` (every field but the seed) and of the
+    engine it trains on."""
+    from gae_core.agent.numpy_a2c import supports
     from gae_core.agent.presets import preset_config
 
-    fields = dataclasses.asdict(preset_config(env_id, seed=0))
+    config = preset_config(env_id, seed=0)
+    fields = dataclasses.asdict(config)
     fields.pop("seed")
+    fields["engine"] = "numpy" if supports(config.use_sde, config.device) else "autograd"
+    for name in LOGGING_ONLY:
+        fields.pop(name)
     for name, old_behaviour in ADDED_LATER.items():
         if fields.get(name) == old_behaviour:
             del fields[name]
@@ -212,6 +224,8 @@ def run_one(impl: str, env_id: str, seed: int) -> dict:
         return {"impl": impl, "env": env_id, "seed": seed, "error": done.stderr[-2000:]}
     raw = json.loads(done.stdout.strip().splitlines()[-1])
     row = {"impl": impl, "env": env_id, "seed": seed, **summarize(raw, env_id)}
+    if "engine" in raw:
+        row["engine"] = raw["engine"]
     if impl == "ours":
         row["preset"] = preset_fingerprint(env_id)
     return row

@@ -158,6 +158,11 @@ class Trainer:
         self.updates = 0
 
     @property
+    def engine(self) -> str:
+        """Which engine computes the passes and gradients: "numpy" or "autograd"."""
+        return "autograd" if self._numpy is None else "numpy"
+
+    @property
     def done(self) -> bool:
         return self.env_steps >= self.config.total_steps
 
@@ -306,7 +311,7 @@ class Trainer:
             raise TrainingDiverged(f"loss became {terms['loss']} at update {self.updates}")
         return self._metrics(
             terms,
-            explained_variance(torch.from_numpy(values), torch.from_numpy(returns)),
+            explained_variance(values, returns),
             (float(raw_advantages.mean()), float(raw_advantages.std())),
             self._clip_and_step(),
         )
@@ -450,9 +455,11 @@ class Trainer:
         return finished
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined)."""
-    variance = returns.var(correction=0).item()
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined).
+    NumPy arrays or CPU tensors (read as zero-copy arrays)."""
+    values, returns = np.asarray(values), np.asarray(returns)
+    variance = float(returns.var())
     if variance == 0.0:
         return 0.0
-    return 1.0 - (returns - values).var(correction=0).item() / variance
+    return 1.0 - float((returns - values).var()) / variance
