@@ -451,6 +451,22 @@ def test_short_cpu_tensors_take_the_numpy_loop_and_agree(steps, dtype, monkeypat
     assert len(calls) == (2 if steps <= LOOP_MAX_STEPS else 0)
 
 
+@pytest.mark.parametrize("steps", [0, 3])
+def test_the_numpy_loop_takes_one_dim_and_empty_rollouts(steps):
+    rng = np.random.default_rng(5)
+    rewards = rng.normal(size=steps).astype(np.float32)
+    values, next_values = rng.normal(size=steps), rng.normal(size=steps)
+    flags = np.zeros(steps, bool), np.arange(steps) == 1
+    arrays = (rewards.astype(np.float64), values, next_values, *flags)
+    expected = gae_core.gae(*arrays, gamma=0.9, lambda_=0.8)
+    got = gae_core.gae(*as_tensors(arrays), gamma=0.9, lambda_=0.8)
+    assert got.shape == (steps,) and got.dtype == torch.float64
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
+    empty = torch.zeros(steps, 0)
+    no_envs = gae_core.gae(empty, empty, empty, empty.bool(), empty.bool(), gamma=0.9, lambda_=1.0)
+    assert no_envs.shape == (steps, 0)
+
+
 @pytest.mark.parametrize("steps", [1, 2, 3, 64, 1000, 1025])
 def test_affine_scan_matches_loop_on_many_lengths(steps):
     rng = np.random.default_rng(steps)

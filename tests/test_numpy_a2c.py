@@ -194,3 +194,34 @@ def test_checkpoints_of_a_numpy_run_replay_its_weights():
             torch.testing.assert_close(replay.model.state_dict()[name], tensor, rtol=0, atol=0)
     finally:
         trainer.close()
+
+
+def test_each_update_needs_its_own_critic_pass_and_survives_zero_grad():
+    """A second gradient call on one critic pass fails loudly (autograd's graph is freed after
+    one backward too), and a ``zero_grad`` that dropped ``flat.grad`` does not orphan the
+    buffer the engine writes: the optimizer still sees the gradient."""
+    model = model_for(True, (8,), seed=4)
+    engine = NumpyA2C(model, threads=1)
+    obs = np.random.default_rng(1).normal(size=(3, 2, OBS_DIM)).astype(np.float32)
+    rows = np.arange(4)
+    args = (obs[:-1].reshape(-1, OBS_DIM), np.array([0, 1, 1, 0]), np.ones(4, np.float32),
+            np.zeros(4, np.float32), rows, 0.5, 0.0)  # fmt: skip
+    engine.values(obs)
+    engine.flat.grad = None  # what Optimizer.zero_grad does
+    engine.gradients(*args)
+    assert engine.flat.grad is not None and engine.flat.grad.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="values"):
+        engine.gradients(*args)
+
+
+def test_explained_variance_closed_form():
+    from gae_core.agent.trainer import explained_variance
+
+    returns = np.array([1.0, 2.0, 3.0, 6.0])
+    values = np.array([1.0, 2.5, 2.0, 6.0])
+    expected = 1.0 - np.var(returns - values) / np.var(returns)
+    assert explained_variance(values, returns) == pytest.approx(expected, rel=1e-12)
+    assert explained_variance(returns, returns) == 1.0
+    assert explained_variance(values, np.full(4, 2.0)) == 0.0  # undefined: returns constant
+    tensor = torch.tensor(values, requires_grad=True)
+    assert explained_variance(tensor, torch.tensor(returns)) == pytest.approx(expected)

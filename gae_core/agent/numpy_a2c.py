@@ -2,13 +2,14 @@
 
 Why not torch autograd here: at a preset's few dozen rows an update is about a hundred tiny
 ops, and eager torch spends several µs of dispatch on each (more inside autograd) where NumPy
-spends about one. ``python benchmarks/bench_train.py`` measures both engines side by
-side in one process on the CartPole preset (README, "Speed"). Clipping and the optimizer step
-stay torch's (``clip_grad_norm_`` and :class:`~gae_core.agent.optim.Optimizer`), run once on
-the flat buffer. The torch :class:`~gae_core.agent.policy.ActorCritic` keeps owning the weights:
-its parameters become views of the flat buffer, so checkpoints, replays and evaluations read the
-very weights this engine trains. ``tests/test_numpy_a2c.py`` checks every gradient below against
-torch autograd, and whole training updates against the torch engine.
+spends about one. ``python benchmarks/bench_train.py`` measures both engines side by side on
+the CartPole preset (its table is in the README). Clipping follows ``clip_grad_norm_``'s rule
+in three NumPy calls (:meth:`NumpyA2C.clip`); the optimizer step stays
+:class:`~gae_core.agent.optim.Optimizer`'s, run once on the flat buffer. The torch
+:class:`~gae_core.agent.policy.ActorCritic` keeps owning the weights: its parameters become
+views of the flat buffer, so checkpoints, replays and evaluations read the very weights this
+engine trains. ``tests/test_numpy_a2c.py`` checks every gradient below against torch autograd,
+and whole training updates against the torch engine.
 
 The loss is the trainer's, over the B valid rows of a rollout (A advantages, R the critic's
 targets, c_v ``value_coef``, c_e ``entropy_coef``)::
@@ -31,6 +32,8 @@ and through each layer y = x Wᵀ + b and each h = tanh(y): ∂W = ∂yᵀ x, �
 ∂x = ∂y W, ∂y = ∂h ⊙ (1 − h²).
 
 gSDE (a state-dependent std) and non-CPU devices stay on the torch engine (:func:`supports`).
+Pickling the model (not done by this project; ``torch.save`` and ``deepcopy`` are fine) would
+write the whole flat buffer once per parameter.
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ from threadpoolctl import threadpool_limits
 from gae_core.agent.policy import ActorCritic, sample_actions
 
 __all__ = ["NumpyA2C", "supports"]
+
+_blas_threads: list[int] = []  # the BLAS thread limit this process last set
+
+
+def _limit_blas(threads: int) -> None:
+    """Limit NumPy's BLAS to ``threads`` (process-wide, like ``torch.set_num_threads``); only
+    when that changes, so runs built in several threads do not reset it under each other."""
+    if _blas_threads != [threads]:
+        threadpool_limits(limits=threads, user_api="blas")
+        _blas_threads[:] = [threads]
 
 
 def supports(use_sde: bool, device: str) -> bool:
@@ -91,11 +104,12 @@ class NumpyA2C:
     """
 
     def __init__(self, model: ActorCritic, threads: int) -> None:
-        threadpool_limits(limits=threads, user_api="blas")
+        _limit_blas(threads)
         params = list(model.parameters())
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
-        self.flat.grad = torch.zeros_like(self.flat)
-        grad = self.flat.grad.numpy()
+        self._grad = torch.zeros_like(self.flat)
+        self.flat.grad = self._grad
+        grad = self._grad.numpy()
         grads, offset = {}, 0
         for p in params:
             size = p.numel()
@@ -152,12 +166,16 @@ class NumpyA2C:
         ``rows``: those rows' indices into the last :meth:`values` pass, whose values V are the
         critic's part of the loss.
         """
+        if not self._critic_pass:
+            raise RuntimeError("gradients() needs a values() pass over this rollout first")
+        self.flat.grad = self._grad  # the buffer the views below write, whatever reset .grad
         count = len(advantages)
         values = self._critic_pass[-1][rows, 0]
         errors = returns - values
         grad_values = np.zeros_like(self._critic_pass[-1])
         grad_values[rows, 0] = (-2.0 * value_coef / count) * errors
         self.critic.backward(self._critic_pass, grad_values)
+        self._critic_pass = []  # one update per pass, as autograd frees its graph
 
         actor_pass = self.actor.forward(observations)
         out = actor_pass[-1]

@@ -26,7 +26,8 @@ observations and scaled rewards for learning, while episode returns count the en
 Determinism: for a given config (seed and ``torch_threads`` included) ``step()`` yields the same
 metrics. Weights are initialised from a local ``torch.Generator`` and actions are sampled from
 a local ``np.random.Generator``, so concurrent runs in other threads do not perturb each other;
-``torch.set_num_threads`` however is process-wide: the last trainer built sets it for all.
+``torch.set_num_threads`` and the NumPy engine's BLAS thread limit are process-wide however:
+the last trainer built sets them for all.
 """
 
 from __future__ import annotations
@@ -457,8 +458,11 @@ class Trainer:
 
 def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
     """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined).
-    NumPy arrays or CPU tensors (read as zero-copy arrays)."""
-    values, returns = np.asarray(values), np.asarray(returns)
+    NumPy arrays or tensors (detached and read on the CPU)."""
+    values, returns = (
+        x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        for x in (values, returns)
+    )
     variance = float(returns.var())
     if variance == 0.0:
         return 0.0

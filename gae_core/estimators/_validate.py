@@ -20,7 +20,8 @@ import numpy as np
 #: Torch tensors with at most this many elements stay in torch on the CPU too (the doubling
 #: scan of :mod:`gae_core.estimators._torch_scan`): a training rollout then never loads the
 #: numba runtime, which costs a process about 125 MB of memory. Larger CPU tensors take the
-#: compiled kernels (zero-copy), which win from a few hundred thousand elements on.
+#: compiled kernels (zero-copy), which win from a few hundred thousand elements on. (``gae`` on
+#: CPU tensors of at most ``_numpy_loop.LOOP_MAX_STEPS`` rows runs a NumPy loop instead.)
 TORCH_CPU_MAX_ELEMENTS = 1 << 16
 
 #: Largest horizon :func:`~gae_core.estimators.estimator_weights` builds (8 bytes each: 80 MB).
