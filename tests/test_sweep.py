@@ -395,10 +395,47 @@ def test_a_trial_its_worker_left_without_an_end_fails_instead_of_hanging():
         worker_end.close()
 
 
-def test_trials_that_can_share_a_population_go_together_evenly():
+@pytest.mark.parametrize(("trials", "workers"), [(70, 2), (10, 4), (9, 2)])
+def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(trials, workers):
+    """The coordinator gathers trials while workers are free. All workers ready at once, or one
+    at a time (a worker spawned a little later, or populations ending in different polls): the
+    populations hold the same trials in the same order, so a study's numbers do not depend on
+    its workers' timing."""
+    capacity = -(-trials // workers)
+    splits = []
+    for one_at_a_time in (False, True):
+        pool, ends = _fake_pool(capacity=capacity, workers=workers)
+        pool.flags = bytearray(trials)
+        try:
+            if one_at_a_time:
+                for worker in pool.workers:
+                    worker.ready = False
+            pending = list(range(trials))
+            got = []
+            for step in range(workers):
+                if one_at_a_time:
+                    pool.workers[step].ready = True
+                while pending and pool.can_take(dict(TrainConfig(seed=pending[0]).to_dict())):
+                    index = pending.pop(0)
+                    pool.submit(index, f"run-{index}", TrainConfig(seed=index).to_dict())
+                pool._send_gathered()
+            for end in ends:
+                if end.poll():
+                    got.append([index for index, _, _ in end.recv()[1]])
+            assert not pending and sorted(i for batch in got for i in batch) == list(range(trials))
+            splits.append(sorted(got))
+        finally:
+            for worker, end in zip(pool.workers, ends, strict=True):
+                worker.conn.close()
+                end.close()
+    assert splits[0] == splits[1]
+    assert max(map(len, splits[0])) == capacity
+
+
+def test_trials_that_can_share_a_population_go_together_in_order():
     """7 trials of one kind and 2 of another (more envs), 2 free workers, at most 5 members
-    each: the 7 go out as populations of 4 and 3 (even, never over 5), the other kind waits
-    for a free worker, and each worker holds only one kind."""
+    each: the 7 go out as populations of trials 0–4 and 5–6 (consecutive, never over 5), the
+    other kind waits for a free worker, and each worker holds only one kind."""
     pool, ends = _fake_pool(capacity=5, workers=2)
     small, big = TrainConfig(num_envs=2), TrainConfig(num_envs=4)
     try:
@@ -409,8 +446,7 @@ def test_trials_that_can_share_a_population_go_together_evenly():
         pool.submit(8, "run-8", big.to_dict())
         pool._send_gathered()
         batches = [[index for index, _, _ in end.recv()[1]] for end in ends]
-        assert sorted(map(len, batches)) == [3, 4]
-        assert sorted(batches[0] + batches[1]) == list(range(7))
+        assert sorted(batches) == [[0, 1, 2, 3, 4], [5, 6]]
         assert pool.idle_slots() == 0 and [t[0] for _, t in pool._gathered] == [7, 8]
         for index in batches[0]:
             ends[0].send(("finish", index, "finished", None))

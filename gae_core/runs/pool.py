@@ -143,9 +143,10 @@ class LocalPool:
     all: a broken install).
 
     ``members``: the most trials one worker trains at once, as a population. Submitted trials
-    are gathered and sent on the next :meth:`events`, spread evenly over the free workers (at
-    most ⌈trials / workers⌉ each); only trials whose configs can share a population go
-    together, the rest train alone.
+    are gathered and sent on the next :meth:`events` to the free workers, in consecutive batches
+    of at most ⌈trials / workers⌉ (so the split of a sweep whose trials share one population
+    kind, such as λ × seeds, is the same however its workers' timing goes); only trials whose
+    configs can share a population go together, the rest train alone.
     """
 
     name = "local"
@@ -217,8 +218,12 @@ class LocalPool:
         self._gathered.append((self._key(config), (index, run_id, config)))
 
     def _send_gathered(self) -> None:
-        """Hand the gathered trials to the free workers: each key's trials in even batches of
-        at most ``capacity``; what finds no free worker waits for the next call."""
+        """Hand the gathered trials to the free workers: each key's trials in consecutive
+        batches of ``capacity`` (the last one smaller); what finds no free worker waits for the
+        next call. Consecutive, not spread evenly over the workers free now: a trial's numbers
+        depend on the population it trains in, and this way which trials share one does not
+        depend on how many workers were free at a given moment (one worker ready before the
+        other at the start gave another split than both at once, and other final returns)."""
         free = [w for w in self.workers if w.free]
         if not free or not self._gathered:
             return
@@ -228,8 +233,7 @@ class LocalPool:
         batches = []
         for key, trials in groups.items():
             size = 1 if key == _ALONE else self.capacity
-            parts = -(-len(trials) // size)
-            batches += [trials[i::parts] for i in range(parts)]  # even sizes, order kept
+            batches += [trials[i : i + size] for i in range(0, len(trials), size)]
         sent = set()
         for worker, batch in zip(free, batches, strict=False):  # as many as workers are free
             worker.trials = {index: 0 for index, _, _ in batch}
