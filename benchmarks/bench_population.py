@@ -115,8 +115,12 @@ def narrow_rows(members: int, repeats: int) -> bool:
     return ok
 
 
-def _population_rate(configs: list[TrainConfig], activation, linear=stacked_linear) -> float:
-    population = PopulationTrainer(configs)
+def _population_rate(
+    configs: list[TrainConfig], activation=stacked_tanh, linear=stacked_linear, autograd=True
+) -> float:
+    """Env steps/s of a whole population run; on the autograd engine with the given stacked
+    ops, or on the hand-derived one (``autograd=False``, which has its own layer forms)."""
+    population = PopulationTrainer(configs, autograd=autograd)
     population.actor.activation = population.critic.activation = activation
     population.actor.linear = population.critic.linear = linear
     try:
@@ -161,6 +165,39 @@ def population_rows(members: int, repeats: int) -> bool:
             ok &= verdict == "PASS"
             print(f"  {label:>16}: {base_name} {b:10,.0f}  {cand_name} {c:10,.0f}  "
                   f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
+    return ok
+
+
+def _study_configs(members: int) -> list[tuple[str, list[TrainConfig]]]:
+    seeds = max(1, members // len(LAMBDAS))
+    cases = (
+        ("preset", dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000)),
+        ("field defaults", TrainConfig(total_steps=30_000)),
+    )
+    return [
+        (label, [dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
+                                     checkpoint_every=0, eval_every=0, record_episodes=0)
+                 for lam in LAMBDAS for s in range(seeds)])
+        for label, base in cases
+    ]  # fmt: skip
+
+
+def engine_rows(members: int, repeats: int) -> bool:
+    """The hand-derived update (gae_core.agent.stacked_a2c) against autograd's, whole runs."""
+    ok = True
+    seeds = max(1, members // len(LAMBDAS))
+    print(f"engines ({len(LAMBDAS)} λ × {seeds} seeds, env steps/s, alternating):")
+    for (label, configs), goal in zip(_study_configs(members), (1.2, 1.0), strict=True):
+        base_rates, cand_rates = [], []
+        for _ in range(repeats):
+            base_rates.append(_population_rate(configs))
+            cand_rates.append(_population_rate(configs, autograd=False))
+        b, c = statistics.median(base_rates), statistics.median(cand_rates)
+        ratio = c / b
+        verdict = "PASS" if ratio >= goal else "FAIL"
+        ok &= verdict == "PASS"
+        print(f"  {label:>16}: autograd {b:10,.0f}  by hand {c:10,.0f}  "
+              f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
     return ok
 
 
@@ -218,9 +255,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=35, help="a worker's share of 70 trials")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engines-only", action="store_true", help="only the engines' rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    ok = activation_rows(args.members, args.repeats)
+    if args.engines_only:
+        return 0 if engine_rows(args.members, args.repeats) else 1
+    ok = engine_rows(args.members, args.repeats)
+    ok &= activation_rows(args.members, args.repeats)
     ok &= narrow_rows(args.members, args.repeats)
     ok &= population_rows(args.members, args.repeats)
     ok &= allocator_rows(args.members, args.repeats)

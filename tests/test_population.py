@@ -190,14 +190,17 @@ def _member_rollout(population: PopulationTrainer, member: int) -> Rollout:
         ("Pendulum-v1", dict(optimizer="adam", learning_rate=1e-3, lr_schedule="linear")),
     ],
 )
-def test_each_member_takes_the_update_a_single_run_takes_on_the_same_data(env_id, shared):
+@pytest.mark.parametrize("autograd", [False, True], ids=["by-hand", "autograd"])
+def test_each_member_takes_the_update_a_single_run_takes_on_the_same_data(env_id, shared, autograd):
     """Feed every member's slice of the population's rollout to a single Trainer with that
     member's config: after each of several updates the member's weights, losses, gradient norm
     and explained variance equal the single run's (per-member means, standardisation, GAE with
-    its own γ and λ, its critic target, its clipping and its optimizer state)."""
+    its own γ and λ, its critic target, its clipping and its optimizer state), on both of the
+    population's engines."""
     members = [dict(m, log_std_init=-0.5 + 0.1 * i) for i, m in enumerate(MEMBERS)]
     configs = [config(env_id, **shared, **m) for m in members]
-    population = PopulationTrainer(configs)
+    population = PopulationTrainer(configs, autograd=autograd)
+    assert (population.engine is None) == autograd
     singles = [Trainer(c) for c in configs]
     try:
         for update in range(4):
@@ -376,18 +379,18 @@ def test_members_recorded_together_record_what_each_would_alone(env_id):
             population.record_members([0, 1], 2, [5])
 
 
-def test_a_member_that_blows_up_fails_alone():
+@pytest.mark.parametrize("autograd", [False, True], ids=["by-hand", "autograd"])
+@pytest.mark.parametrize(("net", "what"), [("critic", "critic values"), ("actor", "loss")])
+def test_a_member_that_blows_up_fails_alone(autograd, net, what):
     configs = [config(**m) for m in MEMBERS[:3]]
-    population = PopulationTrainer(configs)
+    population = PopulationTrainer(configs, autograd=autograd)
     try:
         with torch.no_grad():
-            population.critic.weights[-1][1].fill_(float("nan"))  # member 1's critic
+            getattr(population, net).weights[-1][1].fill_(float("nan"))  # member 1's
         before = [population.model_of(i).state_dict() for i in (0, 2)]
         results = population.step()
         assert set(results) == {0, 2}
-        assert population.member(1).error.startswith(
-            "TrainingDiverged: critic values became non-finite"
-        )
+        assert population.member(1).error.startswith(f"TrainingDiverged: {what} became non-fin")
         for i, old in zip((0, 2), before, strict=True):
             new = population.model_of(i).state_dict()
             assert all(torch.isfinite(t).all() for t in new.values())

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
@@ -51,6 +50,7 @@ from gae_core.agent.memory import keep_freed_memory
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
+from gae_core.agent.stacked_a2c import StackedA2C, log_probs_and_entropy
 from gae_core.agent.together import evaluate_stacked, record_stacked
 from gae_core.agent.trainer import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.estimators import gae
@@ -95,7 +95,10 @@ class _State:
 class PopulationTrainer:
     """One update for every active member per :meth:`step` (see the module docstring)."""
 
-    def __init__(self, configs: Sequence[TrainConfig]) -> None:
+    def __init__(self, configs: Sequence[TrainConfig], *, autograd: bool = False) -> None:
+        """``autograd``: update with torch autograd instead of the hand-derived gradients of
+        :class:`~gae_core.agent.stacked_a2c.StackedA2C` (tests and
+        ``benchmarks/bench_population.py`` compare the two)."""
         if not configs:
             raise ValueError("a population needs at least one member")
         keys = {population_key(c) for c in configs}
@@ -129,9 +132,16 @@ class PopulationTrainer:
             if self.discrete
             else torch.stack([m.log_std.detach() for m in models]).requires_grad_(True)
         )
-        params = self.actor.parameters() + self.critic.parameters()
-        if self.log_std is not None:
-            params.append(self.log_std)
+        self.engine = None
+        if autograd:
+            params = self.actor.parameters() + self.critic.parameters()
+            if self.log_std is not None:
+                params.append(self.log_std)
+        else:  # the stacks and log_std become views of the engine's flat buffer
+            self.engine = StackedA2C(self.actor, self.critic, self.log_std, shared.rollout_steps)
+            self.log_std = self.engine.log_std
+            self.engine.flat.grad = self.engine.grad
+            params = [self.engine.flat]
         self.params = params
         self.optimizer = Optimizer(params, shared.optimizer, shared.learning_rate)
         seeds = [int(c.seed) for c in configs]
@@ -220,7 +230,11 @@ class PopulationTrainer:
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
                 rollout.valid[t] = valid & live_columns
-                out = self.actor(torch.from_numpy(obs).view(members, per, -1))
+                member_obs = torch.from_numpy(obs).view(members, per, -1)
+                if self.engine is None:
+                    out = self.actor(member_obs)
+                else:  # (keeps the activations for the update)
+                    out = self.engine.act(member_obs, t)
                 actions = self._sample(out.reshape(members * per, -1).numpy(), rng)
                 rollout.actions[t] = actions
                 env_actions = actions if self._bounds is None else np.clip(actions, *self._bounds)
@@ -302,7 +316,10 @@ class PopulationTrainer:
         # One critic pass over all T+1 observations: its detached values feed GAE, the first
         # T·E rows (member-major, time-major within) the value loss.
         observations = self._by_member(torch.from_numpy(rollout.observations))
-        all_values = self.critic(observations).squeeze(-1)
+        if self.engine is None:
+            all_values = self.critic(observations).squeeze(-1)
+        else:
+            all_values = self.engine.values(observations)
         detached = all_values.detach()
         finite_values = torch.isfinite(detached).all(1)
         finite_list = finite_values.tolist()
@@ -328,18 +345,27 @@ class PopulationTrainer:
                 standardise, (advantages - raw_mean[:, None]) / (raw_std[:, None] + 1e-8), used
             )
         actions = self._by_member(torch.from_numpy(rollout.actions))
-        log_probs, entropy = self._log_probs_and_entropy(observations, actions)
-        policy = -mean(used * log_probs)
-        value = mean((returns - values).square())
-        entropy = mean(entropy)
+        if self.engine is None:
+            out = self.actor(observations)  # [M, R, A]
+            log_probs, entropy = log_probs_and_entropy(out, actions, self.log_std)
+            policy = -mean(used * log_probs)
+            value = mean((returns - values).square())
+            entropy = mean(entropy)
+        else:  # the gradients are written here, for every member; clipping zeroes the idle
+            terms = self.engine.gradients(
+                observations, actions, used, returns, mask, self._value_coef, self._entropy_coef
+            )
+            policy, value, entropy = terms.policy, terms.value, terms.entropy
         per_member = policy + self._value_coef * value - self._entropy_coef * entropy
         finite = torch.isfinite(per_member.detach())
         failed = (learning & ~finite).tolist()  # per-member checks in Python: one conversion
         self._fail([i for i in active if failed[i]], "loss")
         learning &= finite
-        self.optimizer.zero_grad()
+        if self.engine is None:
+            self.optimizer.zero_grad()
         if bool(learning.any()):
-            torch.where(learning, per_member, torch.zeros_like(per_member)).sum().backward()
+            if self.engine is None:
+                torch.where(learning, per_member, torch.zeros_like(per_member)).sum().backward()
             norms = self._clip_gradients(learning)
         else:
             norms = torch.zeros(self.size)
@@ -361,24 +387,13 @@ class PopulationTrainer:
             metrics[i] = row
         return metrics
 
-    def _log_probs_and_entropy(
-        self, observations: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.actor(observations)  # [M, R, A]
-        if self.discrete:
-            log_p = F.log_softmax(out, dim=-1)
-            log_probs = log_p.gather(2, actions.long().unsqueeze(2)).squeeze(2)
-            return log_probs, -(log_p.exp() * log_p).sum(-1)
-        log_std = self.log_std[:, None, :]  # [M, 1, A]
-        z = (actions - out) / log_std.exp()
-        log_probs = (-0.5 * z.square() - log_std - 0.5 * math.log(2.0 * math.pi)).sum(-1)
-        entropy = (0.5 + 0.5 * math.log(2.0 * math.pi) + log_std).sum(-1).expand(out.shape[:2])
-        return log_probs, entropy
-
     def _clip_gradients(self, learning: torch.Tensor) -> torch.Tensor:
         """Clip each member's gradient norm (:func:`clip_per_member`); a member whose norm is
         not finite is deactivated. Returns the norms before clipping."""
-        norms, finite = clip_per_member(self.params, self._max_norm, learning)
+        if self.engine is None:
+            norms, finite = clip_per_member(self.params, self._max_norm, learning)
+        else:
+            norms, finite = self.engine.clip(self._max_norm, learning)
         failed = (learning & ~finite).tolist()
         self._fail([i for i in range(self.size) if failed[i]], "gradient")
         return norms
