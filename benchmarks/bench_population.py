@@ -1,10 +1,16 @@
-"""What :func:`~gae_core.agent.stacked.stacked_tanh` and :func:`~gae_core.agent.stacked.
-stacked_linear` buy a population, against ``torch.tanh`` and ``torch.baddbmm``.
+"""What the population's hand-derived update (:mod:`gae_core.agent.stacked_a2c`),
+:func:`~gae_core.agent.stacked.stacked_tanh` and :func:`~gae_core.agent.stacked.stacked_linear`
+buy a population, against autograd, ``torch.tanh`` and ``torch.baddbmm``.
 
-    python benchmarks/bench_population.py [--members 35] [--repeats 3]
+    python benchmarks/bench_population.py [--members 35] [--repeats 3] [--engines-only]
 
 Measurements side by side in this one process (baseline and candidate alternate, so machine
 noise hits both alike), one torch thread as in a sweep worker:
+
+0. whole population runs of the λ study's population (10k env steps per member on the preset,
+   30k on the field defaults) on the autograd update and on the hand-derived one: env steps
+   per second of each and the ratio, PASS at ≥ 1.2× on the preset it was written for and no
+   slower (≥ 1.0×) on the field defaults;
 
 1. the activation alone on the stacked hidden activations of a CartPole population
    (``[members, rows, 64]``) at the rows of a rollout step and of an update, for the preset
@@ -12,7 +18,8 @@ noise hits both alike), one torch thread as in a sweep worker:
 2. the narrow output layers alone (the actor's 64 → 2 logits, the critic's 64 → 1 value),
    forward and backward at an update's rows, and forward at a rollout step's;
 3. whole :class:`~gae_core.agent.population.PopulationTrainer` updates (collect, estimate,
-   update) of the λ study's population, from the same seeds: ``torch.tanh`` against
+   update; on the autograd update, where these ops run) of the λ study's population, from the
+   same seeds: ``torch.tanh`` against
    ``stacked_tanh`` (with ``baddbmm`` layers), then ``baddbmm`` layers against
    ``stacked_linear`` (with ``stacked_tanh``): env steps per second of each and the ratio.
 
@@ -134,20 +141,25 @@ def _population_rate(
         population.close()
 
 
+def _study_configs(members: int) -> list[tuple[str, list[TrainConfig]]]:
+    seeds = max(1, members // len(LAMBDAS))
+    cases = (
+        ("preset", dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000)),
+        ("field defaults", TrainConfig(total_steps=30_000)),
+    )
+    return [
+        (label, [dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
+                                     checkpoint_every=0, eval_every=0, record_episodes=0)
+                 for lam in LAMBDAS for s in range(seeds)])
+        for label, base in cases
+    ]  # fmt: skip
+
+
 def population_rows(members: int, repeats: int) -> bool:
     ok = True
     seeds = max(1, members // len(LAMBDAS))
     print(f"population updates ({len(LAMBDAS)} λ × {seeds} seeds, env steps/s, alternating):")
-    cases = (
-        ("preset", dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000), 1.0),
-        ("field defaults", TrainConfig(total_steps=30_000), 1.05),
-    )
-    for label, base, target in cases:
-        configs = [
-            dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
-                                checkpoint_every=0, eval_every=0, record_episodes=0)
-            for lam in LAMBDAS for s in range(seeds)
-        ]  # fmt: skip
+    for (label, configs), target in zip(_study_configs(members), (1.0, 1.05), strict=True):
         pairs = (
             ("torch.tanh", (torch.tanh, torch.baddbmm), "stacked_tanh",
              (stacked_tanh, torch.baddbmm), target),
@@ -166,20 +178,6 @@ def population_rows(members: int, repeats: int) -> bool:
             print(f"  {label:>16}: {base_name} {b:10,.0f}  {cand_name} {c:10,.0f}  "
                   f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
     return ok
-
-
-def _study_configs(members: int) -> list[tuple[str, list[TrainConfig]]]:
-    seeds = max(1, members // len(LAMBDAS))
-    cases = (
-        ("preset", dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000)),
-        ("field defaults", TrainConfig(total_steps=30_000)),
-    )
-    return [
-        (label, [dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
-                                     checkpoint_every=0, eval_every=0, record_episodes=0)
-                 for lam in LAMBDAS for s in range(seeds)])
-        for label, base in cases
-    ]  # fmt: skip
 
 
 def engine_rows(members: int, repeats: int) -> bool:

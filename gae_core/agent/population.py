@@ -5,7 +5,8 @@ A λ study trains many copies of one small network (the CartPole preset: a 4-64-
 handles a few dozen rows and the time goes to per-op overhead, not arithmetic. A population
 stacks its members' parameters (``[M, fan_in, fan_out]``), so each of those ops runs once for
 all M members: one actor forward per vector step, one critic forward per rollout and one
-backward and optimizer step per update, for the whole population.
+backward and optimizer step per update, for the whole population. The backward pass is
+derived by hand (:mod:`gae_core.agent.stacked_a2c`) unless ``autograd=True``.
 
 What a member gets is what a single run (:class:`~gae_core.agent.trainer.Trainer`) with its
 config gets:
