@@ -30,7 +30,7 @@ noise hits both alike), one torch thread as in a sweep worker:
 The ratios print with four decimals and PASS/FAIL against the target: a candidate must not be
 slower anywhere (ratio of times ≤ 1, within 5 % noise), and must be faster on the population it
 was written for (``stacked_tanh`` and ``stacked_linear``: ≥ 1.05× env steps/s on the field
-defaults, no slower on the preset; ``keep_freed_memory``: ≥ 1.05× on both).
+defaults, no slower (≥ 1.0×) on the preset; ``keep_freed_memory``: ≥ 1.05× on both).
 """
 
 from __future__ import annotations

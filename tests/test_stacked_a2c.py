@@ -8,6 +8,7 @@ import math
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,13 +141,43 @@ def test_the_stacks_and_log_std_hold_views_of_the_flat_weights():
         assert torch.equal(engine.log_std, engine.flat[:, -2:])
     assert not torch.allclose(actor(x), before)
     engine.act(x, 0)
-    try:
+    with pytest.raises(RuntimeError, match="values\\(\\) pass"):
         engine.gradients(x, torch.zeros(3, 4, 2), *(torch.zeros(3, 4),) * 3,
                          torch.ones(3), torch.ones(3))  # fmt: skip
-    except RuntimeError as error:
-        assert "values() pass" in str(error)
-    else:
-        raise AssertionError("gradients() ran without a critic pass")
+
+
+def test_an_update_needs_its_own_rollouts_activations_and_survives_zero_grad():
+    """The actor's part of the gradient reuses the activations :meth:`act` kept: an update
+    without this rollout's act() passes (none, too few, or a second update of one rollout)
+    fails loudly instead of using stale ones; the buffers, allocated inside inference mode,
+    take a rollout outside it; and a ``.grad`` reset (``zero_grad``) does not lose the buffer
+    the optimizer steps."""
+    actor, critic, log_std = stacks(True, (6,), 2, 2)
+    engine = StackedA2C(actor, critic, log_std, 2)
+    obs = torch.randn(2, 3, 1, OBS_DIM)  # 2 steps of 1 env, and the bootstrap
+    rows = obs.reshape(2, 3, OBS_DIM)
+    args = (rows[:, :2], torch.zeros(2, 2), torch.ones(2, 2), torch.ones(2, 2), torch.ones(2, 2),
+            torch.ones(2), torch.zeros(2))  # fmt: skip
+
+    def update():
+        engine.values(rows)
+        return engine.gradients(*args)
+
+    with pytest.raises(RuntimeError, match="needs that rollout's act"):
+        update()  # no rollout yet
+    with torch.inference_mode():
+        engine.act(obs[:, 0], 0)
+    with pytest.raises(RuntimeError, match="act\\(\\) at rollout step 2 after 1 steps"):
+        engine.act(obs[:, 1], 2)  # a step skipped
+    engine.act(obs[:, 1], 1)  # outside inference mode: the kept buffers are normal tensors
+    engine.flat.grad = None  # what Optimizer.zero_grad does
+    update()
+    assert engine.flat.grad is engine.grad and torch.count_nonzero(engine.grad) > 0
+    with pytest.raises(RuntimeError, match="needs that rollout's act"):
+        update()  # the same rollout twice
+    engine.act(obs[:, 0], 0)
+    with pytest.raises(RuntimeError, match="needs that rollout's act"):
+        update()  # one of its two steps
 
 
 @settings(max_examples=30, deadline=None)

@@ -2,7 +2,9 @@
 a population (:mod:`gae_core.agent.population`) needs: the forward pass (one batched product
 per layer for all members, fast for narrow layers too), tanh fast on large activations, each
 member's gradient-norm clipping and each member's explained variance over its own valid
-rows."""
+rows. A population's default update (:mod:`gae_core.agent.stacked_a2c`) has its own hidden-layer
+form and backward; these forms serve the autograd update (``autograd=True``), the narrow output
+layers of both, and the stacked evaluations and recordings."""
 
 from __future__ import annotations
 

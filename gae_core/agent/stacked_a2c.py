@@ -9,7 +9,8 @@ step added their own overhead to the matrix products that are the real work.
 * the rollout's actor pass keeps its layer activations (:meth:`StackedA2C.act`): the weights
   do not change within a rollout, so they are the activations the update's actor pass would
   compute, and the update runs no second actor pass;
-* the backward pass is three batched products per layer, no graph;
+* the backward pass is two batched products and a sum per layer (one product at the first
+  layer), no graph;
 * each member's gradient norm is one reduction over its row; the optimizer steps one tensor.
 
 The loss and its gradients with respect to the networks' outputs are those of the single-run
@@ -146,6 +147,7 @@ class StackedA2C:
         self._grad_log_std = grads[-1] if log_std is not None else None
         self._steps = steps
         self._kept: list[torch.Tensor] = []  # the rollout's activations, [M, T, E, width]
+        self._acted = 0  # the steps of the current rollout kept so far
         self._critic_pass: list[torch.Tensor] = []
 
     @property
@@ -156,10 +158,16 @@ class StackedA2C:
     def act(self, obs: torch.Tensor, step: int) -> torch.Tensor:
         """The actor's outputs for ``obs [M, E, obs_dim]`` at rollout step ``step``; the
         activations are kept for the update."""
+        if step not in (0, self._acted):  # a rollout's steps in order, from 0
+            raise RuntimeError(f"act() at rollout step {step} after {self._acted} steps")
+        self._acted = step + 1
         outputs = _forward(self.actor, obs)
         if not self._kept:
             members, envs = obs.shape[:2]
-            self._kept = [torch.empty(members, self._steps, envs, h.shape[2]) for h in outputs[1:]]
+            with torch.inference_mode(False):  # normal tensors, written in or out of that mode
+                self._kept = [
+                    torch.empty(members, self._steps, envs, h.shape[2]) for h in outputs[1:]
+                ]
         for kept, h in zip(self._kept, outputs[1:], strict=True):
             kept[:, step] = h
         return outputs[-1]
@@ -173,7 +181,13 @@ class StackedA2C:
 
     def _actor_pass(self, observations: torch.Tensor) -> list[torch.Tensor]:
         members, rows = observations.shape[:2]
-        steps = rows // self._kept[0].shape[2]
+        steps = rows // self._kept[0].shape[2] if self._kept else 0
+        if steps == 0 or steps != self._acted:
+            raise RuntimeError(
+                f"gradients() of {steps} rollout steps needs that rollout's act() passes "
+                f"({self._acted} kept since the last update)"
+            )
+        self._acted = 0  # one update per rollout
         kept = [k[:, :steps].reshape(members, rows, -1) for k in self._kept]
         return [observations, *kept]
 
@@ -198,6 +212,8 @@ class StackedA2C:
         """
         if not self._critic_pass:
             raise RuntimeError("gradients() needs a values() pass over this rollout first")
+        actor_pass = self._actor_pass(observations)  # (checks this rollout's act() passes)
+        self.flat.grad = self.grad  # the buffer the views below write, whatever reset .grad
         rows = advantages.shape[1]
         weight = mask / mask.sum(1, keepdim=True).clamp(min=1.0)  # w_b / B_m
         critic_pass = [h[:, :rows] for h in self._critic_pass]
@@ -206,7 +222,6 @@ class StackedA2C:
         errors = returns - values
         grad_values = (-2.0 * value_coef[:, None]) * weight * errors
         _backward(self.critic, self._critic_grads, critic_pass, grad_values[..., None])
-        actor_pass = self._actor_pass(observations)
         out = actor_pass[-1]
         log_probs, entropy = log_probs_and_entropy(out, actions, self.log_std)
         if self.discrete:
