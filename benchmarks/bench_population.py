@@ -167,17 +167,25 @@ def population_rows(members: int, repeats: int) -> bool:
              (stacked_tanh, stacked_linear), target),
         )  # fmt: skip
         for base_name, base_ops, cand_name, cand_ops, goal in pairs:
-            base_rates, cand_rates = [], []
-            for _ in range(repeats):
-                base_rates.append(_population_rate(configs, *base_ops))
-                cand_rates.append(_population_rate(configs, *cand_ops))
-            b, c = statistics.median(base_rates), statistics.median(cand_rates)
-            ratio = c / b
-            verdict = "PASS" if ratio >= goal else "FAIL"
-            ok &= verdict == "PASS"
-            print(f"  {label:>16}: {base_name} {b:10,.0f}  {cand_name} {c:10,.0f}  "
-                  f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
+            base = (base_name, lambda ops=base_ops, c=configs: _population_rate(c, *ops))
+            cand = (cand_name, lambda ops=cand_ops, c=configs: _population_rate(c, *ops))
+            ok &= _speed_up_row(label, base, cand, goal, repeats)
     return ok
+
+
+def _speed_up_row(label: str, base: tuple, candidate: tuple, goal: float, repeats: int) -> bool:
+    """Alternate ``base`` and ``candidate`` ((name, a function returning env steps/s))
+    ``repeats`` times; print the medians and the speed-up, PASS at ≥ ``goal``."""
+    base_rates, cand_rates = [], []
+    for _ in range(repeats):
+        base_rates.append(base[1]())
+        cand_rates.append(candidate[1]())
+    b, c = statistics.median(base_rates), statistics.median(cand_rates)
+    ratio = c / b
+    verdict = "PASS" if ratio >= goal else "FAIL"
+    print(f"  {label:>16}: {base[0]} {b:10,.0f}  {candidate[0]} {c:10,.0f}  "
+          f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
+    return verdict == "PASS"
 
 
 def engine_rows(members: int, repeats: int) -> bool:
@@ -186,16 +194,10 @@ def engine_rows(members: int, repeats: int) -> bool:
     seeds = max(1, members // len(LAMBDAS))
     print(f"engines ({len(LAMBDAS)} λ × {seeds} seeds, env steps/s, alternating):")
     for (label, configs), goal in zip(_study_configs(members), (1.2, 1.0), strict=True):
-        base_rates, cand_rates = [], []
-        for _ in range(repeats):
-            base_rates.append(_population_rate(configs))
-            cand_rates.append(_population_rate(configs, autograd=False))
-        b, c = statistics.median(base_rates), statistics.median(cand_rates)
-        ratio = c / b
-        verdict = "PASS" if ratio >= goal else "FAIL"
-        ok &= verdict == "PASS"
-        print(f"  {label:>16}: autograd {b:10,.0f}  by hand {c:10,.0f}  "
-              f"speed-up {ratio:.4f}×  {verdict} (≥ {goal:.2f}×)")  # fmt: skip
+        ok &= _speed_up_row(
+            label, ("autograd", lambda c=configs: _population_rate(c)),
+            ("by hand", lambda c=configs: _population_rate(c, autograd=False)), goal, repeats,
+        )  # fmt: skip
     return ok
 
 
