@@ -170,7 +170,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
             "PyTorch's default init (ortho_init off). Seeds 0–4 at 1M steps: median final −168 "
             "(−160 −168 −164 −177 −201); with orthogonal init −226; without gSDE the best initial "
             "log-std (−0.5) gave −457 with seeds at −1002 and −707, and −2 never explored. Seeds "
-            "0–9: median −186.5 (seed 7 never learned, −1084) against SB3's −177.2.",
+            "0–9: median −186.5 (seed 7 collapsed to −1084) against SB3's −177.2.",
             {
                 "normalize": True,
                 "n_envs": 8,
