@@ -35,6 +35,7 @@ BAD_VALUES = {
     "lr_schedule": ["cosine", "", None],
     "normalize_observations": [1, "true"],
     "normalize_rewards": [0, None],
+    "normalize_clip": [-1.0, float("nan"), 2e6, "10"],
     "critic_target": ["td", "returns", None],
     "critic_lambda": [-0.1, 1.5, float("nan")],
     "log_std_init": [-5.5, 2.5, "0"],
@@ -130,6 +131,19 @@ def test_from_dict_rejects_unknown_keys_and_fills_defaults():
     with pytest.raises(ConfigError, match="unknown config keys \\['colour'\\]"):
         TrainConfig.from_dict({"colour": "red"})
     assert TrainConfig.from_dict({"seed": 3}) == TrainConfig(seed=3)
+
+
+def test_stored_configs_without_a_later_field_keep_the_behaviour_they_ran_with():
+    # normalize_clip arrived after runs were stored: those never clipped, new ones clip at 10.
+    assert TrainConfig().normalize_clip == 10.0
+    assert TrainConfig.from_dict({"seed": 3}).normalize_clip == 10.0
+    assert TrainConfig.from_stored({"seed": 3}) == TrainConfig(seed=3, normalize_clip=0.0)
+    stored = TrainConfig(normalize_clip=5.0).to_dict()
+    assert TrainConfig.from_stored(stored) == TrainConfig.from_dict(stored)
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        TrainConfig.from_stored({"colour": "red"})
+    with pytest.raises(ConfigError, match="config must be a dict"):
+        TrainConfig.from_stored([])
 
 
 def test_values_are_normalised_and_frozen():

@@ -144,6 +144,8 @@ def test_explorer_states_its_units_and_draws_values_in_reward_units(data_dir):
     assert replay.value_scale != pytest.approx(1.0)  # the run really scaled its rewards
     caption = " ".join(c.value for c in at.caption)
     assert f"σ = {replay.value_scale:.4g}" in caption and "env reward units" in caption
+    bound = 10 * replay.value_scale  # the default normalize_clip, in env reward units
+    assert f"clipped scaled rewards at ±10 (env rewards beyond ±{bound:.4g} now)" in caption
     trajectory = Trajectory.from_bytes(store.trajectory_blobs(run_id, step)[0])
     with torch.inference_mode():  # the critic's own output, in its scaled units
         raw = replay.model.values(replay.policy_input(trajectory.observations))
@@ -155,6 +157,8 @@ def test_explorer_states_its_units_and_draws_values_in_reward_units(data_dir):
     )
     # without reward scaling the note says values and rewards share units, with no σ
     assert "σ" not in explorer.units_note({"normalize_rewards": False}, 1.0)
+    # a run stored before normalize_clip existed never clipped, and the note does not say so
+    assert "clipped" not in explorer.units_note({"normalize_rewards": True}, 2.0)
 
 
 def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):

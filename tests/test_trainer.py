@@ -17,6 +17,7 @@ import torch
 import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
+from gae_core.agent.envs import make_training_env
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
@@ -373,6 +374,59 @@ def test_normalisation_statistics_round_trip_and_are_frozen_on_replay():
         np.testing.assert_allclose(trajectory.observations[0], raw, rtol=1e-6)
         assert trajectory.value_scale == pytest.approx(trainer.replay().value_scale)
         assert trajectory.rewards.min() < -0.5  # Pendulum's raw costs, not unit-scaled ones
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("env_id", ["MountainCar-v0", "Pendulum-v1"])
+def test_normalize_clip_clips_what_the_normalisers_output_and_nothing_else(env_id):
+    # Two stacks on one seed and one action sequence: the clip sits above each normaliser, so
+    # the running statistics (and the env's own rewards) are the same with and without it.
+    clip = 0.5
+    stacks = [
+        make_training_env(
+            env_id, 4, normalize_observations=True, normalize_rewards=True, gamma=0.9, clip=c
+        )
+        for c in (0.0, clip)
+    ]
+    try:
+        space = stacks[0].env.action_space
+        space.seed(1)
+        outputs = [stack.env.reset(seed=2)[0] for stack in stacks]
+        np.testing.assert_array_equal(outputs[1], np.clip(outputs[0], -clip, clip))
+        clipped_rewards = 0
+        for _ in range(30):
+            action = space.sample()
+            (o0, r0, *_), (o1, r1, *_) = (stack.env.step(action) for stack in stacks)
+            assert o1.dtype == o0.dtype == np.float32
+            np.testing.assert_array_equal(o1, np.clip(o0, -clip, clip))
+            np.testing.assert_allclose(r1, np.clip(r0, -clip, clip), rtol=1e-12)
+            np.testing.assert_array_equal(stacks[0].raw.rewards, stacks[1].raw.rewards)
+            clipped_rewards += int(np.sum(np.abs(r0) > clip))
+        assert clipped_rewards > 0  # the case is not vacuous
+        a, b = (stack.normalization_state() for stack in stacks)
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    finally:
+        for stack in stacks:
+            stack.close()
+
+
+def test_the_replay_clips_its_frozen_normalisation_like_training():
+    config = tiny("Pendulum-v1", total_steps=400, normalize_observations=True, normalize_clip=0.25)
+    trainer = Trainer(config)
+    try:
+        while not trainer.done:
+            trainer.step()
+        replay = load_replay(config, trainer.checkpoint_bytes())
+        assert replay.clip == trainer.replay().clip == 0.25
+        raw = np.array([[1.0, 0.0, 8.0], [-1.0, 0.0, -8.0]])
+        unclipped = dataclasses.replace(replay, clip=0.0).policy_input(raw).numpy()
+        assert np.abs(unclipped).max() > 0.25
+        np.testing.assert_array_equal(
+            replay.policy_input(raw).numpy(), np.clip(unclipped, -0.25, 0.25)
+        )
     finally:
         trainer.close()
 

@@ -75,6 +75,13 @@ class TrainConfig:
         "Scale rewards by a running std of the discounted return (gymnasium's NormalizeReward) "
         "for learning; curves and recordings keep the env's own rewards",
     )
+    normalize_clip: float = _field(
+        10.0,
+        "Clip normalised observations and rewards to ±this, as SB3's VecNormalize (10); "
+        "0 disables (runs stored before this field existed did not clip)",
+        min=0.0,
+        max=1e6,
+    )
     critic_target: str = _field(
         "advantage_lambda",
         "The critic's regression target: λ-returns with the advantage's λ (SB3, CleanRL), or "
@@ -157,6 +164,15 @@ class TrainConfig:
         return out
 
     @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
+        """:meth:`from_dict` for a config read back from the store: a field missing from it
+        takes the value that gives the behaviour the run had (:data:`STORED_BEFORE`), not
+        today's default."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"config must be a dict, got {type(data).__name__}")
+        return cls.from_dict({**STORED_BEFORE, **data})
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build from a dict; unknown keys raise ``ConfigError``, missing keys take defaults."""
         if not isinstance(data, dict):
@@ -166,6 +182,11 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+#: Fields whose default is not the behaviour of runs stored before the field existed, with
+#: the value that is (a run stored without ``normalize_clip`` never clipped).
+STORED_BEFORE: dict[str, Any] = {"normalize_clip": 0.0}
 
 
 def _range_text(meta: dict[str, Any]) -> str:

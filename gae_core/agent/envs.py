@@ -224,17 +224,32 @@ def make_training_env(
     normalize_observations: bool = False,
     normalize_rewards: bool = False,
     gamma: float = 0.99,
+    clip: float = 0.0,
 ) -> TrainingEnv:
-    """:func:`make_vector_env` with gymnasium's normalisation wrappers as asked, and
-    :class:`RawRewards` below the reward normaliser."""
+    """:func:`make_vector_env` with gymnasium's normalisation wrappers as asked, each followed
+    by a clip of what it outputs to ±``clip`` when ``clip`` > 0 (SB3's VecNormalize clips both
+    at 10; gymnasium's normalisers do not clip), and :class:`RawRewards` below the reward
+    normaliser."""
     raw = RawRewards(make_vector_env(env_id, num_envs))
     env: gym.vector.VectorEnv = raw
     observations = rewards = None
     if normalize_observations:
         env = observations = gym.wrappers.vector.NormalizeObservation(env)
+        if clip > 0:
+            env = gym.wrappers.vector.TransformObservation(
+                env, functools.partial(clip_normalized, clip=clip)
+            )
     if normalize_rewards:
         env = rewards = gym.wrappers.vector.NormalizeReward(env, gamma=gamma)
+        if clip > 0:
+            env = gym.wrappers.vector.ClipReward(env, -clip, clip)
     return TrainingEnv(env, raw, observations, rewards)
+
+
+def clip_normalized(observations: np.ndarray, clip: float) -> np.ndarray:
+    """Normalised observations clipped to ±``clip``, their dtype kept (training and replay
+    share it)."""
+    return np.clip(observations, -clip, clip).astype(observations.dtype, copy=False)
 
 
 def make_eval_env(env_id: str) -> gym.Env:

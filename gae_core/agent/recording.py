@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import episode_cap, make_eval_env, make_vector_env
+from gae_core.agent.envs import clip_normalized, episode_cap, make_eval_env, make_vector_env
 from gae_core.agent.policy import ActorCritic
 from gae_core.trajectory import Trajectory
 
@@ -54,6 +54,7 @@ class Replay:
     obs_mean: np.ndarray | None = None
     obs_var: np.ndarray | None = None
     return_var: float | None = None
+    clip: float = 0.0  # normalised observations clipped to ±clip when > 0 (normalize_clip)
     device: torch.device = torch.device("cpu")  # noqa: RUF009 - an immutable default
 
     @property
@@ -70,6 +71,8 @@ class Replay:
             observations = (observations - self.obs_mean) / np.sqrt(
                 self.obs_var + NORMALIZATION_EPSILON
             )
+            if self.clip > 0:
+                observations = clip_normalized(observations, self.clip)
         return torch.as_tensor(observations.astype(np.float32), device=self.device)
 
     def values(self, observations: np.ndarray) -> np.ndarray:
@@ -126,6 +129,7 @@ def load_replay(config: TrainConfig, blob: bytes) -> Replay:
         obs_mean=extra.get("obs_mean"),
         obs_var=extra.get("obs_var"),
         return_var=float(extra["return_var"]) if "return_var" in extra else None,
+        clip=config.normalize_clip,
     )
 
 

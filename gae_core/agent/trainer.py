@@ -118,6 +118,7 @@ class Trainer:
             normalize_observations=config.normalize_observations,
             normalize_rewards=config.normalize_rewards,
             gamma=config.gamma,
+            clip=config.normalize_clip,
         )
         self.env = self.stack.env
         self.model = ActorCritic(
@@ -421,6 +422,7 @@ class Trainer:
             obs_mean=state.get("obs_mean"),
             obs_var=state.get("obs_var"),
             return_var=float(state["return_var"]) if "return_var" in state else None,
+            clip=self.config.normalize_clip,
             device=self.device,
         )
 

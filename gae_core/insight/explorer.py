@@ -177,11 +177,18 @@ def units_note(config: dict, value_scale: float) -> str:
     """What the explorer's numbers are in: rewards are always the env's own; values are the
     critic's output converted to the same units where the run scales rewards."""
     if config.get("normalize_rewards"):
-        return (
+        note = (
             "Units: rewards are the env's own. The run scales rewards for learning, so the "
             f"critic's output is multiplied by σ = {value_scale:.4g} (the return std at this "
             "checkpoint): V, δ, Â and GAE are all in env reward units."
         )
+        clip = config.get("normalize_clip", 0.0)  # a run stored before the field never clipped
+        if clip:
+            note += (
+                f" Its learning clipped scaled rewards at ±{clip:g} (env rewards beyond "
+                f"±{clip * value_scale:.4g} now), which this conversion does not undo."
+            )
+        return note
     return "Units: rewards are the env's own; V, δ, Â and GAE are in the same units."
 
 
@@ -227,7 +234,7 @@ def load_trajectory(
     ``critic_step`` when given (else the policy's own critic)."""
     if (recorded is None) == (fresh_seed is None):
         raise ValueError("give exactly one of recorded (an index) or fresh_seed")
-    config = TrainConfig.from_dict(store.get_run(run_id).config)
+    config = TrainConfig.from_stored(store.get_run(run_id).config)
     if recorded is not None:
         saved = [Trajectory.from_bytes(b) for b in store.trajectory_blobs(run_id, policy_step)]
         if not 0 <= recorded < len(saved):

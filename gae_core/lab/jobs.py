@@ -44,7 +44,7 @@ def measure_run(
     result and return ``(result id, result)`` pairs. ``ValueError`` names a bad step, an env the
     lab cannot restore gets ``UnsupportedEnvError`` before any work."""
     run = store.get_run(run_id)
-    config = TrainConfig.from_dict(run.config)
+    config = TrainConfig.from_stored(run.config)
     state_access(config.env_id)
     available = store.checkpoint_steps(run_id)
     if not available:
