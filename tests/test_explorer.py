@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gae_core.agent.config import TrainConfig
+from gae_core.agent.recording import checkpoint_bytes
 from gae_core.agent.trainer import Trainer
 from gae_core.insight import explorer
 from gae_core.runs.store import RunStore
@@ -54,29 +55,25 @@ def test_revalue_swaps_only_the_critic(checkpoints):
 
 def test_a_run_stored_before_normalize_clip_replays_as_it_trained(tmp_path):
     """Its stored config lacks the field: the explorer reads it as unclipped (what the run did),
-    not as today's default clip."""
+    not as today's default clip of 10."""
     config = TrainConfig(
-        env_id="Pendulum-v1",
-        total_steps=400,
-        num_envs=4,
-        rollout_steps=8,
-        normalize_observations=True,
-        normalize_clip=0.05,  # binds on almost every input, so clipped and unclipped differ
-        checkpoint_every=0,
+        env_id="Pendulum-v1", num_envs=4, rollout_steps=8, normalize_observations=True
     )
+    assert config.normalize_clip == 10.0
     trainer = Trainer(config)
-    while not trainer.done:
-        trainer.step()
-    blob = trainer.checkpoint_bytes()
+    # Frozen statistics with a tiny variance: normalised inputs reach hundreds, so a clip at 10
+    # binds on almost every step.
+    normalization = {"obs_mean": np.zeros(3), "obs_var": np.full(3, 1e-4), "obs_count": 1.0}
+    blob = checkpoint_bytes(trainer.model, normalization)
     trainer.close()
     store = RunStore(tmp_path)
     before = {k: v for k, v in config.to_dict().items() if k != "normalize_clip"}
     ids = [store.create_run(before), store.create_run(config.to_dict())]
     for run_id in ids:
-        store.save_checkpoint(run_id, 400, blob)
-    old, new = (explorer.load_trajectory(store, i, 400, fresh_seed=3) for i in ids)
+        store.save_checkpoint(run_id, 0, blob)
+    old, new = (explorer.load_trajectory(store, i, 0, fresh_seed=3) for i in ids)
     unclipped = explorer.record_fresh(dataclasses.replace(config, normalize_clip=0.0), blob, 3)
     clipped = explorer.record_fresh(config, blob, 3)
     np.testing.assert_array_equal(old.values, unclipped.values)
     np.testing.assert_array_equal(new.values, clipped.values)
-    assert np.abs(old.values - new.values).max() > 1e-4
+    assert np.abs(unclipped.values - clipped.values).max() > 1e-3
