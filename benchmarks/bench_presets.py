@@ -189,9 +189,16 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
 #: ``engine`` is not a config field but what computes a run (gae_core.agent.numpy_a2c): rows run
 #: before the NumPy engine were autograd's, and trajectories differ in float rounding.
-#: ``normalize_clip``: rows run before it existed never clipped (0.0); it is left out of the
-#: fingerprint of a preset without normalisation, where it does nothing.
-ADDED_LATER = {"use_sde": False, "ortho_init": True, "engine": "autograd", "normalize_clip": 0.0}
+#: ``normalize_clip``: rows run before it existed never clipped (0.0); ``reward_norm_reset``:
+#: their return restarted at termination only. Each is left out of the fingerprint of a preset
+#: whose normalisation it does not touch.
+ADDED_LATER = {
+    "use_sde": False,
+    "ortho_init": True,
+    "engine": "autograd",
+    "normalize_clip": 0.0,
+    "reward_norm_reset": "termination",
+}
 
 
 #: Fields that change what a run logs, not what it learns: never part of the fingerprint.
@@ -212,6 +219,8 @@ def preset_fingerprint(env_id: str) -> str:
         fields.pop(name)
     if not (config.normalize_observations or config.normalize_rewards):
         fields.pop("normalize_clip")
+    if not config.normalize_rewards:
+        fields.pop("reward_norm_reset")
     for name, old_behaviour in ADDED_LATER.items():
         if fields.get(name) == old_behaviour:
             del fields[name]

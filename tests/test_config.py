@@ -36,6 +36,7 @@ BAD_VALUES = {
     "normalize_observations": [1, "true"],
     "normalize_rewards": [0, None],
     "normalize_clip": [-1.0, float("nan"), 2e6, "10"],
+    "reward_norm_reset": ["truncation", "", None],
     "critic_target": ["td", "returns", None],
     "critic_lambda": [-0.1, 1.5, float("nan")],
     "log_std_init": [-5.5, 2.5, "0"],
@@ -134,10 +135,15 @@ def test_from_dict_rejects_unknown_keys_and_fills_defaults():
 
 
 def test_stored_configs_without_a_later_field_keep_the_behaviour_they_ran_with():
-    # normalize_clip arrived after runs were stored: those never clipped, new ones clip at 10.
+    # normalize_clip and reward_norm_reset arrived after runs were stored: those never clipped
+    # and restarted their return at termination only; new ones clip at 10 and restart at
+    # every episode end.
     assert TrainConfig().normalize_clip == 10.0
     assert TrainConfig.from_dict({"seed": 3}).normalize_clip == 10.0
-    assert TrainConfig.from_stored({"seed": 3}) == TrainConfig(seed=3, normalize_clip=0.0)
+    assert TrainConfig().reward_norm_reset == "episode_end"
+    assert TrainConfig.from_stored({"seed": 3}) == TrainConfig(
+        seed=3, normalize_clip=0.0, reward_norm_reset="termination"
+    )
     stored = TrainConfig(normalize_clip=5.0).to_dict()
     assert TrainConfig.from_stored(stored) == TrainConfig.from_dict(stored)
     with pytest.raises(ConfigError, match="unknown config keys"):

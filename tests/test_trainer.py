@@ -413,6 +413,43 @@ def test_normalize_clip_clips_what_the_normalisers_output_and_nothing_else(env_i
             stack.close()
 
 
+@pytest.mark.parametrize("episode_end", [True, False])
+def test_reward_normalisation_restarts_its_return_where_the_config_says(episode_end):
+    # MountainCar under random actions: every episode is truncated at 200 steps. The running
+    # variance must be that of the discounted return restarted at every episode end (SB3's
+    # VecNormalize) or only at termination (gymnasium's), both computed here by hand; the row
+    # after an episode end is the NEXT_STEP reset row, which neither counts.
+    gamma, n = 0.99, 3
+    stack = make_training_env(
+        "MountainCar-v0", n, normalize_rewards=True, gamma=gamma, reset_at_truncation=episode_end
+    )
+    try:
+        stack.env.reset(seed=4)
+        stack.env.action_space.seed(4)
+        returns = {"restart": np.zeros(n), "carry": np.zeros(n)}
+        seen: dict[str, list[float]] = {"restart": [], "carry": []}
+        ended = np.zeros(n, bool)
+        ends = np.zeros(2, int)  # terminations, truncations
+        for _ in range(1200):  # five truncations per env
+            _, scaled, terminated, truncated, _ = stack.env.step(stack.env.action_space.sample())
+            active = ~ended
+            for rule, ret in returns.items():
+                ret[active] = ret[active] * gamma * (1 - terminated[active])
+                ret[active] += stack.raw.rewards[active]
+                seen[rule].extend(ret[active])
+            ended = terminated | truncated
+            returns["restart"][ended] = 0.0
+            ends += terminated.sum(), truncated.sum()
+        assert ends.tolist() == [0, 5 * n]  # a random policy never reaches the flag
+        rms = stack.rewards.return_rms
+        mine, other = ("restart", "carry") if episode_end else ("carry", "restart")
+        assert rms.var == pytest.approx(np.var(seen[mine]), rel=1e-3)  # rms starts at 1e-4
+        assert abs(np.log(rms.var / np.var(seen[other]))) > 0.5  # the rules differ here
+        np.testing.assert_allclose(scaled, stack.raw.rewards / np.sqrt(rms.var + 1e-8))
+    finally:
+        stack.close()
+
+
 def test_the_replay_clips_its_frozen_normalisation_like_training():
     config = tiny("Pendulum-v1", total_steps=400, normalize_observations=True, normalize_clip=0.25)
     trainer = Trainer(config)

@@ -75,6 +75,13 @@ class TrainConfig:
         "Scale rewards by a running std of the discounted return (gymnasium's NormalizeReward) "
         "for learning; curves and recordings keep the env's own rewards",
     )
+    reward_norm_reset: str = _field(
+        "episode_end",
+        "Where the discounted return that reward normalisation scales by restarts: at every "
+        "episode end (SB3's VecNormalize, baselines) or only at termination (gymnasium's "
+        "NormalizeReward: a truncated episode's return carries into the next)",
+        choices=("episode_end", "termination"),
+    )
     normalize_clip: float = _field(
         10.0,
         "Clip normalised observations and rewards to ±this, as SB3's VecNormalize (10); "
@@ -185,8 +192,9 @@ class TrainConfig:
 
 
 #: Fields whose default is not the behaviour of runs stored before the field existed, with
-#: the value that is (a run stored without ``normalize_clip`` never clipped).
-STORED_BEFORE: dict[str, Any] = {"normalize_clip": 0.0}
+#: the value that is (a run stored without ``normalize_clip`` never clipped; without
+#: ``reward_norm_reset``, its return restarted at termination only).
+STORED_BEFORE: dict[str, Any] = {"normalize_clip": 0.0, "reward_norm_reset": "termination"}
 
 
 def _range_text(meta: dict[str, Any]) -> str:

@@ -119,6 +119,7 @@ class Trainer:
             normalize_rewards=config.normalize_rewards,
             gamma=config.gamma,
             clip=config.normalize_clip,
+            reset_at_truncation=config.reward_norm_reset == "episode_end",
         )
         self.env = self.stack.env
         self.model = ActorCritic(
