@@ -18,8 +18,10 @@ never sees another dtype.
 
 Normalisation uses gymnasium's own vector wrappers: ``NormalizeObservation`` (running mean and
 variance of observations) and ``NormalizeReward`` (rewards divided by a running std of the
-discounted return). Below them, :class:`RawRewards` keeps the env's own rewards of the last step:
-episode returns, curves and recordings are always in the env's units.
+discounted return, restarted at every episode end by :class:`EpisodeNormalizeReward` as SB3's
+VecNormalize does), each followed by a clip at ±``normalize_clip`` as VecNormalize's. Below
+them, :class:`RawRewards` keeps the env's own rewards of the last step: episode returns, curves
+and recordings are always in the env's units.
 """
 
 from __future__ import annotations
