@@ -276,9 +276,10 @@ def report(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
     current = {env: preset_fingerprint(env) for env in {r["env"] for r in rows}}
     stale = [r for r in rows if r["impl"] == "ours" and r.get("preset") != current[r["env"]]]
+    stale += [r for r in rows if r.get("superseded")]  # code fixed since (the row says how)
     latest: dict[tuple, dict] = {}
     for row in rows:  # the last result of a run wins (a rerun replaces it)
-        if not (row["impl"] == "ours" and row.get("preset") != current[row["env"]]):
+        if row not in stale:
             latest[(row["impl"], row["env"], row["seed"])] = row
     envs = list(dict.fromkeys(env for _, env, _ in latest))
     print(
@@ -327,7 +328,8 @@ def report(args: argparse.Namespace) -> None:
     if stale:
         envs_left = sorted({r["env"] for r in stale})
         verdicts.append(
-            f"left out: {len(stale)} of our rows from older presets ({', '.join(envs_left)})"
+            f"left out: {len(stale)} of our rows from older presets or superseded code "
+            f"({', '.join(envs_left)})"
         )
     print("\n".join(["", *verdicts]))
     if args.curves:

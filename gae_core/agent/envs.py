@@ -18,8 +18,8 @@ never sees another dtype.
 
 Normalisation uses gymnasium's own vector wrappers: ``NormalizeObservation`` (running mean and
 variance of observations) and ``NormalizeReward`` (rewards divided by a running std of the
-discounted return, restarted at every episode end by :class:`EpisodeNormalizeReward` as SB3's
-VecNormalize does), each followed by a clip at ±``normalize_clip`` as VecNormalize's. Below
+discounted return; :class:`EpisodeNormalizeReward` keeps that return as SB3's VecNormalize
+does), each followed by a clip at ±``normalize_clip`` as VecNormalize's. Below
 them, :class:`RawRewards` keeps the env's own rewards of the last step: episode returns, curves
 and recordings are always in the env's units.
 """
@@ -247,7 +247,10 @@ def make_training_env(
         normalizer = EpisodeNormalizeReward if reset_at_truncation else NormalizeReward
         env = rewards = normalizer(env, gamma=gamma)
         if clip > 0:
-            env = gym.wrappers.vector.ClipReward(env, -clip, clip)
+            # One np.clip on the batch: gymnasium's vector ClipReward clips env by env.
+            env = gym.wrappers.vector.TransformReward(
+                env, functools.partial(np.clip, a_min=-clip, a_max=clip)
+            )
     return TrainingEnv(env, raw, observations, rewards)
 
 
@@ -255,20 +258,41 @@ NormalizeReward = gym.wrappers.vector.NormalizeReward
 
 
 class EpisodeNormalizeReward(NormalizeReward):
-    """Gymnasium's ``NormalizeReward`` whose discounted return restarts at every episode end,
-    as SB3's VecNormalize and baselines' do, not only at termination.
+    """Gymnasium's ``NormalizeReward`` with SB3's VecNormalize rule for the discounted return it
+    scales by: ``G ← γ·G + r`` on every step, the running variance updated with it, and ``G``
+    restarted at every episode end (terminated or truncated), kept in float64.
 
-    Gymnasium carries a truncated episode's return into the next episode by design (its issues
-    #760 and #1507). With a constant −1 reward, γ = 0.99 and episodes truncated at 200 steps
-    (MountainCar, and Acrobot before it learns), that return settles near −100, and the running
-    std it scales by comes out 8.8 instead of 24.2 after 100k steps: rewards 2.8× larger than
-    the Zoo's runs see. One line on top of the library's wrapper, which keeps its statistics,
-    its autoreset handling and its ``return_rms``."""
+    Gymnasium's rule differs twice (its issues #760 and #1507 call both intended): a truncated
+    episode's return carries into the next, and at a termination the sample is ``r`` alone, not
+    ``γ·G + r``. With a constant −1 reward, γ = 0.99 and episodes truncated at 200 steps
+    (MountainCar, and Acrobot before it learns) its return settles near −100, and the running
+    std comes out 8.8 instead of 24.2 after 100k steps: rewards 2.8× larger than the Zoo's runs
+    see. The library's wrapper keeps its running statistics, its reset and its
+    ``update_running_mean``; only the step is ours. The row after an episode end is a NEXT_STEP
+    reset row (no transition), which neither rule counts (``make_vector_env`` builds only
+    NEXT_STEP envs)."""
+
+    def __init__(self, env: gym.vector.VectorEnv, gamma: float = 0.99) -> None:
+        super().__init__(env, gamma=gamma)
+        self.accumulated_reward = np.zeros(self.num_envs, np.float64)
+        self._ended = np.zeros(self.num_envs, bool)
+
+    def reset(self, **kwargs: Any) -> tuple:
+        self._ended[:] = False
+        return super().reset(**kwargs)
 
     def step(self, actions: Any) -> tuple:
-        observations, rewards, terminated, truncated, infos = super().step(actions)
-        self.accumulated_reward[np.logical_or(terminated, truncated)] = 0.0
-        return observations, rewards, terminated, truncated, infos
+        observations, rewards, terminated, truncated, infos = self.env.step(actions)
+        active = ~self._ended
+        self.accumulated_reward[active] = (
+            self.accumulated_reward[active] * self.gamma + rewards[active]
+        )
+        if self.update_running_mean and active.any():
+            self.return_rms.update(self.accumulated_reward[active])
+        self._ended = np.logical_or(terminated, truncated)
+        self.accumulated_reward[self._ended] = 0.0
+        scaled = rewards / np.sqrt(self.return_rms.var + self.epsilon)
+        return observations, scaled, terminated, truncated, infos
 
 
 def clip_normalized(observations: np.ndarray, clip: float) -> np.ndarray:
