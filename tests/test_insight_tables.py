@@ -180,3 +180,20 @@ def test_summary_table_marks_every_group_tied_at_the_top():
     frame["return"] = 20.0  # every seed of both λ at the same level: nothing separates them
     table = compare.summary_table(frame, threshold=12.0, final_window=2, points=5)
     assert table["best"].tolist() == [True, True]
+
+
+def test_episodes_frame_groups_runs_stored_before_a_field_by_the_behaviour_they_had(tmp_path):
+    # A run stored before normalize_clip existed never clipped: grouping by the field puts it
+    # with clip 0, next to a run stored with the field; pandas would drop a None group.
+    from gae_core import metrics as M
+    from gae_core.agent.config import TrainConfig
+    from gae_core.runs.store import RunStore
+
+    store = RunStore(tmp_path)
+    new = TrainConfig(seed=1).to_dict()
+    old = {k: v for k, v in TrainConfig(seed=2).to_dict().items() if k != "normalize_clip"}
+    ids = [store.create_run(config) for config in (old, new)]
+    for i, run_id in enumerate(ids):
+        store.flush(run_id, [(M.EPISODIC_RETURN.key, 10 * (i + 1), 5.0 * i, 0.0)])
+    frame = compare.episodes_frame(store, ids, "normalize_clip")
+    assert frame.groupby("normalize_clip")["seed"].first().to_dict() == {0.0: 2, 10.0: 1}

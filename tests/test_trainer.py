@@ -18,7 +18,7 @@ from gymnasium.wrappers.utils import RunningMeanStd
 import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import make_training_env
+from gae_core.agent.envs import EpisodeNormalizeReward, NormalizeReward, make_training_env
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
@@ -457,6 +457,28 @@ def test_reward_normalisation_keeps_its_return_by_the_rule_the_config_names(epis
         np.testing.assert_allclose(scaled, stack.raw.rewards / np.sqrt(rms.var + 1e-8))
     finally:
         stack.close()
+
+
+@pytest.mark.parametrize("reset", ["episode_end", "termination"])
+def test_the_trainer_builds_the_normalisation_its_config_names(reset):
+    config = tiny(
+        "MountainCar-v0",
+        normalize_observations=True,
+        normalize_rewards=True,
+        normalize_clip=0.05,  # binds on MountainCar's first scaled rewards and observations
+        reward_norm_reset=reset,
+    )
+    trainer = Trainer(config)
+    try:
+        kind = EpisodeNormalizeReward if reset == "episode_end" else NormalizeReward
+        assert type(trainer.stack.rewards) is kind
+        trainer.env.action_space.seed(0)
+        for _ in range(3):
+            observations, rewards, *_ = trainer.env.step(trainer.env.action_space.sample())
+            assert np.abs(rewards).max() == pytest.approx(0.05)  # clipped, not merely small
+            assert np.abs(observations).max() <= 0.05
+    finally:
+        trainer.close()
 
 
 def test_the_replay_clips_its_frozen_normalisation_like_training():

@@ -17,7 +17,16 @@ from gae_core.agent.envs import SUPPORTED_ENVS, env_id_problem
 from gae_core.errors import ConfigError, UnsupportedEnvError
 from gae_core.labels import label
 
-__all__ = ["FIELD_SPECS", "ConfigError", "FieldSpec", "TrainConfig", "field_spec", "parse_int"]
+__all__ = [
+    "FIELD_SPECS",
+    "STORED_BEFORE",
+    "ConfigError",
+    "FieldSpec",
+    "TrainConfig",
+    "field_spec",
+    "parse_int",
+    "with_stored_defaults",
+]
 
 
 def _field(default: Any, help: str, *, min=None, max=None, choices=None) -> Any:
@@ -177,7 +186,7 @@ class TrainConfig:
         today's default."""
         if not isinstance(data, dict):
             raise ConfigError(f"config must be a dict, got {type(data).__name__}")
-        return cls.from_dict({**STORED_BEFORE, **data})
+        return cls.from_dict(with_stored_defaults(data))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -195,6 +204,12 @@ class TrainConfig:
 #: the value that is (a run stored without ``normalize_clip`` never clipped; without
 #: ``reward_norm_reset``, its return restarted at termination only).
 STORED_BEFORE: dict[str, Any] = {"normalize_clip": 0.0, "reward_norm_reset": "termination"}
+
+
+def with_stored_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored config dict with :data:`STORED_BEFORE`'s values for the fields it lacks (for
+    readers that group or label runs by a field without building the config)."""
+    return {**STORED_BEFORE, **data}
 
 
 def _range_text(meta: dict[str, Any]) -> str:

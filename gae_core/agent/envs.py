@@ -279,6 +279,7 @@ class EpisodeNormalizeReward(NormalizeReward):
 
     def reset(self, **kwargs: Any) -> tuple:
         self._ended[:] = False
+        self.accumulated_reward[:] = 0.0
         return super().reset(**kwargs)
 
     def step(self, actions: Any) -> tuple:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gae_core import metrics as M
+from gae_core.agent.config import with_stored_defaults
 from gae_core.insight import stats
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.runs.store import RunStore
@@ -200,15 +201,15 @@ def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.Da
     ``group`` being a config field (``lambda_`` for the λ comparison)."""
     parts = []
     for run_id in run_ids:
-        run = store.get_run(run_id)
+        config = with_stored_defaults(store.get_run(run_id).config)
         metrics = store.metrics(run_id, [M.EPISODIC_RETURN.key])
         if metrics.empty:
             continue
         parts.append(
             pd.DataFrame(
                 {
-                    group: run.config.get(group),
-                    "seed": run.config.get("seed"),
+                    group: config.get(group),
+                    "seed": config.get("seed"),
                     "run_id": run_id,
                     "env_step": metrics["env_step"].to_numpy(),
                     "return": metrics["value"].to_numpy(),

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gae_core import estimators
-from gae_core.agent.config import TrainConfig
+from gae_core.agent.config import TrainConfig, with_stored_defaults
 from gae_core.agent.envs import make_eval_env
 from gae_core.agent.recording import load_replay, record_episode
 from gae_core.runs.store import RunStore
@@ -182,7 +182,7 @@ def units_note(config: dict, value_scale: float) -> str:
             f"critic's output is multiplied by σ = {value_scale:.4g} (the return std at this "
             "checkpoint): V, δ, Â and GAE are all in env reward units."
         )
-        clip = config.get("normalize_clip", 0.0)  # a run stored before the field never clipped
+        clip = with_stored_defaults(config)["normalize_clip"]
         if clip:
             note += (
                 f" Its learning clipped scaled rewards at ±{clip:g} (env rewards beyond "
