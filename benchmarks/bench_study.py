@@ -16,7 +16,9 @@ checkpoints.
 * ``population``: the local pool with batched populations (the default since: each worker
   trains its share of the trials as one population, :mod:`gae_core.agent.population`);
 * ``ray``: Ray tasks on a local Ray (``ray.init(num_cpus=workers)``, started before its timer),
-  one trial per task.
+  each task a population, split as the local pool splits them (:mod:`gae_core.runs.gather`);
+* ``ray-single`` (not run unless named): Ray with one trial per task, as before populations
+  ran on Ray.
 
 Prints, per mode, the study's wall time (grid submitted → every trial closed in the store,
 worker start-up included), the aggregate env steps/s, the ratio to ``single``, and a PASS/FAIL
@@ -46,7 +48,8 @@ from gae_core.runs.sweep import grid_of, hold_critic_target, run_sweep
 
 TARGET_S = 30.0
 RESULTS = Path(__file__).resolve().parent / "results" / "study.jsonl"
-MODES = ("single", "population", "ray")
+MODES = ("single", "population", "ray", "ray-single")
+DEFAULT_MODES = ("single", "population", "ray")
 
 
 def _seeds(text: str) -> list[int]:
@@ -56,12 +59,14 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
+def _members(mode: str) -> int:
+    """The most trials one worker or task trains as a population in ``mode``."""
+    return DEFAULT_MEMBERS if mode in ("population", "ray") else 1
+
+
 def time_study(base, grid: dict, workers: int, mode: str) -> tuple[float, int, list[float]]:
     """(wall seconds, env steps of all trials, final returns) of one sweep in ``mode``."""
-    if mode == "ray":
-        backend = backend_factory("ray")
-    else:
-        backend = backend_factory("local", members=DEFAULT_MEMBERS if mode == "population" else 1)
+    backend = backend_factory("ray" if mode.startswith("ray") else "local", members=_members(mode))
     with tempfile.TemporaryDirectory(prefix="bench-study-") as data_dir:
         store = RunStore(data_dir)
         started = time.perf_counter()
@@ -83,7 +88,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=_seeds, default=list(range(10)), help="0-9 or 0,3,7")
     parser.add_argument("--total-steps", type=int, default=200_000, help="per trial")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES))
     parser.add_argument("--config", choices=["preset", "field-defaults"], default="preset")
     args = parser.parse_args()
 
@@ -104,8 +109,10 @@ def main() -> int:
         flush=True,
     )
     results: dict[str, float] = {}
+    ray_started = False
     for mode in args.modes:
-        if mode == "ray":
+        if mode.startswith("ray") and not ray_started:
+            ray_started = True
             import ray
 
             from gae_core.runs.ray_pool import RUNTIME_ENV
@@ -119,11 +126,11 @@ def main() -> int:
         if full:
             verdict = f"  {'PASS' if wall <= TARGET_S else 'FAIL'} (target ≤ {TARGET_S:g} s)"
         solved = sum(f is not None and f >= 475 for f in finals)
-        print(f"{mode:>10}: {wall:9.3f} s wall, {steps / wall:10,.0f} env steps/s aggregate, "
+        print(f"{mode:>11}: {wall:9.3f} s wall, {steps / wall:10,.0f} env steps/s aggregate, "
               f"{solved}/{len(finals)} final ≥ 475  {ratio}{verdict}", flush=True)  # fmt: skip
         row = {
-            "mode": mode, "config": args.config, "wall_s": wall, "env_steps": steps,
-            "trials": trials,
+            "mode": mode, "members": _members(mode), "config": args.config, "wall_s": wall,
+            "env_steps": steps, "trials": trials,
             "total_steps": args.total_steps, "workers": args.workers, "cpus": os.cpu_count(),
             "final_returns": finals, "date": time.strftime("%Y-%m-%d %H:%M"),
         }  # fmt: skip

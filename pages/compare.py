@@ -65,9 +65,9 @@ if view == "Launch a sweep":
             backend_name = st.segmented_control(
                 "backend", ["local", "ray"], default="local", key="cmp.backend",
                 format_func={"local": "local processes", "ray": "Ray"}.get,
-                help="Local: worker processes on this machine. Ray: each trial a Ray task on "
-                "any node of a cluster (or a local Ray); the workers count is then how many "
-                "trials run at once.",
+                help="Local: worker processes on this machine. Ray: each trial (or population "
+                "of trials) a Ray task on any node of a cluster (or a local Ray); the workers "
+                "count is then how many tasks run at once.",
             ) or "local"  # fmt: skip
             if backend_name == "ray":
                 address = st.text_input(
@@ -85,9 +85,10 @@ if view == "Launch a sweep":
             "cores; with Ray, the cluster's CPUs); a worker that dies costs only its trial, "
             "which is retried once.",
         )  # fmt: skip
-        batched = backend_name == "local" and st.toggle(
+        batched = st.toggle(
             "batched populations", value=True, key="cmp.batched",
-            help="Each worker trains its share of the trials as one population: one batched "
+            help="Each worker (or Ray task) trains its share of the trials as one population: "
+            "one batched "
             "network pass for all of them, several times faster on small networks. Every "
             "trial is still its own run, identical in distribution to training it alone but "
             "not bit for bit. Off: each trial trains alone. Trials with normalisation or "

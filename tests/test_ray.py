@@ -56,18 +56,27 @@ def _curves(store: RunStore) -> dict:
 
 
 def test_the_same_sweep_gives_the_same_trials_on_both_backends(tmp_path, local_ray):
+    """Alone (one trial per worker or task) and as populations (two trials per worker or task,
+    gathered by the one rule both backends share): each trial's curve is the same on both
+    backends, and populations really formed (their curves are not the lone trials')."""
     base = TrainConfig(**SMALL, total_steps=3000, checkpoint_every=1000)
     grid = grid_of(lambdas=[0.9, 1.0], seeds=[0, 1])
     curves, checkpoints = {}, {}
-    for name in ("local", "ray"):
-        with RunStore(tmp_path / name) as store:
-            progress = run_sweep(store, base, grid, workers=2, backend=backend_factory(name))
-            assert progress.status == "finished" and progress.counts["finished"] == 4
-            curves[name] = _curves(store)
-            checkpoints[name] = sorted(len(store.checkpoint_steps(r.id)) for r in store.list_runs())
-            assert store.integrity_check() == "ok"
-    assert curves["ray"] == curves["local"]  # trials are deterministic per seed
-    assert checkpoints["ray"] == checkpoints["local"] == [3, 3, 3, 3]
+    for members in (1, 2):
+        for name in ("local", "ray"):
+            with RunStore(tmp_path / f"{name}-{members}") as store:
+                backend = backend_factory(name, members=members)
+                progress = run_sweep(store, base, grid, workers=2, backend=backend)
+                assert progress.status == "finished" and progress.counts["finished"] == 4
+                curves[name, members] = _curves(store)
+                checkpoints[name, members] = sorted(
+                    len(store.checkpoint_steps(r.id)) for r in store.list_runs()
+                )
+                assert store.integrity_check() == "ok"
+        assert curves["ray", members] == curves["local", members]  # deterministic per seed
+        assert checkpoints["ray", members] == checkpoints["local", members] == [3, 3, 3, 3]
+    for trial in curves["ray", 1]:
+        assert curves["ray", 2][trial] != curves["ray", 1][trial]
 
 
 def test_cancel_reaches_ray_trials_and_keeps_their_data(tmp_path, local_ray):
@@ -88,24 +97,33 @@ def test_cancel_reaches_ray_trials_and_keeps_their_data(tmp_path, local_ray):
     store.close()
 
 
-def test_a_killed_ray_worker_requeues_its_trial_once(tmp_path, local_ray):
+@pytest.mark.parametrize("members", [1, 2])
+def test_a_killed_ray_worker_requeues_its_trial_once(tmp_path, local_ray, members):
+    """One trial per task, or two (``members=2``): every trial of the killed task is re-queued,
+    once, and trains again (the two as a population again); the other task's trials go on."""
     store = RunStore(tmp_path)
     config = TrainConfig(**SMALL, total_steps=60_000)
-    sweep = start_sweep(store, config, grid_of(seeds=[0, 1]), workers=2,
-                        backend=backend_factory("ray"))  # fmt: skip
+    seeds = list(range(2 * members))
+    sweep = start_sweep(store, config, grid_of(seeds=seeds), workers=2,
+                        backend=backend_factory("ray", members=members))  # fmt: skip
     victim = sweep.run_ids[0]
     assert wait_until(
         lambda: victim in sweep.trial_pids() and store.get_run(victim).env_steps > 0, 90
     )
     pid = sweep.trial_pids()[victim]
     assert pid != os.getpid()
+    together = sorted(r for r, p in sweep.trial_pids().items() if p == pid)
+    assert len(together) == members  # the trials of the victim's task
     os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: "attempt 2: the previous Ray task" in (store.get_run(victim).error
-                                                                     or ""), 60)  # fmt: skip
+    for run_id in together:
+        assert wait_until(lambda r=run_id: "attempt 2: the previous Ray task" in (
+            store.get_run(r).error or ""), 60)  # fmt: skip
     assert sweep.wait(timeout=180)
     runs = [store.get_run(r) for r in sweep.run_ids]
-    assert [r.status for r in runs] == ["finished", "finished"]  # the retry ran to the end
+    assert [r.status for r in runs] == ["finished"] * len(seeds)  # the retries ran to the end
     assert all(r.env_steps >= 60_000 for r in runs)
+    others = [r for r in runs if r.id not in together]
+    assert all("attempt 2" not in (r.error or "") for r in others)
     assert store.get_sweep(sweep.sweep_id).status == "finished"
     store.close()
 
@@ -183,8 +201,8 @@ def test_backend_names_and_addresses_are_checked():
         backend_factory("local", "10.0.0.1:6379")
     with pytest.raises(ConfigError, match=r"members must be an integer in \[1, 256\], got 0"):
         backend_factory("local", members=0)
-    with pytest.raises(ConfigError, match="members: the ray backend trains one trial per task"):
-        backend_factory("ray", members=4)
+    with pytest.raises(ConfigError, match=r"members must be an integer in \[1, 256\], got 0"):
+        backend_factory("ray", members=0)
 
 
 def test_the_address_joined_with_counts_only_for_the_connection_it_made(local_ray):
@@ -215,20 +233,25 @@ def test_another_clusters_address_is_refused_once_connected(local_ray):
         backend_factory("ray", "10.0.0.1:6379")
 
 
-def test_a_stop_asked_through_the_store_reaches_a_ray_trial(tmp_path, local_ray):
+@pytest.mark.parametrize(("members", "workers"), [(1, 2), (2, 1)])
+def test_a_stop_asked_through_the_store_reaches_a_ray_trial(tmp_path, local_ray, members, workers):
     """What the Runs page's Stop and `python -m gae_core stop RUN_ID` do: set the run's stop
     flag in the store. The coordinator relays it at the trial's next flush; that trial ends
-    stopped with its data, the other goes on."""
+    stopped with its data, the other goes on (in a task of its own, or in the same task as
+    the other member of one population)."""
     store = RunStore(tmp_path)
-    sweep = start_sweep(store, LONG, grid_of(seeds=[0, 1]), workers=2,
-                        backend=backend_factory("ray"))  # fmt: skip
+    sweep = start_sweep(store, LONG, grid_of(seeds=[0, 1]), workers=workers,
+                        backend=backend_factory("ray", members=members))  # fmt: skip
     assert wait_until(lambda: all(store.get_run(r).env_steps > 0 for r in sweep.run_ids), 90)
     victim, other = sweep.run_ids
+    together = sweep.trial_pids()
+    assert (together[victim] == together[other]) == (members == 2)  # one task, or two
     start = time.monotonic()
     store.request_stop(victim)
     assert wait_until(lambda: store.get_run(victim).status == "stopped", 30)
     print(f"\nRay: store stop flag → trial stopped in {time.monotonic() - start:.2f} s")
     assert store.get_run(victim).env_steps > 0 and store.get_run(other).status == "running"
+    assert wait_until(lambda: set(sweep.trial_pids()) == {other}, 10)
     sweep.cancel()
     assert sweep.wait(timeout=30)
     store.close()

@@ -303,6 +303,7 @@ def _fake_pool(capacity: int, workers: int):
     """A LocalPool over real pipes whose workers are the test (no processes)."""
     import multiprocessing
 
+    from gae_core.runs.gather import Gathering
     from gae_core.runs.pool import LocalPool, WorkerHandle
 
     class Alive:
@@ -310,7 +311,7 @@ def _fake_pool(capacity: int, workers: int):
             return True
 
     pool = object.__new__(LocalPool)
-    pool.flags, pool.capacity, pool._gathered, pool._start_failures = bytearray(16), capacity, [], 0
+    pool.flags, pool.gathering, pool._start_failures = bytearray(16), Gathering(capacity), 0
     ends = [multiprocessing.Pipe(duplex=True) for _ in range(workers)]
     pool.workers = [
         WorkerHandle(Alive(), mine, ready=True, pid=i) for i, (mine, _) in enumerate(ends)
@@ -366,7 +367,7 @@ def test_the_pool_takes_a_trial_only_when_it_would_start_at_once():
             assert not pool.can_take(kind.to_dict())
         pool._send_gathered()
         sent = sorted([index for index, _, _ in end.recv()[1]] for end in ends)
-        assert sent == [[0], [1, 2]] and not pool._gathered  # everything taken started
+        assert sent == [[0], [1, 2]] and not pool.gathering.trials  # everything taken started
         assert not pool.can_take(shared.to_dict())  # both workers busy now
     finally:
         for worker, end in zip(pool.workers, ends, strict=True):
@@ -447,7 +448,7 @@ def test_trials_that_can_share_a_population_go_together_in_order():
         pool._send_gathered()
         batches = [[index for index, _, _ in end.recv()[1]] for end in ends]
         assert sorted(batches) == [[0, 1, 2, 3, 4], [5, 6]]
-        assert pool.idle_slots() == 0 and [t[0] for _, t in pool._gathered] == [7, 8]
+        assert pool.idle_slots() == 0 and [t[0] for _, t in pool.gathering.trials] == [7, 8]
         for index in batches[0]:
             ends[0].send(("finish", index, "finished", None))
         assert pool._drain(pool.workers[0], []) and pool.workers[0].free

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="local backend: train up to N trials per worker process as one batched population "
+        help="train up to N trials per worker process (or Ray task) as one batched population "
         f"(default {DEFAULT_MEMBERS}; consecutive batches of trials / workers). Each trial is "
         "still its own run, identical in distribution to training it alone but not bit for "
         "bit; 1 trains each trial alone. Trials with normalisation or gSDE always train alone.",

@@ -290,9 +290,7 @@ def sweep(args: argparse.Namespace) -> int:
     from gae_core.runs.sweep import SweepProgress, expand_grid, hold_critic_target, start_sweep
 
     grid = _grid(args)
-    members = args.population  # given with --backend ray it is refused: it would be ignored
-    if members is None:
-        members = DEFAULT_MEMBERS if args.backend == "local" else 1
+    members = DEFAULT_MEMBERS if args.population is None else args.population
     try:
         backend = backend_factory(args.backend, args.address, members=members)
     except ConfigError as exc:

@@ -2,7 +2,8 @@
 
 ``local`` is :class:`~gae_core.runs.pool.LocalPool` (worker processes on this machine, no extra
 service); ``ray`` is :class:`~gae_core.runs.ray_pool.RayPool` (Ray tasks on any node of a
-cluster; ``pip install -r requirements-ray.txt``). The sweep's coordinator
+cluster; ``pip install -r requirements-ray.txt``). Both train a sweep's trials in the same
+populations (:mod:`gae_core.runs.gather`). The sweep's coordinator
 (:mod:`gae_core.runs.sweep`) drives either one the same way and stays the store's single writer.
 """
 
@@ -62,7 +63,7 @@ def ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-#: The most trials one local worker trains as a population (``members``).
+#: The most trials one local worker or Ray task trains as a population (``members``).
 MAX_MEMBERS = 256
 #: What the CLI and the compare page ask for unless told otherwise: populations as large as an
 #: even spread over the workers gives, up to this.
@@ -74,7 +75,7 @@ def backend_factory(
 ) -> BackendFactory:
     """The backend called ``name`` (:data:`BACKENDS`); ``address`` is a Ray cluster's (None:
     the Ray already running in this process, or a new local one); ``members``: how many trials
-    a local worker may train at once as one batched population
+    a local worker or a Ray task may train at once as one batched population
     (:mod:`gae_core.agent.population`). ``ConfigError`` names the field for an unknown
     backend, Ray missing, an address given to the local backend, or members out of range."""
     if name not in BACKENDS:
@@ -89,12 +90,10 @@ def backend_factory(
         if address is not None:
             raise ConfigError("address: only the ray backend takes a cluster address")
         return functools.partial(LocalPool, members=members) if members > 1 else LocalPool
-    if members > 1:
-        raise ConfigError("members: the ray backend trains one trial per task (use 1)")
     if not ray_installed():
         raise ConfigError("backend ray: ray is not installed (pip install -r requirements-ray.txt)")
     from gae_core.runs.ray_pool import RayPool, check_address
 
     check_address(address)
 
-    return functools.partial(RayPool, address=address)
+    return functools.partial(RayPool, address=address, members=members)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gae_core.outcome import RunSummary
+from gae_core.runs.gather import Gathering, population_capacity
 
 __all__ = ["LocalPool", "PipeSink", "main_module_hidden"]
 
@@ -143,10 +144,9 @@ class LocalPool:
     all: a broken install).
 
     ``members``: the most trials one worker trains at once, as a population. Submitted trials
-    are gathered and sent on the next :meth:`events` to the free workers, in consecutive batches
-    of at most ⌈trials / workers⌉ (so the split of a sweep whose trials share one population
-    kind, such as λ × seeds, is the same however its workers' timing goes); only trials whose
-    configs can share a population go together, the rest train alone.
+    are gathered and sent on the next :meth:`events` to the free workers by the rule both
+    backends share (:class:`~gae_core.runs.gather.Gathering`: consecutive batches of at most
+    ⌈trials / workers⌉, only trials whose configs can share a population together).
     """
 
     name = "local"
@@ -154,13 +154,10 @@ class LocalPool:
     def __init__(
         self, workers: int, trials: int, flush_interval: float, *, members: int = 1
     ) -> None:
-        if members < 1:
-            raise ValueError(f"members must be at least 1, got {members}")
         self._context = multiprocessing.get_context("spawn")
         self.flags = self._context.Array("b", max(trials, 1), lock=False)
         self.flush_interval = flush_interval
-        self.capacity = max(1, min(members, -(-trials // max(workers, 1))))
-        self._gathered: list[tuple[tuple, tuple[int, str, dict]]] = []  # (key, trial)
+        self.gathering = Gathering(population_capacity(members, trials, workers))
         self._start_failures = 0
         self.workers: list[WorkerHandle] = [self._spawn() for _ in range(workers)]
 
@@ -177,69 +174,33 @@ class LocalPool:
         child.close()
         return WorkerHandle(process, parent)
 
+    def _free(self) -> int:
+        return sum(1 for w in self.workers if w.free)
+
     def idle_slots(self) -> int:
-        """How many more trials could start now if they can all share the gathered
-        populations: every free worker not yet spoken for by a gathered batch takes
-        ``capacity``, plus the room left in the gathered populations."""
-        free = sum(1 for w in self.workers if w.free)
-        batches, room = self._batches()
-        if batches > free:
-            return 0
-        return (free - batches) * self.capacity + room
+        """How many more trials could start now (:meth:`Gathering.idle_slots` over the free
+        workers)."""
+        return self.gathering.idle_slots(self._free())
 
     def can_take(self, config: dict) -> bool:
-        """Whether a trial with ``config`` would start at the next :meth:`events`: every
-        gathered batch, with it added, finds a free worker. A trial that trains alone takes a
-        whole worker, and one of another population's kind cannot use the room in this one
-        (counting slots instead claimed trials that then waited "running" at step 0)."""
-        free = sum(1 for w in self.workers if w.free)
-        return self._batches(self._key(config))[0] <= free
-
-    def _key(self, config: dict) -> tuple:
-        return _population_key(config) if self.capacity > 1 else _ALONE
-
-    def _batches(self, extra: tuple | None = None) -> tuple[int, int]:
-        """(batches, spare room) the gathered trials, and one more of key ``extra``, form
-        when :meth:`_send_gathered` splits them."""
-        counts: dict[tuple, int] = {}
-        for key in [key for key, _ in self._gathered] + ([extra] if extra else []):
-            counts[key] = counts.get(key, 0) + 1
-        batches = room = 0
-        for key, n in counts.items():
-            size = 1 if key == _ALONE else self.capacity
-            parts = -(-n // size)  # as _send_gathered splits them
-            batches, room = batches + parts, room + parts * size - n
-        return batches, room
+        """Whether a trial with ``config`` would start at the next :meth:`events`
+        (:meth:`Gathering.can_take` over the free workers)."""
+        return self.gathering.can_take(config, self._free())
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         """Take the trial; it goes to a worker, alone or in a population, on the next
         :meth:`events`."""
         self.flags[index] = 0
-        self._gathered.append((self._key(config), (index, run_id, config)))
+        self.gathering.add(index, run_id, config)
 
     def _send_gathered(self) -> None:
-        """Hand the gathered trials to the free workers: each key's trials in consecutive
-        batches of ``capacity`` (the last one smaller); what finds no free worker waits for the
-        next call. Consecutive, not spread evenly over the workers free now: a trial's numbers
-        depend on the population it trains in, and this way which trials share one does not
-        depend on how many workers were free at a given moment (one worker ready before the
-        other at the start gave another split than both at once, and other final returns)."""
+        """Hand the gathered trials to the free workers, a batch each (:meth:`Gathering.take`:
+        consecutive batches, so who shares a population does not depend on which workers
+        were free when); what finds no free worker waits for the next call."""
         free = [w for w in self.workers if w.free]
-        if not free or not self._gathered:
-            return
-        groups: dict[tuple, list] = {}
-        for key, trial in self._gathered:
-            groups.setdefault(key, []).append(trial)
-        batches = []
-        for key, trials in groups.items():
-            size = 1 if key == _ALONE else self.capacity
-            batches += [trials[i : i + size] for i in range(0, len(trials), size)]
-        sent = set()
-        for worker, batch in zip(free, batches, strict=False):  # as many as workers are free
+        for worker, batch in zip(free, self.gathering.take(len(free)), strict=False):
             worker.trials = {index: 0 for index, _, _ in batch}
             worker.conn.send(("trial", batch))
-            sent |= set(worker.trials)
-        self._gathered = [(k, t) for k, t in self._gathered if t[0] not in sent]
 
     def stop(self, index: int) -> None:
         self.flags[index] = 1
@@ -334,17 +295,6 @@ class LocalPool:
 
 #: The error of a trial whose worker went idle without reporting how the trial ended.
 _NO_END = "the worker finished this trial without reporting how it ended (see the worker's log)"
-#: The population key of a trial that trains alone (its config cannot join a population).
-_ALONE = ("alone",)
-
-
-def _population_key(config: dict) -> tuple:
-    # imported here: with one trial per worker the coordinator never needs it
-    from gae_core.agent.config import TrainConfig
-    from gae_core.agent.population import can_join, population_key
-
-    built = TrainConfig.from_dict(config)
-    return population_key(built) if can_join(built) else _ALONE
 
 
 @contextlib.contextmanager

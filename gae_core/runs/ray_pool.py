@@ -1,5 +1,6 @@
-"""The Ray sweep backend: each trial is a Ray task on any node of a cluster, streaming its data
-back to the coordinator, which stays the store's single writer.
+"""The Ray sweep backend: each trial, or each population of trials (``members > 1``), is a Ray
+task on any node of a cluster, streaming its data back to the coordinator, which stays the
+store's single writer.
 
 Messages travel through one small actor, the *inbox*: a trial's sink calls ``inbox.send`` for
 every flush, checkpoint and its end, and waits for the reply, so everything a trial sent is in
@@ -31,6 +32,7 @@ from typing import Any
 
 from gae_core.errors import ConfigError
 from gae_core.outcome import RunSummary
+from gae_core.runs.gather import Gathering, population_capacity
 
 try:
     import ray
@@ -57,8 +59,10 @@ class _Inbox:
         self.stopped: set[int] = set()
 
     def send(self, message: tuple) -> bool:
+        """Keep ``message``; whether its trial was asked to stop (a "started" message names
+        the task's trials, a list, and asks nothing)."""
         self.messages.append(message)
-        return message[1] in self.stopped
+        return message[0] != "started" and message[1] in self.stopped
 
     def drain(self) -> list[tuple]:
         messages, self.messages = self.messages, []
@@ -95,35 +99,55 @@ class _InboxSink:
 
 
 @ray.remote(num_cpus=1, max_retries=0)
-def _train_trial(inbox: Any, index: int, run_id: str, config: dict, flush: float) -> None:
+def _train(inbox: Any, trials: list, flush: float) -> None:
+    """One task: a trial alone, or several as one population (``trials``: ``[(index, run id,
+    config dict)]``, a :class:`~gae_core.runs.gather.Gathering` batch), as a local worker
+    trains what it is sent."""
     import threading
 
     import torch
 
     from gae_core.agent.config import TrainConfig
     from gae_core.runs.execute import execute_run
+    from gae_core.runs.population_run import execute_population
 
     torch.set_num_threads(1)  # one CPU per task: the tasks are the parallelism
-    sink = _InboxSink(inbox, index)
-    ray.get(inbox.send.remote(("started", index, os.getpid(), ray.util.get_node_ip_address())))
+    indices = [index for index, _, _ in trials]
+    sinks = [_InboxSink(inbox, index) for index in indices]
+    ray.get(inbox.send.remote(("started", indices, os.getpid(), ray.util.get_node_ip_address())))
     try:
-        execute_run(sink, run_id, TrainConfig.from_dict(config), threading.Event(),
-                    flush_interval=flush)  # fmt: skip
+        configs = [TrainConfig.from_dict(config) for _, _, config in trials]
+        stops = [threading.Event() for _ in trials]  # set by a flush's reply (_InboxSink)
+        run_ids = [run_id for _, run_id, _ in trials]
+        if len(trials) == 1:
+            execute_run(sinks[0], run_ids[0], configs[0], stops[0], flush_interval=flush)
+        else:
+            execute_population(sinks, run_ids, configs, stops, flush_interval=flush)
     except Exception:  # the config cannot be built on this node (an env it lacks)
-        sink.finish("failed", traceback.format_exc())
+        for sink in sinks:
+            sink.finish("failed", traceback.format_exc())
 
 
 class RayPool:
-    """``workers`` trials at a time as Ray tasks: a sweep backend (see the module docstring).
+    """``workers`` Ray tasks at a time: a sweep backend (see the module docstring).
 
     ``address`` is a running cluster's (``ray://host:10001`` or ``host:6379``); None joins the
-    Ray already initialised in this process, or starts a local one.
+    Ray already initialised in this process, or starts a local one. ``members``: the most
+    trials one task trains at once as a population, gathered by the rule the local pool uses
+    (:class:`~gae_core.runs.gather.Gathering`), so a sweep splits into the same populations on
+    both backends.
     """
 
     name = "ray"
 
     def __init__(
-        self, workers: int, trials: int, flush_interval: float, address: str | None = None
+        self,
+        workers: int,
+        trials: int,
+        flush_interval: float,
+        address: str | None = None,
+        *,
+        members: int = 1,
     ) -> None:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
@@ -134,34 +158,45 @@ class RayPool:
             check_address(address)
         self.workers = workers
         self.flush_interval = flush_interval
+        self.gathering = Gathering(population_capacity(members, trials, workers))
         self.inbox = _Inbox.remote()
-        self._refs: dict[Any, int] = {}  # task ref → trial index
+        self._refs: dict[Any, list[int]] = {}  # task ref → its trials' indices
         self._ended: set[int] = set()  # trials whose end arrived (a later failure costs nothing)
         self._pids: dict[int, int] = {}
 
-    def idle_slots(self) -> int:
+    def _free(self) -> int:
         return max(0, self.workers - len(self._refs))
 
+    def idle_slots(self) -> int:
+        return self.gathering.idle_slots(self._free())
+
     def can_take(self, config: dict) -> bool:
-        """Whether a trial would start now: one task per trial, ``workers`` at a time."""
-        return self.idle_slots() > 0
+        """Whether a trial would start at the next :meth:`events`: ``workers`` tasks at a
+        time, each a trial alone or a population (:meth:`Gathering.can_take`)."""
+        return self.gathering.can_take(config, self._free())
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         ray.get(self.inbox.clear.remote(index))
         self._ended.discard(index)
         self._pids.pop(index, None)
-        ref = _train_trial.remote(self.inbox, index, run_id, config, self.flush_interval)
-        self._refs[ref] = index
+        self.gathering.add(index, run_id, config)
+
+    def _send_gathered(self) -> None:
+        for batch in self.gathering.take(self._free()):
+            ref = _train.remote(self.inbox, batch, self.flush_interval)
+            self._refs[ref] = [index for index, _, _ in batch]
 
     def stop(self, index: int) -> None:
         self.inbox.stop.remote(index)
 
     def trial_pids(self) -> dict[int, int]:
         """``{trial index: pid}`` of the trials training now (a pid on the node that runs it)."""
-        running = set(self._refs.values())
-        return {i: pid for i, pid in self._pids.items() if i in running}
+        running = {index for indices in list(self._refs.values()) for index in indices}
+        running -= self._ended  # (a population's member that ended while the others train)
+        return {i: pid for i, pid in list(self._pids.items()) if i in running}
 
     def events(self, timeout: float) -> list[tuple]:
+        self._send_gathered()
         deadline = time.monotonic() + timeout
         while True:
             # Tasks first, then the inbox: a task sends everything before it returns, so the
@@ -171,27 +206,29 @@ class RayPool:
             out = []
             for message in ray.get(self.inbox.drain.remote()):
                 if message[0] == "started":
-                    self._pids[message[1]] = message[2]
+                    self._pids.update(dict.fromkeys(message[1], message[2]))
                     continue
                 if message[0] == "finish":
                     self._ended.add(message[1])
                 out.append(message)
             for ref in done:
-                index = self._refs.pop(ref)
+                indices = self._refs.pop(ref)
                 try:
                     ray.get(ref)
                 except Exception as exc:  # its worker or node died, or the task was cancelled
-                    if index not in self._ended:
-                        pid = self._pids.get(index)
-                        out.append(("lost", index, f"Ray task (pid {pid}) failed: "
-                                    f"{type(exc).__name__}"))  # fmt: skip
+                    for index in indices:
+                        if index not in self._ended:
+                            pid = self._pids.get(index)
+                            out.append(("lost", index, f"Ray task (pid {pid}) failed: "
+                                        f"{type(exc).__name__}"))  # fmt: skip
             if out or done or time.monotonic() >= deadline:
                 return out
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
-        for ref, index in list(self._refs.items()):
-            self.inbox.stop.remote(index)
+        for ref, indices in list(self._refs.items()):
+            for index in indices:
+                self.inbox.stop.remote(index)
             ray.cancel(ref, force=True)
         self._refs.clear()
         ray.kill(self.inbox)

@@ -1,0 +1,113 @@
+"""Which trials train together: the batching rule both sweep backends share.
+
+A backend with ``members > 1`` does not start a trial the moment it is submitted: it gathers
+the submitted trials and hands them to its free slots (a local worker process, a Ray task) in
+consecutive batches, each batch one population (:mod:`gae_core.agent.population`: one batched
+network for all its members). Only trials whose configs can share a population go together
+(:func:`~gae_core.agent.population.population_key`); the rest train alone, one per slot.
+
+The rule is written once, here, so that a sweep splits into the same populations on either
+backend: a trial's numbers depend on the population it trains in, and the same sweep gives the
+same per-trial metrics locally and on Ray (``tests/test_ray.py``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ALONE", "Gathering", "population_capacity"]
+
+#: The population key of a trial that trains alone (its config cannot join a population).
+ALONE = ("alone",)
+
+Trial = tuple[int, str, dict]  # (trial index, run id, TrainConfig.to_dict())
+
+
+def population_capacity(members: int, trials: int, workers: int) -> int:
+    """The most trials one slot trains at once: ``members``, and no more than an even spread
+    of the sweep over its ``workers`` (⌈trials / workers⌉), so every worker gets a share."""
+    if members < 1:
+        raise ValueError(f"members must be at least 1, got {members}")
+    return max(1, min(members, -(-trials // max(workers, 1))))
+
+
+def _population_key(config: dict) -> tuple:
+    # imported here: with one trial per slot the coordinator never needs the trainer
+    from gae_core.agent.config import TrainConfig
+    from gae_core.agent.population import can_join, population_key
+
+    built = TrainConfig.from_dict(config)
+    return population_key(built) if can_join(built) else ALONE
+
+
+class Gathering:
+    """The trials submitted and not yet sent, and how they split into batches.
+
+    ``capacity``: the most trials one batch holds (1: every trial alone, no config is read).
+    The backend says how many of its slots are free; :meth:`can_take` tells the coordinator
+    whether one more trial would start at the next :meth:`take` (a trial that trains alone
+    needs a slot of its own, one of another population's kind cannot use the room in this one),
+    and :meth:`take` hands out the batches for the free slots.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self.trials: list[tuple[tuple, Trial]] = []  # (population key, trial), in order
+
+    def __len__(self) -> int:
+        return len(self.trials)
+
+    def key(self, config: dict) -> tuple:
+        return _population_key(config) if self.capacity > 1 else ALONE
+
+    def add(self, index: int, run_id: str, config: dict) -> None:
+        self.trials.append((self.key(config), (index, run_id, config)))
+
+    def batches(self, extra: tuple | None = None) -> tuple[int, int]:
+        """(batches, spare room) the gathered trials, and one more of key ``extra``, form
+        when :meth:`take` splits them."""
+        counts: dict[tuple, int] = {}
+        for key in [key for key, _ in self.trials] + ([extra] if extra else []):
+            counts[key] = counts.get(key, 0) + 1
+        batches = room = 0
+        for key, n in counts.items():
+            size = 1 if key == ALONE else self.capacity
+            parts = -(-n // size)  # as take() splits them
+            batches, room = batches + parts, room + parts * size - n
+        return batches, room
+
+    def idle_slots(self, free: int) -> int:
+        """How many more trials could start now, with ``free`` slots, if they can all share
+        the gathered populations: every free slot not yet spoken for by a gathered batch takes
+        ``capacity``, plus the room left in the gathered batches."""
+        batches, room = self.batches()
+        if batches > free:
+            return 0
+        return (free - batches) * self.capacity + room
+
+    def can_take(self, config: dict, free: int) -> bool:
+        """Whether a trial with ``config`` would start at the next :meth:`take` with ``free``
+        slots: every gathered batch, with it added, finds one. (Counting slots instead claimed
+        trials that then waited "running" at step 0.)"""
+        return self.batches(self.key(config))[0] <= free
+
+    def take(self, free: int) -> list[list[Trial]]:
+        """Up to ``free`` batches, removed from the gathered trials: each key's trials in
+        consecutive batches of ``capacity`` (the last one smaller); what finds no slot waits
+        for the next call. Consecutive, not spread evenly over the slots free now: which trials
+        share a population then does not depend on how many slots were free at a given moment
+        (one worker ready before the other at the start gave another split than both at once,
+        and other final returns)."""
+        if free <= 0 or not self.trials:
+            return []
+        groups: dict[tuple, list[Trial]] = {}
+        for key, trial in self.trials:
+            groups.setdefault(key, []).append(trial)
+        batches = []
+        for key, trials in groups.items():
+            size = 1 if key == ALONE else self.capacity
+            batches += [trials[i : i + size] for i in range(0, len(trials), size)]
+        taken = batches[:free]
+        sent = {index for batch in taken for index, _, _ in batch}
+        self.trials = [(k, t) for k, t in self.trials if t[0] not in sent]
+        return taken
