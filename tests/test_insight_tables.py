@@ -197,3 +197,20 @@ def test_episodes_frame_groups_runs_stored_before_a_field_by_the_behaviour_they_
         store.flush(run_id, [(M.EPISODIC_RETURN.key, 10 * (i + 1), 5.0 * i, 0.0)])
     frame = compare.episodes_frame(store, ids, "normalize_clip")
     assert frame.groupby("normalize_clip")["seed"].first().to_dict() == {0.0: 2, 10.0: 1}
+
+
+def test_the_form_warns_when_a_normalisation_setting_has_nothing_to_act_on():
+    from gae_core.agent.config import TrainConfig
+    from gae_core.insight.views import config_warnings
+
+    def warned(**fields) -> list[str]:
+        found = config_warnings(TrainConfig(**fields))
+        return [w for w in found if "normalize_clip" in w or "reward_norm_reset" in w]
+
+    assert warned() == []  # the defaults say nothing, with or without normalisation
+    assert warned(normalize_clip=5.0, normalize_observations=True) == []
+    assert warned(reward_norm_reset="termination", normalize_rewards=True) == []
+    (clip,) = warned(normalize_clip=5.0)
+    assert clip.startswith("normalize_clip (5) has no effect")
+    (reset,) = warned(reward_norm_reset="termination", normalize_observations=True)
+    assert reset.startswith("reward_norm_reset (termination) has no effect: normalize_rewards")

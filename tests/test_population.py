@@ -406,6 +406,9 @@ def test_only_configs_that_can_share_a_population_do():
     assert population_key(a) == population_key(config(seed=7, lambda_=0.99, gamma=0.9))
     assert population_key(a) != population_key(config(num_envs=4))
     assert population_key(a) != population_key(config(learning_rate=1e-2))
+    # without normalisation (every population) the clip and the return rule change nothing
+    loose = config(normalize_clip=0.0, reward_norm_reset="termination")
+    assert population_key(a) == population_key(loose) and can_join(loose)
     assert not can_join(config(normalize_observations=True))
     assert not can_join(config("Pendulum-v1", use_sde=True))
     with pytest.raises(ValueError, match="must differ only in seed"):
