@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.presets import preset_config
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
+from gae_core.runs.gather import population_capacity
 from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, hold_critic_target, run_sweep
 
@@ -129,7 +130,8 @@ def main() -> int:
         print(f"{mode:>11}: {wall:9.3f} s wall, {steps / wall:10,.0f} env steps/s aggregate, "
               f"{solved}/{len(finals)} final ≥ 475  {ratio}{verdict}", flush=True)  # fmt: skip
         row = {
-            "mode": mode, "members": _members(mode), "config": args.config, "wall_s": wall,
+            "mode": mode, "config": args.config, "wall_s": wall,
+            "population": population_capacity(_members(mode), trials, args.workers),
             "env_steps": steps, "trials": trials,
             "total_steps": args.total_steps, "workers": args.workers, "cpus": os.cpu_count(),
             "final_returns": finals, "date": time.strftime("%Y-%m-%d %H:%M"),

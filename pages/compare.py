@@ -82,8 +82,8 @@ if view == "Launch a sweep":
             "worker processes", 1, most, cores,
             key="cmp.workers",
             help=f"Trials train in this many processes at once (this machine has {cores} "
-            "cores; with Ray, the cluster's CPUs); a worker that dies costs only its trial, "
-            "which is retried once.",
+            "cores; with Ray, the cluster's CPUs); a worker that dies costs only the trials it "
+            "held (one, or its population), each retried once.",
         )  # fmt: skip
         batched = st.toggle(
             "batched populations", value=True, key="cmp.batched",

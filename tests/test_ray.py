@@ -100,7 +100,7 @@ def test_cancel_reaches_ray_trials_and_keeps_their_data(tmp_path, local_ray):
 @pytest.mark.parametrize("members", [1, 2])
 def test_a_killed_ray_worker_requeues_its_trial_once(tmp_path, local_ray, members):
     """One trial per task, or two (``members=2``): every trial of the killed task is re-queued,
-    once, and trains again (the two as a population again); the other task's trials go on."""
+    once, and trains again to the end; the other task's trials go on."""
     store = RunStore(tmp_path)
     config = TrainConfig(**SMALL, total_steps=60_000)
     seeds = list(range(2 * members))
@@ -203,6 +203,7 @@ def test_backend_names_and_addresses_are_checked():
         backend_factory("local", members=0)
     with pytest.raises(ConfigError, match=r"members must be an integer in \[1, 256\], got 0"):
         backend_factory("ray", members=0)
+    assert backend_factory("ray", members=4).keywords["members"] == 4  # reaches RayPool
 
 
 def test_the_address_joined_with_counts_only_for_the_connection_it_made(local_ray):

@@ -77,17 +77,11 @@ def can_join(config: TrainConfig) -> bool:
     )
 
 
-#: Fields that act only through the normalisers, which no population has (:func:`can_join`):
-#: configs that differ only in them train alike, so they may share a population.
-_NORMALISER_ONLY = ("normalize_clip", "reward_norm_reset")
-
-
 def population_key(config: TrainConfig) -> tuple:
-    """What the members of one population share: every field but :data:`PER_MEMBER` (and
-    those that act only through the normalisers a population never has)."""
-    values = config.to_dict()
-    skip = (*PER_MEMBER, *_NORMALISER_ONLY)
-    return tuple(sorted((k, repr(v)) for k, v in values.items() if k not in skip))
+    """What the members of one population share: every field but :data:`PER_MEMBER` and those
+    that act only through the normalisers, which no population has (:func:`can_join`)."""
+    skip = (*PER_MEMBER, "normalize_clip", "reward_norm_reset")
+    return tuple(sorted((k, repr(v)) for k, v in config.to_dict().items() if k not in skip))
 
 
 @dataclass

@@ -7,10 +7,11 @@ every flush, checkpoint and its end, and waits for the reply, so everything a tr
 the inbox before its task returns. The reply to a flush says whether the trial was asked to stop
 (cancel, ``stop`` from the UI or CLI, a deleted run): a stop reaches a trial on any node at its
 next flush, within ``flush_interval`` plus one update. The coordinator drains the inbox and
-watches the tasks' object refs: a task that fails without having sent its end (its worker or its
-node died) is reported ``lost``, and the coordinator re-queues it (once by default) like the
-local pool's dead worker. Tasks run with ``max_retries=0`` so Ray does not retry behind the
-coordinator's back.
+watches the tasks' object refs: when a task fails (its worker or its node died), each of its
+trials that had not sent its end is reported ``lost``, and the coordinator re-queues it (once by
+default) like the local pool's dead worker; a task that returns without one of its trials' ends
+(a bug) fails that trial rather than leaving the sweep waiting. Tasks run with
+``max_retries=0`` so Ray does not retry behind the coordinator's back.
 
 When this backend starts or joins Ray itself, the package travels with the job
 (``runtime_env=RUNTIME_ENV``, ``py_modules``: this ``gae_core`` folder), so a node needs only the
@@ -46,6 +47,8 @@ RUNTIME_ENV = {"py_modules": [_PACKAGE], "excludes": ["__pycache__", "*.pyc"]}
 #: The address this process passed to ``ray.init`` → the GCS address that connection reported
 #: (its own form of the same address; a later connection to another Ray does not match it).
 _JOINED: dict[str, str] = {}
+#: The error of a trial whose task returned without reporting how the trial ended.
+_NO_END = "its Ray task returned without reporting how this trial ended (see the task's log)"
 #: How often an idle coordinator asks the inbox for news.
 _POLL_S = 0.05
 
@@ -221,6 +224,11 @@ class RayPool:
                             pid = self._pids.get(index)
                             out.append(("lost", index, f"Ray task (pid {pid}) failed: "
                                         f"{type(exc).__name__}"))  # fmt: skip
+                else:  # it returned: every trial of it sent its end, or never will
+                    for index in indices:
+                        if index not in self._ended:
+                            self._ended.add(index)
+                            out.append(("finish", index, "failed", _NO_END))
             if out or done or time.monotonic() >= deadline:
                 return out
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))

@@ -22,6 +22,7 @@ close.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import logging
@@ -241,7 +242,8 @@ class Sweep:
         self._cancel.set()
 
     def trial_pids(self) -> dict[str, int]:
-        """``{run id: worker pid}`` of the trials training now (local backend)."""
+        """``{run id: pid}`` of the trials training now (a worker process, or a Ray task's
+        process on its node)."""
         backend = self._backend
         if backend is None:
             return {}
@@ -355,7 +357,9 @@ class Sweep:
             trial.attempts += 1
             trial.status = "queued"
             self.store.reset_run(trial.run_id, f"attempt {trial.attempts + 1}: the previous {why}")
-            pending.appendleft(index)
+            # back in index order (pending is): a lost population's members queue up again in
+            # the order they had, ahead of the trials never started
+            pending.insert(bisect.bisect_left(pending, index), index)
         else:
             trial.status = "interrupted"
             self.store.finish_run(trial.run_id, "interrupted", f"{why}; retries used up")
