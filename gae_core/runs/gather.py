@@ -6,9 +6,12 @@ consecutive batches, each batch one population (:mod:`gae_core.agent.population`
 network for all its members). Only trials whose configs can share a population go together
 (:func:`~gae_core.agent.population.population_key`); the rest train alone, one per slot.
 
-The rule is written once, here, so that a sweep splits into the same populations on either
-backend: a trial's numbers depend on the population it trains in, and the same sweep gives the
-same per-trial metrics locally and on Ray (``tests/test_ray.py``).
+The rule is written once, here, so that a sweep whose trials all share one population kind
+(λ × seeds, the compare page's study) splits into the same populations on either backend: a
+trial's numbers depend on the population it trains in, and such a sweep gives the same
+per-trial metrics locally and on Ray (``tests/test_ray.py``). A sweep that mixes kinds gathers
+what fits the slots free at the moment (a trial of a new kind waits for a slot of its own), so
+its split can depend on when slots free up.
 """
 
 from __future__ import annotations
@@ -95,9 +98,9 @@ class Gathering:
         """Up to ``free`` batches, removed from the gathered trials: each key's trials in
         consecutive batches of ``capacity`` (the last one smaller); what finds no slot waits
         for the next call. Consecutive, not spread evenly over the slots free now: which trials
-        share a population then does not depend on how many slots were free at a given moment
-        (one worker ready before the other at the start gave another split than both at once,
-        and other final returns)."""
+        of one kind share a population then does not depend on how many slots were free at a
+        given moment (one worker ready before the other at the start gave another split than
+        both at once, and other final returns)."""
         if free <= 0 or not self.trials:
             return []
         groups: dict[tuple, list[Trial]] = {}

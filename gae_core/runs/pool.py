@@ -146,7 +146,8 @@ class LocalPool:
     ``members``: the most trials one worker trains at once, as a population. Submitted trials
     are gathered and sent on the next :meth:`events` to the free workers by the rule both
     backends share (:class:`~gae_core.runs.gather.Gathering`: consecutive batches of at most
-    ⌈trials / workers⌉, only trials whose configs can share a population together).
+    ⌈trials / workers⌉, only trials whose configs can share a population together; in a sweep
+    that mixes population kinds the split can depend on when workers free up).
     """
 
     name = "local"
@@ -195,8 +196,8 @@ class LocalPool:
 
     def _send_gathered(self) -> None:
         """Hand the gathered trials to the free workers, a batch each (:meth:`Gathering.take`:
-        consecutive batches, so who shares a population does not depend on which workers
-        were free when); what finds no free worker waits for the next call."""
+        consecutive batches, so in a sweep of one population kind who shares a population does
+        not depend on which workers were free when); what finds no free worker waits."""
         free = [w for w in self.workers if w.free]
         for worker, batch in zip(free, self.gathering.take(len(free)), strict=False):
             worker.trials = {index: 0 for index, _, _ in batch}

@@ -137,8 +137,8 @@ class RayPool:
     ``address`` is a running cluster's (``ray://host:10001`` or ``host:6379``); None joins the
     Ray already initialised in this process, or starts a local one. ``members``: the most
     trials one task trains at once as a population, gathered by the rule the local pool uses
-    (:class:`~gae_core.runs.gather.Gathering`), so a sweep splits into the same populations on
-    both backends.
+    (:class:`~gae_core.runs.gather.Gathering`), so a sweep of one population kind splits into
+    the same populations on both backends.
     """
 
     name = "ray"
