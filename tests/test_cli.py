@@ -221,6 +221,7 @@ def test_sweep_json(tmp_path):
     result = _last_json(done.stdout)
     assert result["status"] == "finished" and result["workers"] == 2
     assert result["total"] == 2 and result["counts"]["finished"] == 2
+    assert result["population"] == 1  # two trials on two workers: one each, not the cap of 64
     assert sorted(r["lambda_"] for r in result["runs"]) == [0.9, 1.0]
     assert all(list(r) == list(RUN_COLUMNS) for r in result["runs"])
     assert all(r["sweep_id"] == result["sweep_id"] for r in result["runs"])

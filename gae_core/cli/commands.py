@@ -287,6 +287,7 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
 
 def sweep(args: argparse.Namespace) -> int:
     from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
+    from gae_core.runs.gather import population_capacity
     from gae_core.runs.sweep import SweepProgress, expand_grid, hold_critic_target, start_sweep
 
     grid = _grid(args)
@@ -357,7 +358,8 @@ def sweep(args: argparse.Namespace) -> int:
         "error": record.error,
         "workers": handle.workers,
         "backend": args.backend,
-        "population": members,
+        # the most trials one worker trained at once (the cap, spread over the workers)
+        "population": population_capacity(members, progress.total, handle.workers),
         "total": progress.total,
         "counts": progress.counts,
         "wall_seconds": wall,
