@@ -396,13 +396,20 @@ def test_a_trial_its_worker_left_without_an_end_fails_instead_of_hanging():
         worker_end.close()
 
 
+@pytest.mark.parametrize("kinds", [1, 2])
 @pytest.mark.parametrize(("trials", "workers"), [(70, 2), (10, 4), (9, 2)])
-def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(trials, workers):
-    """The coordinator gathers trials while workers are free. All workers ready at once, or one
-    at a time (a worker spawned a little later, or populations ending in different polls): the
-    populations hold the same trials in the same order, so a study's numbers do not depend on
-    its workers' timing."""
+def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(trials, workers, kinds):
+    """The coordinator gathers trials while workers are free, in the pool's dispatch order. All
+    workers ready at once, or one at a time (a worker spawned a little later, or populations
+    ending in different polls): the populations hold the same trials in the same order, so a
+    study's numbers do not depend on its workers' timing. With two population kinds
+    interleaved (hidden sizes × seeds), index order sent a half-gathered population whenever
+    the next trial was of the other kind and no second worker was free yet."""
     capacity = -(-trials // workers)
+    configs = [
+        TrainConfig(seed=i, hidden_sizes=(16,) if kinds == 1 or i % 2 == 0 else (32,)).to_dict()
+        for i in range(trials)
+    ]
     splits = []
     for one_at_a_time in (False, True):
         pool, ends = _fake_pool(capacity=capacity, workers=workers)
@@ -411,14 +418,14 @@ def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(trials
             if one_at_a_time:
                 for worker in pool.workers:
                     worker.ready = False
-            pending = list(range(trials))
+            pending = pool.dispatch_order(configs)
             got = []
             for step in range(workers):
                 if one_at_a_time:
                     pool.workers[step].ready = True
-                while pending and pool.can_take(dict(TrainConfig(seed=pending[0]).to_dict())):
+                while pending and pool.can_take(configs[pending[0]]):
                     index = pending.pop(0)
-                    pool.submit(index, f"run-{index}", TrainConfig(seed=index).to_dict())
+                    pool.submit(index, f"run-{index}", configs[index])
                 pool._send_gathered()
             for end in ends:
                 if end.poll():
@@ -430,7 +437,23 @@ def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(trials
                 worker.conn.close()
                 end.close()
     assert splits[0] == splits[1]
-    assert max(map(len, splits[0])) == capacity
+    assert max(map(len, splits[0])) == min(capacity, -(-trials // kinds))
+    assert all(len({tuple(configs[i]["hidden_sizes"]) for i in batch}) == 1 for batch in splits[0])
+
+
+def test_the_dispatch_order_runs_each_planned_population_consecutively():
+    """Each kind's trials in consecutive batches of the capacity, the batches ordered by their
+    first trial; trials that train alone stay where they are; no reordering at capacity 1."""
+    from gae_core.runs.gather import Gathering
+
+    small, big, alone = (
+        TrainConfig(num_envs=2), TrainConfig(num_envs=4), TrainConfig(normalize_rewards=True)
+    )  # fmt: skip
+    kinds = [small, big, small, alone, big, small, small, big]
+    configs = [dict(c.to_dict(), seed=i) for i, c in enumerate(kinds)]
+    # small: 0 2 5 6 -> [0, 2] [5, 6]; big: 1 4 7 -> [1, 4] [7]; alone: [3]
+    assert Gathering(2).dispatch_order(configs) == [0, 2, 1, 4, 3, 5, 6, 7]
+    assert Gathering(1).dispatch_order(configs) == list(range(8))
 
 
 def test_trials_that_can_share_a_population_go_together_in_order():
@@ -458,3 +481,64 @@ def test_trials_that_can_share_a_population_go_together_in_order():
         for worker, end in zip(pool.workers, ends, strict=True):
             worker.conn.close()
             end.close()
+
+
+class _ScriptedBackend:
+    """A backend with one slot that records what the coordinator submits, in which order; the
+    first trial it is given is lost once (its worker "died"), the rest finish at once."""
+
+    name = "scripted"
+
+    def __init__(self, workers: int, trials: int, flush_interval: float) -> None:
+        self.order = list(range(trials))[::-1]  # any order other than the index order
+        self.submitted: list[int] = []
+        self.running: list[int] = []
+        self.lost = False
+
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        return list(self.order)
+
+    def can_take(self, config: dict) -> bool:
+        return not self.running
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        self.submitted.append(index)
+        self.running.append(index)
+
+    def stop(self, index: int) -> None:
+        pass
+
+    def events(self, timeout: float) -> list[tuple]:
+        out = []
+        for index in self.running:
+            if not self.lost:
+                self.lost = True
+                out.append(("lost", index, "scripted worker died"))
+            else:
+                out.append(("finish", index, "finished", None))
+        self.running = []
+        return out
+
+    def trial_pids(self) -> dict[int, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_coordinator_submits_in_the_backends_dispatch_order(tmp_path):
+    """The sweep submits its trials in the order the backend plans its populations in, and a
+    lost trial goes back to its place in that order (ahead of the trials never started)."""
+    backends: list[_ScriptedBackend] = []
+
+    def factory(workers: int, trials: int, flush: float) -> _ScriptedBackend:
+        backends.append(_ScriptedBackend(workers, trials, flush))
+        return backends[-1]
+
+    with RunStore(tmp_path) as store:
+        progress = run_sweep(
+            store, TrainConfig(total_steps=100), grid_of(seeds=[0, 1, 2, 3]), backend=factory
+        )
+        assert progress.status == "finished" and progress.counts["finished"] == 4
+    (backend,) = backends
+    assert backend.submitted == [3, 3, 2, 1, 0]  # trial 3 lost once, retried in its place

@@ -6,12 +6,20 @@ consecutive batches, each batch one population (:mod:`gae_core.agent.population`
 network for all its members). Only trials whose configs can share a population go together
 (:func:`~gae_core.agent.population.population_key`); the rest train alone, one per slot.
 
-The rule is written once, here, so that a sweep whose trials all share one population kind
-(λ × seeds, the compare page's study) splits into the same populations on either backend: a
-trial's numbers depend on the population it trains in, and such a sweep gives the same
-per-trial metrics locally and on Ray (``tests/test_ray.py``). A sweep that mixes kinds gathers
-what fits the slots free at the moment (a trial of a new kind waits for a slot of its own), so
-its split can depend on when slots free up.
+The rule is written once, here, so that a sweep splits into the same populations on either
+backend and however its slots free up: a trial's numbers depend on the population it trains
+in, and the same sweep gives the same per-trial metrics locally and on Ray
+(``tests/test_ray.py``). Two parts make the split a function of the sweep alone:
+
+* the coordinator submits the trials in :meth:`Gathering.dispatch_order`: each population of
+  the split planned from the whole sweep (each kind's trials in consecutive batches of
+  ``capacity``) as a run of consecutive trials, populations ordered by their first trial;
+* :meth:`Gathering.can_take` always lets a trial join the open population of its kind while
+  it has room, so the coordinator never stops inside a population; it stops only where the
+  next trial needs a slot of its own, and each kind's gathered trials start where a planned
+  population starts. (In index order, a sweep that mixes kinds — hidden sizes × seeds — sent a
+  population out half gathered whenever the next trial was of the other kind and no second
+  slot was free.)
 """
 
 from __future__ import annotations
@@ -63,6 +71,21 @@ class Gathering:
     def key(self, config: dict) -> tuple:
         return _population_key(config) if self.capacity > 1 else ALONE
 
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        """The order to submit the trials ``configs`` (by index) in: the planned populations
+        (each kind's trials, in index order, in consecutive batches of ``capacity``) one after
+        another, ordered by their first trial; index order when every trial trains alone."""
+        if self.capacity == 1:
+            return list(range(len(configs)))
+        kinds: dict[tuple, list[int]] = {}
+        for index, config in enumerate(configs):
+            kinds.setdefault(self.key(config), []).append(index)
+        batches = []
+        for key, indices in kinds.items():
+            size = 1 if key == ALONE else self.capacity
+            batches += [indices[i : i + size] for i in range(0, len(indices), size)]
+        return [index for batch in sorted(batches) for index in batch]
+
     def add(self, index: int, run_id: str, config: dict) -> None:
         self.trials.append((self.key(config), (index, run_id, config)))
 
@@ -98,9 +121,10 @@ class Gathering:
         """Up to ``free`` batches, removed from the gathered trials: each key's trials in
         consecutive batches of ``capacity`` (the last one smaller); what finds no slot waits
         for the next call. Consecutive, not spread evenly over the slots free now: which trials
-        of one kind share a population then does not depend on how many slots were free at a
-        given moment (one worker ready before the other at the start gave another split than
-        both at once, and other final returns)."""
+        share a population then does not depend on how many slots were free at a given moment
+        (one worker ready before the other at the start gave another split than both at once,
+        and other final returns); with :meth:`dispatch_order`, the batches are the planned
+        populations."""
         if free <= 0 or not self.trials:
             return []
         groups: dict[tuple, list[Trial]] = {}

@@ -146,8 +146,8 @@ class LocalPool:
     ``members``: the most trials one worker trains at once, as a population. Submitted trials
     are gathered and sent on the next :meth:`events` to the free workers by the rule both
     backends share (:class:`~gae_core.runs.gather.Gathering`: consecutive batches of at most
-    ⌈trials / workers⌉, only trials whose configs can share a population together; in a sweep
-    that mixes population kinds the split can depend on when workers free up).
+    ⌈trials / workers⌉, only trials whose configs can share a population together; the coordinator
+    submits in :meth:`dispatch_order`, so the split does not depend on when workers free up).
     """
 
     name = "local"
@@ -188,6 +188,9 @@ class LocalPool:
         (:meth:`Gathering.can_take` over the free workers)."""
         return self.gathering.can_take(config, self._free())
 
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        return self.gathering.dispatch_order(configs)
+
     def submit(self, index: int, run_id: str, config: dict) -> None:
         """Take the trial; it goes to a worker, alone or in a population, on the next
         :meth:`events`."""
@@ -196,8 +199,8 @@ class LocalPool:
 
     def _send_gathered(self) -> None:
         """Hand the gathered trials to the free workers, a batch each (:meth:`Gathering.take`:
-        consecutive batches, so in a sweep of one population kind who shares a population does
-        not depend on which workers were free when); what finds no free worker waits."""
+        consecutive batches, so who shares a population does not depend on which workers were
+        free when); what finds no free worker waits."""
         free = [w for w in self.workers if w.free]
         for worker, batch in zip(free, self.gathering.take(len(free)), strict=False):
             worker.trials = {index: 0 for index, _, _ in batch}

@@ -137,8 +137,8 @@ class RayPool:
     ``address`` is a running cluster's (``ray://host:10001`` or ``host:6379``); None joins the
     Ray already initialised in this process, or starts a local one. ``members``: the most
     trials one task trains at once as a population, gathered by the rule the local pool uses
-    (:class:`~gae_core.runs.gather.Gathering`), so a sweep of one population kind splits into
-    the same populations on both backends.
+    (:class:`~gae_core.runs.gather.Gathering`), so a sweep splits into the same populations on
+    both backends.
     """
 
     name = "ray"
@@ -177,6 +177,9 @@ class RayPool:
         """Whether a trial would start at the next :meth:`events`: ``workers`` tasks at a
         time, each a trial alone or a population (:meth:`Gathering.can_take`)."""
         return self.gathering.can_take(config, self._free())
+
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        return self.gathering.dispatch_order(configs)
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         ray.get(self.inbox.clear.remote(index))

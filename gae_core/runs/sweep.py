@@ -290,10 +290,13 @@ class Sweep:
             self._report(None)
 
     def _drive(self) -> str:
-        pending = deque(range(len(self._trials)))
         backend = self._backend = self._backend_factory(
             self.workers, len(self._trials), self._flush_interval
         )
+        # the backend's order: each population it will form as a run of consecutive trials
+        order = backend.dispatch_order([t.config.to_dict() for t in self._trials])
+        self._position = {index: place for place, index in enumerate(order)}
+        pending = deque(order)
         last_report: SweepProgress | None = None
         last_heartbeat = 0.0
         try:
@@ -357,9 +360,10 @@ class Sweep:
             trial.attempts += 1
             trial.status = "queued"
             self.store.reset_run(trial.run_id, f"attempt {trial.attempts + 1}: the previous {why}")
-            # back in index order (pending is): a lost population's members queue up again in
-            # the order they had, ahead of the trials never started
-            pending.insert(bisect.bisect_left(pending, index), index)
+            # back in dispatch order (pending is): a lost population's members queue up again
+            # in the order they had, ahead of the trials never started
+            place = self._position.__getitem__
+            pending.insert(bisect.bisect_left(pending, place(index), key=place), index)
         else:
             trial.status = "interrupted"
             self.store.finish_run(trial.run_id, "interrupted", f"{why}; retries used up")
