@@ -396,54 +396,90 @@ def test_a_trial_its_worker_left_without_an_end_fails_instead_of_hanging():
         worker_end.close()
 
 
+def _split(configs, capacity, workers, one_at_a_time, skip=()):
+    """The populations a fake pool sends, submitting as the coordinator does (in the pool's
+    dispatch order, while it can take the next trial; a trial in ``skip`` is claimed by
+    nobody: stopped before it started). Workers free up all at once every round, or one at a
+    time (one more ready each round, then the busy ones in turn)."""
+    pool, ends = _fake_pool(capacity=capacity, workers=workers)
+    pool.flags = bytearray(len(configs))
+    got = []
+    try:
+        pending = pool.dispatch_order(configs)
+        for worker in pool.workers:
+            worker.ready = not one_at_a_time
+        rounds = 0
+        while pending or pool.gathering.trials:
+            freed = [pool.workers[rounds % workers]] if one_at_a_time else pool.workers
+            for worker in freed:
+                worker.ready, worker.trials = True, {}  # (its population ended)
+            while pending and pool.can_take(configs[pending[0]], pending[0]):
+                index = pending.pop(0)
+                if index not in skip:
+                    pool.submit(index, f"run-{index}", configs[index])
+            pool._send_gathered()
+            for end in ends:
+                while end.poll():
+                    got.append([index for index, _, _ in end.recv()[1]])
+            rounds += 1
+            assert rounds < 1000
+    finally:
+        for worker, end in zip(pool.workers, ends, strict=True):
+            worker.conn.close()
+            end.close()
+    return sorted(got)
+
+
+@pytest.mark.parametrize("skip", [(), (0,)])
 @pytest.mark.parametrize("kinds", [1, 2])
-@pytest.mark.parametrize(("trials", "workers"), [(70, 2), (10, 4), (9, 2)])
-def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(trials, workers, kinds):
-    """The coordinator gathers trials while workers are free, in the pool's dispatch order. All
-    workers ready at once, or one at a time (a worker spawned a little later, or populations
-    ending in different polls): the populations hold the same trials in the same order, so a
-    study's numbers do not depend on its workers' timing. With two population kinds
-    interleaved (hidden sizes × seeds), index order sent a half-gathered population whenever
-    the next trial was of the other kind and no second worker was free yet."""
-    capacity = -(-trials // workers)
+@pytest.mark.parametrize(("trials", "workers", "capacity"), [(70, 2, 35), (10, 4, 3), (9, 2, 5),
+                                                            (12, 2, 2)])  # fmt: skip
+def test_who_shares_a_population_does_not_depend_on_when_workers_are_free(
+    trials, workers, capacity, kinds, skip
+):
+    """Workers ready all at once, or one at a time (a worker spawned a little later,
+    populations ending in different polls): the populations hold the same trials in the same
+    order, the ones planned from the whole sweep, so a study's numbers do not depend on its
+    workers' timing. Also with two kinds interleaved (hidden sizes × seeds: in index order a
+    population went out half gathered whenever the next trial was of the other kind and no
+    second worker was free yet), and with a trial stopped before it started (it only leaves
+    its planned population smaller)."""
     configs = [
         TrainConfig(seed=i, hidden_sizes=(16,) if kinds == 1 or i % 2 == 0 else (32,)).to_dict()
         for i in range(trials)
     ]
-    splits = []
-    for one_at_a_time in (False, True):
-        pool, ends = _fake_pool(capacity=capacity, workers=workers)
-        pool.flags = bytearray(trials)
-        try:
-            if one_at_a_time:
-                for worker in pool.workers:
-                    worker.ready = False
-            pending = pool.dispatch_order(configs)
-            got = []
-            for step in range(workers):
-                if one_at_a_time:
-                    pool.workers[step].ready = True
-                while pending and pool.can_take(configs[pending[0]]):
-                    index = pending.pop(0)
-                    pool.submit(index, f"run-{index}", configs[index])
-                pool._send_gathered()
-            for end in ends:
-                if end.poll():
-                    got.append([index for index, _, _ in end.recv()[1]])
-            assert not pending and sorted(i for batch in got for i in batch) == list(range(trials))
-            splits.append(sorted(got))
-        finally:
-            for worker, end in zip(pool.workers, ends, strict=True):
-                worker.conn.close()
-                end.close()
-    assert splits[0] == splits[1]
-    assert max(map(len, splits[0])) == min(capacity, -(-trials // kinds))
-    assert all(len({tuple(configs[i]["hidden_sizes"]) for i in batch}) == 1 for batch in splits[0])
+    by_kind: dict = {}
+    for i, config in enumerate(configs):
+        by_kind.setdefault(tuple(config["hidden_sizes"]), []).append(i)
+    planned = [
+        ids[i : i + capacity] for ids in by_kind.values() for i in range(0, len(ids), capacity)
+    ]
+    expected = sorted([i for i in batch if i not in skip] for batch in planned)
+    expected = [batch for batch in expected if batch]
+    assert _split(configs, capacity, workers, False, skip) == expected
+    assert _split(configs, capacity, workers, True, skip) == expected
+
+
+def test_a_population_lost_in_part_trains_again_without_joining_another():
+    """Two members of a planned population of three are lost (the third had ended) while the
+    next population of the same kind is gathered: the two go out on their own, not merged."""
+    from gae_core.runs.gather import Gathering
+
+    configs = [TrainConfig(seed=i).to_dict() for i in range(6)]
+    gathering = Gathering(3)
+    assert gathering.dispatch_order(configs) == list(range(6))
+    for index in (0, 1, 2):
+        gathering.add(index, f"run-{index}", configs[index])
+    assert [[i for i, _, _ in batch] for batch in gathering.take(1)] == [[0, 1, 2]]
+    for index in (1, 2, 3, 4, 5):  # 1 and 2 queued again ahead of the next population
+        assert gathering.can_take(configs[index], 2, index)
+        gathering.add(index, f"run-{index}", configs[index])
+    assert sorted([i for i, _, _ in batch] for batch in gathering.take(2)) == [[1, 2], [3, 4, 5]]
 
 
 def test_the_dispatch_order_runs_each_planned_population_consecutively():
     """Each kind's trials in consecutive batches of the capacity, the batches ordered by their
-    first trial; trials that train alone stay where they are; no reordering at capacity 1."""
+    first trial (a trial that trains alone is a batch of one); no reordering at capacity 1."""
     from gae_core.runs.gather import Gathering
 
     small, big, alone = (
@@ -484,8 +520,9 @@ def test_trials_that_can_share_a_population_go_together_in_order():
 
 
 class _ScriptedBackend:
-    """A backend with one slot that records what the coordinator submits, in which order; the
-    first trial it is given is lost once (its worker "died"), the rest finish at once."""
+    """A backend with one slot for two trials that records what the coordinator submits, in
+    which order; the first two trials it is given are lost together (their worker "died"),
+    the rest finish at once."""
 
     name = "scripted"
 
@@ -498,8 +535,8 @@ class _ScriptedBackend:
     def dispatch_order(self, configs: list[dict]) -> list[int]:
         return list(self.order)
 
-    def can_take(self, config: dict) -> bool:
-        return not self.running
+    def can_take(self, config: dict, index: int | None = None) -> bool:
+        return len(self.running) < 2
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         self.submitted.append(index)
@@ -509,13 +546,11 @@ class _ScriptedBackend:
         pass
 
     def events(self, timeout: float) -> list[tuple]:
-        out = []
-        for index in self.running:
-            if not self.lost:
-                self.lost = True
-                out.append(("lost", index, "scripted worker died"))
-            else:
-                out.append(("finish", index, "finished", None))
+        if not self.lost:
+            self.lost = True
+            out = [("lost", index, "scripted worker died") for index in self.running]
+        else:
+            out = [("finish", index, "finished", None) for index in self.running]
         self.running = []
         return out
 
@@ -527,8 +562,8 @@ class _ScriptedBackend:
 
 
 def test_the_coordinator_submits_in_the_backends_dispatch_order(tmp_path):
-    """The sweep submits its trials in the order the backend plans its populations in, and a
-    lost trial goes back to its place in that order (ahead of the trials never started)."""
+    """The sweep submits its trials in the order the backend plans its populations in, and
+    lost trials go back to their places in that order (ahead of the trials never started)."""
     backends: list[_ScriptedBackend] = []
 
     def factory(workers: int, trials: int, flush: float) -> _ScriptedBackend:
@@ -541,4 +576,5 @@ def test_the_coordinator_submits_in_the_backends_dispatch_order(tmp_path):
         )
         assert progress.status == "finished" and progress.counts["finished"] == 4
     (backend,) = backends
-    assert backend.submitted == [3, 3, 2, 1, 0]  # trial 3 lost once, retried in its place
+    # 3 and 2 lost together, queued again in their order, ahead of 1 and 0
+    assert backend.submitted == [3, 2, 3, 2, 1, 0]

@@ -36,9 +36,9 @@ class Backend(Protocol):
 
     name: str
 
-    def can_take(self, config: dict) -> bool:
-        """Whether a trial with ``config`` (``TrainConfig.to_dict()``) would start training at
-        once if submitted now (the coordinator claims a trial only then)."""
+    def can_take(self, config: dict, index: int | None = None) -> bool:
+        """Whether trial ``index`` with ``config`` (``TrainConfig.to_dict()``) would start
+        training at once if submitted now (the coordinator claims a trial only then)."""
         ...
 
     def dispatch_order(self, configs: list[dict]) -> list[int]:

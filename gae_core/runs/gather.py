@@ -14,12 +14,12 @@ in, and the same sweep gives the same per-trial metrics locally and on Ray
 * the coordinator submits the trials in :meth:`Gathering.dispatch_order`: each population of
   the split planned from the whole sweep (each kind's trials in consecutive batches of
   ``capacity``) as a run of consecutive trials, populations ordered by their first trial;
-* :meth:`Gathering.can_take` always lets a trial join the open population of its kind while
-  it has room, so the coordinator never stops inside a population; it stops only where the
-  next trial needs a slot of its own, and each kind's gathered trials start where a planned
-  population starts. (In index order, a sweep that mixes kinds — hidden sizes × seeds — sent a
-  population out half gathered whenever the next trial was of the other kind and no second
-  slot was free.)
+* a trial is gathered under its planned population, which :meth:`Gathering.can_take` always
+  lets it join, so the coordinator never stops inside a population (it stops only where the
+  next trial needs a slot of its own) and planned populations are never merged: a trial
+  stopped before it started, or a population lost in part, only leaves a smaller one. (In
+  index order, a sweep that mixes kinds — hidden sizes × seeds — sent a population out half
+  gathered whenever the next trial was of the other kind and no second slot was free.)
 """
 
 from __future__ import annotations
@@ -57,47 +57,66 @@ class Gathering:
     whether one more trial would start at the next :meth:`take` (a trial that trains alone
     needs a slot of its own, one of another population's kind cannot use the room in this one),
     and :meth:`take` hands out the batches for the free slots.
+
+    A trial is gathered under its *group*: its kind (population key, or :data:`ALONE`) and the
+    number of its planned population (:meth:`dispatch_order`; -1 for a trial outside the
+    plan). A planned population is never merged with another, so a trial stopped before it
+    started, or a population of which only some members are lost and queued again, leaves a
+    smaller population and the rest of the sweep's split as planned.
     """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
-        self.trials: list[tuple[tuple, Trial]] = []  # (population key, trial), in order
+        self.trials: list[tuple[tuple, Trial]] = []  # (group, trial), in order
+        self.planned: dict[int, int] = {}  # trial index → number of its planned population
 
     def __len__(self) -> int:
         return len(self.trials)
 
-    def key(self, config: dict) -> tuple:
+    def kind(self, config: dict) -> tuple:
+        """The trial's population key, or :data:`ALONE` (always, at capacity 1)."""
         return _population_key(config) if self.capacity > 1 else ALONE
 
+    def group(self, config: dict, index: int | None = None) -> tuple:
+        """(kind, planned population number or -1): what the trial is gathered under."""
+        return self.kind(config), self.planned.get(index, -1) if index is not None else -1
+
+    def _size(self, group: tuple) -> int:
+        return 1 if group[0] == ALONE else self.capacity
+
     def dispatch_order(self, configs: list[dict]) -> list[int]:
-        """The order to submit the trials ``configs`` (by index) in: the planned populations
-        (each kind's trials, in index order, in consecutive batches of ``capacity``) one after
-        another, ordered by their first trial; index order when every trial trains alone."""
+        """Plan the sweep's populations and return the order to submit its trials ``configs``
+        (by index) in: each kind's trials, in index order, in consecutive batches of
+        ``capacity``, the batches one after another, ordered by their first trial (index
+        order when every trial trains alone)."""
+        self.planned = {}
         if self.capacity == 1:
             return list(range(len(configs)))
         kinds: dict[tuple, list[int]] = {}
         for index, config in enumerate(configs):
-            kinds.setdefault(self.key(config), []).append(index)
+            kinds.setdefault(self.kind(config), []).append(index)
         batches = []
-        for key, indices in kinds.items():
-            size = 1 if key == ALONE else self.capacity
+        for kind, indices in kinds.items():
+            size = 1 if kind == ALONE else self.capacity
             batches += [indices[i : i + size] for i in range(0, len(indices), size)]
-        return [index for batch in sorted(batches) for index in batch]
+        batches.sort()
+        self.planned = {index: number for number, batch in enumerate(batches) for index in batch}
+        return [index for batch in batches for index in batch]
 
     def add(self, index: int, run_id: str, config: dict) -> None:
-        self.trials.append((self.key(config), (index, run_id, config)))
+        self.trials.append((self.group(config, index), (index, run_id, config)))
 
     def batches(self, extra: tuple | None = None) -> tuple[int, int]:
-        """(batches, spare room) the gathered trials, and one more of key ``extra``, form
+        """(batches, spare room) the gathered trials, and one more of group ``extra``, form
         when :meth:`take` splits them."""
         counts: dict[tuple, int] = {}
-        for key in [key for key, _ in self.trials] + ([extra] if extra else []):
-            counts[key] = counts.get(key, 0) + 1
+        for group in [group for group, _ in self.trials] + ([extra] if extra else []):
+            counts[group] = counts.get(group, 0) + 1
         batches = room = 0
-        for key, n in counts.items():
-            size = 1 if key == ALONE else self.capacity
+        for group, n in counts.items():
+            size = self._size(group)
             parts = -(-n // size)  # as take() splits them
             batches, room = batches + parts, room + parts * size - n
         return batches, room
@@ -111,11 +130,11 @@ class Gathering:
             return 0
         return (free - batches) * self.capacity + room
 
-    def can_take(self, config: dict, free: int) -> bool:
-        """Whether a trial with ``config`` would start at the next :meth:`take` with ``free``
-        slots: every gathered batch, with it added, finds one. (Counting slots instead claimed
-        trials that then waited "running" at step 0.)"""
-        return self.batches(self.key(config))[0] <= free
+    def can_take(self, config: dict, free: int, index: int | None = None) -> bool:
+        """Whether trial ``index`` with ``config`` would start at the next :meth:`take` with
+        ``free`` slots: every gathered batch, with it added, finds one. (Counting slots instead
+        claimed trials that then waited "running" at step 0.)"""
+        return self.batches(self.group(config, index))[0] <= free
 
     def take(self, free: int) -> list[list[Trial]]:
         """Up to ``free`` batches, removed from the gathered trials: each key's trials in
@@ -128,11 +147,11 @@ class Gathering:
         if free <= 0 or not self.trials:
             return []
         groups: dict[tuple, list[Trial]] = {}
-        for key, trial in self.trials:
-            groups.setdefault(key, []).append(trial)
+        for group, trial in self.trials:
+            groups.setdefault(group, []).append(trial)
         batches = []
-        for key, trials in groups.items():
-            size = 1 if key == ALONE else self.capacity
+        for group, trials in groups.items():
+            size = self._size(group)
             batches += [trials[i : i + size] for i in range(0, len(trials), size)]
         taken = batches[:free]
         sent = {index for batch in taken for index, _, _ in batch}

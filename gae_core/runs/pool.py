@@ -183,10 +183,10 @@ class LocalPool:
         workers)."""
         return self.gathering.idle_slots(self._free())
 
-    def can_take(self, config: dict) -> bool:
+    def can_take(self, config: dict, index: int | None = None) -> bool:
         """Whether a trial with ``config`` would start at the next :meth:`events`
         (:meth:`Gathering.can_take` over the free workers)."""
-        return self.gathering.can_take(config, self._free())
+        return self.gathering.can_take(config, self._free(), index)
 
     def dispatch_order(self, configs: list[dict]) -> list[int]:
         return self.gathering.dispatch_order(configs)

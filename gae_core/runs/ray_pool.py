@@ -173,10 +173,10 @@ class RayPool:
     def idle_slots(self) -> int:
         return self.gathering.idle_slots(self._free())
 
-    def can_take(self, config: dict) -> bool:
+    def can_take(self, config: dict, index: int | None = None) -> bool:
         """Whether a trial would start at the next :meth:`events`: ``workers`` tasks at a
         time, each a trial alone or a population (:meth:`Gathering.can_take`)."""
-        return self.gathering.can_take(config, self._free())
+        return self.gathering.can_take(config, self._free(), index)
 
     def dispatch_order(self, configs: list[dict]) -> list[int]:
         return self.gathering.dispatch_order(configs)

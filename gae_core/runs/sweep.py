@@ -227,6 +227,7 @@ class Sweep:
         self._flush_interval = flush_interval
         self._backend_factory = backend
         self._backend: Backend | None = None
+        self._position: dict[int, int] = {}  # trial index → its place in the dispatch order
         self._cancel = threading.Event()
         self._cancelled = False
         self._error: str | None = None
@@ -293,17 +294,16 @@ class Sweep:
         backend = self._backend = self._backend_factory(
             self.workers, len(self._trials), self._flush_interval
         )
-        # the backend's order: each population it will form as a run of consecutive trials
-        order = backend.dispatch_order([t.config.to_dict() for t in self._trials])
-        self._position = {index: place for place, index in enumerate(order)}
-        pending = deque(order)
         last_report: SweepProgress | None = None
         last_heartbeat = 0.0
         try:
+            pending = deque(self._plan(backend))
             while pending or any(t.status == "running" for t in self._trials):
                 if self._cancel.is_set() and not self._cancelled:
                     self._cancel_all(backend, pending)
-                while pending and backend.can_take(self._trials[pending[0]].config.to_dict()):
+                while pending and backend.can_take(
+                    self._trials[pending[0]].config.to_dict(), pending[0]
+                ):
                     self._dispatch(backend, pending.popleft())
                 for event in backend.events(_POLL_S):
                     self._handle(backend, event, pending)
@@ -315,6 +315,16 @@ class Sweep:
         finally:
             backend.close()
         return self._final_status()
+
+    def _plan(self, backend: Backend) -> list[int]:
+        """The order to submit the trials in: the backend's, each population it will form as
+        a run of consecutive trials (``RuntimeError`` if it is not an order of the trials)."""
+        count = len(self._trials)
+        order = list(backend.dispatch_order([t.config.to_dict() for t in self._trials]))
+        if sorted(order) != list(range(count)):
+            raise RuntimeError(f"backend {backend.name}: its dispatch order is not the trials'")
+        self._position = {index: place for place, index in enumerate(order)}
+        return order
 
     def _dispatch(self, backend: Backend, index: int) -> None:
         trial = self._trials[index]
