@@ -85,9 +85,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
     try:
         import torch
 
-        from gae_core.agent.config import TrainConfig
-        from gae_core.runs.execute import execute_run
-        from gae_core.runs.population_run import execute_population
+        from gae_core.runs.population_run import execute_batch
 
         torch.set_num_threads(1)  # the workers are the parallelism
         conn.send(("ready", os.getpid()))
@@ -98,14 +96,9 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
             trials = message[1]
             indices = [index for index, _, _ in trials]
             try:
-                configs = [TrainConfig.from_dict(config) for _, _, config in trials]
                 sinks = [PipeSink(conn, index, flags) for index in indices]
                 stops = [_FlagEvent(flags, index) for index in indices]
-                run_ids = [run_id for _, run_id, _ in trials]
-                if len(trials) == 1:
-                    execute_run(sinks[0], run_ids[0], configs[0], stops[0], flush_interval=flush)
-                else:
-                    execute_population(sinks, run_ids, configs, stops, flush_interval=flush)
+                execute_batch(sinks, trials, stops, flush_interval=flush)
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise
             except Exception:  # the config cannot be built here (an env this host lacks)

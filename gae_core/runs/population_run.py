@@ -37,11 +37,12 @@ from gae_core.runs.execute import (
     _Buffer,
     _flush_quietly,
     eval_seed,
+    execute_run,
     record_seed,
 )
 from gae_core.trajectory import Trajectory
 
-__all__ = ["execute_population"]
+__all__ = ["execute_batch", "execute_population"]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,25 @@ class _Book:
                 log.exception("run %s: could not flush metrics after the failure", self.run_id)
         if self.status != "deleted":
             self.sink.finish(self.status, self.error)
+
+
+def execute_batch(
+    sinks: Sequence[RunSink],
+    trials: Sequence[tuple[int, str, dict]],
+    stop_events: Sequence[threading.Event],
+    *,
+    flush_interval: float = 1.0,
+) -> None:
+    """Train what a sweep backend's slot is sent (a worker process, a Ray task): ``trials``
+    ``[(index, run id, TrainConfig.to_dict())]``, one sink and stop event each; one trial
+    alone (:func:`~gae_core.runs.execute.execute_run`), several as one population. Raises if
+    a config cannot be built here (an env this host lacks); the backend then fails them."""
+    configs = [TrainConfig.from_dict(config) for _, _, config in trials]
+    run_ids = [run_id for _, run_id, _ in trials]
+    if len(trials) == 1:
+        execute_run(sinks[0], run_ids[0], configs[0], stop_events[0], flush_interval=flush_interval)
+    else:
+        execute_population(sinks, run_ids, configs, stop_events, flush_interval=flush_interval)
 
 
 def execute_population(

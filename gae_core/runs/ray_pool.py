@@ -64,12 +64,6 @@ class _Inbox:
         self.messages: list[tuple] = []
         self.stopped: set[int] = set()
 
-    def send(self, message: tuple) -> bool:
-        """Keep ``message``; whether its trial was asked to stop (a "started" message names
-        the task's trials, a list, and asks nothing)."""
-        self.messages.append(message)
-        return message[0] != "started" and message[1] in self.stopped
-
     def send_many(self, messages: list[tuple], indices: list[int]) -> list[int]:
         """Keep ``messages`` (in order); which of the trials ``indices`` were asked to stop."""
         self.messages.extend(messages)
@@ -148,23 +142,17 @@ def _train(inbox: Any, trials: list, flush: float) -> None:
 
     import torch
 
-    from gae_core.agent.config import TrainConfig
-    from gae_core.runs.execute import execute_run
-    from gae_core.runs.population_run import execute_population
+    from gae_core.runs.population_run import execute_batch
 
     torch.set_num_threads(1)  # one CPU per task: the tasks are the parallelism
     indices = [index for index, _, _ in trials]
     outbox = _Outbox(inbox, indices, every=flush / 2)
     sinks = [_InboxSink(outbox, index) for index in indices]
-    ray.get(inbox.send.remote(("started", indices, os.getpid(), ray.util.get_node_ip_address())))
+    started = ("started", indices, os.getpid(), ray.util.get_node_ip_address())
+    outbox.post(started, now=True)
     try:
-        configs = [TrainConfig.from_dict(config) for _, _, config in trials]
         stops = [threading.Event() for _ in trials]  # set by a flush's reply (_InboxSink)
-        run_ids = [run_id for _, run_id, _ in trials]
-        if len(trials) == 1:
-            execute_run(sinks[0], run_ids[0], configs[0], stops[0], flush_interval=flush)
-        else:
-            execute_population(sinks, run_ids, configs, stops, flush_interval=flush)
+        execute_batch(sinks, trials, stops, flush_interval=flush)
     except Exception:  # the config cannot be built on this node (an env it lacks)
         for sink in sinks:
             sink.finish("failed", traceback.format_exc())
