@@ -70,7 +70,7 @@ class Gathering:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
         self.trials: list[tuple[tuple, Trial]] = []  # (group, trial), in order
-        self.planned: dict[int, int] = {}  # trial index → number of its planned population
+        self.planned: dict[int, tuple] = {}  # trial index → its group in the plan
 
     def __len__(self) -> int:
         return len(self.trials)
@@ -80,11 +80,19 @@ class Gathering:
         return _population_key(config) if self.capacity > 1 else ALONE
 
     def group(self, config: dict, index: int | None = None) -> tuple:
-        """(kind, planned population number or -1): what the trial is gathered under."""
-        return self.kind(config), self.planned.get(index, -1) if index is not None else -1
+        """(kind, planned population number or -1): what the trial is gathered under (read
+        from the plan for a planned trial: its config is not built again)."""
+        planned = self.planned.get(index) if index is not None else None
+        return planned if planned is not None else (self.kind(config), -1)
 
     def _size(self, group: tuple) -> int:
+        """The most trials one batch of ``group`` holds: 1 for :data:`ALONE`, else capacity."""
         return 1 if group[0] == ALONE else self.capacity
+
+    def _chunks(self, group: tuple, items: list) -> list[list]:
+        """``items`` of one group in consecutive batches of its size."""
+        size = self._size(group)
+        return [items[i : i + size] for i in range(0, len(items), size)]
 
     def dispatch_order(self, configs: list[dict]) -> list[int]:
         """Plan the sweep's populations and return the order to submit its trials ``configs``
@@ -97,13 +105,14 @@ class Gathering:
         kinds: dict[tuple, list[int]] = {}
         for index, config in enumerate(configs):
             kinds.setdefault(self.kind(config), []).append(index)
-        batches = []
-        for kind, indices in kinds.items():
-            size = 1 if kind == ALONE else self.capacity
-            batches += [indices[i : i + size] for i in range(0, len(indices), size)]
-        batches.sort()
-        self.planned = {index: number for number, batch in enumerate(batches) for index in batch}
-        return [index for batch in batches for index in batch]
+        batches = sorted(
+            (batch, kind) for kind, indices in kinds.items()
+            for batch in self._chunks((kind,), indices)
+        )  # fmt: skip
+        self.planned = {
+            index: (kind, number) for number, (batch, kind) in enumerate(batches) for index in batch
+        }
+        return [index for batch, _ in batches for index in batch]
 
     def add(self, index: int, run_id: str, config: dict) -> None:
         self.trials.append((self.group(config, index), (index, run_id, config)))
@@ -149,10 +158,9 @@ class Gathering:
         groups: dict[tuple, list[Trial]] = {}
         for group, trial in self.trials:
             groups.setdefault(group, []).append(trial)
-        batches = []
-        for group, trials in groups.items():
-            size = self._size(group)
-            batches += [trials[i : i + size] for i in range(0, len(trials), size)]
+        batches = [
+            batch for group, trials in groups.items() for batch in self._chunks(group, trials)
+        ]
         taken = batches[:free]
         sent = {index for batch in taken for index, _, _ in batch}
         self.trials = [(k, t) for k, t in self.trials if t[0] not in sent]
