@@ -482,6 +482,9 @@ def test_the_trainer_builds_the_normalisation_its_config_names(reset):
 
 
 def test_the_replay_clips_its_frozen_normalisation_like_training():
+    """The replay's network input equals what the training stack's own wrappers
+    (gymnasium's NormalizeObservation, frozen, then the clip) make of the same raw
+    observations, and the clip binds on them."""
     config = tiny("Pendulum-v1", total_steps=400, normalize_observations=True, normalize_clip=0.25)
     trainer = Trainer(config)
     try:
@@ -489,12 +492,14 @@ def test_the_replay_clips_its_frozen_normalisation_like_training():
             trainer.step()
         replay = load_replay(config, trainer.checkpoint_bytes())
         assert replay.clip == trainer.replay().clip == 0.25
-        raw = np.array([[1.0, 0.0, 8.0], [-1.0, 0.0, -8.0]])
-        unclipped = dataclasses.replace(replay, clip=0.0).policy_input(raw).numpy()
-        assert np.abs(unclipped).max() > 0.25
-        np.testing.assert_array_equal(
-            replay.policy_input(raw).numpy(), np.clip(unclipped, -0.25, 0.25)
-        )
+        raw = np.array([[1.0, 0.0, 8.0], [-1.0, 0.0, -8.0], [0.3, -0.9, 0.1]], np.float32)
+        normaliser, top = trainer.stack.observations, trainer.stack.env
+        normaliser.update_running_mean = False  # the statistics a checkpoint freezes
+        assert top.env is normaliser  # the clip sits right above the normaliser
+        trained = top.observations(normaliser.observations(raw))
+        unclipped = normaliser.observations(raw)
+        assert np.abs(unclipped).max() > 0.25 and np.abs(trained).max() == np.float32(0.25)
+        np.testing.assert_allclose(replay.policy_input(raw).numpy(), trained, rtol=1e-6, atol=1e-7)
     finally:
         trainer.close()
 
