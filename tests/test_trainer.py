@@ -22,6 +22,7 @@ from gae_core.agent.envs import EpisodeNormalizeReward, NormalizeReward, make_tr
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
+from gae_core.runs.execute import UpdateLog
 from gae_core.trajectory import Trajectory
 
 METRIC_KEYS = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
@@ -124,11 +125,32 @@ def test_reset_rows_masked_and_truncation_flagged():
 
 
 def test_rollout_of_reset_rows_only_is_skipped_not_diverged():
-    # rollout_steps 1, envs in lockstep: every 11th rollout is nothing but reset rows.
-    results, _ = run(tiny(CONSTANT_ID, num_envs=2, rollout_steps=1), updates=12)
-    assert results[10].metrics[M.GRAD_NORM.key] == 0.0
+    """rollout_steps 1, envs in lockstep: every 11th rollout is nothing but reset rows. It
+    takes no step and reports its learning rate only: no loss was measured."""
+    config = tiny(CONSTANT_ID, num_envs=2, rollout_steps=1, lr_schedule="linear")
+    results, _ = run(config, updates=12)
     assert results[10].env_steps == results[9].env_steps == 20
+    clocks = {M.LEARNING_RATE.key, M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
+    assert set(results[10].metrics) == clocks
+    assert set(results[9].metrics) == set(results[11].metrics) == METRIC_KEYS
+    expected_rate = config.learning_rate * (1 - 20 / config.total_steps)  # the linear schedule
+    assert results[10].metrics[M.LEARNING_RATE.key] == pytest.approx(expected_rate)
     assert all(math.isfinite(v) for r in results for v in r.metrics.values())
+
+
+def test_a_stored_window_averages_only_the_updates_that_measured_a_metric():
+    """UpdateLog: an update without a loss (no valid row) leaves that loss's mean alone; the
+    learning rate averages over every update, a clock keeps its last value."""
+    log = UpdateLog(100)
+    loss, rate, wall = M.VALUE_LOSS.key, M.LEARNING_RATE.key, M.WALL_TIME.key
+    assert log.add(0, 40, 1.0, {loss: 2.0, rate: 3e-3, wall: 1.0}) == []
+    assert log.add(40, 40, 1.5, {rate: 2e-3, wall: 1.5}) == []  # took no step
+    rows = {key: (step, value) for key, step, _, value in log.add(40, 120, 2.0,
+            {loss: 5.0, rate: 1e-3, wall: 2.0})}  # fmt: skip
+    assert rows == {loss: (120, 3.5), rate: (120, pytest.approx(2e-3)), wall: (120, 2.0)}
+    assert log.add(120, 160, 2.5, {rate: 1e-3, wall: 2.5}) == []
+    assert log.close() == [(rate, 160, 2.5, 1e-3), (wall, 160, 2.5, 2.5)]
+    assert log.close() == []
 
 
 @pytest.mark.parametrize("lambda_", [0.0, 0.9])

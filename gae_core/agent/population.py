@@ -381,10 +381,9 @@ class PopulationTrainer:
                 M.GRAD_NORM, M.EXPLAINED_VARIANCE)  # fmt: skip
         learning_list = learning.tolist()
         for i in active:
+            row = {}  # a member that took no step reports its learning rate only, as alone
             if learning_list[i]:
                 row = {metric.key: table[k][i] for k, metric in enumerate(keys)}
-            else:
-                row = dict.fromkeys((m.key for m in M.UPDATE), 0.0)
             row[M.LEARNING_RATE.key] = self.optimizer.learning_rate
             metrics[i] = row
         return metrics

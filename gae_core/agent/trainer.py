@@ -274,11 +274,13 @@ class Trainer:
         """One gradient step on the valid rows; returns the loss metrics.
 
         A rollout with no valid row (``rollout_steps`` 1 and every env just reset) has nothing
-        to learn from: no step is taken and the loss metrics are reported as 0.
+        to learn from: no step is taken and only the learning rate is reported (no loss was
+        measured; a stored row's mean leaves the update out, :class:`~gae_core.runs.execute.
+        UpdateLog`).
         """
         self.optimizer.learning_rate = self.learning_rate()
         if not self._batch.valid.any():
-            return {m.key: 0.0 for m in M.UPDATE}
+            return {M.LEARNING_RATE.key: self.optimizer.learning_rate}
         if self._numpy is not None:
             return self._numpy_update(advantages.numpy(), returns.numpy())
         observations, actions, advantages, returns, values = self._valid_rows(advantages, returns)

@@ -185,8 +185,10 @@ class _Buffer:
 class UpdateLog:
     """An update's metrics as stored rows, one row per metric each time the run crosses a
     multiple of ``log_every`` env steps (every update for 0): the row summarises the updates
-    since the last row (:attr:`~gae_core.metrics.Metric.window`: their mean, or the last value
-    of a clock), at the step and wall time of the last of them.
+    since the last row that reported the metric (:attr:`~gae_core.metrics.Metric.window`: their
+    mean, or the last value of a clock), at the step and wall time of the last update. An
+    update that took no step (no valid row) reports its learning rate only, so its unmeasured
+    losses are not zeros in a mean.
 
     Why not one row per update: the CartPole preset updates every 40 env steps, so a 7 λ ×
     10 seed study of 200k steps stored 3.5 M update rows (~114 bytes each in SQLite, about
@@ -197,16 +199,19 @@ class UpdateLog:
     def __init__(self, every: int) -> None:
         self.every = every
         self._sums: dict[str, float] = {}
-        self._count = 0
-        self._last: tuple[int, float, dict[str, float]] = (0, 0.0, {})
+        self._counts: dict[str, int] = {}
+        self._lasts: dict[str, float] = {}
+        self._at: tuple[int, float] = (0, 0.0)
 
     def add(self, steps_before: int, env_steps: int, wall: float, metrics: dict) -> MetricRows:
         """Take one update's ``metrics`` (it moved the run from ``steps_before`` to
         ``env_steps``); returns the rows due now (none until the window closes)."""
         for key, value in metrics.items():
-            self._sums[key] = self._sums.get(key, 0.0) + float(value)
-        self._count += 1
-        self._last = (env_steps, wall, metrics)
+            value = float(value)
+            self._sums[key] = self._sums.get(key, 0.0) + value
+            self._counts[key] = self._counts.get(key, 0) + 1
+            self._lasts[key] = value
+        self._at = (env_steps, wall)
         every = self.every
         if every <= 0 or env_steps // every > steps_before // every:
             return self.close()
@@ -215,15 +220,13 @@ class UpdateLog:
     def close(self) -> MetricRows:
         """The rows of the updates since the last row, if any (a run's end, a checkpoint: what
         was measured is stored)."""
-        if not self._count:
-            return []
-        env_steps, wall, last = self._last
+        env_steps, wall = self._at
         rows = [
             (key, env_steps, wall,
-             float(last[key]) if M.get(key).window == "last" else total / self._count)
+             self._lasts[key] if M.get(key).window == "last" else total / self._counts[key])
             for key, total in self._sums.items()
         ]  # fmt: skip
-        self._sums, self._count = {}, 0
+        self._sums, self._counts, self._lasts = {}, {}, {}
         return rows
 
 
