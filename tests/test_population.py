@@ -549,8 +549,9 @@ def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypat
 
 def test_a_member_whose_rollout_has_no_valid_row_reports_its_learning_rate_only():
     """One env per member and one step per rollout: the rollout after a member's episode ends
-    is its reset row alone. That member takes no step and, as a single run, reports only its
-    learning rate (no loss was measured); the other members' updates are whole."""
+    is its reset row alone. That member takes no step (its weights stay where they are) and, as
+    a single run, reports only its learning rate (no loss was measured); the other members'
+    updates are whole."""
     configs = [config(**m, num_envs=1, rollout_steps=1, total_steps=300) for m in MEMBERS[:2]]
     population = PopulationTrainer(configs)
     full = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
@@ -558,9 +559,12 @@ def test_a_member_whose_rollout_has_no_valid_row_reports_its_learning_rate_only(
     before, skipped, whole = [0, 0], 0, 0
     try:
         while not population.done:
+            weights = population.params[0].detach().clone()  # the engine's flat [M, P] buffer
             for i, result in population.step().items():
                 took_no_step = result.env_steps == before[i]
                 assert set(result.metrics) == (clocks if took_no_step else full)
+                moved = not torch.equal(population.params[0][i], weights[i])
+                assert moved != took_no_step  # (Adam's momentum would move it: it is kept)
                 assert result.metrics[M.LEARNING_RATE.key] == configs[i].learning_rate
                 skipped, whole = skipped + took_no_step, whole + (not took_no_step)
                 before[i] = result.env_steps

@@ -306,6 +306,41 @@ def test_optimizer_matches_torch_optim(kind):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("kind", ["adam", "rmsprop"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_populations_optimizer_steps_each_member_as_its_own_would(kind, seed):
+    """Optimizer.step(rows=...): member m's rows of every parameter end exactly where an
+    optimizer of its own ends when stepped only at the updates where m is in ``rows`` (same
+    gradients); a member out of a step keeps its parameters and moments."""
+    generator = torch.Generator().manual_seed(seed)
+    members, updates = 3, 12
+    params = [torch.randn(members, 5, generator=generator), torch.randn(members, 2, 4)]
+    alone = [[p[m].clone() for p in params] for m in range(members)]
+    population = Optimizer(params, kind, 1e-2)
+    optimizers = [Optimizer(own, kind, 1e-2) for own in alone]
+    rows = torch.rand(updates, members, generator=generator) < 0.6
+    rows[0] = True
+    rows[1:3, 0] = False  # member 0 falls behind: Adam's corrections differ between members
+    for t in range(updates):
+        grads = [torch.randn(p.shape, generator=generator) for p in params]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        before = [x.clone() for x in (*params, *population.second_moments)]
+        population.step(rows=rows[t])
+        idle = torch.nonzero(~rows[t]).flatten()
+        for old, new in zip(before, (*params, *population.second_moments), strict=True):
+            torch.testing.assert_close(new[idle], old[idle], rtol=0, atol=0)
+        for m in torch.nonzero(rows[t]).flatten().tolist():
+            for own, g in zip(alone[m], grads, strict=True):
+                own.grad = g[m].clone()
+            optimizers[m].step()
+    counts = rows.cumsum(0)  # members stepping together with different step counts:
+    assert any(len(set(counts[t][rows[t]].tolist())) > 1 for t in range(updates))
+    for m in range(members):
+        for p, own in zip(params, alone[m], strict=True):
+            torch.testing.assert_close(p[m], own, rtol=1e-6, atol=1e-7)
+
+
 def test_last_rollout_is_cut_at_the_budget():
     # 16 envs × 64 steps = 1024 rows per update; a 2500-step budget needs a 3rd, shorter rollout
     config = tiny("CartPole-v1", num_envs=16, rollout_steps=64, total_steps=2500)

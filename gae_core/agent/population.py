@@ -17,7 +17,8 @@ config gets:
   over its own rows, its own value and entropy coefficients;
 * the same update: gradients of one member's loss reach only its own slice of the stack, the
   gradient norm is clipped per member, and Adam/RMSprop act element by element, so each member's
-  optimizer state is its own;
+  optimizer state is its own; a member without a step (a rollout with no valid row) keeps it,
+  and Adam's bias correction counts its own steps (:class:`~gae_core.agent.optim.Optimizer`);
 * the same GAE: one call with one γ and λ per column (``estimators.gae``).
 
 Its envs are its own ``num_envs`` sub-envs of one vector env and its actions are drawn from the
@@ -373,7 +374,7 @@ class PopulationTrainer:
             norms = torch.zeros(self.size)
         self.optimizer.learning_rate = self._learning_rate(active)
         if bool(learning.any()):
-            self.optimizer.step()
+            self.optimizer.step(rows=learning)  # the others keep their state, as alone
         ev = explained_variance(values.detach(), returns, mask)
         columns = (policy, value, entropy, raw_mean, raw_std, norms, ev)
         table = torch.stack([c.detach().double() for c in columns]).tolist()
