@@ -112,7 +112,8 @@ REGISTRY: dict[str, Metric] = {
     )
 }
 
-#: What one update reports (the trainer's ``update`` returns exactly these).
+#: What one update reports (the trainer's ``update`` returns these; one that takes no step, for
+#: want of a valid row, only its learning rate).
 UPDATE: tuple[Metric, ...] = (
     POLICY_LOSS,
     VALUE_LOSS,

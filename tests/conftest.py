@@ -246,21 +246,23 @@ def cli_in_process(data: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def stored_update_metric(
-    updates: list[tuple[int, float]], every: int, also: int = 0
+    updates: list[tuple[int, float | None]], every: int, also: int = 0
 ) -> list[tuple[int, float]]:
     """``(env_step, value)`` rows of an update metric whose updates, in order, ended at the
-    given env steps with the given values: a row (the mean of the updates since the last row,
-    at the step of the last of them) at each update that crossed a multiple of ``every``
-    (each update for 0) or of ``also`` (a checkpoint's), and one for any left at the end."""
+    given env steps with the given values (None: the update did not report it, as one without
+    a step reports no loss): a row (the mean of the values since the last row, at the step of
+    the last update) at each update that crossed a multiple of ``every`` (each update for 0)
+    or of ``also`` (a checkpoint's), if any was reported, and one for any left at the end."""
     rows, window, before = [], [], 0
     for step, value in updates:
-        window.append(value)
+        if value is not None:
+            window.append(value)
         crossed = every == 0 or any(
             before < m <= step
             for period in (every, also) if period
             for m in range(period, step + 1, period)
         )  # fmt: skip
-        if crossed:
+        if crossed and window:
             rows.append((step, sum(window) / len(window)))
             window = []
         before = step

@@ -401,6 +401,36 @@ def test_a_member_that_blows_up_fails_alone(autograd, net, what):
         population.close()
 
 
+def test_a_member_whose_gradient_blows_up_fails_alone_and_is_not_counted_as_stepping(
+    monkeypatch,
+):
+    """Its loss is finite, its gradient not: it fails alone, the others step, and the
+    optimizer does not count a step for it (it ended: its rows are no longer kept either)."""
+    configs = [config(**m) for m in MEMBERS[:3]]
+    population = PopulationTrainer(configs)
+    engine, optimizer = population.engine, population.optimizer
+    try:
+        for _ in range(3):
+            population.step()
+        real = engine.gradients
+
+        def gradients(*args, **kwargs):
+            terms = real(*args, **kwargs)
+            engine.grad[1] = float("nan")
+            return terms
+
+        monkeypatch.setattr(engine, "gradients", gradients)
+        weights, counts = engine.flat.clone(), optimizer.row_steps.copy()
+        assert set(population.step()) == {0, 2}
+        assert population.member(1).error.startswith("TrainingDiverged: gradient became non-fin")
+        assert optimizer.row_steps.tolist() == [counts[0] + 1, counts[1], counts[2] + 1]
+        assert all(torch.isfinite(engine.flat[i]).all() for i in range(3))
+        assert not torch.equal(engine.flat[0], weights[0])
+        assert not torch.equal(engine.flat[2], weights[2])
+    finally:
+        population.close()
+
+
 def test_only_configs_that_can_share_a_population_do():
     a = config(seed=0, lambda_=0.5)
     assert population_key(a) == population_key(config(seed=7, lambda_=0.99, gamma=0.9))
@@ -523,7 +553,7 @@ def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypat
     def step(self):
         results = real_step(self)
         for i, result in results.items():
-            seen.setdefault(i, []).append((result.env_steps, result.metrics[M.VALUE_LOSS.key]))
+            seen.setdefault(i, []).append((result.env_steps, result.metrics.get(M.VALUE_LOSS.key)))
         return results
 
     monkeypatch.setattr(PopulationTrainer, "step", step)
@@ -547,24 +577,27 @@ def test_a_members_update_metrics_are_stored_as_window_means(tmp_path, monkeypat
     store.close()
 
 
-def test_a_member_whose_rollout_has_no_valid_row_reports_its_learning_rate_only():
+@pytest.mark.parametrize("autograd", [False, True])
+def test_a_member_whose_rollout_has_no_valid_row_reports_its_learning_rate_only(autograd):
     """One env per member and one step per rollout: the rollout after a member's episode ends
-    is its reset row alone. That member takes no step (its weights stay where they are) and, as
-    a single run, reports only its learning rate (no loss was measured); the other members'
-    updates are whole."""
+    is its reset row alone. That member takes no step (its weights and optimizer moments stay
+    where they are) and, as a single run, reports only its learning rate (no loss was
+    measured); the other members' updates are whole. On both update engines."""
     configs = [config(**m, num_envs=1, rollout_steps=1, total_steps=300) for m in MEMBERS[:2]]
-    population = PopulationTrainer(configs)
+    population = PopulationTrainer(configs, autograd=autograd)
+    optimizer = population.optimizer
     full = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
     clocks = {M.LEARNING_RATE.key, M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
     before, skipped, whole = [0, 0], 0, 0
     try:
         while not population.done:
-            weights = population.params[0].detach().clone()  # the engine's flat [M, P] buffer
+            state = [*population.params, *optimizer.first_moments, *optimizer.second_moments]
+            saved = [x.detach().clone() for x in state]
             for i, result in population.step().items():
                 took_no_step = result.env_steps == before[i]
                 assert set(result.metrics) == (clocks if took_no_step else full)
-                moved = not torch.equal(population.params[0][i], weights[i])
-                assert moved != took_no_step  # (Adam's momentum would move it: it is kept)
+                moved = [not torch.equal(x[i], old[i]) for x, old in zip(state, saved, strict=True)]
+                assert any(moved) != took_no_step  # (Adam's momentum would move it: it is kept)
                 assert result.metrics[M.LEARNING_RATE.key] == configs[i].learning_rate
                 skipped, whole = skipped + took_no_step, whole + (not took_no_step)
                 before[i] = result.env_steps

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import stored_update_metric
 from gymnasium.wrappers.utils import RunningMeanStd
 
 import gae_core
@@ -22,7 +23,8 @@ from gae_core.agent.envs import EpisodeNormalizeReward, NormalizeReward, make_tr
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
-from gae_core.runs.execute import UpdateLog
+from gae_core.runs.execute import StoreSink, UpdateLog, execute_run
+from gae_core.runs.store import RunStore
 from gae_core.trajectory import Trajectory
 
 METRIC_KEYS = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
@@ -151,6 +153,29 @@ def test_a_stored_window_averages_only_the_updates_that_measured_a_metric():
     assert log.add(120, 160, 2.5, {rate: 1e-3, wall: 2.5}) == []
     assert log.close() == [(rate, 160, 2.5, 1e-3), (wall, 160, 2.5, 2.5)]
     assert log.close() == []
+
+
+def test_a_runs_stored_loss_rows_leave_out_the_updates_that_took_no_step(tmp_path):
+    """Stored end to end (execute_run, the store): every 11th update of this run has no valid
+    row; its value-loss rows are the means of the other updates in their windows, and its
+    learning-rate rows average every update."""
+    config = tiny(CONSTANT_ID, num_envs=2, rollout_steps=1, total_steps=120, log_every=30)
+    store = RunStore(tmp_path)
+    run_id = store.create_run(config.to_dict())
+    assert execute_run(StoreSink(store, run_id), run_id, config).status == "finished"
+    trainer = Trainer(config)
+    updates = []
+    while not trainer.done:
+        result = trainer.step()
+        updates.append((result.env_steps, result.metrics))
+    trainer.close()
+    assert sum(M.VALUE_LOSS.key not in m for _, m in updates) >= 5
+    for metric in (M.VALUE_LOSS, M.LEARNING_RATE):
+        expected = stored_update_metric([(s, m.get(metric.key)) for s, m in updates], 30)
+        stored = store.metrics(run_id, [metric.key])
+        assert stored["env_step"].tolist() == [s for s, _ in expected]
+        np.testing.assert_allclose(stored["value"], [v for _, v in expected], rtol=1e-6)
+    store.close()
 
 
 @pytest.mark.parametrize("lambda_", [0.0, 0.9])
@@ -309,9 +334,11 @@ def test_optimizer_matches_torch_optim(kind):
 @pytest.mark.parametrize("kind", ["adam", "rmsprop"])
 @pytest.mark.parametrize("seed", range(4))
 def test_a_populations_optimizer_steps_each_member_as_its_own_would(kind, seed):
-    """Optimizer.step(rows=...): member m's rows of every parameter end exactly where an
-    optimizer of its own ends when stepped only at the updates where m is in ``rows`` (same
-    gradients); a member out of a step keeps its parameters and moments."""
+    """Optimizer.step(rows=...): member m's rows of every parameter end where an optimizer of
+    its own ends when stepped only at the updates where m is in ``rows`` (same gradients; to
+    float rounding); a member out of a step keeps its parameters and moments. With ``keep``,
+    a member in neither (one that has ended) is no longer copied, and the others are as
+    before."""
     generator = torch.Generator().manual_seed(seed)
     members, updates = 3, 12
     params = [torch.randn(members, 5, generator=generator), torch.randn(members, 2, 4)]
@@ -325,20 +352,27 @@ def test_a_populations_optimizer_steps_each_member_as_its_own_would(kind, seed):
         grads = [torch.randn(p.shape, generator=generator) for p in params]
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-        before = [x.clone() for x in (*params, *population.second_moments)]
-        population.step(rows=rows[t])
-        idle = torch.nonzero(~rows[t]).flatten()
-        for old, new in zip(before, (*params, *population.second_moments), strict=True):
+        state = (*params, *population.first_moments, *population.second_moments)
+        before = [x.clone() for x in state]
+        keep = None
+        if t >= 8:  # member 2 ended after update 7: out of every later step, and not kept
+            rows[t, 2] = False
+            keep = ~rows[t] & (torch.arange(members) != 2)
+        population.step(rows=rows[t], keep=keep)
+        idle = torch.nonzero(~rows[t] if keep is None else keep).flatten()
+        for old, new in zip(before, state, strict=True):
             torch.testing.assert_close(new[idle], old[idle], rtol=0, atol=0)
         for m in torch.nonzero(rows[t]).flatten().tolist():
             for own, g in zip(alone[m], grads, strict=True):
                 own.grad = g[m].clone()
             optimizers[m].step()
+        if t == 7:
+            ended_at = [p[2].clone() for p in params]
     counts = rows.cumsum(0)  # members stepping together with different step counts:
     assert any(len(set(counts[t][rows[t]].tolist())) > 1 for t in range(updates))
     for m in range(members):
-        for p, own in zip(params, alone[m], strict=True):
-            torch.testing.assert_close(p[m], own, rtol=1e-6, atol=1e-7)
+        for p, own in zip(ended_at if m == 2 else [p[m] for p in params], alone[m], strict=True):
+            torch.testing.assert_close(p, own, rtol=1e-6, atol=1e-7)
 
 
 def test_last_rollout_is_cut_at_the_budget():

@@ -23,9 +23,10 @@ class Optimizer:
     SB3's A2C); see the module docstring for why it is not ``torch.optim``.
 
     For a population (parameters whose first dimension is its M members), :meth:`step` takes
-    ``rows``: the members that step. The others keep their parameters and moments, and Adam's
-    bias correction counts each member's own steps, so every member steps as its single run's
-    optimizer would (a run skips the update of a rollout without a valid row)."""
+    ``rows``: the members that step. Adam's bias correction counts each member's own steps,
+    and the members in ``keep`` keep their parameters and moments, so every member steps as
+    its single run's optimizer would, to float rounding (a run skips the update of a rollout
+    without a valid row). Call it with ``rows`` every time or never."""
 
     def __init__(self, params: list[torch.Tensor], kind: str, learning_rate: float) -> None:
         self.params, self.kind, self.learning_rate = params, kind, learning_rate
@@ -40,9 +41,11 @@ class Optimizer:
             p.grad = None
 
     @torch.no_grad()
-    def step(self, rows: torch.Tensor | None = None) -> None:
-        """One step of every parameter with a gradient; with ``rows`` (bool ``[M]``), of those
-        members only (see the class docstring)."""
+    def step(self, rows: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> None:
+        """One step of every parameter with a gradient. With ``rows`` (CPU bool ``[M]``), the
+        members that step: only theirs count, and those in ``keep`` (default: every other
+        member) are left as they were. A population passes the members that train on as
+        ``keep``; an ended member's rows are not worth the copy (see the class docstring)."""
         self.steps += 1
         index = [i for i, p in enumerate(self.params) if p.grad is not None]
         if rows is None:
@@ -52,19 +55,21 @@ class Optimizer:
         if self.row_steps is None:
             self.row_steps = np.zeros(len(rows), np.int64)
         self.row_steps += rows
-        idle = np.flatnonzero(~rows)
-        state = (self.params, self.first_moments, self.second_moments)
-        # (members out of the step: a rollout without a valid row, a member that has ended)
-        kept = [(i, [t[i][idle].clone() for t in state]) for i in index] if len(idle) else []
+        idle = np.flatnonzero(~rows if keep is None else keep.numpy() & ~rows)
+        kept = []
+        if len(idle):  # rare: a member whose rollout had no valid row
+            idle = torch.from_numpy(idle)
+            moments = [self.second_moments] if self.kind == "rmsprop" else [
+                self.first_moments, self.second_moments]  # fmt: skip
+            for tensors in (self.params, *moments):
+                kept += [(tensors[i], tensors[i].index_select(0, idle)) for i in index]
         counts = self.row_steps[rows]
         if len(counts) and counts.min() == counts.max():
             self._step(index, int(counts[0]))
         else:  # Adam's correction per member: members have taken different numbers of steps
             self._step(index, torch.from_numpy(np.maximum(self.row_steps, 1)))
-        for i, (param, first, second) in kept:
-            self.params[i][idle] = param
-            self.first_moments[i][idle] = first
-            self.second_moments[i][idle] = second
+        for tensor, saved in kept:
+            tensor.index_copy_(0, idle, saved)
 
     def _step(self, index: list[int], steps: int | torch.Tensor) -> None:
         params = [self.params[i] for i in index]

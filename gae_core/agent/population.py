@@ -369,12 +369,14 @@ class PopulationTrainer:
         if bool(learning.any()):
             if self.engine is None:
                 torch.where(learning, per_member, torch.zeros_like(per_member)).sum().backward()
-            norms = self._clip_gradients(learning)
+            norms, finite = self._clip_gradients(learning)
+            learning &= finite
         else:
             norms = torch.zeros(self.size)
         self.optimizer.learning_rate = self._learning_rate(active)
-        if bool(learning.any()):
-            self.optimizer.step(rows=learning)  # the others keep their state, as alone
+        if bool(learning.any()):  # a member training on without a step keeps its state
+            training = torch.tensor([m.active for m in self._members])
+            self.optimizer.step(rows=learning, keep=training & ~learning)
         ev = explained_variance(values.detach(), returns, mask)
         columns = (policy, value, entropy, raw_mean, raw_std, norms, ev)
         table = torch.stack([c.detach().double() for c in columns]).tolist()
@@ -389,16 +391,17 @@ class PopulationTrainer:
             metrics[i] = row
         return metrics
 
-    def _clip_gradients(self, learning: torch.Tensor) -> torch.Tensor:
+    def _clip_gradients(self, learning: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Clip each member's gradient norm (:func:`clip_per_member`); a member whose norm is
-        not finite is deactivated. Returns the norms before clipping."""
+        not finite is deactivated. Returns the norms before clipping and whether each is
+        finite."""
         if self.engine is None:
             norms, finite = clip_per_member(self.params, self._max_norm, learning)
         else:
             norms, finite = self.engine.clip(self._max_norm, learning)
         failed = (learning & ~finite).tolist()
         self._fail([i for i in range(self.size) if failed[i]], "gradient")
-        return norms
+        return norms, finite
 
     def _fail(self, members: list[int], what: str) -> None:
         for i in members:

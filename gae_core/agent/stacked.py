@@ -199,8 +199,9 @@ def clip_per_member(
     """Clip each member's global gradient norm (over every stacked parameter, member on the
     first axis) to its ``max_norm [M]`` (inf: no clipping), as ``torch.nn.utils.clip_grad_norm_``
     does for one network, and zero the gradient slices of members not ``learning [M]`` or whose
-    norm is not finite (0 × NaN is NaN), so they take no step. Returns (the norms before
-    clipping, whether each is finite)."""
+    norm is not finite (0 × NaN is NaN; the optimizer leaves them out of its step,
+    :meth:`~gae_core.agent.optim.Optimizer.step`). Returns (the norms before clipping, whether
+    each is finite)."""
     size = max_norm.shape[0]
     grads = [p.grad.reshape(size, -1) for p in params if p.grad is not None]
     norms = torch.linalg.vector_norm(

@@ -250,7 +250,9 @@ class StackedA2C:
     def clip(self, max_norm: torch.Tensor, learning: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Clip each member's gradient norm to its ``max_norm [M]`` (inf: no clipping) by
         ``clip_grad_norm_``'s rule, and zero the rows of members not ``learning`` or whose norm
-        is not finite. Returns (the norms before clipping, whether each is finite)."""
+        is not finite (the optimizer leaves them out of its step,
+        :meth:`~gae_core.agent.optim.Optimizer.step`). Returns (the norms before clipping,
+        whether each is finite)."""
         norms = torch.linalg.vector_norm(self.grad, dim=1)
         finite = torch.isfinite(norms)
         coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
