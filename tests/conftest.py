@@ -271,6 +271,29 @@ def stored_update_metric(
     return rows
 
 
+def stored_and_stepped(tmp_path, config) -> tuple:
+    """``(store, run_id, updates)``: the run of ``config`` trained into a fresh store in
+    ``tmp_path`` (``execute_run``), and the ``(env_steps, metrics)`` of each update of the same
+    config trained again in a Trainer (deterministic per seed), to compute the stored rows
+    from."""
+    from gae_core.agent.trainer import Trainer
+    from gae_core.runs.execute import StoreSink, execute_run
+    from gae_core.runs.store import RunStore
+
+    store = RunStore(tmp_path)
+    run_id = store.create_run(config.to_dict())
+    assert execute_run(StoreSink(store, run_id), run_id, config).status == "finished"
+    trainer = Trainer(config)
+    updates = []
+    try:
+        while not trainer.done:
+            result = trainer.step()
+            updates.append((result.env_steps, result.metrics))
+    finally:
+        trainer.close()
+    return store, run_id, updates
+
+
 def trajectory_steps(store, run_id: str) -> list[int]:
     """The env steps at which the store's file holds trajectories of the run (read with SQL: the
     library has no use for this list)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import stored_update_metric, wait_until
+from conftest import stored_and_stepped, stored_update_metric, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
@@ -137,15 +137,7 @@ def test_update_metrics_are_stored_as_window_means_closed_at_checkpoints(tmp_pat
     updates since the last row (the wall-time clock: its last value). A checkpoint closes the
     window too, so the stored curve reaches every checkpoint's step."""
     config = TrainConfig(**{**SMALL, "log_every": 300, "checkpoint_every": 700})
-    store = RunStore(tmp_path)
-    run_id = store.create_run(config.to_dict())
-    assert execute_run(StoreSink(store, run_id), run_id, config).status == "finished"
-    trainer = Trainer(config)
-    updates = []
-    while not trainer.done:
-        result = trainer.step()
-        updates.append((result.env_steps, result.metrics))
-    trainer.close()
+    store, run_id, updates = stored_and_stepped(tmp_path, config)
     steps = store.checkpoint_steps(run_id)
     for metric in (M.VALUE_LOSS, M.GRAD_NORM, M.WALL_TIME):
         stored = store.metrics(run_id, [metric.key])

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import stored_update_metric
+from conftest import stored_and_stepped, stored_update_metric
 from gymnasium.wrappers.utils import RunningMeanStd
 
 import gae_core
@@ -23,8 +23,7 @@ from gae_core.agent.envs import EpisodeNormalizeReward, NormalizeReward, make_tr
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
-from gae_core.runs.execute import StoreSink, UpdateLog, execute_run
-from gae_core.runs.store import RunStore
+from gae_core.runs.execute import UpdateLog
 from gae_core.trajectory import Trajectory
 
 METRIC_KEYS = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
@@ -160,15 +159,7 @@ def test_a_runs_stored_loss_rows_leave_out_the_updates_that_took_no_step(tmp_pat
     row; its value-loss rows are the means of the other updates in their windows, and its
     learning-rate rows average every update."""
     config = tiny(CONSTANT_ID, num_envs=2, rollout_steps=1, total_steps=120, log_every=30)
-    store = RunStore(tmp_path)
-    run_id = store.create_run(config.to_dict())
-    assert execute_run(StoreSink(store, run_id), run_id, config).status == "finished"
-    trainer = Trainer(config)
-    updates = []
-    while not trainer.done:
-        result = trainer.step()
-        updates.append((result.env_steps, result.metrics))
-    trainer.close()
+    store, run_id, updates = stored_and_stepped(tmp_path, config)
     assert sum(M.VALUE_LOSS.key not in m for _, m in updates) >= 5
     for metric in (M.VALUE_LOSS, M.LEARNING_RATE):
         expected = stored_update_metric([(s, m.get(metric.key)) for s, m in updates], 30)
