@@ -18,6 +18,7 @@ from gae_core.estimators import (
     lambda_returns,
     td_residuals,
 )
+from gae_core.version import __version__ as __version__
 
 __all__ = [
     "discounted_returns",
@@ -28,4 +29,3 @@ __all__ = [
     "lambda_returns",
     "td_residuals",
 ]
-__version__ = "0.2.0"

@@ -73,15 +73,15 @@ def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, ke
 
     Streamlit revokes such a button's download when the fragment that drew it redraws, so a
     button inside a fragment that redraws on a timer can miss a click (see the Runs page)."""
+    download_button(label, lambda: to_csv(frame()), file_name, "text/csv", key)
+
+
+def download_button(label: str, data: Callable[[], str], file_name: str, mime: str, key: str):
+    """A download button whose file is generated on click (:func:`csv_button`'s caveat)."""
     st.download_button(
-        label,
-        data=lambda: to_csv(frame()),
-        file_name=file_name,
-        mime="text/csv",
-        key=key,
-        on_click="ignore",
+        label, data=data, file_name=file_name, mime=mime, key=key, on_click="ignore",
         icon=":material/download:",
-    )
+    )  # fmt: skip
 
 
 def csv_link(label: str, url: str, key: str) -> None:

@@ -3,6 +3,7 @@ curves (IQM or mean with bootstrap bands), final return and AUC per group with i
 probability of improvement between groups and the performance profile."""
 
 import datetime as dt
+import json
 import os
 
 import streamlit as st
@@ -10,7 +11,7 @@ import streamlit as st
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
-from gae_core.insight import compare, compare_figures, stats, views
+from gae_core.insight import compare, compare_figures, provenance, stats, views
 from gae_core.labels import assignment, format_value, label
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
@@ -227,6 +228,13 @@ envs = sorted({r.config.get("env_id") for r in runs})
 if len(envs) > 1:
     st.warning(f"These runs come from different environments ({', '.join(envs)}): their "
                "returns are not on one scale.")  # fmt: skip
+_, also_varies = provenance.config_spread([r.config for r in runs], group)
+if also_varies:
+    st.warning(
+        f"These runs also differ in {', '.join(label(f) for f in also_varies)}: the curves do "
+        f"not isolate {label(group)}. The methods below list the values.",
+        icon=":material/warning:",
+    )
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
 seeds_per_group = episodes.groupby(group)["seed"].nunique()
 few = stats.few_seeds_warning(int(seeds_per_group.min()))
@@ -296,6 +304,13 @@ st.caption(
 )
 with downloads[2]:
     _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")
+record = provenance.methods_record(runs, group, statistic=center or "iqm", window=window)
+with st.expander("Methods and provenance (to cite these figures)"):
+    st.code(provenance.methods_text(record), language=None, wrap_lines=True)
+    _ui.download_button(
+        "Provenance JSON", lambda: json.dumps(record, indent=1), "provenance.json",
+        "application/json", "cmp.provenance_json",
+    )  # fmt: skip
 pair_score = st.segmented_control(
     "score for the two charts below", list(SCORES), default="final_return",
     format_func=label, key="cmp.pair_score",

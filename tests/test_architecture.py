@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+import gae_core
 from gae_core import metrics as M
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gae_core"
 
-VOCABULARY = {"errors", "metrics", "outcome", "labels", "trajectory", "inert"}
+VOCABULARY = {"errors", "metrics", "outcome", "labels", "trajectory", "inert", "version"}
 #: What each part may import from gae_core (besides itself and the vocabulary).
 ALLOWED = {
     "vocabulary": set(),
@@ -192,3 +193,13 @@ def test_metric_keys_follow_cleanrl_namespaces():
         "perf",
     }
     assert len({m.column for m in M.REGISTRY.values()}) == len(M.REGISTRY)  # CSV columns
+
+
+def test_the_version_has_one_owner_and_pyproject_agrees():
+    import tomllib
+
+    from gae_core.version import __version__
+
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        assert tomllib.load(handle)["project"]["version"] == __version__
+    assert gae_core.__version__ == __version__

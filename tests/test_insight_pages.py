@@ -216,6 +216,11 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
         "**Final return",
         "**AUC (how fast it learned)",
     ]
+    # what the figures were made from, to cite them: a paragraph and the record
+    (methods,) = [c.value for c in at.code if c.value.startswith("Made with gae_core")]
+    assert "4 runs of A2C with GAE, λ ∈ {0.8, 1}, 2 seeds per value." in methods
+    assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
+    assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
     assert cell.startswith(format_value(round(expected["final_return_iqm"].iloc[0], 1)))
@@ -252,6 +257,15 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     assert not at.exception
     summary = at.dataframe[-1].value
     assert isinstance(summary, pd.DataFrame) and sorted(summary["γ"]) == ["0.9", "0.99"]
+    assert not any("also differ" in w.value for w in at.warning)
+    # grouped by λ (one value here), γ is a confound the page names
+    at.selectbox(key="cmp.group").set_value("lambda_").run()
+    assert not at.exception
+    assert any(
+        "These runs also differ in γ: the curves do not isolate λ" in w.value for w in at.warning
+    )
+    (methods,) = [c.value for c in at.code if c.value.startswith("Made with gae_core")]
+    assert "Also varying across the runs (a confound): gamma ∈ {0.9, 0.99}." in methods
 
 
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):

@@ -214,3 +214,71 @@ def test_the_form_warns_when_a_normalisation_setting_has_nothing_to_act_on():
     assert clip.startswith("normalize_clip (5) has no effect")
     (reset,) = warned(reward_norm_reset="termination", normalize_observations=True)
     assert reset.startswith("reward_norm_reset (termination) has no effect: normalize_rewards")
+
+
+def _stored(run_id: str, **fields):
+    """A stored run as the provenance reads it (id, config, env steps, status)."""
+    from types import SimpleNamespace
+
+    from gae_core.agent.config import TrainConfig
+
+    config = TrainConfig(**{"total_steps": 1000, **fields}).to_dict()
+    return SimpleNamespace(id=run_id, config=config, env_steps=1000, status="finished")
+
+
+def test_config_spread_names_what_varies_besides_the_group_and_the_seed():
+    from gae_core.insight import provenance
+
+    configs = [
+        _stored("a", lambda_=0.5, seed=0, learning_rate=1e-3).config,
+        _stored("b", lambda_=1.0, seed=1, learning_rate=1e-2, torch_threads=2).config,
+    ]
+    shared, varying = provenance.config_spread(configs, "lambda_")
+    assert varying == {"learning_rate": [0.001, 0.01]}  # not λ, the seed or the threads
+    assert shared["num_envs"] == configs[0]["num_envs"] and "learning_rate" not in shared
+    assert {"lambda_", "seed", "torch_threads"}.isdisjoint(shared)
+    assert set(shared) | set(varying) | {"lambda_", "seed", "torch_threads"} == set(configs[0])
+    # grouped by the learning rate instead, λ is the confound
+    assert provenance.config_spread(configs, "learning_rate")[1] == {"lambda_": [0.5, 1.0]}
+
+
+def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from gae_core.insight import provenance, stats
+
+    runs = [
+        _stored(f"r{lam}{seed}", lambda_=lam, seed=seed, learning_rate=rate)
+        for lam, rate in ((0.5, 1e-3), (1.0, 1e-2))
+        for seed in (0, 1, 2)
+    ]
+    record = provenance.methods_record(runs, "lambda_", statistic="iqm", window=10, seed=3)
+    assert json.loads(json.dumps(record))["values"] == [0.5, 1.0]  # it is JSON as it is
+    assert record["values"] == [0.5, 1.0] and record["seeds"] == {"0.5": [0, 1, 2], "1": [0, 1, 2]}
+    assert [r["id"] for r in record["runs"]] == [r.id for r in runs]
+    assert record["statistics"]["resamples"] == stats.RESAMPLES
+    assert record["statistics"]["bootstrap_seed"] == 3
+    assert record["statistics"]["grid_points"] == compare.CURVE_POINTS
+    text = provenance.methods_text(record)
+    assert "6 runs of A2C with GAE, λ ∈ {0.5, 1}, 3 seeds per value." in text
+    assert "Also varying across the runs (a confound): learning_rate ∈ {0.001, 0.01}." in text
+    assert "the IQM across seeds of each seed's running mean of episodic return over 10" in text
+    assert f"{stats.RESAMPLES:,} resamples, seed 3." in text
+    assert "each run's own λ" in text  # the field default: the critic's target follows λ
+    held = [_stored(r.id, critic_target="fixed_lambda", lambda_=r.config["lambda_"]) for r in runs]
+    held_text = provenance.methods_text(provenance.methods_record(held, "lambda_"))
+    assert "own λ" not in held_text and "confound" not in held_text and "Curves:" not in held_text
+    # the code: the checkout's commit where there is one
+    code = record["code"]
+    assert code["version"] == gae_core.__version__ and code["package"] == "gae_core"
+    root = Path(provenance.__file__).resolve().parents[2]
+    if shutil.which("git") and (root / ".git").exists():
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        assert code["commit"] == head and f"commit {head[:12]}" in text
+        assert isinstance(code["local_changes"], bool)
+    else:
+        assert code["commit"] is None and "commit" not in text

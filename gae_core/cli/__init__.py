@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary = sub.add_parser(
         "summary",
         parents=[data_dir],
-        help="a sweep's statistics per group: IQM and mean of final return and AUC with CIs",
+        help="a sweep's statistics per group: IQM and mean of final return and AUC with CIs, "
+        "and the methods that made them",
     )
     summary.add_argument("sweep_id")
     summary.add_argument("--group", help=f"config field to group by (default: {lam})")

@@ -134,20 +134,25 @@ def lab_report(result_id: str, result: Any) -> dict[str, Any]:
 
 
 def summary(args: argparse.Namespace) -> int:
-    """A sweep's per-group statistics (the λ comparison's numbers) as a table or JSON."""
+    """A sweep's per-group statistics (the λ comparison's numbers) as a table or JSON, with
+    what they were made from (:mod:`gae_core.insight.provenance`)."""
     with open_store_for_reading(args) as store:
         sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
         group = args.group or study_group(sweep.grid)
         # scipy.stats (0.9 s to import) only for the commands that print statistics
         from gae_core.insight.compare import summary_records, sweep_summary
+        from gae_core.insight.provenance import methods_record, methods_text
 
         table = sweep_summary(store, args.sweep_id, group)
+        methods = methods_record(store.list_runs(sweep_id=args.sweep_id), group)
     if table.empty:
         print(f"sweep {args.sweep_id} has no finished episode yet", file=sys.stderr)
         return EXIT_OK
     records = summary_records(table, group)
     if args.json:
-        print_json({"sweep_id": args.sweep_id, "group": group, "summary": records})
+        print_json(
+            {"sweep_id": args.sweep_id, "group": group, "summary": records, "methods": methods}
+        )
         return EXIT_OK
     name = terminal_text(sweep.name)
     print(f"sweep {args.sweep_id} ({name}): 95 % percentile-bootstrap intervals over seeds")
@@ -159,6 +164,7 @@ def summary(args: argparse.Namespace) -> int:
         cells = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
         row = f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
         print((row + "".join(f"{c:<27}" for c in cells)).rstrip())
+    print(f"\nmethods: {terminal_text(methods_text(methods))}")
     return EXIT_OK
 
 

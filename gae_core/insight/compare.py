@@ -19,6 +19,9 @@ from gae_core.insight import stats
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.runs.store import RunStore
 
+#: The common env-step grid every seed's curve is put on, and the AUC is taken over.
+CURVE_POINTS = 200
+
 
 def running_mean(returns: np.ndarray, window: int) -> np.ndarray:
     """Mean of the last ``window`` values at each index (fewer at the start)."""
@@ -31,7 +34,7 @@ def running_mean(returns: np.ndarray, window: int) -> np.ndarray:
     return (cumsum[index] - cumsum[start]) / (index - start)
 
 
-def step_grid(max_steps: Sequence[int], points: int = 200) -> np.ndarray:
+def step_grid(max_steps: Sequence[int], points: int = CURVE_POINTS) -> np.ndarray:
     """Common env-step grid from 0 to the shortest curve's last step (no extrapolation)."""
     if not len(max_steps):
         raise ValueError("need at least one curve")
@@ -68,7 +71,7 @@ def aggregate_curves(
     episodes: pd.DataFrame,
     *,
     group: str = "lambda_",
-    points: int = 200,
+    points: int = CURVE_POINTS,
     window: int = 10,
     statistic: str = "iqm",
     seed: int = 0,
@@ -142,7 +145,7 @@ def seed_scores(
     group: str = "lambda_",
     threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
-    points: int = 200,
+    points: int = CURVE_POINTS,
 ) -> pd.DataFrame:
     """One row per (group, seed): ``final_return`` (the mean of its last ``final_window``
     episodes), ``auc`` (the area under its curve on the common grid divided by the grid's span:
@@ -174,7 +177,7 @@ def summary_table(
     group: str = "lambda_",
     threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
-    points: int = 200,
+    points: int = CURVE_POINTS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Per group: ``seeds``, the IQM and mean of the final return and of the AUC with 95 %
