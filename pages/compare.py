@@ -223,16 +223,32 @@ episodes = compare.episodes_frame(store, run_ids, group)
 if episodes.empty:
     st.info("No finished episodes in these runs yet.")
     st.stop()
-runs = [store.get_run(r) for r in run_ids]
+used = set(episodes["run_id"])  # the runs the figures draw (those with a finished episode)
+runs = [store.get_run(r) for r in run_ids if r in used]
 envs = sorted({r.config.get("env_id") for r in runs})
 if len(envs) > 1:
     st.warning(f"These runs come from different environments ({', '.join(envs)}): their "
                "returns are not on one scale.")  # fmt: skip
-_, also_varies = provenance.config_spread([r.config for r in runs], group)
-if also_varies:
+record = provenance.methods_record(runs, group, statistic=center or "iqm", window=window)
+varies = record["also_varies"]
+confounds = [label(f) for f, v in varies.items() if not v["crossed"] and f != "env_id"]
+if confounds:
     st.warning(
-        f"These runs also differ in {', '.join(label(f) for f in also_varies)}: the curves do "
-        f"not isolate {label(group)}. The methods below list the values.",
+        f"These runs also differ in {', '.join(confounds)}: the curves do not isolate "
+        f"{label(group)}. The methods below list the values.",
+        icon=":material/warning:",
+    )
+crossed = [label(f) for f, v in varies.items() if v["crossed"]]
+if crossed:
+    st.info(
+        f"{', '.join(crossed)} also varies, alike in every {label(group)} group: its values "
+        "are pooled with the seeds in each group's statistics.",
+        icon=":material/info:",
+    )
+if any(len(set(g["seeds"])) < len(g["seeds"]) for g in record["groups"]):
+    st.warning(
+        "A seed appears in more than one of these runs within a group: their episodes count "
+        "as one seed's.",
         icon=":material/warning:",
     )
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
@@ -304,11 +320,10 @@ st.caption(
 )
 with downloads[2]:
     _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")
-record = provenance.methods_record(runs, group, statistic=center or "iqm", window=window)
 with st.expander("Methods and provenance (to cite these figures)"):
     st.code(provenance.methods_text(record), language=None, wrap_lines=True)
     _ui.download_button(
-        "Provenance JSON", lambda: json.dumps(record, indent=1), "provenance.json",
+        "Provenance JSON", lambda: json.dumps(record, indent=1, allow_nan=False), "provenance.json",
         "application/json", "cmp.provenance_json",
     )  # fmt: skip
 pair_score = st.segmented_control(

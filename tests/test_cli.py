@@ -244,13 +244,13 @@ def test_sweep_json(tmp_path):
     assert table.returncode == 0 and "final return IQM [CI]" in table.stdout
     lines = table.stdout.splitlines()
     assert [line.split()[0] for line in lines[2:4]] == ["0.9", "1"]
-    assert lines[-1].startswith("methods: Made with gae_core ")
-    assert "λ ∈ {0.9, 1}, 1 seed per value. Shared by every run: env_id=CartPole-v1" in lines[-1]
+    assert lines[-1].startswith("methods: 2 runs of A2C with GAE, λ ∈ {0.9, 1}, 1 seed per")
+    assert "per value. Shared by every run: env_id=CartPole-v1" in lines[-1]
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in lines[-1]
     again = _last_json(cli(tmp_path / "data", "summary", result["sweep_id"], "--json").stdout)
     assert again["summary"] == result["summary"]  # the same numbers from both commands
     methods = again["methods"]  # what they were made from
-    assert methods["values"] == [0.9, 1.0] and methods["seeds"] == {"0.9": [0], "1": [0]}
+    assert methods["groups"] == [{"value": 0.9, "seeds": [0]}, {"value": 1.0, "seeds": [0]}]
     assert methods["also_varies"] == {} and methods["shared_config"]["total_steps"] == 1000
     assert sorted(r["id"] for r in methods["runs"]) == sorted(r["run_id"] for r in result["runs"])
     bad = cli(tmp_path / "data", "sweep", "--lambdas", "0.5", "2.0")

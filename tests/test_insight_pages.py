@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 
@@ -217,7 +218,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
         "**AUC (how fast it learned)",
     ]
     # what the figures were made from, to cite them: a paragraph and the record
-    (methods,) = [c.value for c in at.code if c.value.startswith("Made with gae_core")]
+    (methods,) = [c.value for c in at.code if c.value.startswith("4 runs of A2C")]
     assert "4 runs of A2C with GAE, λ ∈ {0.8, 1}, 2 seeds per value." in methods
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
     assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
@@ -257,15 +258,27 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     assert not at.exception
     summary = at.dataframe[-1].value
     assert isinstance(summary, pd.DataFrame) and sorted(summary["γ"]) == ["0.9", "0.99"]
-    assert not any("also differ" in w.value for w in at.warning)
-    # grouped by λ (one value here), γ is a confound the page names
+    assert not any("also differ" in w.value for w in at.warning) and not at.info
+    # grouped by λ (one value here), γ varies alike within it: pooled with the seeds
     at.selectbox(key="cmp.group").set_value("lambda_").run()
     assert not at.exception
+    assert any("γ also varies, alike in every λ group" in i.value for i in at.info)
+    (methods,) = [c.value for c in at.code if c.value.startswith("4 runs of A2C")]
+    assert "pooled with the seeds in each group's statistics: gamma ∈ {0.9, 0.99}." in methods
+    # two more runs whose λ comes with its own learning rate: a confound the page names
+    for lam, rate in ((0.5, 1e-3), (1.0, 1e-2)):
+        config = dataclasses.replace(base, lambda_=lam, learning_rate=rate)
+        run_sweep(store, config, grid_of(seeds=[0]), workers=1)
+    confounded = [r.id for r in store.list_runs() if r.config["learning_rate"] in (1e-3, 1e-2)]
+    at.run()  # the runs list now offers them
+    at.multiselect(key="cmp.runs").set_value(confounded).run()
+    assert not at.exception
     assert any(
-        "These runs also differ in γ: the curves do not isolate λ" in w.value for w in at.warning
+        "These runs also differ in learning rate: the curves do not isolate λ" in w.value
+        for w in at.warning
     )
-    (methods,) = [c.value for c in at.code if c.value.startswith("Made with gae_core")]
-    assert "Also varying across the runs (a confound): gamma ∈ {0.9, 0.99}." in methods
+    (methods,) = [c.value for c in at.code if c.value.startswith("2 runs of A2C")]
+    assert "(a confound): learning_rate ∈ {0.001, 0.01}." in methods
 
 
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):

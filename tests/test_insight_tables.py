@@ -226,25 +226,45 @@ def _stored(run_id: str, **fields):
     return SimpleNamespace(id=run_id, config=config, env_steps=1000, status="finished")
 
 
-def test_config_spread_names_what_varies_besides_the_group_and_the_seed():
+def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping():
+    from gae_core.agent.config import BOOKKEEPING_FIELDS
     from gae_core.insight import provenance
 
     configs = [
         _stored("a", lambda_=0.5, seed=0, learning_rate=1e-3).config,
-        _stored("b", lambda_=1.0, seed=1, learning_rate=1e-2, torch_threads=2).config,
+        _stored(
+            "b", lambda_=1.0, seed=1, learning_rate=1e-2, torch_threads=2, eval_every=500
+        ).config,
     ]
     shared, varying = provenance.config_spread(configs, "lambda_")
-    assert varying == {"learning_rate": [0.001, 0.01]}  # not λ, the seed or the threads
+    assert varying == {"learning_rate": {"values": [0.001, 0.01], "crossed": False}}
     assert shared["num_envs"] == configs[0]["num_envs"] and "learning_rate" not in shared
-    assert {"lambda_", "seed", "torch_threads"}.isdisjoint(shared)
-    assert set(shared) | set(varying) | {"lambda_", "seed", "torch_threads"} == set(configs[0])
+    assert set(shared) | set(varying) | {"lambda_", "seed", "torch_threads", "eval_every"} == set(
+        configs[0]
+    )
+    assert {"torch_threads", "eval_every"} <= set(BOOKKEEPING_FIELDS)
     # grouped by the learning rate instead, λ is the confound
-    assert provenance.config_spread(configs, "learning_rate")[1] == {"lambda_": [0.5, 1.0]}
+    assert provenance.config_spread(configs, "learning_rate")[1] == {
+        "lambda_": {"values": [0.5, 1.0], "crossed": False}
+    }
+    # a second axis crossed alike with every λ is pooled, not a confound; numbers by value
+    grid = [
+        _stored("c", lambda_=lam, seed=0, num_envs=n).config
+        for lam in (0.5, 1.0) for n in (16, 4, 8)
+    ]  # fmt: skip
+    assert provenance.config_spread(grid, "lambda_")[1] == {
+        "num_envs": {"values": [4, 8, 16], "crossed": True}
+    }
+    assert provenance.config_spread(grid[:-1], "lambda_")[1]["num_envs"]["crossed"] is False
+    # a run stored before critic_target existed reads as the behaviour it had, not a confound;
+    # a damaged row (an empty config) is left out
+    old = {k: v for k, v in configs[0].items() if k not in ("critic_target", "critic_lambda")}
+    shared, varying = provenance.config_spread([old, configs[0], {}], "lambda_")
+    assert varying == {} and shared["critic_target"] == configs[0]["critic_target"]
 
 
 def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
     import json
-    import shutil
     import subprocess
     from pathlib import Path
 
@@ -252,33 +272,74 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
 
     runs = [
         _stored(f"r{lam}{seed}", lambda_=lam, seed=seed, learning_rate=rate)
-        for lam, rate in ((0.5, 1e-3), (1.0, 1e-2))
-        for seed in (0, 1, 2)
+        for lam, rate in ((1.0, 1e-2), (0.5, 1e-3))
+        for seed in (2, 0, 1)
     ]
-    record = provenance.methods_record(runs, "lambda_", statistic="iqm", window=10, seed=3)
-    assert json.loads(json.dumps(record))["values"] == [0.5, 1.0]  # it is JSON as it is
-    assert record["values"] == [0.5, 1.0] and record["seeds"] == {"0.5": [0, 1, 2], "1": [0, 1, 2]}
+    runs[0].status = "stopped"
+    broken = _stored("x")
+    broken.config = {}
+    record = provenance.methods_record([*runs, broken], "lambda_", statistic="mean", window=10)
+    record = json.loads(json.dumps(record, allow_nan=False))  # JSON as it is, no NaN
+    assert record["groups"] == [
+        {"value": 0.5, "seeds": [0, 1, 2]},
+        {"value": 1.0, "seeds": [0, 1, 2]},
+    ]
     assert [r["id"] for r in record["runs"]] == [r.id for r in runs]
-    assert record["statistics"]["resamples"] == stats.RESAMPLES
-    assert record["statistics"]["bootstrap_seed"] == 3
-    assert record["statistics"]["grid_points"] == compare.CURVE_POINTS
+    assert record["unreadable_runs"] == ["x"]
+    settings = record["statistics"]
+    assert (settings["resamples"], settings["confidence"], settings["bootstrap_seed"]) == (
+        stats.RESAMPLES, stats.CONFIDENCE, stats.BOOTSTRAP_SEED
+    )  # fmt: skip
     text = provenance.methods_text(record)
     assert "6 runs of A2C with GAE, λ ∈ {0.5, 1}, 3 seeds per value." in text
+    assert "1 of them had not finished" in text
     assert "Also varying across the runs (a confound): learning_rate ∈ {0.001, 0.01}." in text
-    assert "the IQM across seeds of each seed's running mean of episodic return over 10" in text
-    assert f"{stats.RESAMPLES:,} resamples, seed 3." in text
+    assert (
+        "Curves: the mean across seeds of each seed's running mean of episodic return over 10"
+        in text
+    )
+    assert stats.IQM_DEFINITION in text and stats.INTERVAL_DEFINITION in text
+    assert f"{stats.RESAMPLES:,} resamples, seed {stats.BOOTSTRAP_SEED}" in text
     assert "each run's own λ" in text  # the field default: the critic's target follows λ
-    held = [_stored(r.id, critic_target="fixed_lambda", lambda_=r.config["lambda_"]) for r in runs]
+    # the critic held fixed, one learning rate, a seed twice: no confound, the seed named
+    held = [_stored(r.id, critic_target="fixed_lambda", lambda_=r.config["lambda_"],
+                    seed=r.config["seed"]) for r in runs]  # fmt: skip
+    held.append(_stored("dup", critic_target="fixed_lambda", lambda_=1.0, seed=0))
     held_text = provenance.methods_text(provenance.methods_record(held, "lambda_"))
     assert "own λ" not in held_text and "confound" not in held_text and "Curves:" not in held_text
-    # the code: the checkout's commit where there is one
-    code = record["code"]
+    assert "At λ = 1 a seed appears in more than one run" in held_text
+    # the code that computed it: the checkout's commit where git can tell
+    code = record["analysis_code"]
     assert code["version"] == gae_core.__version__ and code["package"] == "gae_core"
     root = Path(provenance.__file__).resolve().parents[2]
-    if shutil.which("git") and (root / ".git").exists():
+    try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-        assert code["commit"] == head and f"commit {head[:12]}" in text
+                              text=True, timeout=10)  # fmt: skip
+    except OSError:  # no git
+        head = None
+    if head is not None and head.returncode == 0 and (root / ".git").exists():
+        commit = head.stdout.strip()
+        assert code["commit"] == commit and f"(commit {commit[:12]}" in text
         assert isinstance(code["local_changes"], bool)
     else:
         assert code["commit"] is None and "commit" not in text
+    assert "the runs do not record the code that trained them" in text
+
+
+def test_the_auc_sentence_is_how_seed_scores_computes_it():
+    """By hand, as the methods paragraph words it: the unsmoothed return (the last episode
+    finished at or before each grid point), its area divided by the span from its first such
+    point to the grid's end."""
+    episodes = pd.DataFrame({
+        "lambda_": 0.9, "seed": [0, 0, 0, 1, 1], "run_id": ["a", "a", "a", "b", "b"],
+        "env_step": [10, 30, 60, 20, 70], "return": [1.0, 3.0, 5.0, 2.0, 4.0],
+    })  # fmt: skip
+    scores = compare.seed_scores(episodes, group="lambda_")
+    grid = compare.step_grid([60, 70])  # to the shortest seed's last finished episode
+    for seed, steps, returns in ((0, [10, 30, 60], [1.0, 3.0, 5.0]), (1, [20, 70], [2.0, 4.0])):
+        index = np.searchsorted(steps, grid, side="right") - 1  # the last episode at or before
+        keep = index >= 0
+        x, y = grid[keep], np.asarray(returns)[index[keep]]
+        expected = np.trapezoid(y, x) / (x[-1] - x[0])
+        got = scores.loc[scores["seed"] == seed, "auc"].item()
+        assert got == pytest.approx(expected, rel=1e-12)

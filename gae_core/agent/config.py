@@ -18,6 +18,7 @@ from gae_core.errors import ConfigError, UnsupportedEnvError
 from gae_core.labels import label
 
 __all__ = [
+    "BOOKKEEPING_FIELDS",
     "FIELD_SPECS",
     "STORED_BEFORE",
     "ConfigError",
@@ -199,6 +200,16 @@ class TrainConfig:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
         return cls(**data)
 
+
+#: Fields that decide where a run ran (device, threads) or what it records beside its training
+#: (evaluations, checkpoints and their episodes, metric rows), not what it learns: evaluations
+#: and recordings play on envs and generators of their own
+#: (``test_deterministic_evaluation_is_repeatable_and_leaves_training_alone``). Runs that
+#: differ only in these learn the same.
+BOOKKEEPING_FIELDS = (
+    "device", "torch_threads", "checkpoint_every", "record_episodes", "eval_every",
+    "eval_episodes", "log_every",
+)  # fmt: skip
 
 #: Fields whose default is not the behaviour of runs stored before the field existed, with
 #: the value that is (a run stored without ``normalize_clip`` never clipped; without

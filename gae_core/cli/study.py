@@ -140,11 +140,13 @@ def summary(args: argparse.Namespace) -> int:
         sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
         group = args.group or study_group(sweep.grid)
         # scipy.stats (0.9 s to import) only for the commands that print statistics
-        from gae_core.insight.compare import summary_records, sweep_summary
+        from gae_core.insight.compare import episodes_frame, summary_records, sweep_summary
         from gae_core.insight.provenance import methods_record, methods_text
 
         table = sweep_summary(store, args.sweep_id, group)
-        methods = methods_record(store.list_runs(sweep_id=args.sweep_id), group)
+        runs = store.list_runs(sweep_id=args.sweep_id)
+        used = set(episodes_frame(store, [r.id for r in runs], group)["run_id"])
+        methods = methods_record([r for r in runs if r.id in used], group)
     if table.empty:
         print(f"sweep {args.sweep_id} has no finished episode yet", file=sys.stderr)
         return EXIT_OK

@@ -74,7 +74,7 @@ def aggregate_curves(
     points: int = CURVE_POINTS,
     window: int = 10,
     statistic: str = "iqm",
-    seed: int = 0,
+    seed: int = stats.BOOTSTRAP_SEED,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per group, the IQM (or mean) episodic return across seeds with a 95 % percentile-bootstrap
     band (:func:`gae_core.insight.stats.curve_band`: it never leaves the range of the seeds).
@@ -178,7 +178,7 @@ def summary_table(
     threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
     points: int = CURVE_POINTS,
-    seed: int = 0,
+    seed: int = stats.BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
     """Per group: ``seeds``, the IQM and mean of the final return and of the AUC with 95 %
     percentile-bootstrap intervals (``final_return_iqm``, ``..._ci_low``, …, ``auc_mean``, …;
@@ -225,7 +225,7 @@ def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.Da
 
 
 def sweep_summary(
-    store: RunStore, sweep_id: str, group: str = "lambda_", seed: int = 0
+    store: RunStore, sweep_id: str, group: str = "lambda_", seed: int = stats.BOOTSTRAP_SEED
 ) -> pd.DataFrame:
     """:func:`summary_table` of a stored sweep's trials grouped by ``group`` (what the page's
     summary, ``sweep --json`` and ``python -m gae_core summary`` all show)."""

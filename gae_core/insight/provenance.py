@@ -1,7 +1,8 @@
 """What a comparison's figures were made from, so that a reader can check or redo them: the
-runs' shared config, what varies besides the grouped field and the seed (a confound the page
-warns about), the seeds and budgets, how the statistics are computed and with which settings,
-and the version of the code (the git commit when it runs from a checkout).
+runs they use and their seeds, the config those runs share, what else varies (crossed with the
+grouped field alike in every group, or a confound), how the statistics are computed and with
+which settings, and the code that computed them (the git commit when it runs from a checkout;
+the runs do not record the code that trained them).
 
 The λ comparison page shows it under its summary (a paragraph for a paper's methods section,
 and the record as JSON), and ``python -m gae_core summary`` prints it.
@@ -9,14 +10,16 @@ and the record as JSON), and ``python -m gae_core summary`` prints it.
 
 from __future__ import annotations
 
-import functools
+import numbers
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gae_core.agent.config import FIELD_SPECS, with_stored_defaults
+from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS, TrainConfig
+from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.insight.compare import CURVE_POINTS
 from gae_core.labels import format_value, label
@@ -25,16 +28,16 @@ from gae_core.version import __version__
 
 __all__ = ["config_spread", "methods_record", "methods_text", "source_version"]
 
-#: Fields that describe where a run ran, not what it computed.
-_PLACEMENT = ("device", "torch_threads")
+#: The source tree whose uncommitted changes would change what the dashboard computes.
+_SOURCE = ("gae_core", "pages", "app.py", "dashboard.py")
 
 
-@functools.cache
 def source_version() -> dict[str, Any]:
-    """``{"package", "version", "commit", "local_changes"}``: gae_core's version, and the git
-    commit of its source tree with whether that tree has uncommitted changes to tracked files
-    (both None where it does not run from a git checkout or git is missing). Once per
-    process."""
+    """``{"package", "version", "commit", "local_changes"}``: gae_core's version, the git commit
+    of its checkout and whether that checkout's code (the package, the pages, the app) has
+    changes not committed, untracked files included; both None where it does not run from a
+    git checkout or git cannot tell. Asked on every call (two git commands, tens of ms): a
+    running dashboard may run code edited since it started."""
     root = Path(__file__).resolve().parents[2]
     commit = changed = None
     git = shutil.which("git")
@@ -42,7 +45,7 @@ def source_version() -> dict[str, Any]:
         try:
             commit = _git(git, root, "rev-parse", "HEAD") or None
             if commit is not None:
-                changed = bool(_git(git, root, "status", "--porcelain", "--untracked-files=no"))
+                changed = bool(_git(git, root, "status", "--porcelain", "--", *_SOURCE))
         except (OSError, subprocess.SubprocessError):
             commit = changed = None
     return {"package": "gae_core", "version": __version__, "commit": commit,
@@ -56,119 +59,161 @@ def _git(git: str, root: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+def _order(value: Any) -> tuple:
+    """Numbers by value, then anything else by its repr (tuples, strings, None)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, repr(value))
+
+
+def _complete(config: dict) -> dict | None:
+    """A stored config with every field: the value that gives the behaviour the run had where
+    it was stored before a field existed (:meth:`TrainConfig.from_stored`); None if it cannot
+    be read (a damaged row)."""
+    if not config:
+        return None
+    try:
+        return TrainConfig.from_stored(config).to_dict()
+    except ConfigError:
+        return None
+
+
 def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
-    """``(shared, varying)`` over the runs' stored configs: the fields every config holds with
-    one value (``{field: value}``), and the fields other than ``group``, ``seed`` and where a
-    run ran (device, threads) that take several (``{field: [values, sorted by repr]}``)."""
-    configs = [with_stored_defaults(c) for c in configs]
-    fields = [f for f in FIELD_SPECS if any(f in c for c in configs)]
+    """``(shared, varying)`` over readable stored configs: the fields with one value in every
+    config (``{field: value}``), and the fields other than ``group``, ``seed`` and
+    :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` that take several
+    (``{field: {"values": [...], "crossed": bool}}``; crossed: every ``group`` value holds
+    the same values of it, as many times each, so it is pooled with the seeds alike in every
+    group rather than confounded with the grouped field)."""
+    configs = [c for c in (_complete(c) for c in configs) if c is not None]
     shared, varying = {}, {}
-    for field in fields:
-        values = {repr(c.get(field)): c.get(field) for c in configs}
+    for field in (f for f in FIELD_SPECS if configs and f in configs[0]):
+        values = {repr(c[field]): c[field] for c in configs}
         if len(values) == 1:
             shared[field] = next(iter(values.values()))
-        elif field not in (group, "seed", *_PLACEMENT):
-            varying[field] = [values[k] for k in sorted(values)]
+        elif field not in (group, "seed", *BOOKKEEPING_FIELDS):
+            per_group: dict[str, Counter] = {}
+            for c in configs:
+                per_group.setdefault(repr(c.get(group)), Counter())[repr(c[field])] += 1
+            crossed = len({tuple(sorted(n.items())) for n in per_group.values()}) == 1
+            ordered = sorted(values.values(), key=_order)
+            varying[field] = {"values": ordered, "crossed": crossed}
     return shared, varying
 
 
 def methods_record(
-    runs: Sequence[Any],
-    group: str,
-    *,
-    statistic: str | None = None,
-    window: int | None = None,
-    seed: int = 0,
+    runs: Sequence[Any], group: str, *, statistic: str | None = None, window: int | None = None
 ) -> dict[str, Any]:
-    """What a comparison of ``runs`` (stored :class:`~gae_core.runs.records.RunRecord`\\ s)
-    grouped by ``group`` was made from: the code's version, the runs (id, group value, seed,
-    env steps, status), the seeds per group value, the shared config and what else varies,
-    and the statistics: the scores', the intervals' bootstrap ``seed`` and, for a figure of
-    curves, the curves' (``statistic``, "iqm" or "mean", across seeds of each seed's running
-    mean over ``window`` episodes)."""
-    configs = [r.config for r in runs]
-    shared, varying = config_spread(configs, group)
-    seeds: dict[str, list] = {}
-    for config in configs:
-        config = with_stored_defaults(config)
-        seeds.setdefault(repr(config.get(group)), []).append(config.get("seed"))
-    values = sorted({with_stored_defaults(c).get(group) for c in configs}, key=repr)
+    """What a comparison of ``runs`` (stored :class:`~gae_core.runs.records.RunRecord`\\ s:
+    those its figures use) grouped by ``group`` was made from: the code that computed it, each
+    group's seeds, the runs (id, group value, seed, env steps, status), the shared config and
+    what else varies, and the statistics with their settings; for a figure of curves also the
+    curves' (``statistic``, "iqm" or "mean", across seeds of each seed's running mean over
+    ``window`` episodes)."""
+    readable = [(r, _complete(r.config)) for r in runs]
+    readable = [(r, c) for r, c in readable if c is not None]
+    shared, varying = config_spread([c for _, c in readable], group)
+    groups: dict[str, dict] = {}
+    for _, config in readable:
+        entry = groups.setdefault(repr(config[group]), {"value": config[group], "seeds": []})
+        entry["seeds"].append(config["seed"])
+    ordered = sorted(groups.values(), key=lambda g: _order(g["value"]))
+    for entry in ordered:
+        entry["seeds"].sort()
     return {
-        "code": source_version(),
+        "analysis_code": source_version(),
         "group": group,
-        "values": values,
-        "seeds": {format_value(v): sorted(seeds[repr(v)]) for v in values},
-        "runs": [_run_entry(r, group) for r in runs],
+        "groups": ordered,
+        "runs": [_run_entry(r, c, group) for r, c in readable],
+        "unreadable_runs": [r.id for r in runs if _complete(r.config) is None],
         "shared_config": shared,
         "also_varies": varying,
-        "statistics": {
-            **_curve(statistic, window),
-            "grid_points": CURVE_POINTS,
-            "final_return": f"each seed's mean return over its last {SOLVED_WINDOW} episodes",
-            "auc": "the area under each seed's curve on the grid, divided by the grid's span",
-            "aggregate": "IQM (mean of the middle 50 % of seeds) and mean across seeds",
-            "interval": "95 % percentile bootstrap over seeds (Agarwal et al., 2021)",
-            "resamples": stats.RESAMPLES,
-            "bootstrap_seed": seed,
-        },
+        "statistics": {**_curve(statistic, window), **_scores()},
     }
+
+
+def _run_entry(run: Any, config: dict, group: str) -> dict[str, Any]:
+    return {"id": run.id, group: config[group], "seed": config["seed"],
+            "env_steps": run.env_steps, "status": run.status}  # fmt: skip
 
 
 def _curve(statistic: str | None, window: int | None) -> dict[str, Any]:
     if statistic is None:
         return {}
-    what = f"{statistic.upper()} across seeds of each seed's running mean of episodic return"
-    return {"curve": what, "running_mean_episodes": window}
+    name = {"iqm": "IQM", "mean": "mean"}[statistic]
+    return {
+        "curve": f"the {name} across seeds of each seed's running mean of episodic return over "
+        f"{window} episodes, with the interval below at every grid point",
+        "running_mean_episodes": window,
+    }
 
 
-def _run_entry(run: Any, group: str) -> dict[str, Any]:
-    config = with_stored_defaults(run.config)
-    return {"id": run.id, group: config.get(group), "seed": config.get("seed"),
-            "env_steps": run.env_steps, "status": run.status}  # fmt: skip
+def _scores() -> dict[str, Any]:
+    return {
+        "grid": f"{CURVE_POINTS} points in env steps from 0 to the shortest seed's last "
+        "finished episode (fewer where steps repeat)",
+        "final_return": f"each run's mean return over its last {SOLVED_WINDOW} episodes (all "
+        "of them if fewer), at the budget it reached",
+        "auc": "the area under each seed's unsmoothed return (the last episode finished at or "
+        "before each grid point) divided by the span from its first such point to the grid's "
+        "end: its average return over training",
+        "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across seeds",
+        "interval": stats.INTERVAL_DEFINITION,
+        "confidence": stats.CONFIDENCE,
+        "resamples": stats.RESAMPLES,
+        "bootstrap_seed": stats.BOOTSTRAP_SEED,
+        "improvement": "P(X > Y) + ½ P(X = Y) over pairs of seeds, each group resampled on its own",
+    }
 
 
 def methods_text(record: dict[str, Any]) -> str:
     """:func:`methods_record` as a paragraph for a paper's methods section."""
-    code = record["code"]
+    code, group, groups = record["analysis_code"], record["group"], record["groups"]
+    if not groups:
+        return "No run with a readable config."
     version = f"gae_core {code['version']}"
     if code["commit"]:
-        version += f", commit {code['commit'][:12]}"
-        if code["local_changes"]:
-            version += " with uncommitted changes"
+        version += f" (commit {code['commit'][:12]}"
+        version += ", with uncommitted changes)" if code["local_changes"] else ")"
+    counts = sorted({len(set(g["seeds"])) for g in groups})
+    seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    seeds += " seed" if counts[-1] == 1 else " seeds"
+    values = ", ".join(format_value(g["value"]) for g in groups)
+    runs = record["runs"]
+    text = [f"{len(runs)} runs of A2C with GAE, {label(group)} ∈ {{{values}}}, {seeds} per value."]
+    unfinished = sum(r["status"] != "finished" for r in runs)
+    if unfinished:
+        text.append(f"{unfinished} of them had not finished (each counts at the budget it "
+                    "reached).")  # fmt: skip
+    twice = [format_value(g["value"]) for g in groups if len(set(g["seeds"])) < len(g["seeds"])]
+    if twice:
+        text.append(f"At {label(group)} = {', '.join(twice)} a seed appears in more than one "
+                    "run; their episodes count as one seed's.")  # fmt: skip
     shared = record["shared_config"]
-    group = record["group"]
-    counts = sorted({len(s) for s in record["seeds"].values()})
-    seeds_text = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
-    seeds_text += " seed" if counts[-1] == 1 else " seeds"
-    values = ", ".join(format_value(v) for v in record["values"])
-    setting = ", ".join(
-        f"{name}={format_value(value)}" for name, value in shared.items() if name != "seed"
-    )
-    statistics = record["statistics"]
-    text = [
-        f"Made with {version}. {len(record['runs'])} runs of A2C with GAE, "
-        f"{label(group)} ∈ {{{values}}}, {seeds_text} per value.",
-        f"Shared by every run: {setting}.",
-    ]
+    setting = ", ".join(f"{k}={format_value(v)}" for k, v in shared.items() if k != "seed")
+    text.append(f"Shared by every run: {setting}.")
+    lam = label("lambda_")
     if group == "lambda_" and shared.get("critic_target") == "advantage_lambda":
-        lam = label("lambda_")
         text.append(f"The critic's target is the {lam}-return with each run's own {lam}, so the "
-                    f"critic changes with {lam} too.")  # fmt: skip
-    if record["also_varies"]:
-        varied = "; ".join(
-            f"{name} ∈ {{{', '.join(format_value(v) for v in vals)}}}"
-            for name, vals in record["also_varies"].items()
-        )
-        text.append(f"Also varying across the runs (a confound): {varied}.")
-    if "curve" in statistics:
-        text.append(
-            f"Curves: the {statistics['curve']} over {statistics['running_mean_episodes']} "
-            f"episodes, on a common grid of {statistics['grid_points']} points in env steps."
-        )
+                    f"critic changes with {lam} too (critic_lambda is unused).")  # fmt: skip
+    for crossed, what in ((True, "Crossed with it, alike in every group, and pooled with the "
+                           "seeds in each group's statistics"),
+                          (False, "Also varying across the runs (a confound)")):  # fmt: skip
+        fields = {k: v for k, v in record["also_varies"].items() if v["crossed"] == crossed}
+        if fields:
+            listed = "; ".join(
+                f"{k} ∈ {{{', '.join(format_value(x) for x in v['values'])}}}"
+                for k, v in fields.items()
+            )
+            text.append(f"{what}: {listed}.")
+    s = record["statistics"]
+    if "curve" in s:
+        text.append(f"Curves: {s['curve']}.")
     text.append(
-        f"Final return: {statistics['final_return']}. AUC: {statistics['auc']} "
-        f"({statistics['grid_points']} points). Scores aggregate as {statistics['aggregate']}. "
-        f"Intervals: {statistics['interval']}, {statistics['resamples']:,} resamples, seed "
-        f"{statistics['bootstrap_seed']}."
+        f"Grid: {s['grid']}. Final return: {s['final_return']}. AUC: {s['auc']}. Scores "
+        f"aggregate as {s['aggregate']}; intervals: {s['interval']}, {s['resamples']:,} "
+        f"resamples, seed {s['bootstrap_seed']} (none with one seed). Probability of "
+        f"improvement: {s['improvement']}. Statistics computed with {version}; the runs do not "
+        "record the code that trained them."
     )
     return " ".join(text)

@@ -34,7 +34,12 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 __all__ = [
+    "BOOTSTRAP_SEED",
+    "CONFIDENCE",
     "FEW_SEEDS",
+    "INTERVAL_DEFINITION",
+    "IQM_DEFINITION",
+    "RESAMPLES",
     "STATISTICS",
     "best_group_sentence",
     "bootstrap_ci",
@@ -52,7 +57,15 @@ __all__ = [
 
 #: Below this many seeds per group the page warns that intervals are wide.
 FEW_SEEDS = 5
+#: Every interval here: its resamples, confidence level and generator seed (the defaults).
 RESAMPLES = 2000
+CONFIDENCE = 0.95
+BOOTSTRAP_SEED = 0
+#: The intervals and the IQM in words (a comparison's methods paragraph).
+INTERVAL_DEFINITION = (
+    f"{CONFIDENCE * 100:g} % percentile bootstrap over seeds (Agarwal et al., 2021)"
+)
+IQM_DEFINITION = "the 25 % trimmed mean: ⌊n/4⌋ seeds cut from each end, the mean below 4 seeds"
 
 
 def iqm(scores: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -102,9 +115,9 @@ def bootstrap_ci(
     scores: Sequence[float] | np.ndarray,
     statistic: str = "iqm",
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float, float]:
     """``(point, low, high)`` of the statistic over the scores (NaN dropped) with a percentile
     bootstrap interval over seeds; one score gives ``(x, x, x)``, none ``(nan, nan, nan)``."""
@@ -125,9 +138,9 @@ def stratified_bootstrap_ci(
     scores_by_task: Sequence[Sequence[float]],
     statistic: str = "iqm",
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float, float]:
     """``(point, low, high)`` of the statistic over all tasks' scores pooled, seeds resampled
     within each task (rliable's stratified bootstrap)."""
@@ -160,9 +173,9 @@ def probability_of_improvement(
     x: Sequence[float],
     y: Sequence[float],
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float, float]:
     """``(p, low, high)``: P(X > Y) + ½·P(X = Y) over seeds, i.e. U / (n·m) of the
     Mann–Whitney test, with a bootstrap interval resampling x and y independently."""
@@ -196,8 +209,8 @@ def probability_of_improvement(
 
 
 def improvement_matrix(
-    groups: Mapping[Any, Sequence[float]], *, confidence: float = 0.95,
-    resamples: int = RESAMPLES, seed: int = 0,
+    groups: Mapping[Any, Sequence[float]], *, confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:  # fmt: skip
     """Long frame ``x, y, probability, ci_low, ci_high`` for every ordered pair x ≠ y."""
     if not groups:
@@ -233,9 +246,9 @@ def performance_profile(
     groups: Mapping[Any, Sequence[float]],
     taus: np.ndarray | None = None,
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
     """Long frame ``group, tau, fraction, ci_low, ci_high``: the share of a group's seeds with a
     score strictly above τ, with a bootstrap band over seeds."""
@@ -264,9 +277,9 @@ def curve_band(
     curves: np.ndarray,
     statistic: str = "iqm",
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
     """Per grid point of ``curves [seeds, points]`` (NaN where a seed has no value yet): the
     statistic over the seeds present and its percentile-bootstrap band; columns ``center,
@@ -301,9 +314,9 @@ def group_summary(
     group: str,
     columns: Sequence[str],
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
     """One row per group value: ``<group>``, ``seeds`` and, for every score column c,
     ``c_iqm, c_iqm_ci_low, c_iqm_ci_high, c_mean, c_mean_ci_low, c_mean_ci_high``.
@@ -327,9 +340,9 @@ def best_group_sentence(
     groups: Mapping[Any, Sequence[float]],
     label: Callable[[Any], str],
     *,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES,
-    seed: int = 0,
+    seed: int = BOOTSTRAP_SEED,
 ) -> str:
     """The group with the highest IQM (ties: mean) against the runner-up, in words:
     "λ = 0.95 beats λ = 1 with probability 0.78 [0.61, 0.92] …", saying so when the interval
