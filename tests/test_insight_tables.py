@@ -223,7 +223,7 @@ def _stored(run_id: str, **fields):
     from gae_core.agent.config import TrainConfig
 
     config = TrainConfig(**{"total_steps": 1000, **fields}).to_dict()
-    return SimpleNamespace(id=run_id, config=config, env_steps=1000, status="finished")
+    return SimpleNamespace(id=run_id, config=config, env_steps=1000, status="finished", code=None)
 
 
 def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping():
@@ -276,6 +276,10 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
         for seed in (2, 0, 1)
     ]
     runs[0].status = "stopped"
+    trained = {"package": "gae_core", "version": "0.2.0", "commit": "abcdef0123456789",
+               "local_changes": False}  # fmt: skip
+    for run in runs[2:]:  # the first two stored before runs recorded their code
+        run.code = trained
     broken = _stored("x")
     broken.config = {}
     record = provenance.methods_record([*runs, broken], "lambda_", statistic="mean", window=10)
@@ -322,8 +326,14 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
         assert code["commit"] == commit and f"(commit {commit[:12]}" in text
         assert isinstance(code["local_changes"], bool)
     else:
-        assert code["commit"] is None and "commit" not in text
-    assert "the runs do not record the code that trained them" in text
+        assert code["commit"] is None
+        assert text.endswith(f"Statistics computed with gae_core {gae_core.__version__}.")
+    assert (
+        "Runs created with gae_core 0.2.0 (commit abcdef012345); 2 stored before runs "
+        "recorded their code. Statistics computed with gae_core" in text
+    )
+    assert record["created_with"] == [{"code": None, "runs": 2}, {"code": trained, "runs": 4}]
+    assert "The runs do not record the code they were created with." in held_text
 
 
 def test_the_auc_sentence_is_how_seed_scores_computes_it():

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import trajectory_steps
 
+import gae_core
 from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.outcome import ReturnTracker, summarize_returns
@@ -23,6 +24,7 @@ from gae_core.runs.records import MetricRow
 from gae_core.runs.schema import SCHEMA_VERSION
 from gae_core.runs.store import DB_FILENAME, RunStore, resolve_data_dir, to_wide
 from gae_core.runs.table import RUN_COLUMNS, runs_frame
+from gae_core.version import source_version
 
 CONFIG = {"env_id": "CartPole-v1", "seed": 3, "lambda_": 0.95, "gamma": 0.99}
 
@@ -385,7 +387,8 @@ def test_reads_never_recover_the_manager_does(tmp_path):
 
 def test_a_version_1_store_is_migrated_in_place(tmp_path):
     """A store written by the first release (schema 1) opens: its runs keep their data and the
-    newer columns and tables appear (v2: stayed-solved columns, v3: lab results)."""
+    newer columns and tables appear (v2: stayed-solved columns, v3: lab results, v4: the code a
+    run was created with)."""
     from gae_core.runs import schema
 
     raw = sqlite3.connect(tmp_path / DB_FILENAME)
@@ -401,10 +404,14 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     raw.commit()
     raw.close()
     with RunStore(tmp_path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         run = store.get_run("old")
         assert run.name == "old run" and run.env_steps == 500 and run.summary.best_return == 12.5
         assert run.summary.fell_below_at_step is None and store.lab_records("old") == []
+        assert run.code is None  # (v4) stored before runs recorded their code
+        # a run created now records the code it was created with
+        new = store.get_run(store.create_run({"env_id": "CartPole-v1"}))
+        assert new.code == source_version() and new.code["version"] == gae_core.__version__
 
 
 def test_orphans_are_dropped_and_space_given_back(tmp_path):

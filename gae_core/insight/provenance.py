@@ -1,8 +1,10 @@
 """What a comparison's figures were made from, so that a reader can check or redo them: the
 runs they use and their seeds, the config those runs share, what else varies (crossed with the
 grouped field alike in every group, or a confound), how the statistics are computed and with
-which settings, and the code that computed them (the git commit when it runs from a checkout;
-the runs do not record the code that trained them).
+which settings, the code each run was created with (stored with the run since schema 4: the
+code of the process that created it, which local workers share; a Ray node runs what it has
+installed) and the code that computed the statistics (the git commit when it runs from a
+checkout).
 
 The λ comparison page shows it under its summary (a paragraph for a paper's methods section,
 and the record as JSON), and ``python -m gae_core summary`` prints it.
@@ -11,11 +13,8 @@ and the record as JSON), and ``python -m gae_core summary`` prints it.
 from __future__ import annotations
 
 import numbers
-import shutil
-import subprocess
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS, TrainConfig
@@ -24,39 +23,9 @@ from gae_core.insight import stats
 from gae_core.insight.compare import CURVE_POINTS
 from gae_core.labels import format_value, label
 from gae_core.outcome import SOLVED_WINDOW
-from gae_core.version import __version__
+from gae_core.version import source_version
 
-__all__ = ["config_spread", "methods_record", "methods_text", "source_version"]
-
-#: The source tree whose uncommitted changes would change what the dashboard computes.
-_SOURCE = ("gae_core", "pages", "app.py", "dashboard.py")
-
-
-def source_version() -> dict[str, Any]:
-    """``{"package", "version", "commit", "local_changes"}``: gae_core's version, the git commit
-    of its checkout and whether that checkout's code (the package, the pages, the app) has
-    changes not committed, untracked files included; both None where it does not run from a
-    git checkout or git cannot tell. Asked on every call (two git commands, tens of ms): a
-    running dashboard may run code edited since it started."""
-    root = Path(__file__).resolve().parents[2]
-    commit = changed = None
-    git = shutil.which("git")
-    if git is not None and (root / ".git").exists():
-        try:
-            commit = _git(git, root, "rev-parse", "HEAD") or None
-            if commit is not None:
-                changed = bool(_git(git, root, "status", "--porcelain", "--", *_SOURCE))
-        except (OSError, subprocess.SubprocessError):
-            commit = changed = None
-    return {"package": "gae_core", "version": __version__, "commit": commit,
-            "local_changes": changed}  # fmt: skip
-
-
-def _git(git: str, root: Path, *args: str) -> str:
-    done = subprocess.run(
-        [git, *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
-    )
-    return done.stdout.strip()
+__all__ = ["config_spread", "methods_record", "methods_text"]
 
 
 def _order(value: Any) -> tuple:
@@ -122,6 +91,7 @@ def methods_record(
         entry["seeds"].sort()
     return {
         "analysis_code": source_version(),
+        "created_with": _codes(r.code for r, _ in readable),
         "group": group,
         "groups": ordered,
         "runs": [_run_entry(r, c, group) for r, c in readable],
@@ -134,7 +104,25 @@ def methods_record(
 
 def _run_entry(run: Any, config: dict, group: str) -> dict[str, Any]:
     return {"id": run.id, group: config[group], "seed": config["seed"],
-            "env_steps": run.env_steps, "status": run.status}  # fmt: skip
+            "env_steps": run.env_steps, "status": run.status, "code": run.code}  # fmt: skip
+
+
+def _codes(codes: Any) -> list[dict[str, Any]]:
+    """The distinct codes (``source_version()`` at creation) the runs were created with, each
+    with how many runs; None for runs stored before runs recorded it."""
+    seen: dict[str, dict] = {}
+    for code in codes:
+        key = repr(sorted(code.items())) if code else "None"
+        seen.setdefault(key, {"code": code, "runs": 0})["runs"] += 1
+    return list(seen.values())
+
+
+def _version_text(code: dict[str, Any]) -> str:
+    text = f"gae_core {code['version']}"
+    if code.get("commit"):
+        text += f" (commit {code['commit'][:12]}"
+        text += ", with uncommitted changes)" if code.get("local_changes") else ")"
+    return text
 
 
 def _curve(statistic: str | None, window: int | None) -> dict[str, Any]:
@@ -171,10 +159,6 @@ def methods_text(record: dict[str, Any]) -> str:
     code, group, groups = record["analysis_code"], record["group"], record["groups"]
     if not groups:
         return "No run with a readable config."
-    version = f"gae_core {code['version']}"
-    if code["commit"]:
-        version += f" (commit {code['commit'][:12]}"
-        version += ", with uncommitted changes)" if code["local_changes"] else ")"
     counts = sorted({len(set(g["seeds"])) for g in groups})
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
     seeds += " seed" if counts[-1] == 1 else " seeds"
@@ -213,7 +197,19 @@ def methods_text(record: dict[str, Any]) -> str:
         f"Grid: {s['grid']}. Final return: {s['final_return']}. AUC: {s['auc']}. Scores "
         f"aggregate as {s['aggregate']}; intervals: {s['interval']}, {s['resamples']:,} "
         f"resamples, seed {s['bootstrap_seed']} (none with one seed). Probability of "
-        f"improvement: {s['improvement']}. Statistics computed with {version}; the runs do not "
-        "record the code that trained them."
+        f"improvement: {s['improvement']}."
     )
+    trained = [t for t in record["created_with"] if t["code"]]
+    untold = sum(t["runs"] for t in record["created_with"] if not t["code"])
+    if len(trained) == 1:
+        told = f"Runs created with {_version_text(trained[0]['code'])}"
+    elif trained:
+        told = "Runs created with " + "; ".join(
+            f"{_version_text(t['code'])} ({t['runs']} runs)" for t in trained
+        )
+    else:
+        told = "The runs do not record the code they were created with"
+    if trained and untold:
+        told += f"; {untold} stored before runs recorded their code"
+    text.append(f"{told}. Statistics computed with {_version_text(code)}.")
     return " ".join(text)

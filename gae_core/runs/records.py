@@ -46,6 +46,10 @@ class RunRecord:
     stop_requested: bool
     summary: RunSummary = field(default_factory=RunSummary)
     damaged: str | None = None
+    #: The code it was created with (:func:`gae_core.version.source_version` in the creating
+    #: process, which local workers share; a Ray node trains with what it has installed); None
+    #: for a run stored before runs recorded it.
+    code: dict[str, Any] | None = None
 
     @property
     def wall_seconds(self) -> float | None:

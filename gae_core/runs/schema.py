@@ -14,7 +14,7 @@ from gae_core.runs.records import STATUSES, SWEEP_STATUSES
 
 __all__ = ["SCHEMA_VERSION", "migrate"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA_V1 = f"""
 CREATE TABLE sweeps (
@@ -101,7 +101,12 @@ CREATE TABLE lab_results (
 CREATE INDEX lab_results_run ON lab_results(run_id);
 """
 
-_MIGRATIONS = {1: _V1_TO_V2, 2: _V2_TO_V3}
+# v4: the code a run was created (and trained) with: gae_core.version.source_version()'s JSON.
+_V3_TO_V4 = """
+ALTER TABLE runs ADD COLUMN code TEXT;
+"""
+
+_MIGRATIONS = {1: _V1_TO_V2, 2: _V2_TO_V3, 3: _V3_TO_V4}
 
 
 def _run_script(conn: sqlite3.Connection, script: str) -> None:

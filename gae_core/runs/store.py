@@ -36,6 +36,7 @@ from gae_core.runs.lab_table import LabTable
 from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
 from gae_core.runs.retention import RetentionTable
 from gae_core.runs.sweep_table import SweepTable
+from gae_core.version import source_version
 
 __all__ = [
     "DATA_ENV_VAR",
@@ -72,8 +73,8 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         with self._write() as conn:
             conn.execute(
                 "INSERT INTO runs (id, name, config, status, created_at, sweep_id, owner_host, "
-                "owner_pid, owner_token, heartbeat_at, reward_threshold) "
-                "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                "owner_pid, owner_token, heartbeat_at, reward_threshold, code) "
+                "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     name,
@@ -85,6 +86,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
                     owner.token,
                     now,
                     finite_or_none(reward_threshold),
+                    dumps(source_version()),
                 ),
             )
         return run_id
@@ -226,7 +228,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         (rid, name, config, status, error, created, started, ended, steps, sweep_id, stop) = row[
             :11
         ]
-        episodes, best, final, threshold, solved_at, fell_below, stayed = row[11:]
+        episodes, best, final, threshold, solved_at, fell_below, stayed, code = row[11:]
         damaged = None
         try:
             config = json.loads(config)
@@ -256,6 +258,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
                 stayed_solved=None if stayed is None else bool(stayed),
             ),
             damaged=damaged,
+            code=_code(code),
         )
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -463,3 +466,12 @@ def to_wide(long: pd.DataFrame) -> pd.DataFrame:
     wide = wide[["env_step", "wall_time", *keys]]
     wide.columns.name = None
     return wide.reset_index(drop=True)
+
+
+def _code(text: str | None) -> dict[str, Any] | None:
+    """A run's stored code (JSON), or None where it is missing or unreadable."""
+    try:
+        code = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return code if isinstance(code, dict) else None
