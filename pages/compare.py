@@ -13,6 +13,7 @@ from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, provenance, stats, views
 from gae_core.labels import assignment, format_value, label
+from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
     cancel_sweep,
@@ -283,10 +284,12 @@ for score, what in SCORES.items():
     sentence = stats.best_group_sentence(score_groups[score], lambda k: assignment(group, k))
     st.markdown(f"**{what}:** {sentence}.")
 shown = summary.copy()
+cells = []
 for score in ("final_return", "auc"):
     for name in ("iqm", "mean"):
         base = f"{score}_{name}"
-        shown[f"{label(score)} {name.upper()}"] = [
+        cells.append(f"{label(score)} {'IQM' if name == 'iqm' else 'mean'}")
+        shown[cells[-1]] = [
             f"{format_value(round(p, 1))}  [{format_value(round(lo, 1))}, "
             f"{format_value(round(hi, 1))}]"
             for p, lo, hi in zip(
@@ -294,7 +297,7 @@ for score in ("final_return", "auc"):
             )
         ]
 shown[label(group)] = [format_value(v) for v in shown[group]]
-columns = [label(group), "seeds"] + [c for c in shown.columns if c.endswith(("IQM", "MEAN"))]
+columns = [label(group), "seeds", *cells]
 if threshold is not None:
     shown["solved"] = [f"{v:.0%}" for v in shown["solved_fraction"]]
     shown["median steps to solve"] = [
@@ -312,11 +315,11 @@ st.dataframe(
     key="cmp.summary",
 )
 st.caption(
-    "Per seed, the final return is the mean of its last 100 episodes and the AUC the area under "
-    "its curve divided by the span (its average return over training). Each cell: the IQM or "
-    "mean across seeds and its 95 % percentile-bootstrap interval (Agarwal et al., 2021). "
-    "Highlighted: the highest final-return IQM."
-    + (f" Solved: a 100-episode mean ≥ {threshold:g}." if threshold is not None else "")
+    f"Per seed, the final return is the mean of its last {SOLVED_WINDOW} episodes and the AUC "
+    "the area under its curve divided by the span (its average return over training). Each "
+    f"cell: the IQM or mean across seeds and its {stats.INTERVAL_DEFINITION} interval. "
+    "Highlighted: the highest final-return IQM. How each is computed: the methods below."
+    + (f" Solved: a {SOLVED_WINDOW}-episode mean ≥ {threshold:g}." if threshold is not None else "")
 )
 with downloads[2]:
     _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")
@@ -329,7 +332,8 @@ with st.expander("Methods and provenance (to cite these figures)"):
 pair_score = st.segmented_control(
     "score for the two charts below", list(SCORES), default="final_return",
     format_func=label, key="cmp.pair_score",
-    help="Final return: the last 100 episodes per seed. AUC: the average return over training "
+    help=f"Final return: the last {SOLVED_WINDOW} episodes per seed. AUC: the average return "
+    "over training "
     "(how fast it learned); it separates groups that all end at the env's ceiling.",
 )  # fmt: skip
 pair_score = pair_score or "final_return"

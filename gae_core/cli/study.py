@@ -140,6 +140,7 @@ def summary(args: argparse.Namespace) -> int:
         sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
         group = args.group or study_group(sweep.grid)
         # scipy.stats (0.9 s to import) only for the commands that print statistics
+        from gae_core.insight import stats
         from gae_core.insight.compare import episodes_frame, summary_records, sweep_summary
         from gae_core.insight.provenance import methods_record, methods_text
 
@@ -157,7 +158,7 @@ def summary(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     name = terminal_text(sweep.name)
-    print(f"sweep {args.sweep_id} ({name}): 95 % percentile-bootstrap intervals over seeds")
+    print(f"sweep {args.sweep_id} ({name}): {stats.INTERVAL_DEFINITION}")
     columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
     head = f"{label(group):>10}{'seeds':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
     print(head.rstrip())

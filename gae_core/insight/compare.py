@@ -62,8 +62,8 @@ def align_curve(
 
 #: How a band is computed, stated on the chart and in the CSV.
 BAND_METHODS = {
-    "iqm": "IQM across seeds, 95 % percentile-bootstrap band",
-    "mean": "mean across seeds, 95 % percentile-bootstrap band",
+    "iqm": f"IQM across seeds, {stats.CONFIDENCE * 100:g} % percentile-bootstrap band",
+    "mean": f"mean across seeds, {stats.CONFIDENCE * 100:g} % percentile-bootstrap band",
 }
 
 
