@@ -79,8 +79,8 @@ def methods_record(
     what else varies, and the statistics with their settings; for a figure of curves also the
     curves' (``statistic``, "iqm" or "mean", across seeds of each seed's running mean over
     ``window`` episodes)."""
-    readable = [(r, _complete(r.config)) for r in runs]
-    readable = [(r, c) for r, c in readable if c is not None]
+    completed = [(r, _complete(r.config)) for r in runs]
+    readable = [(r, c) for r, c in completed if c is not None]
     shared, varying = config_spread([c for _, c in readable], group)
     groups: dict[str, dict] = {}
     for _, config in readable:
@@ -95,7 +95,7 @@ def methods_record(
         "group": group,
         "groups": ordered,
         "runs": [_run_entry(r, c, group) for r, c in readable],
-        "unreadable_runs": [r.id for r in runs if _complete(r.config) is None],
+        "unreadable_runs": [r.id for r, c in completed if c is None],
         "shared_config": shared,
         "also_varies": varying,
         "statistics": {**_curve(statistic, window), **_scores()},
