@@ -48,7 +48,8 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
     bests = ", ".join(f"{k}: {assignment('lambda_', r.best_lambda())}" for k, r in results.items())
     first = next(iter(results.values()))
     st.caption(
-        f"Least MSE — {bests}. Bands: 95 % percentile bootstrap across the {len(first.states)} "
+        f"Least MSE — {bests}. Bands: {first.settings.confidence * 100:g} % percentile "
+        f"bootstrap across the {len(first.states)} "
         f"states. Truth horizon H = {first.horizon} steps ({label('gamma')}^H = "
         f"{first.discount_left:.1e} of the discount left). bias² is the unbiased estimate (both "
         "means' noise subtracted), so it can dip slightly below 0 where the critic is nearly exact."

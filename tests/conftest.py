@@ -294,6 +294,22 @@ def stored_and_stepped(tmp_path, config) -> tuple:
     return store, run_id, updates
 
 
+def runs_of_three_widths(store) -> list[str]:
+    """Runs whose hidden_sizes differ (a list field), two seeds each, the widest first, each
+    with five episodes of return width + seed: grouping by a list without training."""
+    from gae_core import metrics as M
+    from gae_core.agent.config import TrainConfig
+
+    ids = []
+    for sizes in ([128, 128], [16, 16], [64, 64]):
+        for seed in (0, 1):
+            run_id = store.create_run(TrainConfig(seed=seed, hidden_sizes=tuple(sizes)).to_dict())
+            rows = [(M.EPISODIC_RETURN.key, 10 * k, 0.0, float(sizes[0] + seed)) for k in range(5)]
+            store.flush(run_id, rows)
+            ids.append(run_id)
+    return ids
+
+
 def trajectory_steps(store, run_id: str) -> list[int]:
     """The env steps at which the store's file holds trajectories of the run (read with SQL: the
     library has no use for this list)."""

@@ -257,6 +257,29 @@ def test_sweep_json(tmp_path):
     assert bad.returncode == 2 and "lambda_" in bad.stderr
 
 
+def test_a_sweep_without_lambda_axis_summarises_by_its_other_axis_in_numeric_order(tmp_path):
+    # seeds are what each group's statistics run over: never the group, even when listed first
+    from gae_core.cli.commands import study_group
+
+    assert study_group({"seed": [0, 1], "gamma": [0.9, 0.99]}) == "gamma"
+    assert study_group({"seed": [0, 1], "gamma": [0.9], "lambda_": [0.9, 1.0]}) == "lambda_"
+    assert study_group({"seed": [0, 1]}) == "lambda_"
+    done = cli(
+        tmp_path, "sweep", "--env", "CartPole-v1", "--seeds", "0", "1", "--grid",
+        "hidden_sizes=32x32,8x8", "--workers", "2", "--total-steps", "600", "--json",
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = _last_json(done.stdout)
+    assert [(e["group"], e["value"], e["seeds"]) for e in result["summary"]] == [
+        ("hidden_sizes", [8, 8], 2),
+        ("hidden_sizes", [32, 32], 2),
+    ]
+    table = cli(tmp_path, "summary", result["sweep_id"])
+    assert table.returncode == 0, table.stderr
+    assert [line.split()[0] for line in table.stdout.splitlines()[2:4]] == ["8x8", "32x32"]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
     proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY_FLAGS, "--json")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY, app, wait_until
+from conftest import TINY, app, runs_of_three_widths, wait_until
 
 import gae_core
 from gae_core.agent.config import TrainConfig
@@ -205,8 +205,8 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert sum(trace.get("fill") == "tonexty" for trace in spec["data"]) == 2
     assert "IQM across seeds, 95 % percentile-bootstrap band" in spec["layout"]["title"]["text"]
     assert [t["name"] for t in spec["data"] if t.get("fill") == "tonexty"] == [
-        "λ = 0.8 95% CI",
-        "λ = 1 95% CI",
+        "λ = 0.8 95 % CI",
+        "λ = 1 95 % CI",
     ]
     summary = at.dataframe[-1].value
     assert list(summary["λ"]) == ["0.8", "1"] and "final return IQM" in summary.columns
@@ -281,6 +281,22 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     assert "(a confound): learning_rate ∈ {0.001, 0.01}." in methods
 
 
+def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
+    ids = runs_of_three_widths(RunStore(data_dir))
+    at = app("pages/compare.py")
+    at.radio(key="cmp.source").set_value("pick runs").run()
+    at.multiselect(key="cmp.runs").set_value(ids).run()
+    at.selectbox(key="cmp.group").set_value("hidden_sizes").run()
+    assert not at.exception
+    widths = ["16x16", "64x64", "128x128"]
+    assert at.dataframe[-1].value["hidden sizes"].tolist() == widths
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    names = [t["name"] for t in spec["data"] if t.get("fill") == "tonexty"]
+    assert names == [f"hidden sizes = {w} 95 % CI" for w in widths]
+    (methods,) = [c.value for c in at.code if c.value.startswith("6 runs of A2C")]
+    assert "hidden sizes ∈ {16x16, 64x64, 128x128}, 2 seeds per value." in methods
+
+
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):
     """From the explorer's link to a finished measurement: the page starts a job with the
     explorer's checkpoints, and after a reload draws the stored result, whose curves are the
@@ -307,6 +323,11 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         r.critic_step: LabResult.from_json(store.load_lab_result(r.id))
         for r in store.lab_records(recorded_run)
     }
+    level = next(iter(stored.values())).settings.confidence
+    assert any(
+        f"Bands: {level * 100:g} % percentile bootstrap across the 4 states" in c.value
+        for c in at.caption
+    )
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     for step, result in stored.items():
         mse = next(

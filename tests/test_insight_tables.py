@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import runs_of_three_widths
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -197,6 +198,48 @@ def test_episodes_frame_groups_runs_stored_before_a_field_by_the_behaviour_they_
         store.flush(run_id, [(M.EPISODIC_RETURN.key, 10 * (i + 1), 5.0 * i, 0.0)])
     frame = compare.episodes_frame(store, ids, "normalize_clip")
     assert frame.groupby("normalize_clip")["seed"].first().to_dict() == {0.0: 2, 10.0: 1}
+
+
+def test_a_list_field_groups_whole_and_in_numeric_order(tmp_path):
+    # A list stored in a config (hidden_sizes) is one group value: pandas would spread a list
+    # over the rows (or fail), and its text would put 128x128 before 16x16.
+    from gae_core.insight import compare_figures, provenance, stats
+    from gae_core.runs.store import RunStore
+
+    store = RunStore(tmp_path)
+    ids = runs_of_three_widths(store)
+    assert store.get_run(ids[0]).config["hidden_sizes"] == [128, 128]
+    episodes = compare.episodes_frame(store, ids, "hidden_sizes")
+    assert len(episodes) == 6 * 5
+    table = compare.summary_table(episodes, group="hidden_sizes", final_window=5, points=5)
+    widths = ["16x16", "64x64", "128x128"]
+    assert table["hidden_sizes"].map(str).tolist() == widths
+    assert table["final_return_mean"].tolist() == [16.5, 64.5, 128.5]
+    assert table["best"].tolist() == [False, False, True]
+    records = compare.summary_records(table, "hidden_sizes")
+    assert [r["value"] for r in records] == [[16, 16], [64, 64], [128, 128]]
+    bands, aligned = compare.aggregate_curves(episodes, group="hidden_sizes", points=5)
+    figure, frame = compare_figures.comparison_figure(bands, aligned, group="hidden_sizes")
+    names = [t.name for t in figure.data if t.showlegend is not False and t.name]
+    assert names[::2] == [f"hidden sizes = {w} 95 % CI" for w in widths]
+    assert frame["hidden_sizes"].map(str).unique().tolist() == widths
+    assert frame.to_csv(index=False).splitlines()[1].startswith("16x16,")
+    scores = compare.seed_scores(episodes, group="hidden_sizes", final_window=5, points=5)
+    groups = {k: f["final_return"].to_numpy() for k, f in scores.groupby("hidden_sizes")}
+    assert list(map(str, groups)) == widths
+    matrix = stats.improvement_matrix(groups)
+    wide_over_narrow = (matrix["x"].map(str) == "128x128") & (matrix["y"].map(str) == "16x16")
+    assert matrix.loc[wide_over_narrow, "probability"].tolist() == [1.0]
+    heatmap, _ = compare_figures.improvement_figure(matrix, "hidden_sizes", "final return")
+    assert list(heatmap.data[0].x) == [f"hidden sizes = {w}" for w in widths]
+    profile, _ = compare_figures.profile_figure(
+        stats.performance_profile(groups), "hidden_sizes", "final return"
+    )
+    assert [t.name for t in profile.data if t.name] == [f"hidden sizes = {w}" for w in widths]
+    record = provenance.methods_record(
+        [store.get_run(r) for r in ids], "hidden_sizes", statistic="iqm", window=5
+    )
+    assert [g["value"] for g in record["groups"]] == [[16, 16], [64, 64], [128, 128]]
 
 
 def test_the_form_warns_when_a_normalisation_setting_has_nothing_to_act_on():

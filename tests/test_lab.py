@@ -291,6 +291,7 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
         assert row["variance_ci_low"] <= row["variance"] <= row["variance_ci_high"]
         assert row["mse"] == pytest.approx(row["bias2"] + row["variance"])
     assert report["critic_step"] == steps[0] and report["policy_step"] == steps[-1]
+    assert report["confidence"] == 0.95  # the level its intervals were computed at
     with RunStore(tmp_path) as store:  # kept with the run, for the page and after a restart
         (record,) = store.lab_records(run_id)
         assert record.id == report["result_id"] and record.critic_step == steps[0]

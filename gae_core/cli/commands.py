@@ -27,8 +27,11 @@ DELETE_STOP_WAIT_S = 30.0
 
 
 def study_group(grid: dict) -> str:
-    """What a sweep's statistics group by: λ when it is a grid axis, else the first axis."""
-    return "lambda_" if "lambda_" in grid else next(iter(grid))
+    """What a sweep's statistics group by: λ when it is a grid axis, else the first axis other
+    than the seed (seeds are what each group's statistics are taken over), else λ (one group)."""
+    if "lambda_" in grid:
+        return "lambda_"
+    return next((axis for axis in grid if axis != "seed"), "lambda_")
 
 
 def _summary(store: RunStore, sweep_id: str, grid: dict) -> list[dict]:

@@ -79,7 +79,8 @@ def lab(args: argparse.Namespace) -> int:
             f"lab {report['result_id']}: policy step {report['policy_step']:,}, critic step "
             f"{report['critic_step']:,}, {report['states']} states, {report['seconds']:.1f} s"
         )
-        print(f"{'estimator':<16}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE 95% CI")
+        level = f"{report['confidence'] * 100:g} %"
+        print(f"{'estimator':<16}{'bias²':>12}{'variance':>12}{'MSE':>12}  MSE {level} CI")
         for row in (
             [{"estimator": "δ", **report["delta"]}]
             + [{"estimator": f"Â^({r['k']})", **r} for r in report["ks"]]
@@ -97,9 +98,9 @@ def lab(args: argparse.Namespace) -> int:
 
 
 def lab_report(result_id: str, result: Any) -> dict[str, Any]:
-    """The ``lab --json`` object: per λ and per k, bias², variance and MSE with 95 % bootstrap
-    intervals across states (``ci_low``/``ci_high``: the MSE's; ``bias2_ci_*``, ``variance_ci_*``
-    the others')."""
+    """The ``lab --json`` object: per λ and per k, bias², variance and MSE with bootstrap
+    intervals across states at the measurement's ``confidence`` (``ci_low``/``ci_high``: the
+    MSE's; ``bias2_ci_*``, ``variance_ci_*`` the others')."""
     frame = result.estimators
 
     def rows(kind: str, key: str) -> list[dict[str, Any]]:
@@ -126,6 +127,7 @@ def lab_report(result_id: str, result: Any) -> dict[str, Any]:
         "env_id": result.env_id,
         "states": len(result.states),
         "seconds": result.seconds,
+        "confidence": result.settings.confidence,
         "best_lambda": result.best_lambda(),
         "delta": {k: v for k, v in rows("delta", "k")[0].items() if k != "k"},
         "lambdas": rows("gae", "lambda"),

@@ -7,6 +7,7 @@ frames, unchanged); :mod:`gae_core.insight.figures` draws them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ import pandas as pd
 from gae_core import metrics as M
 from gae_core.agent.config import with_stored_defaults
 from gae_core.insight import stats
+from gae_core.labels import format_value
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.runs.store import RunStore
 
@@ -62,8 +64,8 @@ def align_curve(
 
 #: How a band is computed, stated on the chart and in the CSV.
 BAND_METHODS = {
-    "iqm": f"IQM across seeds, {stats.CONFIDENCE * 100:g} % percentile-bootstrap band",
-    "mean": f"mean across seeds, {stats.CONFIDENCE * 100:g} % percentile-bootstrap band",
+    "iqm": f"IQM across seeds, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
+    "mean": f"mean across seeds, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
 }
 
 
@@ -199,6 +201,20 @@ def summary_table(
     return table
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class ListValue:
+    """A list-valued config field (``hidden_sizes``) as one group value: pandas keeps it whole
+    where it would spread a list or tuple over rows, it orders by its numbers (``16x16`` before
+    ``128x128``, where text would not) and it reads as people read it (``str``: ``64x64``,
+    :func:`gae_core.labels.format_value`). A plain object, not a ``str`` subclass: pandas turns
+    those into plain strings."""
+
+    items: tuple
+
+    def __str__(self) -> str:
+        return format_value(list(self.items))
+
+
 def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.DataFrame:
     """Long frame ``<group>, seed, run_id, env_step, return`` of finished episodes of the runs,
     ``group`` being a config field (``lambda_`` for the λ comparison)."""
@@ -208,10 +224,11 @@ def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.Da
         metrics = store.metrics(run_id, [M.EPISODIC_RETURN.key])
         if metrics.empty:
             continue
+        value = config.get(group)
         parts.append(
             pd.DataFrame(
                 {
-                    group: config.get(group),
+                    group: ListValue(tuple(value)) if isinstance(value, list | tuple) else value,
                     "seed": config.get("seed"),
                     "run_id": run_id,
                     "env_step": metrics["env_step"].to_numpy(),
@@ -242,7 +259,9 @@ def summary_records(table: pd.DataFrame, group: str) -> list[dict]:
     iqm_ci_low, iqm_ci_high, mean, mean_ci_low, mean_ci_high}, "auc": {…}}``."""
     records = []
     for row in table.to_dict("records"):
-        entry = {"group": group, "value": row[group], "seeds": int(row["seeds"])}
+        value = row[group]
+        value = list(value.items) if isinstance(value, ListValue) else value
+        entry = {"group": group, "value": value, "seeds": int(row["seeds"])}
         for score in ("final_return", "auc"):
             entry[score] = {
                 f"{name}{suffix}": _json_float(row[f"{score}_{name}{suffix}"])

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from gae_core.inert import plotly_text
 from gae_core.insight.compare import BAND_METHODS
+from gae_core.insight.stats import CONFIDENCE_TEXT
 from gae_core.labels import assignment, label
 
 __all__ = ["PALETTE", "comparison_figure", "improvement_figure", "profile_figure"]
@@ -79,7 +80,7 @@ def comparison_figure(
                 line={"width": 0},
                 fill="tonexty",
                 fillcolor=_rgba(color, 0.2),
-                name=f"{name} 95% CI",
+                name=f"{name} {CONFIDENCE_TEXT} CI",
                 legendgroup=name,
             )
         )
@@ -148,7 +149,7 @@ def improvement_figure(
     )
     _layout(
         figure,
-        f"P(row beats column) on {score}, 95% CI",
+        f"P(row beats column) on {score}, {CONFIDENCE_TEXT} CI",
         f"Y ({label(group)})",
         f"X ({label(group)})",
         height=max(360, 120 + 56 * len(keys)),  # two lines of text in every cell
@@ -189,7 +190,7 @@ def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Fi
         )
     _layout(
         figure,
-        f"Share of seeds with {score} > τ, 95% band",
+        f"Share of seeds with {score} > τ, {CONFIDENCE_TEXT} band",
         f"τ ({score})",
         "fraction of seeds",
     )

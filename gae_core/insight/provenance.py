@@ -29,10 +29,13 @@ __all__ = ["config_spread", "methods_record", "methods_text"]
 
 
 def _order(value: Any) -> tuple:
-    """Numbers by value, then anything else by its repr (tuples, strings, None)."""
+    """Numbers by value, then lists of numbers by their numbers (``16x16`` before
+    ``128x128``), then anything else by its repr (strings, None)."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return (0, float(value), "")
-    return (1, 0.0, repr(value))
+        return (0, float(value), (), "")
+    if isinstance(value, list | tuple) and all(isinstance(v, numbers.Real) for v in value):
+        return (1, 0.0, tuple(float(v) for v in value), "")
+    return (2, 0.0, (), repr(value))
 
 
 def _complete(config: dict) -> dict | None:

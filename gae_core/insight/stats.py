@@ -36,6 +36,7 @@ from scipy import stats as scipy_stats
 __all__ = [
     "BOOTSTRAP_SEED",
     "CONFIDENCE",
+    "CONFIDENCE_TEXT",
     "FEW_SEEDS",
     "INTERVAL_DEFINITION",
     "IQM_DEFINITION",
@@ -61,10 +62,10 @@ FEW_SEEDS = 5
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
+#: The confidence level as the charts and tables print it (``95 %``).
+CONFIDENCE_TEXT = f"{CONFIDENCE * 100:g} %"
 #: The intervals and the IQM in words (a comparison's methods paragraph).
-INTERVAL_DEFINITION = (
-    f"{CONFIDENCE * 100:g} % percentile bootstrap over seeds (Agarwal et al., 2021)"
-)
+INTERVAL_DEFINITION = f"{CONFIDENCE_TEXT} percentile bootstrap over seeds (Agarwal et al., 2021)"
 IQM_DEFINITION = "the 25 % trimmed mean: ⌊n/4⌋ seeds cut from each end, the mean below 4 seeds"
 
 
