@@ -220,17 +220,20 @@ center = options[1].segmented_control(
 )  # fmt: skip
 window = options[2].slider("episodes per seed's running mean", 1, 100, 10, key="cmp.window")
 show_seeds = options[3].checkbox("show seeds", key="cmp.show_seeds")
-episodes = compare.episodes_frame(store, run_ids, group)
+picked, repeats = compare.distinct_runs([store.get_run(r) for r in run_ids])
+episodes = compare.episodes_frame(store, [r.id for r in picked], group)
 if episodes.empty:
     st.info("No finished episodes in these runs yet.")
     st.stop()
 used = set(episodes["run_id"])  # the runs the figures draw (those with a finished episode)
-runs = [store.get_run(r) for r in run_ids if r in used]
+runs = [r for r in picked if r.id in used]
 envs = sorted({r.config.get("env_id") for r in runs})
 if len(envs) > 1:
     st.warning(f"These runs come from different environments ({', '.join(envs)}): their "
                "returns are not on one scale.")  # fmt: skip
-record = provenance.methods_record(runs, group, statistic=center or "iqm", window=window)
+record = provenance.methods_record(
+    runs, group, statistic=center or "iqm", window=window, repeats=repeats
+)
 varies = record["also_varies"]
 confounds = [label(f) for f, v in varies.items() if not v["crossed"] and f != "env_id"]
 if confounds:
@@ -243,18 +246,17 @@ crossed = [label(f) for f, v in varies.items() if v["crossed"]]
 if crossed:
     st.info(
         f"{', '.join(crossed)} also varies, alike in every {label(group)} group: its values "
-        "are pooled with the seeds in each group's statistics.",
+        "are pooled: each run is one more run in its group's statistics.",
         icon=":material/info:",
     )
-if any(len(set(g["seeds"])) < len(g["seeds"]) for g in record["groups"]):
-    st.warning(
-        "A seed appears in more than one of these runs within a group: their episodes count "
-        "as one seed's.",
-        icon=":material/warning:",
+if repeats:
+    st.info(
+        f"{len(repeats)} of these runs repeat another's config and seed: each counts once, as "
+        "the run that trained furthest. The methods below name them.",
+        icon=":material/info:",
     )
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
-seeds_per_group = episodes.groupby(group)["seed"].nunique()
-few = stats.few_seeds_warning(int(seeds_per_group.min()))
+few = stats.few_seeds_warning(int(episodes.groupby(group)["run_id"].nunique().min()))
 if few:
     st.warning(few, icon=":material/warning:")
 bands, aligned = compare.aggregate_curves(
@@ -297,7 +299,7 @@ for score in ("final_return", "auc"):
             )
         ]
 shown[label(group)] = [format_value(v) for v in shown[group]]
-columns = [label(group), "seeds", *cells]
+columns = [label(group), "runs", *cells]
 if threshold is not None:
     shown["solved"] = [f"{v:.0%}" for v in shown["solved_fraction"]]
     shown["median steps to solve"] = [

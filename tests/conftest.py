@@ -305,7 +305,7 @@ def runs_of_three_widths(store) -> list[str]:
         for seed in (0, 1):
             run_id = store.create_run(TrainConfig(seed=seed, hidden_sizes=tuple(sizes)).to_dict())
             rows = [(M.EPISODIC_RETURN.key, 10 * k, 0.0, float(sizes[0] + seed)) for k in range(5)]
-            store.flush(run_id, rows)
+            store.flush(run_id, rows, env_steps=50)
             ids.append(run_id)
     return ids
 

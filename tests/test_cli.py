@@ -237,7 +237,7 @@ def test_sweep_json(tmp_path):
     assert [entry["value"] for entry in result["summary"]] == [0.9, 1.0]
     keys = {"iqm", "iqm_ci_low", "iqm_ci_high", "mean", "mean_ci_low", "mean_ci_high"}
     for entry in result["summary"]:
-        assert set(entry["final_return"]) == keys == set(entry["auc"]) and entry["seeds"] == 1
+        assert set(entry["final_return"]) == keys == set(entry["auc"]) and entry["runs"] == 1
         final = entry["final_return"]
         assert final["iqm_ci_low"] == final["iqm"] == final["iqm_ci_high"]  # one seed
     table = cli(tmp_path / "data", "summary", result["sweep_id"])
@@ -250,7 +250,10 @@ def test_sweep_json(tmp_path):
     again = _last_json(cli(tmp_path / "data", "summary", result["sweep_id"], "--json").stdout)
     assert again["summary"] == result["summary"]  # the same numbers from both commands
     methods = again["methods"]  # what they were made from
-    assert methods["groups"] == [{"value": 0.9, "seeds": [0]}, {"value": 1.0, "seeds": [0]}]
+    assert methods["groups"] == [
+        {"value": 0.9, "seeds": [0], "runs": 1},
+        {"value": 1.0, "seeds": [0], "runs": 1},
+    ]
     assert methods["also_varies"] == {} and methods["shared_config"]["total_steps"] == 1000
     assert sorted(r["id"] for r in methods["runs"]) == sorted(r["run_id"] for r in result["runs"])
     bad = cli(tmp_path / "data", "sweep", "--lambdas", "0.5", "2.0")
@@ -271,7 +274,7 @@ def test_a_sweep_without_lambda_axis_summarises_by_its_other_axis_in_numeric_ord
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = _last_json(done.stdout)
-    assert [(e["group"], e["value"], e["seeds"]) for e in result["summary"]] == [
+    assert [(e["group"], e["value"], e["runs"]) for e in result["summary"]] == [
         ("hidden_sizes", [8, 8], 2),
         ("hidden_sizes", [32, 32], 2),
     ]

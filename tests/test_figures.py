@@ -154,7 +154,13 @@ def test_heatmap_and_weights_figures():
 
 def test_comparison_draws_one_band_per_lambda():
     rows = [
-        {"lambda_": lam, "seed": seed, "env_step": step, "return": float(seed + step)}
+        {
+            "lambda_": lam,
+            "seed": seed,
+            "run_id": f"{lam}/{seed}",
+            "env_step": step,
+            "return": float(seed + step),
+        }
         for lam in (0.9, 0.95, 1.0)
         for seed in (0, 1, 2)
         for step in (10, 20, 30)
@@ -163,3 +169,23 @@ def test_comparison_draws_one_band_per_lambda():
     figure, frame = compare_figures.comparison_figure(bands, aligned, show_seeds=True)
     assert sum(trace.fill == "tonexty" for trace in figure.data) == 3
     assert {"seed_0", "seed_1", "seed_2", "center", "ci_low", "ci_high"} <= set(frame.columns)
+
+
+def test_a_pooled_crossed_axis_keeps_each_run_its_own_curve_and_column():
+    # λ 0.9 holds seed 0 twice (γ 0.9 and 0.99 pooled): two runs, two curves, two columns,
+    # not one seed's episodes spliced together; seed 1 stays "seed_1", seeds in number order
+    rows = [
+        {"lambda_": 0.9, "seed": seed, "run_id": run, "env_step": step, "return": level}
+        for seed, run, level in ((0, "g9", 10.0), (0, "g99", 30.0), (1, "one", 20.0),
+                                 (10, "ten", 40.0))
+        for step in (10, 20, 30)
+    ]  # fmt: skip
+    bands, aligned = compare.aggregate_curves(pd.DataFrame(rows), points=4, window=1)
+    assert bands["runs"].max() == 4
+    assert bands.set_index("env_step").loc[30, "center"] == pytest.approx(25.0)  # IQM of 4
+    figure, frame = compare_figures.comparison_figure(bands, aligned, show_seeds=True)
+    assert [c for c in frame.columns if c.startswith("seed_")] == [
+        "seed_0_g9", "seed_0_g99", "seed_1", "seed_10"
+    ]  # fmt: skip
+    assert frame.set_index("env_step").loc[30, "seed_0_g99"] == 30.0
+    assert sum((trace.name or "").endswith("seed 0") for trace in figure.data) == 2

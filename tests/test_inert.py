@@ -76,7 +76,13 @@ def test_figure_legends_show_names_as_text():
     assert figure.data[0].name == inert.plotly_text(EVIL)
     assert "<b>" not in figure.data[0].name and "&lt;b&gt;" in figure.data[0].name
     episodes = pd.DataFrame(
-        {"sweep": EVIL, "seed": [0, 0, 1, 1], "env_step": [1, 2, 1, 2], "return": [1.0] * 4}
+        {
+            "sweep": EVIL,
+            "seed": [0, 0, 1, 1],
+            "run_id": ["a", "a", "b", "b"],
+            "env_step": [1, 2, 1, 2],
+            "return": [1.0] * 4,
+        }
     )
     bands, aligned = compare.aggregate_curves(episodes, group="sweep", points=3, window=1)
     figure, _ = compare_figures.comparison_figure(bands, aligned, group="sweep")

@@ -104,7 +104,15 @@ def episodes_frame():
     rows = []
     for lambda_, seed, value in [(0.9, 0, 10.0), (0.9, 1, 20.0), (1.0, 0, 5.0)]:
         for step in (10, 20, 30, 40):
-            rows.append({"lambda_": lambda_, "seed": seed, "env_step": step, "return": value})
+            rows.append(
+                {
+                    "lambda_": lambda_,
+                    "seed": seed,
+                    "run_id": f"{lambda_}/{seed}",
+                    "env_step": step,
+                    "return": value,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -121,10 +129,10 @@ def test_aggregate_curves_band_by_hand():
     # (20,20): the 95 % percentile band is exactly the data's range [10, 20]
     assert lam09.loc[20, "center"] == pytest.approx(15.0)
     assert (lam09.loc[20, "ci_low"], lam09.loc[20, "ci_high"]) == (10.0, 20.0)
-    assert lam09.loc[20, "seeds"] == 2 and (bands["statistic"] == "mean").all()
+    assert lam09.loc[20, "runs"] == 2 and (bands["statistic"] == "mean").all()
     lam1 = bands[bands["lambda_"] == 1.0].set_index("env_step")
     assert lam1.loc[40, "center"] == lam1.loc[40, "ci_low"] == 5.0  # one seed: the value
-    assert set(aligned.columns) == {"lambda_", "seed", "env_step", "return"}
+    assert set(aligned.columns) == {"lambda_", "seed", "run_id", "env_step", "return"}
     assert len(aligned) == 3 * 5
     with pytest.raises(ValueError, match="statistic must be one of"):
         compare.aggregate_curves(episodes_frame(), statistic="median")
@@ -162,7 +170,7 @@ def test_steps_to_solve_needs_a_full_window():
 def test_summary_table_by_hand():
     table = compare.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
     lam09 = table[table["lambda_"] == 0.9].iloc[0]
-    assert lam09["seeds"] == 2
+    assert lam09["runs"] == 2
     assert lam09["final_return_mean"] == 15.0 and lam09["final_return_iqm"] == 15.0
     assert (lam09["final_return_mean_ci_low"], lam09["final_return_mean_ci_high"]) == (10.0, 20.0)
     # seed 1 (returns 20) reaches 12 with a full window of 2 at its second episode (step 20);
@@ -266,7 +274,27 @@ def _stored(run_id: str, **fields):
     from gae_core.agent.config import TrainConfig
 
     config = TrainConfig(**{"total_steps": 1000, **fields}).to_dict()
-    return SimpleNamespace(id=run_id, config=config, env_steps=1000, status="finished", code=None)
+    return SimpleNamespace(id=run_id, config=config, env_steps=1000, status="finished", code=None,
+                           created_at=0.0)  # fmt: skip
+
+
+def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthest():
+    first = _stored("first", seed=0)
+    again = _stored("again", seed=0, eval_every=1000)  # bookkeeping differs: the same run
+    again.env_steps, again.created_at = 1000, 5.0  # as far, later: kept
+    short = _stored("short", seed=0)
+    short.env_steps = 400
+    other_seed, other_rate = _stored("s1", seed=1), _stored("lr", seed=0, learning_rate=1e-3)
+    damaged = _stored("bad")
+    damaged.config = {}
+    kept, repeats = compare.distinct_runs([first, again, short, other_seed, other_rate, damaged])
+    assert [r.id for r in kept] == ["again", "s1", "lr", "bad"]
+    assert repeats == {"first": "again", "short": "again"}
+    # a stored run missing a later field is the same run as one that stored its old value
+    old = _stored("old", seed=0)
+    old.config = {k: v for k, v in old.config.items() if k != "normalize_clip"}
+    clipped = _stored("clip0", seed=0, normalize_clip=0.0)
+    assert compare.distinct_runs([old, clipped])[1] == {"clip0": "old"}
 
 
 def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping():
@@ -328,8 +356,8 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
     record = provenance.methods_record([*runs, broken], "lambda_", statistic="mean", window=10)
     record = json.loads(json.dumps(record, allow_nan=False))  # JSON as it is, no NaN
     assert record["groups"] == [
-        {"value": 0.5, "seeds": [0, 1, 2]},
-        {"value": 1.0, "seeds": [0, 1, 2]},
+        {"value": 0.5, "seeds": [0, 1, 2], "runs": 3},
+        {"value": 1.0, "seeds": [0, 1, 2], "runs": 3},
     ]
     assert [r["id"] for r in record["runs"]] == [r.id for r in runs]
     assert record["unreadable_runs"] == ["x"]
@@ -342,19 +370,26 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
     assert "1 of them had not finished" in text
     assert "Also varying across the runs (a confound): learning_rate ∈ {0.001, 0.01}." in text
     assert (
-        "Curves: the mean across seeds of each seed's running mean of episodic return over 10"
-        in text
+        "Curves: the mean across runs of each run's running mean of episodic return over 10" in text
     )
     assert stats.IQM_DEFINITION in text and stats.INTERVAL_DEFINITION in text
     assert f"{stats.RESAMPLES:,} resamples, seed {stats.BOOTSTRAP_SEED}" in text
     assert "each run's own λ" in text  # the field default: the critic's target follows λ
-    # the critic held fixed, one learning rate, a seed twice: no confound, the seed named
+    # the critic held fixed, one learning rate, a run trained again: no confound, the repeat
+    # left out and named
     held = [_stored(r.id, critic_target="fixed_lambda", lambda_=r.config["lambda_"],
                     seed=r.config["seed"]) for r in runs]  # fmt: skip
     held.append(_stored("dup", critic_target="fixed_lambda", lambda_=1.0, seed=0))
-    held_text = provenance.methods_text(provenance.methods_record(held, "lambda_"))
+    held[-1].env_steps = 500
+    kept, repeats = compare.distinct_runs(held)
+    original = next(r.id for r in held if r.config["lambda_"] == 1.0 and r.config["seed"] == 0)
+    assert repeats == {"dup": original} and [r.id for r in kept] == [r.id for r in held[:-1]]
+    held_record = provenance.methods_record(kept, "lambda_", repeats=repeats)
+    held_text = provenance.methods_text(held_record)
     assert "own λ" not in held_text and "confound" not in held_text and "Curves:" not in held_text
-    assert "At λ = 1 a seed appears in more than one run" in held_text
+    assert "6 runs of A2C with GAE, λ ∈ {0.5, 1}, 3 seeds per value." in held_text
+    assert f"trained furthest: dup (as {original})." in held_text
+    assert held_record["repeats"] == {"dup": original}
     # the code that computed it: the checkout's commit where git can tell
     code = record["analysis_code"]
     assert code["version"] == gae_core.__version__ and code["package"] == "gae_core"

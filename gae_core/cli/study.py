@@ -143,13 +143,18 @@ def summary(args: argparse.Namespace) -> int:
         group = args.group or study_group(sweep.grid)
         # scipy.stats (0.9 s to import) only for the commands that print statistics
         from gae_core.insight import stats
-        from gae_core.insight.compare import episodes_frame, summary_records, sweep_summary
+        from gae_core.insight.compare import (
+            distinct_runs,
+            episodes_frame,
+            summary_records,
+            sweep_summary,
+        )
         from gae_core.insight.provenance import methods_record, methods_text
 
         table = sweep_summary(store, args.sweep_id, group)
-        runs = store.list_runs(sweep_id=args.sweep_id)
+        runs, repeats = distinct_runs(store.list_runs(sweep_id=args.sweep_id))
         used = set(episodes_frame(store, [r.id for r in runs], group)["run_id"])
-        methods = methods_record([r for r in runs if r.id in used], group)
+        methods = methods_record([r for r in runs if r.id in used], group, repeats=repeats)
     if table.empty:
         print(f"sweep {args.sweep_id} has no finished episode yet", file=sys.stderr)
         return EXIT_OK
@@ -162,12 +167,12 @@ def summary(args: argparse.Namespace) -> int:
     name = terminal_text(sweep.name)
     print(f"sweep {args.sweep_id} ({name}): {stats.INTERVAL_DEFINITION}")
     columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
-    head = f"{label(group):>10}{'seeds':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
+    head = f"{label(group):>10}{'runs':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
     print(head.rstrip())
     for entry in records:
         final, auc = entry["final_return"], entry["auc"]
         cells = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
-        row = f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
+        row = f"{format_value(entry['value']):>10}{entry['runs']:>6}  "
         print((row + "".join(f"{c:<27}" for c in cells)).rstrip())
     print(f"\nmethods: {terminal_text(methods_text(methods))}")
     return EXIT_OK

@@ -10,19 +10,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gae_core import metrics as M
-from gae_core.agent.config import with_stored_defaults
+from gae_core.agent.config import BOOKKEEPING_FIELDS, TrainConfig, with_stored_defaults
+from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.labels import format_value
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.runs.store import RunStore
 
-#: The common env-step grid every seed's curve is put on, and the AUC is taken over.
+#: The common env-step grid every run's curve is put on, and the AUC is taken over.
 CURVE_POINTS = 200
+#: What one replicate is: a run, ordered by its seed (a seed can come back in a group when a
+#: crossed axis is pooled; repeats of a run's whole config are left out by distinct_runs).
+REPLICATE = ["seed", "run_id"]
 
 
 def running_mean(returns: np.ndarray, window: int) -> np.ndarray:
@@ -64,8 +69,8 @@ def align_curve(
 
 #: How a band is computed, stated on the chart and in the CSV.
 BAND_METHODS = {
-    "iqm": f"IQM across seeds, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
-    "mean": f"mean across seeds, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
+    "iqm": f"IQM across runs, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
+    "mean": f"mean across runs, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
 }
 
 
@@ -78,41 +83,50 @@ def aggregate_curves(
     statistic: str = "iqm",
     seed: int = stats.BOOTSTRAP_SEED,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per group, the IQM (or mean) episodic return across seeds with a 95 % percentile-bootstrap
-    band (:func:`gae_core.insight.stats.curve_band`: it never leaves the range of the seeds).
+    """Per group, the IQM (or mean) episodic return across its runs (:data:`REPLICATE`) with a
+    percentile-bootstrap band (:func:`gae_core.insight.stats.curve_band`: it never leaves the
+    range of the runs).
 
     Args:
-        episodes: long frame with columns ``group``, ``seed``, ``env_step``, ``return``.
+        episodes: long frame with columns ``group``, ``seed``, ``run_id``, ``env_step``,
+            ``return``.
         group: the column that names a curve (λ by default).
-        points: grid size; the grid ends at the shortest seed's last episode step.
-        window: episodes in each seed's running mean before aggregating across seeds.
+        points: grid size; the grid ends at the shortest run's last episode step.
+        window: episodes in each run's running mean before aggregating across runs.
         statistic: ``"iqm"`` or ``"mean"``.
 
     Returns:
-        ``(bands, aligned)``. ``bands``: ``group, env_step, center, ci_low, ci_high, seeds,
-        statistic``. ``aligned``: each seed on the grid, ``group, seed, env_step, return``.
+        ``(bands, aligned)``. ``bands``: ``group, env_step, center, ci_low, ci_high, runs,
+        statistic``. ``aligned``: each run on the grid, ``group, seed, run_id, env_step,
+        return``.
     """
     if statistic not in BAND_METHODS:
         raise ValueError(f"statistic must be one of {sorted(BAND_METHODS)}, got {statistic!r}")
-    missing = {group, "seed", "env_step", "return"} - set(episodes.columns)
+    missing = {group, *REPLICATE, "env_step", "return"} - set(episodes.columns)
     if missing:
         raise ValueError(f"episodes is missing columns {sorted(missing)}")
     if episodes.empty:
         raise ValueError("episodes is empty: no finished episode to aggregate")
-    grid = step_grid(episodes.groupby([group, "seed"])["env_step"].max().tolist(), points)
+    grid = step_grid(episodes.groupby([group, *REPLICATE])["env_step"].max().tolist(), points)
     aligned_parts, band_parts = [], []
     for key, frame in episodes.groupby(group, sort=True):
         curves = []
-        for seed_value, run in frame.groupby("seed", sort=True):
+        for (seed_value, run_id), run in frame.groupby(REPLICATE, sort=True):
             curves.append(align_curve(run["env_step"], run["return"], grid, window=window))
             aligned_parts.append(
                 pd.DataFrame(
-                    {group: key, "seed": seed_value, "env_step": grid, "return": curves[-1]}
+                    {
+                        group: [key] * len(grid),
+                        "seed": seed_value,
+                        "run_id": run_id,
+                        "env_step": grid,
+                        "return": curves[-1],
+                    }
                 )
             )
         band = stats.curve_band(np.vstack(curves), statistic, seed=seed)
         band.insert(0, "env_step", grid)
-        band.insert(0, group, key)
+        band.insert(0, group, [key] * len(band))
         band["statistic"] = statistic
         band_parts.append(band)
     return pd.concat(band_parts, ignore_index=True), pd.concat(aligned_parts, ignore_index=True)
@@ -149,20 +163,22 @@ def seed_scores(
     final_window: int = SOLVED_WINDOW,
     points: int = CURVE_POINTS,
 ) -> pd.DataFrame:
-    """One row per (group, seed): ``final_return`` (the mean of its last ``final_window``
-    episodes), ``auc`` (the area under its curve on the common grid divided by the grid's span:
-    the average return over training) and, with a ``threshold``, ``solved_at_step`` (NaN if it
-    never solved, Gym's full-window rule)."""
+    """One row per run (``group, seed, run_id``): ``final_return`` (the mean of its last
+    ``final_window`` episodes), ``auc`` (the area under its curve on the common grid divided by
+    the grid's span: the average return over training) and, with a ``threshold``,
+    ``solved_at_step`` (NaN if it never solved, Gym's full-window rule)."""
     _, aligned = aggregate_curves(episodes, group=group, points=points, window=1)
+    curves = dict(iter(aligned.groupby("run_id", sort=False)))
     rows = []
-    for (key, seed_value), run in episodes.groupby([group, "seed"], sort=True):
+    for (key, seed_value, run_id), run in episodes.groupby([group, *REPLICATE], sort=True):
         run = run.sort_values("env_step", kind="stable")
-        curve = aligned[(aligned[group] == key) & (aligned["seed"] == seed_value)]
+        curve = curves[run_id]
         # final return and solved step by the one rule (gae_core.outcome), as the run reports
         summary = summarize_returns(run["env_step"], run["return"], threshold, final_window)
         row = {
             group: key,
             "seed": seed_value,
+            "run_id": run_id,
             "final_return": summary.final_return,
             "auc": area_under_curve(curve["env_step"].to_numpy(), curve["return"].to_numpy()),
         }
@@ -182,9 +198,9 @@ def summary_table(
     points: int = CURVE_POINTS,
     seed: int = stats.BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
-    """Per group: ``seeds``, the IQM and mean of the final return and of the AUC with 95 %
+    """Per group: ``runs``, the IQM and mean of the final return and of the AUC across runs with
     percentile-bootstrap intervals (``final_return_iqm``, ``..._ci_low``, …, ``auc_mean``, …;
-    :func:`gae_core.insight.stats.group_summary`), and with a threshold the fraction of seeds
+    :func:`gae_core.insight.stats.group_summary`), and with a threshold the fraction of runs
     that solved and their median steps to solve; ``best`` marks the highest final-return IQM
     (ties: mean; every group tied at the top is marked)."""
     scores = seed_scores(
@@ -213,6 +229,43 @@ class ListValue:
 
     def __str__(self) -> str:
         return format_value(list(self.items))
+
+
+def completed_config(config: dict) -> dict | None:
+    """A stored config with every field: the value that gives the behaviour the run had where
+    it was stored before a field existed (:meth:`TrainConfig.from_stored`); None if it cannot
+    be read (a damaged row)."""
+    if not config:
+        return None
+    try:
+        return TrainConfig.from_stored(config).to_dict()
+    except ConfigError:
+        return None
+
+
+def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
+    """``(kept, repeats)`` of stored runs (:class:`~gae_core.runs.records.RunRecord`\\ s): runs
+    whose configs agree on every field that changes learning, the seed included
+    (:func:`completed_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), are one
+    replicate trained twice, not two: the one that reached the most env steps is kept (then
+    the latest created), and ``repeats`` maps each other's id to its id. Counting both would
+    pass one seed off as two independent ones; merging them would splice two runs' episodes
+    into one curve. Runs whose config cannot be read are kept (the methods name them)."""
+    best: dict[str, Any] = {}
+    identity: dict[str, str] = {}
+    for run in runs:
+        config = completed_config(run.config)
+        if config is None:
+            key = f"unreadable {run.id}"
+        else:
+            key = repr(sorted((k, v) for k, v in config.items() if k not in BOOKKEEPING_FIELDS))
+        identity[run.id] = key
+        held = best.get(key)
+        if held is None or (run.env_steps, run.created_at) > (held.env_steps, held.created_at):
+            best[key] = run
+    kept = [run for run in runs if best[identity[run.id]] is run]
+    repeats = {r.id: best[identity[r.id]].id for r in runs if best[identity[r.id]] is not r}
+    return kept, repeats
 
 
 def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.DataFrame:
@@ -246,7 +299,7 @@ def sweep_summary(
 ) -> pd.DataFrame:
     """:func:`summary_table` of a stored sweep's trials grouped by ``group`` (what the page's
     summary, ``sweep --json`` and ``python -m gae_core summary`` all show)."""
-    runs = store.list_runs(sweep_id=sweep_id)
+    runs, _ = distinct_runs(store.list_runs(sweep_id=sweep_id))
     episodes = episodes_frame(store, [r.id for r in runs], group)
     if episodes.empty:
         return pd.DataFrame()
@@ -255,13 +308,13 @@ def sweep_summary(
 
 
 def summary_records(table: pd.DataFrame, group: str) -> list[dict]:
-    """The summary as JSON-ready entries: ``{"group", "value", "seeds", "final_return": {iqm,
+    """The summary as JSON-ready entries: ``{"group", "value", "runs", "final_return": {iqm,
     iqm_ci_low, iqm_ci_high, mean, mean_ci_low, mean_ci_high}, "auc": {…}}``."""
     records = []
     for row in table.to_dict("records"):
         value = row[group]
         value = list(value.items) if isinstance(value, ListValue) else value
-        entry = {"group": group, "value": value, "seeds": int(row["seeds"])}
+        entry = {"group": group, "value": value, "runs": int(row["runs"])}
         for score in ("final_return", "auc"):
             entry[score] = {
                 f"{name}{suffix}": _json_float(row[f"{score}_{name}{suffix}"])

@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS, TrainConfig
-from gae_core.errors import ConfigError
+from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS
 from gae_core.insight import stats
 from gae_core.insight.compare import CURVE_POINTS
+from gae_core.insight.compare import completed_config as _complete
 from gae_core.labels import format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.version import source_version
@@ -38,24 +38,12 @@ def _order(value: Any) -> tuple:
     return (2, 0.0, (), repr(value))
 
 
-def _complete(config: dict) -> dict | None:
-    """A stored config with every field: the value that gives the behaviour the run had where
-    it was stored before a field existed (:meth:`TrainConfig.from_stored`); None if it cannot
-    be read (a damaged row)."""
-    if not config:
-        return None
-    try:
-        return TrainConfig.from_stored(config).to_dict()
-    except ConfigError:
-        return None
-
-
 def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
     """``(shared, varying)`` over readable stored configs: the fields with one value in every
     config (``{field: value}``), and the fields other than ``group``, ``seed`` and
     :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` that take several
     (``{field: {"values": [...], "crossed": bool}}``; crossed: every ``group`` value holds
-    the same values of it, as many times each, so it is pooled with the seeds alike in every
+    the same values of it, as many times each, so its runs are pooled alike in every
     group rather than confounded with the grouped field)."""
     configs = [c for c in (_complete(c) for c in configs) if c is not None]
     shared, varying = {}, {}
@@ -74,24 +62,33 @@ def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
 
 
 def methods_record(
-    runs: Sequence[Any], group: str, *, statistic: str | None = None, window: int | None = None
+    runs: Sequence[Any],
+    group: str,
+    *,
+    statistic: str | None = None,
+    window: int | None = None,
+    repeats: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """What a comparison of ``runs`` (stored :class:`~gae_core.runs.records.RunRecord`\\ s:
     those its figures use) grouped by ``group`` was made from: the code that computed it, each
-    group's seeds, the runs (id, group value, seed, env steps, status), the shared config and
-    what else varies, and the statistics with their settings; for a figure of curves also the
-    curves' (``statistic``, "iqm" or "mean", across seeds of each seed's running mean over
-    ``window`` episodes)."""
+    group's seeds and its number of runs, the runs (id, group value, seed, env steps, status),
+    the runs left out as ``repeats`` of another (:func:`gae_core.insight.compare.distinct_runs`:
+    left-out id → the kept run's id), the shared config and what else varies, and the
+    statistics with their settings; for a figure of curves also the curves' (``statistic``,
+    "iqm" or "mean", across runs of each run's running mean over ``window`` episodes)."""
     completed = [(r, _complete(r.config)) for r in runs]
     readable = [(r, c) for r, c in completed if c is not None]
     shared, varying = config_spread([c for _, c in readable], group)
     groups: dict[str, dict] = {}
     for _, config in readable:
-        entry = groups.setdefault(repr(config[group]), {"value": config[group], "seeds": []})
+        entry = groups.setdefault(
+            repr(config[group]), {"value": config[group], "seeds": [], "runs": 0}
+        )
         entry["seeds"].append(config["seed"])
+        entry["runs"] += 1
     ordered = sorted(groups.values(), key=lambda g: _order(g["value"]))
     for entry in ordered:
-        entry["seeds"].sort()
+        entry["seeds"] = sorted(set(entry["seeds"]))
     return {
         "analysis_code": source_version(),
         "created_with": _codes(r.code for r, _ in readable),
@@ -99,6 +96,7 @@ def methods_record(
         "groups": ordered,
         "runs": [_run_entry(r, c, group) for r, c in readable],
         "unreadable_runs": [r.id for r, c in completed if c is None],
+        "repeats": dict(repeats or {}),
         "shared_config": shared,
         "also_varies": varying,
         "statistics": {**_curve(statistic, window), **_scores()},
@@ -120,6 +118,12 @@ def _codes(codes: Any) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def _count_text(counts: Any) -> str:
+    """``4``, or ``3 to 5`` where groups differ."""
+    counts = sorted(set(counts))
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+
+
 def _version_text(code: dict[str, Any]) -> str:
     text = f"gae_core {code['version']}"
     if code.get("commit"):
@@ -133,7 +137,7 @@ def _curve(statistic: str | None, window: int | None) -> dict[str, Any]:
         return {}
     name = {"iqm": "IQM", "mean": "mean"}[statistic]
     return {
-        "curve": f"the {name} across seeds of each seed's running mean of episodic return over "
+        "curve": f"the {name} across runs of each run's running mean of episodic return over "
         f"{window} episodes, with the interval below at every grid point",
         "running_mean_episodes": window,
     }
@@ -141,19 +145,19 @@ def _curve(statistic: str | None, window: int | None) -> dict[str, Any]:
 
 def _scores() -> dict[str, Any]:
     return {
-        "grid": f"{CURVE_POINTS} points in env steps from 0 to the shortest seed's last "
+        "grid": f"{CURVE_POINTS} points in env steps from 0 to the shortest run's last "
         "finished episode (fewer where steps repeat)",
         "final_return": f"each run's mean return over its last {SOLVED_WINDOW} episodes (all "
         "of them if fewer), at the budget it reached",
-        "auc": "the area under each seed's unsmoothed return (the last episode finished at or "
+        "auc": "the area under each run's unsmoothed return (the last episode finished at or "
         "before each grid point) divided by the span from its first such point to the grid's "
         "end: its average return over training",
-        "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across seeds",
+        "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across runs",
         "interval": stats.INTERVAL_DEFINITION,
         "confidence": stats.CONFIDENCE,
         "resamples": stats.RESAMPLES,
         "bootstrap_seed": stats.BOOTSTRAP_SEED,
-        "improvement": "P(X > Y) + ½ P(X = Y) over pairs of seeds, each group resampled on its own",
+        "improvement": "P(X > Y) + ½ P(X = Y) over pairs of runs, each group resampled on its own",
     }
 
 
@@ -162,20 +166,24 @@ def methods_text(record: dict[str, Any]) -> str:
     code, group, groups = record["analysis_code"], record["group"], record["groups"]
     if not groups:
         return "No run with a readable config."
-    counts = sorted({len(set(g["seeds"])) for g in groups})
-    seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
-    seeds += " seed" if counts[-1] == 1 else " seeds"
+    seeds = _count_text(len(g["seeds"]) for g in groups)
     values = ", ".join(format_value(g["value"]) for g in groups)
     runs = record["runs"]
-    text = [f"{len(runs)} runs of A2C with GAE, {label(group)} ∈ {{{values}}}, {seeds} per value."]
+    per_value = f"{_count_text(g['runs'] for g in groups)} runs per value"
+    if all(g["runs"] == len(g["seeds"]) for g in groups):
+        per_value = f"{seeds} seed{'' if seeds == '1' else 's'} per value"
+    else:  # a pooled crossed axis (or a confound): a seed comes back with its other values
+        per_value += f" ({seeds} seeds, each with the values of what varies below)"
+    text = [f"{len(runs)} runs of A2C with GAE, {label(group)} ∈ {{{values}}}, {per_value}."]
     unfinished = sum(r["status"] != "finished" for r in runs)
     if unfinished:
         text.append(f"{unfinished} of them had not finished (each counts at the budget it "
                     "reached).")  # fmt: skip
-    twice = [format_value(g["value"]) for g in groups if len(set(g["seeds"])) < len(g["seeds"])]
-    if twice:
-        text.append(f"At {label(group)} = {', '.join(twice)} a seed appears in more than one "
-                    "run; their episodes count as one seed's.")  # fmt: skip
+    repeats = record.get("repeats") or {}
+    if repeats:
+        left = ", ".join(f"{run} (as {kept})" for run, kept in repeats.items())
+        text.append(f"Left out as repeats of another run's config and seed, which count once, "
+                    f"as the run that trained furthest: {left}.")  # fmt: skip
     shared = record["shared_config"]
     setting = ", ".join(f"{k}={format_value(v)}" for k, v in shared.items() if k != "seed")
     text.append(f"Shared by every run: {setting}.")
@@ -183,8 +191,8 @@ def methods_text(record: dict[str, Any]) -> str:
     if group == "lambda_" and shared.get("critic_target") == "advantage_lambda":
         text.append(f"The critic's target is the {lam}-return with each run's own {lam}, so the "
                     f"critic changes with {lam} too (critic_lambda is unused).")  # fmt: skip
-    for crossed, what in ((True, "Crossed with it, alike in every group, and pooled with the "
-                           "seeds in each group's statistics"),
+    for crossed, what in ((True, "Crossed with it, alike in every group, each of its runs one "
+                           "more run in its group's statistics"),
                           (False, "Also varying across the runs (a confound)")):  # fmt: skip
         fields = {k: v for k, v in record["also_varies"].items() if v["crossed"] == crossed}
         if fields:
