@@ -245,18 +245,19 @@ if confounds:
 crossed = [label(f) for f, v in varies.items() if v["crossed"]]
 if crossed:
     st.info(
-        f"{', '.join(crossed)} also varies, alike in every {label(group)} group: its values "
-        "are pooled: each run is one more run in its group's statistics.",
+        f"{', '.join(crossed)} also varies, alike in every {label(group)} group, and is pooled: "
+        "a seed's runs at its values count once, as the mean of their curves and scores (runs "
+        "that share a seed are not independent).",
         icon=":material/info:",
     )
 if repeats:
     st.info(
-        f"{len(repeats)} of these runs repeat another's config and seed: each counts once, as "
-        "the run that trained furthest. The methods below name them.",
+        f"{len(repeats)} of these runs repeat another's config, seed and code: each is left out "
+        "for the one that trained furthest. The methods below name them.",
         icon=":material/info:",
     )
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
-few = stats.few_seeds_warning(int(episodes.groupby(group)["run_id"].nunique().min()))
+few = stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min()))
 if few:
     st.warning(few, icon=":material/warning:")
 bands, aligned = compare.aggregate_curves(
@@ -299,7 +300,9 @@ for score in ("final_return", "auc"):
             )
         ]
 shown[label(group)] = [format_value(v) for v in shown[group]]
-columns = [label(group), "runs", *cells]
+columns = [label(group), "seeds", *cells]
+if (summary["runs"] != summary["seeds"]).any():  # a seed's runs averaged: say how many
+    columns.insert(2, "runs")
 if threshold is not None:
     shown["solved"] = [f"{v:.0%}" for v in shown["solved_fraction"]]
     shown["median steps to solve"] = [

@@ -237,7 +237,8 @@ def test_sweep_json(tmp_path):
     assert [entry["value"] for entry in result["summary"]] == [0.9, 1.0]
     keys = {"iqm", "iqm_ci_low", "iqm_ci_high", "mean", "mean_ci_low", "mean_ci_high"}
     for entry in result["summary"]:
-        assert set(entry["final_return"]) == keys == set(entry["auc"]) and entry["runs"] == 1
+        assert set(entry["final_return"]) == keys == set(entry["auc"])
+        assert entry["seeds"] == entry["runs"] == 1
         final = entry["final_return"]
         assert final["iqm_ci_low"] == final["iqm"] == final["iqm_ci_high"]  # one seed
     table = cli(tmp_path / "data", "summary", result["sweep_id"])
@@ -274,7 +275,7 @@ def test_a_sweep_without_lambda_axis_summarises_by_its_other_axis_in_numeric_ord
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = _last_json(done.stdout)
-    assert [(e["group"], e["value"], e["runs"]) for e in result["summary"]] == [
+    assert [(e["group"], e["value"], e["seeds"]) for e in result["summary"]] == [
         ("hidden_sizes", [8, 8], 2),
         ("hidden_sizes", [32, 32], 2),
     ]

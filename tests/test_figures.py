@@ -171,21 +171,31 @@ def test_comparison_draws_one_band_per_lambda():
     assert {"seed_0", "seed_1", "seed_2", "center", "ci_low", "ci_high"} <= set(frame.columns)
 
 
-def test_a_pooled_crossed_axis_keeps_each_run_its_own_curve_and_column():
-    # λ 0.9 holds seed 0 twice (γ 0.9 and 0.99 pooled): two runs, two curves, two columns,
-    # not one seed's episodes spliced together; seed 1 stays "seed_1", seeds in number order
+def test_a_seed_with_several_runs_is_one_replicate_the_mean_of_its_runs():
+    # λ 0.9 holds seed 0 twice (γ 0.9 and 0.99 pooled): runs that share a seed share initial
+    # weights and env seeds, so they are one replicate, their mean (20), not two seeds, and not
+    # one seed's episodes spliced together; seeds 1 and 10 stay themselves
     rows = [
         {"lambda_": 0.9, "seed": seed, "run_id": run, "env_step": step, "return": level}
         for seed, run, level in ((0, "g9", 10.0), (0, "g99", 30.0), (1, "one", 20.0),
                                  (10, "ten", 40.0))
         for step in (10, 20, 30)
     ]  # fmt: skip
-    bands, aligned = compare.aggregate_curves(pd.DataFrame(rows), points=4, window=1)
-    assert bands["runs"].max() == 4
-    assert bands.set_index("env_step").loc[30, "center"] == pytest.approx(25.0)  # IQM of 4
+    episodes = pd.DataFrame(rows)
+    bands, aligned = compare.aggregate_curves(episodes, points=4, window=1, statistic="mean")
+    assert bands["seeds"].max() == 3
+    assert bands.set_index("env_step").loc[30, "center"] == pytest.approx(80.0 / 3)
     figure, frame = compare_figures.comparison_figure(bands, aligned, show_seeds=True)
-    assert [c for c in frame.columns if c.startswith("seed_")] == [
-        "seed_0_g9", "seed_0_g99", "seed_1", "seed_10"
+    assert [c for c in frame.columns if c.startswith("seed_")] == ["seed_0", "seed_1", "seed_10"]
+    assert frame.set_index("env_step").loc[30, "seed_0"] == 20.0
+    assert sum((trace.name or "").endswith("seed 0") for trace in figure.data) == 1
+    scores = compare.seed_scores(episodes, threshold=25.0, final_window=2, points=4)
+    assert scores[["seed", "runs", "final_return"]].values.tolist() == [
+        [0, 2, 20.0], [1, 1, 20.0], [10, 1, 40.0]
     ]  # fmt: skip
-    assert frame.set_index("env_step").loc[30, "seed_0_g99"] == 30.0
-    assert sum((trace.name or "").endswith("seed 0") for trace in figure.data) == 2
+    table = compare.summary_table(episodes, threshold=25.0, final_window=2, points=4)
+    assert table[["seeds", "runs"]].values.tolist() == [[3, 4]]
+    assert table["final_return_mean"].iloc[0] == pytest.approx(80.0 / 3)  # over seeds
+    # solving is counted over runs (g99 and ten reach 25 from their second episode, step 20)
+    assert table["solved_fraction"].iloc[0] == 0.5
+    assert table["median_steps_to_solve"].iloc[0] == 20.0

@@ -204,7 +204,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert dt.datetime.strptime(when, "%Y-%m-%d %H:%M")
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert sum(trace.get("fill") == "tonexty" for trace in spec["data"]) == 2
-    assert "IQM across runs, 95 % percentile-bootstrap band" in spec["layout"]["title"]["text"]
+    assert "IQM across seeds, 95 % percentile-bootstrap band" in spec["layout"]["title"]["text"]
     assert [t["name"] for t in spec["data"] if t.get("fill") == "tonexty"] == [
         "λ = 0.8 95 % CI",
         "λ = 1 95 % CI",
@@ -212,7 +212,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     summary = at.dataframe[-1].value
     assert list(summary["λ"]) == ["0.8", "1"] and "final return IQM" in summary.columns
     # two seeds per λ: the page says why the intervals are wide
-    assert any("Only 2 runs in the smallest group" in w.value for w in at.warning)
+    assert any("Only 2 seeds in the smallest group" in w.value for w in at.warning)
     sentences = [m.value for m in at.markdown if "beats λ =" in m.value]
     assert [s.split(":**")[0] for s in sentences] == [
         "**Final return",
@@ -260,14 +260,22 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     summary = at.dataframe[-1].value
     assert isinstance(summary, pd.DataFrame) and sorted(summary["γ"]) == ["0.9", "0.99"]
     assert not any("also differ" in w.value for w in at.warning) and not at.info
-    # grouped by λ (one value here), γ varies alike within it: its runs pooled, each one run
+    # grouped by λ (one value here), γ varies alike within it: pooled, a seed's two runs (one
+    # per γ, the same initial weights and env seeds) one replicate, their mean
     at.selectbox(key="cmp.group").set_value("lambda_").run()
     assert not at.exception
     assert any("γ also varies, alike in every λ group" in i.value for i in at.info)
     (methods,) = [c.value for c in at.code if c.value.startswith("4 runs of A2C")]
-    assert "4 runs per value (2 seeds, each with the values of what varies below)" in methods
-    assert "one more run in its group's statistics: gamma ∈ {0.9, 0.99}." in methods
-    assert at.dataframe[-1].value["runs"].tolist() == [4]  # not 2 seeds with spliced curves
+    assert "2 seeds per value (4 runs: a seed's runs count once, as their mean)." in methods
+    assert "Crossed with it, alike in every group, and pooled: gamma ∈ {0.9, 0.99}." in methods
+    shown = at.dataframe[-1].value
+    assert shown[["seeds", "runs"]].values.tolist() == [[2, 4]]
+    runs = store.list_runs()
+    finals = {(r.config["seed"], r.config["gamma"]): r.summary.final_return for r in runs}
+    per_seed = [(finals[(s, 0.9)] + finals[(s, 0.99)]) / 2 for s in (0, 1)]
+    assert shown["final return mean"].iloc[0].startswith(
+        format_value(round(sum(per_seed) / 2, 1))
+    )
     # two more runs whose λ comes with its own learning rate: a confound the page names
     for lam, rate in ((0.5, 1e-3), (1.0, 1e-2)):
         config = dataclasses.replace(base, lambda_=lam, learning_rate=rate)
@@ -298,14 +306,15 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
     assert not at.exception
     widths = ["16x16", "64x64", "128x128"]
     assert at.dataframe[-1].value["hidden sizes"].tolist() == widths
-    assert at.dataframe[-1].value["runs"].tolist() == [2, 2, 2]
-    assert [i.value[:46] for i in at.info] == ["1 of these runs repeat another's config and se"]
+    assert at.dataframe[-1].value["seeds"].tolist() == [2, 2, 2]
+    assert "runs" not in at.dataframe[-1].value  # one run per seed: no column to say so
+    assert [i.value[:46] for i in at.info] == ["1 of these runs repeat another's config, seed "]
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     names = [t["name"] for t in spec["data"] if t.get("fill") == "tonexty"]
     assert names == [f"hidden sizes = {w} 95 % CI" for w in widths]
     (methods,) = [c.value for c in at.code if c.value.startswith("6 runs of A2C")]
     assert "hidden sizes ∈ {16x16, 64x64, 128x128}, 2 seeds per value." in methods
-    assert f"trained furthest: {again} (as {ids[0]})." in methods
+    assert f"which trained at least as far: {again} → {ids[0]}." in methods
 
 
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):

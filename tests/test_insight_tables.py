@@ -129,10 +129,10 @@ def test_aggregate_curves_band_by_hand():
     # (20,20): the 95 % percentile band is exactly the data's range [10, 20]
     assert lam09.loc[20, "center"] == pytest.approx(15.0)
     assert (lam09.loc[20, "ci_low"], lam09.loc[20, "ci_high"]) == (10.0, 20.0)
-    assert lam09.loc[20, "runs"] == 2 and (bands["statistic"] == "mean").all()
+    assert lam09.loc[20, "seeds"] == 2 and (bands["statistic"] == "mean").all()
     lam1 = bands[bands["lambda_"] == 1.0].set_index("env_step")
     assert lam1.loc[40, "center"] == lam1.loc[40, "ci_low"] == 5.0  # one seed: the value
-    assert set(aligned.columns) == {"lambda_", "seed", "run_id", "env_step", "return"}
+    assert set(aligned.columns) == {"lambda_", "seed", "env_step", "return"}
     assert len(aligned) == 3 * 5
     with pytest.raises(ValueError, match="statistic must be one of"):
         compare.aggregate_curves(episodes_frame(), statistic="median")
@@ -170,7 +170,7 @@ def test_steps_to_solve_needs_a_full_window():
 def test_summary_table_by_hand():
     table = compare.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
     lam09 = table[table["lambda_"] == 0.9].iloc[0]
-    assert lam09["runs"] == 2
+    assert lam09["seeds"] == lam09["runs"] == 2
     assert lam09["final_return_mean"] == 15.0 and lam09["final_return_iqm"] == 15.0
     assert (lam09["final_return_mean_ci_low"], lam09["final_return_mean_ci_high"]) == (10.0, 20.0)
     # seed 1 (returns 20) reaches 12 with a full window of 2 at its second episode (step 20);
@@ -295,6 +295,13 @@ def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthe
     old.config = {k: v for k, v in old.config.items() if k != "normalize_clip"}
     clipped = _stored("clip0", seed=0, normalize_clip=0.0)
     assert compare.distinct_runs([old, clipped])[1] == {"clip0": "old"}
+    # the same config and seed made by other code is another run of that seed, not a repeat
+    before, after = _stored("before", seed=0), _stored("after", seed=0)
+    before.code = {"version": "0.2.0", "commit": "a" * 40, "local_changes": False}
+    after.code = {**before.code, "commit": "b" * 40}
+    assert compare.distinct_runs([before, after])[1] == {}
+    after.code = dict(before.code)
+    assert compare.distinct_runs([before, after])[1] == {"after": "before"}
 
 
 def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping():
@@ -370,7 +377,8 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
     assert "1 of them had not finished" in text
     assert "Also varying across the runs (a confound): learning_rate ∈ {0.001, 0.01}." in text
     assert (
-        "Curves: the mean across runs of each run's running mean of episodic return over 10" in text
+        "Curves: the mean across seeds of each run's running mean of episodic return over 10"
+        in text
     )
     assert stats.IQM_DEFINITION in text and stats.INTERVAL_DEFINITION in text
     assert f"{stats.RESAMPLES:,} resamples, seed {stats.BOOTSTRAP_SEED}" in text
@@ -388,7 +396,7 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
     held_text = provenance.methods_text(held_record)
     assert "own λ" not in held_text and "confound" not in held_text and "Curves:" not in held_text
     assert "6 runs of A2C with GAE, λ ∈ {0.5, 1}, 3 seeds per value." in held_text
-    assert f"trained furthest: dup (as {original})." in held_text
+    assert f"which trained at least as far: dup → {original}." in held_text
     assert held_record["repeats"] == {"dup": original}
     # the code that computed it: the checkout's commit where git can tell
     code = record["analysis_code"]

@@ -153,7 +153,7 @@ def test_curve_band_stays_inside_the_data_at_every_point(seeds, points, seed):
     band = stats.curve_band(curves, "iqm", resamples=200, seed=seed)
     for j in range(points):
         column = curves[:, j][~np.isnan(curves[:, j])]
-        assert band["runs"][j] == len(column)
+        assert band["seeds"][j] == len(column)
         if not len(column):
             assert np.isnan(band["center"][j])
             continue
@@ -181,7 +181,7 @@ def test_group_summary_columns_and_values():
     )
     table = stats.group_summary(scores, "lambda_", ["final_return"], seed=1)
     row = table.set_index("lambda_").loc[0.9]
-    assert row["runs"] == 4
+    assert row["seeds"] == 4
     assert row["final_return_iqm"] == pytest.approx(2.5) and row["final_return_mean"] == 26.5
     assert row["final_return_iqm_ci_low"] <= 2.5 <= row["final_return_iqm_ci_high"]
     assert table.set_index("lambda_").loc[1.0, "final_return_mean_ci_low"] == 5.0
@@ -189,5 +189,5 @@ def test_group_summary_columns_and_values():
 
 def test_few_seeds_warning():
     assert stats.few_seeds_warning(10) is None and stats.few_seeds_warning(5) is None
-    assert "Only 3 runs" in stats.few_seeds_warning(3)
-    assert "Only 1 run in" in stats.few_seeds_warning(1)
+    assert "Only 3 seeds" in stats.few_seeds_warning(3)
+    assert "Only 1 seed in" in stats.few_seeds_warning(1)

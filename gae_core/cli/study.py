@@ -167,12 +167,12 @@ def summary(args: argparse.Namespace) -> int:
     name = terminal_text(sweep.name)
     print(f"sweep {args.sweep_id} ({name}): {stats.INTERVAL_DEFINITION}")
     columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
-    head = f"{label(group):>10}{'runs':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
+    head = f"{label(group):>10}{'seeds':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
     print(head.rstrip())
     for entry in records:
         final, auc = entry["final_return"], entry["auc"]
         cells = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
-        row = f"{format_value(entry['value']):>10}{entry['runs']:>6}  "
+        row = f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
         print((row + "".join(f"{c:<27}" for c in cells)).rstrip())
     print(f"\nmethods: {terminal_text(methods_text(methods))}")
     return EXIT_OK

@@ -25,9 +25,12 @@ from gae_core.runs.store import RunStore
 
 #: The common env-step grid every run's curve is put on, and the AUC is taken over.
 CURVE_POINTS = 200
-#: What one replicate is: a run, ordered by its seed (a seed can come back in a group when a
-#: crossed axis is pooled; repeats of a run's whole config are left out by distinct_runs).
-REPLICATE = ["seed", "run_id"]
+#: What one replicate is: a seed. A seed with several runs in a group (a pooled crossed axis,
+#: or the same config trained by other code) counts once, as the mean of its runs' curves and
+#: scores: runs that share a seed share their initial weights and env seeds, so they are not
+#: independent, and resampling them one by one would narrow the intervals. Repeats of a run's
+#: whole config, seed and code are left out first (:func:`distinct_runs`).
+REPLICATE = "seed"
 
 
 def running_mean(returns: np.ndarray, window: int) -> np.ndarray:
@@ -69,8 +72,8 @@ def align_curve(
 
 #: How a band is computed, stated on the chart and in the CSV.
 BAND_METHODS = {
-    "iqm": f"IQM across runs, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
-    "mean": f"mean across runs, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
+    "iqm": f"IQM across seeds, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
+    "mean": f"mean across seeds, {stats.CONFIDENCE_TEXT} percentile-bootstrap band",
 }
 
 
@@ -83,42 +86,44 @@ def aggregate_curves(
     statistic: str = "iqm",
     seed: int = stats.BOOTSTRAP_SEED,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per group, the IQM (or mean) episodic return across its runs (:data:`REPLICATE`) with a
-    percentile-bootstrap band (:func:`gae_core.insight.stats.curve_band`: it never leaves the
-    range of the runs).
+    """Per group, the IQM (or mean) episodic return across seeds (:data:`REPLICATE`: a seed
+    with several runs is the mean of its runs' curves) with a percentile-bootstrap band
+    (:func:`gae_core.insight.stats.curve_band`: it never leaves the range of the seeds).
 
     Args:
         episodes: long frame with columns ``group``, ``seed``, ``run_id``, ``env_step``,
             ``return``.
         group: the column that names a curve (λ by default).
         points: grid size; the grid ends at the shortest run's last episode step.
-        window: episodes in each run's running mean before aggregating across runs.
+        window: episodes in each run's running mean before aggregating.
         statistic: ``"iqm"`` or ``"mean"``.
 
     Returns:
-        ``(bands, aligned)``. ``bands``: ``group, env_step, center, ci_low, ci_high, runs,
-        statistic``. ``aligned``: each run on the grid, ``group, seed, run_id, env_step,
-        return``.
+        ``(bands, aligned)``. ``bands``: ``group, env_step, center, ci_low, ci_high, seeds,
+        statistic``. ``aligned``: each seed on the grid, ``group, seed, env_step, return``.
     """
     if statistic not in BAND_METHODS:
         raise ValueError(f"statistic must be one of {sorted(BAND_METHODS)}, got {statistic!r}")
-    missing = {group, *REPLICATE, "env_step", "return"} - set(episodes.columns)
+    missing = {group, REPLICATE, "run_id", "env_step", "return"} - set(episodes.columns)
     if missing:
         raise ValueError(f"episodes is missing columns {sorted(missing)}")
     if episodes.empty:
         raise ValueError("episodes is empty: no finished episode to aggregate")
-    grid = step_grid(episodes.groupby([group, *REPLICATE])["env_step"].max().tolist(), points)
+    grid = step_grid(episodes.groupby("run_id")["env_step"].max().tolist(), points)
     aligned_parts, band_parts = [], []
     for key, frame in episodes.groupby(group, sort=True):
         curves = []
-        for (seed_value, run_id), run in frame.groupby(REPLICATE, sort=True):
-            curves.append(align_curve(run["env_step"], run["return"], grid, window=window))
+        for seed_value, runs in frame.groupby(REPLICATE, sort=True):
+            each = [
+                align_curve(run["env_step"], run["return"], grid, window=window)
+                for _, run in runs.groupby("run_id", sort=True)
+            ]
+            curves.append(np.mean(each, axis=0))  # NaN until every run of the seed has a value
             aligned_parts.append(
                 pd.DataFrame(
                     {
                         group: [key] * len(grid),
                         "seed": seed_value,
-                        "run_id": run_id,
                         "env_step": grid,
                         "return": curves[-1],
                     }
@@ -155,7 +160,7 @@ def steps_to_solve(
     return math.nan if summary.solved_at_step is None else float(summary.solved_at_step)
 
 
-def seed_scores(
+def run_scores(
     episodes: pd.DataFrame,
     *,
     group: str = "lambda_",
@@ -164,29 +169,50 @@ def seed_scores(
     points: int = CURVE_POINTS,
 ) -> pd.DataFrame:
     """One row per run (``group, seed, run_id``): ``final_return`` (the mean of its last
-    ``final_window`` episodes), ``auc`` (the area under its curve on the common grid divided by
-    the grid's span: the average return over training) and, with a ``threshold``,
+    ``final_window`` episodes), ``auc`` (the area under its unsmoothed curve on the common grid
+    divided by the span: the average return over training) and, with a ``threshold``,
     ``solved_at_step`` (NaN if it never solved, Gym's full-window rule)."""
-    _, aligned = aggregate_curves(episodes, group=group, points=points, window=1)
-    curves = dict(iter(aligned.groupby("run_id", sort=False)))
+    grid = step_grid(episodes.groupby("run_id")["env_step"].max().tolist(), points)
     rows = []
-    for (key, seed_value, run_id), run in episodes.groupby([group, *REPLICATE], sort=True):
+    for (key, seed_value, run_id), run in episodes.groupby([group, REPLICATE, "run_id"]):
         run = run.sort_values("env_step", kind="stable")
-        curve = curves[run_id]
         # final return and solved step by the one rule (gae_core.outcome), as the run reports
         summary = summarize_returns(run["env_step"], run["return"], threshold, final_window)
+        curve = align_curve(run["env_step"], run["return"], grid)
         row = {
             group: key,
             "seed": seed_value,
             "run_id": run_id,
             "final_return": summary.final_return,
-            "auc": area_under_curve(curve["env_step"].to_numpy(), curve["return"].to_numpy()),
+            "auc": area_under_curve(grid, curve),
         }
         if threshold is not None:
             solved = summary.solved_at_step
             row["solved_at_step"] = math.nan if solved is None else float(solved)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def seed_scores(
+    episodes: pd.DataFrame,
+    *,
+    group: str = "lambda_",
+    threshold: float | None = None,
+    final_window: int = SOLVED_WINDOW,
+    points: int = CURVE_POINTS,
+    runs: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per (group, seed), the replicate the statistics resample
+    (:data:`REPLICATE`): ``final_return`` and ``auc`` averaged over the seed's runs
+    (:func:`run_scores`, or ``runs`` when given) and ``runs``, how many there were."""
+    if runs is None:
+        runs = run_scores(
+            episodes, group=group, threshold=threshold, final_window=final_window, points=points
+        )
+    per_seed = runs.groupby([group, REPLICATE], sort=True)
+    scores = per_seed[["final_return", "auc"]].mean()
+    scores["runs"] = per_seed.size()
+    return scores.reset_index()
 
 
 def summary_table(
@@ -198,17 +224,19 @@ def summary_table(
     points: int = CURVE_POINTS,
     seed: int = stats.BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
-    """Per group: ``runs``, the IQM and mean of the final return and of the AUC across runs with
-    percentile-bootstrap intervals (``final_return_iqm``, ``..._ci_low``, …, ``auc_mean``, …;
-    :func:`gae_core.insight.stats.group_summary`), and with a threshold the fraction of runs
-    that solved and their median steps to solve; ``best`` marks the highest final-return IQM
-    (ties: mean; every group tied at the top is marked)."""
-    scores = seed_scores(
+    """Per group: ``seeds`` and ``runs``, the IQM and mean across seeds of the final return and
+    of the AUC (:func:`seed_scores`) with percentile-bootstrap intervals (``final_return_iqm``,
+    ``..._ci_low``, …, ``auc_mean``, …; :func:`gae_core.insight.stats.group_summary`), and with
+    a threshold the fraction of runs that solved and their median steps to solve; ``best``
+    marks the highest final-return IQM (ties: mean; every group tied at the top is marked)."""
+    runs = run_scores(
         episodes, group=group, threshold=threshold, final_window=final_window, points=points
     )
+    scores = seed_scores(episodes, group=group, runs=runs)
     table = stats.group_summary(scores, group, ["final_return", "auc"], seed=seed)
+    table.insert(2, "runs", runs.groupby(group, sort=True).size().to_numpy())
     if threshold is not None:
-        solved = scores.groupby(group, sort=True)["solved_at_step"]
+        solved = runs.groupby(group, sort=True)["solved_at_step"]
         table["solved_fraction"] = solved.apply(lambda x: float(x.notna().mean())).to_numpy()
         table["median_steps_to_solve"] = solved.median().to_numpy()
     top = table[["final_return_iqm", "final_return_mean"]].to_numpy()
@@ -246,11 +274,12 @@ def completed_config(config: dict) -> dict | None:
 def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
     """``(kept, repeats)`` of stored runs (:class:`~gae_core.runs.records.RunRecord`\\ s): runs
     whose configs agree on every field that changes learning, the seed included
-    (:func:`completed_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), are one
-    replicate trained twice, not two: the one that reached the most env steps is kept (then
-    the latest created), and ``repeats`` maps each other's id to its id. Counting both would
-    pass one seed off as two independent ones; merging them would splice two runs' episodes
-    into one curve. Runs whose config cannot be read are kept (the methods name them)."""
+    (:func:`completed_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), and
+    that were created by the same code (version, commit, uncommitted changes) are one run
+    trained twice: the one that reached the most env steps is kept (then the latest created),
+    and ``repeats`` maps each other's id to its id. Averaged in with it as its seed's runs, a
+    repeat stopped early would drag the seed's final return toward an unfinished one. Runs
+    whose config cannot be read are kept (the methods name them)."""
     best: dict[str, Any] = {}
     identity: dict[str, str] = {}
     for run in runs:
@@ -258,7 +287,10 @@ def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
         if config is None:
             key = f"unreadable {run.id}"
         else:
-            key = repr(sorted((k, v) for k, v in config.items() if k not in BOOKKEEPING_FIELDS))
+            code = run.code or {}
+            made_by = [code.get(k) for k in ("version", "commit", "local_changes")]
+            fields = sorted((k, v) for k, v in config.items() if k not in BOOKKEEPING_FIELDS)
+            key = repr((fields, made_by))
         identity[run.id] = key
         held = best.get(key)
         if held is None or (run.env_steps, run.created_at) > (held.env_steps, held.created_at):
@@ -308,13 +340,15 @@ def sweep_summary(
 
 
 def summary_records(table: pd.DataFrame, group: str) -> list[dict]:
-    """The summary as JSON-ready entries: ``{"group", "value", "runs", "final_return": {iqm,
-    iqm_ci_low, iqm_ci_high, mean, mean_ci_low, mean_ci_high}, "auc": {…}}``."""
+    """The summary as JSON-ready entries: ``{"group", "value", "seeds", "runs",
+    "final_return": {iqm, iqm_ci_low, iqm_ci_high, mean, mean_ci_low, mean_ci_high},
+    "auc": {…}}``."""
     records = []
     for row in table.to_dict("records"):
         value = row[group]
         value = list(value.items) if isinstance(value, ListValue) else value
-        entry = {"group": group, "value": value, "runs": int(row["runs"])}
+        entry = {"group": group, "value": value}
+        entry |= {"seeds": int(row["seeds"]), "runs": int(row["runs"])}
         for score in ("final_return", "auc"):
             entry[score] = {
                 f"{name}{suffix}": _json_float(row[f"{score}_{name}{suffix}"])

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from gae_core.inert import plotly_text
-from gae_core.insight.compare import BAND_METHODS, REPLICATE
+from gae_core.insight.compare import BAND_METHODS
 from gae_core.insight.stats import CONFIDENCE_TEXT
 from gae_core.labels import assignment, label
 
@@ -55,7 +55,8 @@ def comparison_figure(
 ) -> tuple[go.Figure, pd.DataFrame]:
     """Per group, the IQM (or mean) return across seeds and its bootstrap band (one colour per
     group, the method in the title) and, optionally, each seed's aligned curve. The frame is
-    ``bands`` (plus each run as a ``seed_<n>`` column: :func:`_run_columns`)."""
+    ``bands`` (plus the seeds as ``seed_<n>`` columns; a seed with several runs is their
+    mean, :data:`gae_core.insight.compare.REPLICATE`)."""
     statistic = bands["statistic"].iloc[0] if len(bands) else "iqm"
     figure = go.Figure()
     for i, (key, frame) in enumerate(bands.groupby(group, sort=True)):
@@ -95,7 +96,7 @@ def comparison_figure(
             )
         )
         if show_seeds and aligned is not None:
-            for (seed, _), run in aligned[aligned[group] == key].groupby(REPLICATE):
+            for seed, run in aligned[aligned[group] == key].groupby("seed"):
                 figure.add_trace(
                     go.Scatter(
                         x=run["env_step"],
@@ -111,23 +112,11 @@ def comparison_figure(
     _layout(figure, f"Episodic return: {BAND_METHODS[statistic]}", "env steps", "return")
     frame = bands
     if show_seeds and aligned is not None:
-        frame = bands.merge(_run_columns(aligned, group), on=[group, "env_step"], how="left")
+        seeds = aligned.pivot_table(index=[group, "env_step"], columns="seed", values="return")
+        frame = bands.merge(
+            seeds.add_prefix("seed_").reset_index(), on=[group, "env_step"], how="left"
+        )
     return figure, frame
-
-
-def _run_columns(aligned: pd.DataFrame, group: str) -> pd.DataFrame:
-    """Each run's aligned curve as a column ``seed_<seed>``, or ``seed_<seed>_<run id>`` where
-    a seed comes back within a group (runs of a pooled crossed axis)."""
-    aligned = aligned.sort_values(REPLICATE, kind="stable")  # columns in seed order
-    column = "seed_" + aligned["seed"].astype(str)
-    shared = aligned.groupby([group, column])["run_id"].transform("nunique") > 1
-    column = column.where(~shared, column + "_" + aligned["run_id"].astype(str))
-    wide = aligned.assign(column=column).pivot_table(
-        index=[group, "env_step"], columns="column", values="return"
-    )
-    wide = wide[[c for c in dict.fromkeys(column) if c in wide.columns]]
-    wide.columns.name = None
-    return wide.reset_index()
 
 
 def improvement_figure(

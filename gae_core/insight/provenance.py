@@ -137,7 +137,7 @@ def _curve(statistic: str | None, window: int | None) -> dict[str, Any]:
         return {}
     name = {"iqm": "IQM", "mean": "mean"}[statistic]
     return {
-        "curve": f"the {name} across runs of each run's running mean of episodic return over "
+        "curve": f"the {name} across seeds of each run's running mean of episodic return over "
         f"{window} episodes, with the interval below at every grid point",
         "running_mean_episodes": window,
     }
@@ -152,12 +152,15 @@ def _scores() -> dict[str, Any]:
         "auc": "the area under each run's unsmoothed return (the last episode finished at or "
         "before each grid point) divided by the span from its first such point to the grid's "
         "end: its average return over training",
-        "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across runs",
+        "replicate": "a seed: a seed with several runs in a group counts once, as the mean of "
+        "its runs' curves and scores (runs that share a seed share initial weights and env "
+        "seeds, so they are not independent)",
+        "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across seeds",
         "interval": stats.INTERVAL_DEFINITION,
         "confidence": stats.CONFIDENCE,
         "resamples": stats.RESAMPLES,
         "bootstrap_seed": stats.BOOTSTRAP_SEED,
-        "improvement": "P(X > Y) + ½ P(X = Y) over pairs of runs, each group resampled on its own",
+        "improvement": "P(X > Y) + ½ P(X = Y) over pairs of seeds, each group resampled on its own",
     }
 
 
@@ -169,11 +172,10 @@ def methods_text(record: dict[str, Any]) -> str:
     seeds = _count_text(len(g["seeds"]) for g in groups)
     values = ", ".join(format_value(g["value"]) for g in groups)
     runs = record["runs"]
-    per_value = f"{_count_text(g['runs'] for g in groups)} runs per value"
-    if all(g["runs"] == len(g["seeds"]) for g in groups):
-        per_value = f"{seeds} seed{'' if seeds == '1' else 's'} per value"
-    else:  # a pooled crossed axis (or a confound): a seed comes back with its other values
-        per_value += f" ({seeds} seeds, each with the values of what varies below)"
+    per_value = f"{seeds} seed{'' if seeds == '1' else 's'} per value"
+    if any(g["runs"] != len(g["seeds"]) for g in groups):  # a seed has several runs
+        per_value += (f" ({_count_text(g['runs'] for g in groups)} runs: a seed's runs count "
+                      "once, as their mean)")  # fmt: skip
     text = [f"{len(runs)} runs of A2C with GAE, {label(group)} ∈ {{{values}}}, {per_value}."]
     unfinished = sum(r["status"] != "finished" for r in runs)
     if unfinished:
@@ -181,9 +183,9 @@ def methods_text(record: dict[str, Any]) -> str:
                     "reached).")  # fmt: skip
     repeats = record.get("repeats") or {}
     if repeats:
-        left = ", ".join(f"{run} (as {kept})" for run, kept in repeats.items())
-        text.append(f"Left out as repeats of another run's config and seed, which count once, "
-                    f"as the run that trained furthest: {left}.")  # fmt: skip
+        left = ", ".join(f"{run} → {kept}" for run, kept in repeats.items())
+        text.append(f"Left out as repeats (same config, seed and code) of the run kept, which "
+                    f"trained at least as far: {left}.")  # fmt: skip
     shared = record["shared_config"]
     setting = ", ".join(f"{k}={format_value(v)}" for k, v in shared.items() if k != "seed")
     text.append(f"Shared by every run: {setting}.")
@@ -191,8 +193,7 @@ def methods_text(record: dict[str, Any]) -> str:
     if group == "lambda_" and shared.get("critic_target") == "advantage_lambda":
         text.append(f"The critic's target is the {lam}-return with each run's own {lam}, so the "
                     f"critic changes with {lam} too (critic_lambda is unused).")  # fmt: skip
-    for crossed, what in ((True, "Crossed with it, alike in every group, each of its runs one "
-                           "more run in its group's statistics"),
+    for crossed, what in ((True, "Crossed with it, alike in every group, and pooled"),
                           (False, "Also varying across the runs (a confound)")):  # fmt: skip
         fields = {k: v for k, v in record["also_varies"].items() if v["crossed"] == crossed}
         if fields:
@@ -205,10 +206,10 @@ def methods_text(record: dict[str, Any]) -> str:
     if "curve" in s:
         text.append(f"Curves: {s['curve']}.")
     text.append(
-        f"Grid: {s['grid']}. Final return: {s['final_return']}. AUC: {s['auc']}. Scores "
-        f"aggregate as {s['aggregate']}; intervals: {s['interval']}, {s['resamples']:,} "
-        f"resamples, seed {s['bootstrap_seed']} (none with one seed). Probability of "
-        f"improvement: {s['improvement']}."
+        f"Grid: {s['grid']}. Final return: {s['final_return']}. AUC: {s['auc']}. Replicate: "
+        f"{s['replicate']}. Scores aggregate as {s['aggregate']}; intervals: {s['interval']}, "
+        f"{s['resamples']:,} resamples, seed {s['bootstrap_seed']} (none with one seed). "
+        f"Probability of improvement: {s['improvement']}."
     )
     trained = [t for t in record["created_with"] if t["code"]]
     untold = sum(t["runs"] for t in record["created_with"] if not t["code"])

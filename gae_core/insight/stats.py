@@ -2,8 +2,9 @@ r"""Study statistics after Agarwal et al., *Deep Reinforcement Learning at the E
 Statistical Precipice* (NeurIPS 2021) and its ``rliable`` library, on scipy.
 
 A λ study has few seeds per group, so point estimates alone mislead. A *seed* here is one
-independent training run, a replicate (a comparison that pools a crossed axis has several runs
-per seed value, each one replicate; :data:`gae_core.insight.compare.REPLICATE`). Per group:
+replicate: one run, or the mean of the runs that share a seed (a pooled crossed axis; they share
+initial weights and env seeds, so they are not independent:
+:data:`gae_core.insight.compare.REPLICATE`). Per group of seeds:
 
 * **IQM**, the interquartile mean: the mean of the middle 50 % of the scores,
   ``scipy.stats.trim_mean(x, 0.25)``, which cuts ⌊n/4⌋ scores from each end (none below 4
@@ -67,8 +68,8 @@ BOOTSTRAP_SEED = 0
 #: The confidence level as the charts and tables print it (``95 %``).
 CONFIDENCE_TEXT = f"{CONFIDENCE * 100:g} %"
 #: The intervals and the IQM in words (a comparison's methods paragraph).
-INTERVAL_DEFINITION = f"{CONFIDENCE_TEXT} percentile bootstrap over runs (Agarwal et al., 2021)"
-IQM_DEFINITION = "the 25 % trimmed mean: ⌊n/4⌋ runs cut from each end, the mean below 4 runs"
+INTERVAL_DEFINITION = f"{CONFIDENCE_TEXT} percentile bootstrap over seeds (Agarwal et al., 2021)"
+IQM_DEFINITION = "the 25 % trimmed mean: ⌊n/4⌋ seeds cut from each end, the mean below 4 seeds"
 
 
 def iqm(scores: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -284,9 +285,9 @@ def curve_band(
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
-    """Per grid point of ``curves [runs, points]`` (NaN where a run has no value yet): the
-    statistic over the runs present and its percentile-bootstrap band; columns ``center,
-    ci_low, ci_high, runs``. One seed: the band is the value; none: NaN. Points with every seed
+    """Per grid point of ``curves [seeds, points]`` (NaN where a seed has no value yet): the
+    statistic over the seeds present and its percentile-bootstrap band; columns ``center,
+    ci_low, ci_high, seeds``. One seed: the band is the value; none: NaN. Points with every seed
     present are bootstrapped in one vectorised call."""
     _check(confidence, resamples)
     function = _statistic(statistic)
@@ -309,7 +310,7 @@ def curve_band(
         center[point], low[point], high[point] = bootstrap_ci(
             curves[:, point], statistic, confidence=confidence, resamples=resamples, seed=seed
         )
-    return pd.DataFrame({"center": center, "ci_low": low, "ci_high": high, "runs": counts})
+    return pd.DataFrame({"center": center, "ci_low": low, "ci_high": high, "seeds": counts})
 
 
 def group_summary(
@@ -321,12 +322,12 @@ def group_summary(
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
-    """One row per group value: ``<group>``, ``runs`` and, for every score column c,
+    """One row per group value: ``<group>``, ``seeds`` and, for every score column c,
     ``c_iqm, c_iqm_ci_low, c_iqm_ci_high, c_mean, c_mean_ci_low, c_mean_ci_high``.
-    ``scores`` holds one row per run (a seed, or a seed and a pooled crossed value)."""
+    ``scores`` holds one row per seed."""
     rows = []
     for key, frame in scores.groupby(group, sort=True):
-        row: dict[str, Any] = {group: key, "runs": len(frame)}
+        row: dict[str, Any] = {group: key, "seeds": len(frame)}
         for column in columns:
             for name in ("iqm", "mean"):
                 point, low, high = bootstrap_ci(
@@ -373,7 +374,7 @@ def best_group_sentence(
     )
     text = (
         f"{label(best)} beats {label(second)} with probability {p:.2f} [{low:.2f}, {high:.2f}] "
-        f"(P(X > Y) over seeds, {confidence:.0%} bootstrap CI)"
+        f"(P(X > Y) over seeds, {confidence * 100:g} % bootstrap CI)"
     )
     if low <= 0.5 <= high:
         text += " — not distinguishable from seed noise at this sample size"
@@ -381,12 +382,11 @@ def best_group_sentence(
 
 
 def few_seeds_warning(n_min: int) -> str | None:
-    """Why intervals are wide with fewer than :data:`FEW_SEEDS` runs (seeds) per group, or
-    None."""
+    """Why intervals are wide with fewer than :data:`FEW_SEEDS` seeds per group, or None."""
     if n_min >= FEW_SEEDS:
         return None
     return (
-        f"Only {n_min} run{'s' if n_min != 1 else ''} in the smallest group: a bootstrap over "
-        f"so few runs can take only a handful of distinct values, so the intervals are wide "
+        f"Only {n_min} seed{'s' if n_min != 1 else ''} in the smallest group: a bootstrap over "
+        f"so few seeds can take only a handful of distinct values, so the intervals are wide "
         "and cover the truth less often than they claim. Use 10 seeds per group to rank groups."
     )
