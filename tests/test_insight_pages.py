@@ -273,9 +273,7 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     runs = store.list_runs()
     finals = {(r.config["seed"], r.config["gamma"]): r.summary.final_return for r in runs}
     per_seed = [(finals[(s, 0.9)] + finals[(s, 0.99)]) / 2 for s in (0, 1)]
-    assert shown["final return mean"].iloc[0].startswith(
-        format_value(round(sum(per_seed) / 2, 1))
-    )
+    assert shown["final return mean"].iloc[0].startswith(format_value(round(sum(per_seed) / 2, 1)))
     # two more runs whose λ comes with its own learning rate: a confound the page names
     for lam, rate in ((0.5, 1e-3), (1.0, 1e-2)):
         config = dataclasses.replace(base, lambda_=lam, learning_rate=rate)
