@@ -275,7 +275,7 @@ with downloads[1]:
     _ui.csv_button("Bands CSV", lambda: frame, "bands.csv", "cmp.bands_csv")
 
 summary = compare.summary_table(episodes, group=group, threshold=threshold)
-scores = compare.seed_scores(episodes, group=group, threshold=threshold)
+scores = compare.seed_scores(episodes, group=group)
 st.subheader("Summary")
 # Both scores: a final return at the env's ceiling (CartPole's 500) ties every group, and then
 # the AUC (how fast it got there) is what separates them.

@@ -189,7 +189,7 @@ def test_a_seed_with_several_runs_is_one_replicate_the_mean_of_its_runs():
     assert [c for c in frame.columns if c.startswith("seed_")] == ["seed_0", "seed_1", "seed_10"]
     assert frame.set_index("env_step").loc[30, "seed_0"] == 20.0
     assert sum((trace.name or "").endswith("seed 0") for trace in figure.data) == 1
-    scores = compare.seed_scores(episodes, threshold=25.0, final_window=2, points=4)
+    scores = compare.seed_scores(episodes, final_window=2, points=4)
     assert scores[["seed", "runs", "final_return"]].values.tolist() == [
         [0, 2, 20.0], [1, 1, 20.0], [10, 1, 40.0]
     ]  # fmt: skip

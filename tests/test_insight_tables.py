@@ -179,7 +179,7 @@ def test_summary_table_by_hand():
     assert lam09["median_steps_to_solve"] == 20.0
     # each seed's curve is NaN at step 0 then constant (10 and 20): AUCs 10 and 20, mean 15
     assert lam09["auc_mean"] == pytest.approx(15.0)
-    scores = compare.seed_scores(episodes_frame(), threshold=12.0, final_window=2, points=5)
+    scores = compare.seed_scores(episodes_frame(), final_window=2, points=5)
     assert scores["auc"].tolist() == pytest.approx([10.0, 20.0, 5.0])
     assert table["best"].tolist() == [True, False]
 

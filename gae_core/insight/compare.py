@@ -197,7 +197,6 @@ def seed_scores(
     episodes: pd.DataFrame,
     *,
     group: str = "lambda_",
-    threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
     points: int = CURVE_POINTS,
     runs: pd.DataFrame | None = None,
@@ -206,9 +205,7 @@ def seed_scores(
     (:data:`REPLICATE`): ``final_return`` and ``auc`` averaged over the seed's runs
     (:func:`run_scores`, or ``runs`` when given) and ``runs``, how many there were."""
     if runs is None:
-        runs = run_scores(
-            episodes, group=group, threshold=threshold, final_window=final_window, points=points
-        )
+        runs = run_scores(episodes, group=group, final_window=final_window, points=points)
     per_seed = runs.groupby([group, REPLICATE], sort=True)
     scores = per_seed[["final_return", "auc"]].mean()
     scores["runs"] = per_seed.size()
