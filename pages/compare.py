@@ -320,11 +320,16 @@ st.dataframe(
     key="cmp.summary",
 )
 st.caption(
-    f"Per seed, the final return is the mean of its last {SOLVED_WINDOW} episodes and the AUC "
-    "the area under its curve divided by the span (its average return over training). Each "
-    f"cell: the IQM or mean across seeds and its {stats.INTERVAL_DEFINITION} interval. "
-    "Highlighted: the highest final-return IQM. How each is computed: the methods below."
-    + (f" Solved: a {SOLVED_WINDOW}-episode mean ≥ {threshold:g}." if threshold is not None else "")
+    f"Per run, the final return is the mean of its last {SOLVED_WINDOW} episodes and the AUC "
+    "the area under its curve divided by the span (its average return over training); a seed "
+    "scores its runs' mean. Each cell: the IQM or mean across seeds and its "
+    f"{stats.INTERVAL_DEFINITION} interval. Highlighted: the highest final-return IQM. How "
+    "each is computed: the methods below."
+    + (
+        f" Solved: the share of runs with a {SOLVED_WINDOW}-episode mean ≥ {threshold:g}."
+        if threshold is not None
+        else ""
+    )
 )
 with downloads[2]:
     _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")

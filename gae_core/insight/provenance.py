@@ -152,8 +152,8 @@ def _scores() -> dict[str, Any]:
         "auc": "the area under each run's unsmoothed return (the last episode finished at or "
         "before each grid point) divided by the span from its first such point to the grid's "
         "end: its average return over training",
-        "replicate": "a seed: a seed with several runs in a group counts once, as the mean of "
-        "its runs' curves and scores (runs that share a seed share initial weights and env "
+        "replicate": "the seed (a seed with several runs in a group counts once, as the mean "
+        "of its runs' curves and scores: runs that share a seed share initial weights and env "
         "seeds, so they are not independent)",
         "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across seeds",
         "interval": stats.INTERVAL_DEFINITION,
