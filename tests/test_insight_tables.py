@@ -295,6 +295,14 @@ def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthe
     old.config = {k: v for k, v in old.config.items() if k != "normalize_clip"}
     clipped = _stored("clip0", seed=0, normalize_clip=0.0)
     assert compare.distinct_runs([old, clipped])[1] == {"clip0": "old"}
+    # a setting with no effect given the others (TrainConfig.idle_fields) does not tell runs
+    # apart: the critic follows λ, so critic_lambda is unused; no normalisation, no clip
+    idle = [_stored("a", seed=3, critic_lambda=0.5), _stored("b", seed=3, normalize_clip=2.0)]
+    idle[1].env_steps = 10
+    assert compare.distinct_runs(idle)[1] == {"b": "a"}
+    used = [_stored("c", seed=3, critic_target="fixed_lambda", critic_lambda=0.5),
+            _stored("d", seed=3, critic_target="fixed_lambda")]  # fmt: skip
+    assert compare.distinct_runs(used)[1] == {}
     # the same config and seed made by other code is another run of that seed, not a repeat
     before, after = _stored("before", seed=0), _stored("after", seed=0)
     before.code = {"version": "0.2.0", "commit": "a" * 40, "local_changes": False}
@@ -302,6 +310,31 @@ def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthe
     assert compare.distinct_runs([before, after])[1] == {}
     after.code = dict(before.code)
     assert compare.distinct_runs([before, after])[1] == {"after": "before"}
+
+
+def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
+    from gae_core.agent.config import TrainConfig
+    from gae_core.insight import provenance
+    from gae_core.insight.views import config_warnings
+
+    assert set(TrainConfig().idle_fields()) == {"critic_lambda", "normalize_clip",
+                                                "reward_norm_reset"}  # fmt: skip
+    assert TrainConfig(critic_target="fixed_lambda", normalize_rewards=True).idle_fields() == {}
+    only_obs = TrainConfig(critic_target="fixed_lambda", normalize_observations=True)
+    assert list(only_obs.idle_fields()) == ["reward_norm_reset"]
+    (warning,) = [w for w in config_warnings(TrainConfig(critic_lambda=0.9)) if "critic" in w]
+    assert warning == (
+        "critic_lambda (0.9) has no effect: critic_target is advantage_lambda (the critic "
+        "follows λ)."
+    )
+    # two λ runs that differ only in an unused critic_lambda: no confound, and the paragraph
+    # lists no value for it
+    runs = [_stored("x", lambda_=0.9, critic_lambda=0.5), _stored("y", lambda_=1.0)]
+    shared, varying = provenance.config_spread([r.config for r in runs], "lambda_")
+    assert varying == {} and shared["critic_lambda"] is None
+    text = provenance.methods_text(provenance.methods_record(runs, "lambda_"))
+    assert "critic_lambda=" not in text and "normalize_clip=" not in text
+    assert "critic_target=advantage_lambda" in text and "confound" not in text
 
 
 def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping():

@@ -174,6 +174,19 @@ class TrainConfig:
         """λ of the critic's λ-return target (see ``critic_target``)."""
         return self.lambda_ if self.critic_target == "advantage_lambda" else self.critic_lambda
 
+    def idle_fields(self) -> dict[str, str]:
+        """The fields whose value changes nothing given the others, each with why: two runs
+        that differ only in these train alike (a comparison neither counts them as a
+        confound nor as different runs)."""
+        idle = {}
+        if self.critic_target == "advantage_lambda":
+            idle["critic_lambda"] = "critic_target is advantage_lambda (the critic follows λ)"
+        if not (self.normalize_observations or self.normalize_rewards):
+            idle["normalize_clip"] = "neither normalize_observations nor normalize_rewards is on"
+        if not self.normalize_rewards:
+            idle["reward_norm_reset"] = "normalize_rewards is off"
+        return idle
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (tuples become lists); ``from_dict`` inverts it."""
         out = dataclasses.asdict(self)

@@ -268,10 +268,21 @@ def completed_config(config: dict) -> dict | None:
         return None
 
 
+def effective_config(config: dict) -> dict | None:
+    """:func:`completed_config` with each field that changes nothing given the others
+    (:meth:`TrainConfig.idle_fields`: ``critic_lambda`` when the critic follows λ, say) set to
+    None, so runs that differ only there compare equal; None if it cannot be read."""
+    completed = completed_config(config)
+    if completed is None:
+        return None
+    idle = TrainConfig.from_dict(completed).idle_fields()
+    return {k: (None if k in idle else v) for k, v in completed.items()}
+
+
 def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
     """``(kept, repeats)`` of stored runs (:class:`~gae_core.runs.records.RunRecord`\\ s): runs
     whose configs agree on every field that changes learning, the seed included
-    (:func:`completed_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), and
+    (:func:`effective_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), and
     that were created by the same code (version, commit, uncommitted changes) are one run
     trained twice: the one that reached the most env steps is kept (then the latest created),
     and ``repeats`` maps each other's id to its id. Averaged in with it as its seed's runs, a
@@ -280,7 +291,7 @@ def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
     best: dict[str, Any] = {}
     identity: dict[str, str] = {}
     for run in runs:
-        config = completed_config(run.config)
+        config = effective_config(run.config)
         if config is None:
             key = f"unreadable {run.id}"
         else:

@@ -19,7 +19,7 @@ from typing import Any
 
 from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS
 from gae_core.insight import stats
-from gae_core.insight.compare import CURVE_POINTS
+from gae_core.insight.compare import CURVE_POINTS, effective_config
 from gae_core.insight.compare import completed_config as _complete
 from gae_core.labels import format_value, label
 from gae_core.outcome import SOLVED_WINDOW
@@ -44,8 +44,9 @@ def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
     :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` that take several
     (``{field: {"values": [...], "crossed": bool}}``; crossed: every ``group`` value holds
     the same values of it, as many times each, so its runs are pooled alike in every
-    group rather than confounded with the grouped field)."""
-    configs = [c for c in (_complete(c) for c in configs) if c is not None]
+    group rather than confounded with the grouped field). A setting with no effect given the
+    others reads as None (:func:`~gae_core.insight.compare.effective_config`)."""
+    configs = [c for c in (effective_config(c) for c in configs) if c is not None]
     shared, varying = {}, {}
     for field in (f for f in FIELD_SPECS if configs and f in configs[0]):
         values = {repr(c[field]): c[field] for c in configs}
@@ -187,7 +188,9 @@ def methods_text(record: dict[str, Any]) -> str:
         text.append(f"Left out as repeats (same config, seed and code) of the run kept, which "
                     f"trained at least as far: {left}.")  # fmt: skip
     shared = record["shared_config"]
-    setting = ", ".join(f"{k}={format_value(v)}" for k, v in shared.items() if k != "seed")
+    setting = ", ".join(  # None: a setting with no effect in any run (TrainConfig.idle_fields)
+        f"{k}={format_value(v)}" for k, v in shared.items() if k != "seed" and v is not None
+    )
     text.append(f"Shared by every run: {setting}.")
     lam = label("lambda_")
     if group == "lambda_" and shared.get("critic_target") == "advantage_lambda":

@@ -80,17 +80,10 @@ def config_warnings(config: TrainConfig) -> list[str]:
     if config.record_episodes == 0:
         warnings.append("record_episodes is 0: no trajectories for the advantage explorer.")
     default = TrainConfig()
-    normalising = config.normalize_observations or config.normalize_rewards
-    if config.normalize_clip != default.normalize_clip and not normalising:
-        warnings.append(
-            f"normalize_clip ({config.normalize_clip:g}) has no effect: neither "
-            "normalize_observations nor normalize_rewards is on."
-        )
-    if config.reward_norm_reset != default.reward_norm_reset and not config.normalize_rewards:
-        warnings.append(
-            f"reward_norm_reset ({config.reward_norm_reset}) has no effect: normalize_rewards "
-            "is off."
-        )
+    for field, why in config.idle_fields().items():
+        value = getattr(config, field)
+        if value != getattr(default, field):  # set on purpose, to no effect
+            warnings.append(f"{field} ({format_value(value)}) has no effect: {why}.")
     if config.gamma == 1.0 and config.lambda_ == 1.0:
         warnings.append(
             f"{label('gamma')} = {assignment('lambda_', 1)}: undiscounted Monte Carlo "
