@@ -218,9 +218,9 @@ center = options[1].segmented_control(
     "curve", ["iqm", "mean"], default="iqm", format_func=str.upper, key="cmp.center",
     help="IQM: the mean of the middle 50 % of seeds (robust to one failed seed); mean: all.",
 )  # fmt: skip
-window = options[2].slider("episodes per seed's running mean", 1, 100, 10, key="cmp.window")
+window = options[2].slider("episodes per run's running mean", 1, 100, 10, key="cmp.window")
 show_seeds = options[3].checkbox("show seeds", key="cmp.show_seeds")
-picked, repeats = compare.distinct_runs([store.get_run(r) for r in run_ids])
+picked, repeats = compare.distinct_runs([store.get_run(r) for r in run_ids], group)
 episodes = compare.episodes_frame(store, [r.id for r in picked], group)
 if episodes.empty:
     st.info("No finished episodes in these runs yet.")
@@ -242,18 +242,25 @@ if confounds:
         f"{label(group)}. The methods below list the values.",
         icon=":material/warning:",
     )
+idle, why = compare.idle_in(runs, group)
+if idle:
+    st.warning(
+        f"{label(group)} has no effect in {idle} of these runs ({why}): those train alike "
+        "whatever its value, so their groups differ in name only.",
+        icon=":material/warning:",
+    )
 crossed = [label(f) for f, v in varies.items() if v["crossed"]]
 if crossed:
     st.info(
         f"{', '.join(crossed)} also varies, alike in every {label(group)} group, and is pooled: "
         "a seed's runs at its values count once, as the mean of their curves and scores (runs "
-        "that share a seed are not independent).",
+        "that share a seed draw from the same random streams: not independent).",
         icon=":material/info:",
     )
 if repeats:
     st.info(
         f"{len(repeats)} of these runs repeat another's config, seed and code: each is left out "
-        "for the one that trained furthest. The methods below name them.",
+        "for the one that trained furthest (ties: the latest). The methods below name them.",
         icon=":material/info:",
     )
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
@@ -342,9 +349,9 @@ with st.expander("Methods and provenance (to cite these figures)"):
 pair_score = st.segmented_control(
     "score for the two charts below", list(SCORES), default="final_return",
     format_func=label, key="cmp.pair_score",
-    help=f"Final return: the last {SOLVED_WINDOW} episodes per seed. AUC: the average return "
-    "over training "
-    "(how fast it learned); it separates groups that all end at the env's ceiling.",
+    help=f"Final return: the last {SOLVED_WINDOW} episodes per run (a seed: its runs' mean). "
+    "AUC: the average return over training (how fast it learned); it separates groups that "
+    "all end at the env's ceiling.",
 )  # fmt: skip
 pair_score = pair_score or "final_return"
 groups = score_groups[pair_score]

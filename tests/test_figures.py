@@ -199,3 +199,21 @@ def test_a_seed_with_several_runs_is_one_replicate_the_mean_of_its_runs():
     # solving is counted over runs (g99 and ten reach 25 from their second episode, step 20)
     assert table["solved_fraction"].iloc[0] == 0.5
     assert table["median_steps_to_solve"].iloc[0] == 20.0
+
+
+def test_a_seeds_auc_is_the_area_under_the_curve_drawn_for_it():
+    # two runs of one seed, returns equal to the step, one finishing episodes from step 10, the
+    # other from 60: the seed's drawn curve (their mean) starts at 60, and its AUC is that
+    # curve's area over 60..100 divided by 40, i.e. 80 (the mean of the runs' own AUCs would
+    # be 67.5: 55 and 80)
+    rows = [
+        {"lambda_": 0.9, "seed": 0, "run_id": run, "env_step": step, "return": float(step)}
+        for run, first in (("early", 10), ("late", 60))
+        for step in range(first, 101, 10)
+    ]
+    episodes = pd.DataFrame(rows)
+    _, aligned = compare.aggregate_curves(episodes, points=11, window=1)
+    drawn = aligned.set_index("env_step")["return"]
+    assert drawn[50] != drawn[50] and drawn[60] == 60.0  # NaN until both runs have a value
+    (auc,) = compare.seed_scores(episodes, points=11)["auc"]
+    assert auc == pytest.approx(80.0)

@@ -313,6 +313,13 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
     (methods,) = [c.value for c in at.code if c.value.startswith("6 runs of A2C")]
     assert "hidden sizes ∈ {16x16, 64x64, 128x128}, 2 seeds per value." in methods
     assert f"which trained at least as far: {again} → {ids[0]}." in methods
+    # grouped by a field these runs do not use, the page says the groups differ in name only
+    at.selectbox(key="cmp.group").set_value("critic_lambda").run()
+    assert not at.exception
+    assert any(
+        "has no effect in 6 of these runs (critic_target is advantage_lambda" in w.value
+        for w in at.warning
+    )
 
 
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):

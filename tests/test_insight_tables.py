@@ -279,6 +279,8 @@ def _stored(run_id: str, **fields):
 
 
 def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthest():
+    from gae_core.insight import provenance
+
     first = _stored("first", seed=0)
     again = _stored("again", seed=0, eval_every=1000)  # bookkeeping differs: the same run
     again.env_steps, again.created_at = 1000, 5.0  # as far, later: kept
@@ -287,29 +289,38 @@ def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthe
     other_seed, other_rate = _stored("s1", seed=1), _stored("lr", seed=0, learning_rate=1e-3)
     damaged = _stored("bad")
     damaged.config = {}
-    kept, repeats = compare.distinct_runs([first, again, short, other_seed, other_rate, damaged])
+    kept, repeats = compare.distinct_runs(
+        [first, again, short, other_seed, other_rate, damaged], "lambda_"
+    )
     assert [r.id for r in kept] == ["again", "s1", "lr", "bad"]
     assert repeats == {"first": "again", "short": "again"}
     # a stored run missing a later field is the same run as one that stored its old value
     old = _stored("old", seed=0)
     old.config = {k: v for k, v in old.config.items() if k != "normalize_clip"}
     clipped = _stored("clip0", seed=0, normalize_clip=0.0)
-    assert compare.distinct_runs([old, clipped])[1] == {"clip0": "old"}
+    assert compare.distinct_runs([old, clipped], "lambda_")[1] == {"clip0": "old"}
     # a setting with no effect given the others (TrainConfig.idle_fields) does not tell runs
     # apart: the critic follows λ, so critic_lambda is unused; no normalisation, no clip
     idle = [_stored("a", seed=3, critic_lambda=0.5), _stored("b", seed=3, normalize_clip=2.0)]
     idle[1].env_steps = 10
-    assert compare.distinct_runs(idle)[1] == {"b": "a"}
+    assert compare.distinct_runs(idle, "lambda_")[1] == {"b": "a"}
     used = [_stored("c", seed=3, critic_target="fixed_lambda", critic_lambda=0.5),
             _stored("d", seed=3, critic_target="fixed_lambda")]  # fmt: skip
-    assert compare.distinct_runs(used)[1] == {}
+    assert compare.distinct_runs(used, "lambda_")[1] == {}
+    # grouped by the idle field itself, its values stay apart (they name the groups), and the
+    # page can say how many runs it has no effect in
+    assert compare.distinct_runs([*idle[:1], _stored("e", seed=3)], "critic_lambda")[1] == {}
+    count, why = compare.idle_in(idle + used, "critic_lambda")
+    assert (count, why) == (2, "critic_target is advantage_lambda (the critic follows λ)")
+    shared, varying = provenance.config_spread([r.config for r in idle[:1] + used], "critic_lambda")
+    assert "critic_lambda" not in shared and varying["critic_target"]["crossed"] is False
     # the same config and seed made by other code is another run of that seed, not a repeat
     before, after = _stored("before", seed=0), _stored("after", seed=0)
     before.code = {"version": "0.2.0", "commit": "a" * 40, "local_changes": False}
     after.code = {**before.code, "commit": "b" * 40}
-    assert compare.distinct_runs([before, after])[1] == {}
+    assert compare.distinct_runs([before, after], "lambda_")[1] == {}
     after.code = dict(before.code)
-    assert compare.distinct_runs([before, after])[1] == {"after": "before"}
+    assert compare.distinct_runs([before, after], "lambda_")[1] == {"after": "before"}
 
 
 def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
@@ -422,7 +433,7 @@ def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():
                     seed=r.config["seed"]) for r in runs]  # fmt: skip
     held.append(_stored("dup", critic_target="fixed_lambda", lambda_=1.0, seed=0))
     held[-1].env_steps = 500
-    kept, repeats = compare.distinct_runs(held)
+    kept, repeats = compare.distinct_runs(held, "lambda_")
     original = next(r.id for r in held if r.config["lambda_"] == 1.0 and r.config["seed"] == 0)
     assert repeats == {"dup": original} and [r.id for r in kept] == [r.id for r in held[:-1]]
     held_record = provenance.methods_record(kept, "lambda_", repeats=repeats)

@@ -152,7 +152,7 @@ def summary(args: argparse.Namespace) -> int:
         from gae_core.insight.provenance import methods_record, methods_text
 
         table = sweep_summary(store, args.sweep_id, group)
-        runs, repeats = distinct_runs(store.list_runs(sweep_id=args.sweep_id))
+        runs, repeats = distinct_runs(store.list_runs(sweep_id=args.sweep_id), group)
         used = set(episodes_frame(store, [r.id for r in runs], group)["run_id"])
         methods = methods_record([r for r in runs if r.id in used], group, repeats=repeats)
     if table.empty:
@@ -167,12 +167,15 @@ def summary(args: argparse.Namespace) -> int:
     name = terminal_text(sweep.name)
     print(f"sweep {args.sweep_id} ({name}): {stats.INTERVAL_DEFINITION}")
     columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
-    head = f"{label(group):>10}{'seeds':>6}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
+    several = any(e["runs"] != e["seeds"] for e in records)  # a seed's runs averaged
+    counts = f"{'seeds':>6}" + (f"{'runs':>6}" if several else "")
+    head = f"{label(group):>10}{counts}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
     print(head.rstrip())
     for entry in records:
         final, auc = entry["final_return"], entry["auc"]
         cells = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
-        row = f"{format_value(entry['value']):>10}{entry['seeds']:>6}  "
+        counts = f"{entry['seeds']:>6}" + (f"{entry['runs']:>6}" if several else "")
+        row = f"{format_value(entry['value']):>10}{counts}  "
         print((row + "".join(f"{c:<27}" for c in cells)).rstrip())
     print(f"\nmethods: {terminal_text(methods_text(methods))}")
     return EXIT_OK

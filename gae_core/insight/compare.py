@@ -27,9 +27,10 @@ from gae_core.runs.store import RunStore
 CURVE_POINTS = 200
 #: What one replicate is: a seed. A seed with several runs in a group (a pooled crossed axis,
 #: or the same config trained by other code) counts once, as the mean of its runs' curves and
-#: scores: runs that share a seed share their initial weights and env seeds, so they are not
-#: independent, and resampling them one by one would narrow the intervals. Repeats of a run's
-#: whole config, seed and code are left out first (:func:`distinct_runs`).
+#: scores: runs that share a seed draw from the same random streams (weights, env resets,
+#: actions), so they are not independent, and resampling them one by one would narrow the
+#: intervals. Repeats of a run's effective config, seed and code are left out first
+#: (:func:`distinct_runs`).
 REPLICATE = "seed"
 
 
@@ -166,26 +167,17 @@ def run_scores(
     group: str = "lambda_",
     threshold: float | None = None,
     final_window: int = SOLVED_WINDOW,
-    points: int = CURVE_POINTS,
 ) -> pd.DataFrame:
     """One row per run (``group, seed, run_id``): ``final_return`` (the mean of its last
-    ``final_window`` episodes), ``auc`` (the area under its unsmoothed curve on the common grid
-    divided by the span: the average return over training) and, with a ``threshold``,
-    ``solved_at_step`` (NaN if it never solved, Gym's full-window rule)."""
-    grid = step_grid(episodes.groupby("run_id")["env_step"].max().tolist(), points)
+    ``final_window`` episodes) and, with a ``threshold``, ``solved_at_step`` (NaN if it never
+    solved, Gym's full-window rule)."""
     rows = []
     for (key, seed_value, run_id), run in episodes.groupby([group, REPLICATE, "run_id"]):
         run = run.sort_values("env_step", kind="stable")
         # final return and solved step by the one rule (gae_core.outcome), as the run reports
         summary = summarize_returns(run["env_step"], run["return"], threshold, final_window)
-        curve = align_curve(run["env_step"], run["return"], grid)
-        row = {
-            group: key,
-            "seed": seed_value,
-            "run_id": run_id,
-            "final_return": summary.final_return,
-            "auc": area_under_curve(grid, curve),
-        }
+        row = {group: key, "seed": seed_value, "run_id": run_id}
+        row["final_return"] = summary.final_return
         if threshold is not None:
             solved = summary.solved_at_step
             row["solved_at_step"] = math.nan if solved is None else float(solved)
@@ -202,13 +194,20 @@ def seed_scores(
     runs: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per (group, seed), the replicate the statistics resample
-    (:data:`REPLICATE`): ``final_return`` and ``auc`` averaged over the seed's runs
-    (:func:`run_scores`, or ``runs`` when given) and ``runs``, how many there were."""
+    (:data:`REPLICATE`): ``final_return``, the mean of its runs' (:func:`run_scores`, or
+    ``runs`` when given), ``auc``, the area under the seed's unsmoothed curve (the mean of its
+    runs' curves, as drawn, from its first point) on the common grid divided by that span: the
+    average return over training, and ``runs``, how many runs it has."""
     if runs is None:
-        runs = run_scores(episodes, group=group, final_window=final_window, points=points)
+        runs = run_scores(episodes, group=group, final_window=final_window)
     per_seed = runs.groupby([group, REPLICATE], sort=True)
-    scores = per_seed[["final_return", "auc"]].mean()
+    scores = per_seed[["final_return"]].mean()
     scores["runs"] = per_seed.size()
+    _, aligned = aggregate_curves(episodes, group=group, points=points, window=1)
+    curves = aligned.groupby([group, REPLICATE], sort=True)
+    scores["auc"] = curves[["env_step", "return"]].apply(
+        lambda c: area_under_curve(c["env_step"], c["return"])
+    )
     return scores.reset_index()
 
 
@@ -226,10 +225,8 @@ def summary_table(
     ``..._ci_low``, …, ``auc_mean``, …; :func:`gae_core.insight.stats.group_summary`), and with
     a threshold the fraction of runs that solved and their median steps to solve; ``best``
     marks the highest final-return IQM (ties: mean; every group tied at the top is marked)."""
-    runs = run_scores(
-        episodes, group=group, threshold=threshold, final_window=final_window, points=points
-    )
-    scores = seed_scores(episodes, group=group, runs=runs)
+    runs = run_scores(episodes, group=group, threshold=threshold, final_window=final_window)
+    scores = seed_scores(episodes, group=group, points=points, runs=runs)
     table = stats.group_summary(scores, group, ["final_return", "auc"], seed=seed)
     table.insert(2, "runs", runs.groupby(group, sort=True).size().to_numpy())
     if threshold is not None:
@@ -268,18 +265,31 @@ def completed_config(config: dict) -> dict | None:
         return None
 
 
-def effective_config(config: dict) -> dict | None:
+def effective_config(config: dict, keep: Sequence[str] = ()) -> dict | None:
     """:func:`completed_config` with each field that changes nothing given the others
     (:meth:`TrainConfig.idle_fields`: ``critic_lambda`` when the critic follows λ, say) set to
-    None, so runs that differ only there compare equal; None if it cannot be read."""
+    None, so runs that differ only there compare equal, except the fields in ``keep`` (the
+    grouped field keeps the value the figures group by); None if it cannot be read."""
     completed = completed_config(config)
     if completed is None:
         return None
-    idle = TrainConfig.from_dict(completed).idle_fields()
+    idle = set(TrainConfig.from_dict(completed).idle_fields()) - set(keep)
     return {k: (None if k in idle else v) for k, v in completed.items()}
 
 
-def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
+def idle_in(runs: Sequence[Any], field: str) -> tuple[int, str | None]:
+    """How many of the runs have ``field`` set to no effect (:meth:`TrainConfig.idle_fields`),
+    and why (the first such run's reason): grouped by it, those runs train alike."""
+    reasons = [
+        TrainConfig.from_dict(c).idle_fields().get(field)
+        for c in (completed_config(r.config) for r in runs)
+        if c is not None
+    ]
+    reasons = [r for r in reasons if r is not None]
+    return len(reasons), (reasons[0] if reasons else None)
+
+
+def distinct_runs(runs: Sequence[Any], group: str) -> tuple[list[Any], dict[str, str]]:
     """``(kept, repeats)`` of stored runs (:class:`~gae_core.runs.records.RunRecord`\\ s): runs
     whose configs agree on every field that changes learning, the seed included
     (:func:`effective_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), and
@@ -291,7 +301,7 @@ def distinct_runs(runs: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
     best: dict[str, Any] = {}
     identity: dict[str, str] = {}
     for run in runs:
-        config = effective_config(run.config)
+        config = effective_config(run.config, keep=(group,))
         if config is None:
             key = f"unreadable {run.id}"
         else:
@@ -339,7 +349,7 @@ def sweep_summary(
 ) -> pd.DataFrame:
     """:func:`summary_table` of a stored sweep's trials grouped by ``group`` (what the page's
     summary, ``sweep --json`` and ``python -m gae_core summary`` all show)."""
-    runs, _ = distinct_runs(store.list_runs(sweep_id=sweep_id))
+    runs, _ = distinct_runs(store.list_runs(sweep_id=sweep_id), group)
     episodes = episodes_frame(store, [r.id for r in runs], group)
     if episodes.empty:
         return pd.DataFrame()

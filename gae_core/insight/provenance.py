@@ -46,7 +46,7 @@ def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
     the same values of it, as many times each, so its runs are pooled alike in every
     group rather than confounded with the grouped field). A setting with no effect given the
     others reads as None (:func:`~gae_core.insight.compare.effective_config`)."""
-    configs = [c for c in (effective_config(c) for c in configs) if c is not None]
+    configs = [c for c in (effective_config(c, keep=(group,)) for c in configs) if c is not None]
     shared, varying = {}, {}
     for field in (f for f in FIELD_SPECS if configs and f in configs[0]):
         values = {repr(c[field]): c[field] for c in configs}
@@ -76,7 +76,7 @@ def methods_record(
     the runs left out as ``repeats`` of another (:func:`gae_core.insight.compare.distinct_runs`:
     left-out id → the kept run's id), the shared config and what else varies, and the
     statistics with their settings; for a figure of curves also the curves' (``statistic``,
-    "iqm" or "mean", across runs of each run's running mean over ``window`` episodes)."""
+    "iqm" or "mean", across seeds of each run's running mean over ``window`` episodes)."""
     completed = [(r, _complete(r.config)) for r in runs]
     readable = [(r, c) for r, c in completed if c is not None]
     shared, varying = config_spread([c for _, c in readable], group)
@@ -150,12 +150,13 @@ def _scores() -> dict[str, Any]:
         "finished episode (fewer where steps repeat)",
         "final_return": f"each run's mean return over its last {SOLVED_WINDOW} episodes (all "
         "of them if fewer), at the budget it reached",
-        "auc": "the area under each run's unsmoothed return (the last episode finished at or "
-        "before each grid point) divided by the span from its first such point to the grid's "
-        "end: its average return over training",
+        "auc": "the area under each seed's unsmoothed return (the last episode finished at or "
+        "before each grid point; a seed's runs averaged, from the first point where each has "
+        "one) divided by the span from its first such point to the grid's end: its average "
+        "return over training",
         "replicate": "the seed (a seed with several runs in a group counts once, as the mean "
-        "of its runs' curves and scores: runs that share a seed share initial weights and env "
-        "seeds, so they are not independent)",
+        "of its runs' curves and scores: runs that share a seed draw from the same random "
+        "streams, so they are not independent)",
         "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across seeds",
         "interval": stats.INTERVAL_DEFINITION,
         "confidence": stats.CONFIDENCE,
@@ -185,8 +186,8 @@ def methods_text(record: dict[str, Any]) -> str:
     repeats = record.get("repeats") or {}
     if repeats:
         left = ", ".join(f"{run} → {kept}" for run, kept in repeats.items())
-        text.append(f"Left out as repeats (same config, seed and code) of the run kept, which "
-                    f"trained at least as far: {left}.")  # fmt: skip
+        text.append(f"Left out as repeats (same effective config, seed and code) of the run "
+                    f"kept, which trained at least as far: {left}.")  # fmt: skip
     shared = record["shared_config"]
     setting = ", ".join(  # None: a setting with no effect in any run (TrainConfig.idle_fields)
         f"{k}={format_value(v)}" for k, v in shared.items() if k != "seed" and v is not None
