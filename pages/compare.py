@@ -327,9 +327,10 @@ st.dataframe(
     key="cmp.summary",
 )
 st.caption(
-    f"Per run, the final return is the mean of its last {SOLVED_WINDOW} episodes and the AUC "
-    "the area under its curve divided by the span (its average return over training); a seed "
-    "scores its runs' mean. Each cell: the IQM or mean across seeds and its "
+    f"Per seed, the final return is the mean of its last {SOLVED_WINDOW} episodes (of its "
+    "runs' means, where it has several) and the AUC the area under its curve as drawn divided "
+    "by the span (its average return over training). Each cell: the IQM or mean across seeds "
+    "and its "
     f"{stats.INTERVAL_DEFINITION} interval. Highlighted: the highest final-return IQM. How "
     "each is computed: the methods below."
     + (
