@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -328,10 +329,24 @@ def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
     from gae_core.insight import provenance
     from gae_core.insight.views import config_warnings
 
-    assert set(TrainConfig().idle_fields()) == {"critic_lambda", "normalize_clip",
-                                                "reward_norm_reset"}  # fmt: skip
-    assert TrainConfig(critic_target="fixed_lambda", normalize_rewards=True).idle_fields() == {}
-    only_obs = TrainConfig(critic_target="fixed_lambda", normalize_observations=True)
+    assert set(TrainConfig(env_id="Pendulum-v1").idle_fields()) == {
+        "critic_lambda", "normalize_clip", "reward_norm_reset"
+    }  # fmt: skip
+    pendulum = TrainConfig(env_id="Pendulum-v1", critic_target="fixed_lambda",
+                           normalize_rewards=True)  # fmt: skip
+    assert pendulum.idle_fields() == {}
+    # CartPole's policy is categorical: no Gaussian for log_std_init or gSDE to set up
+    discrete = TrainConfig(env_id="CartPole-v1", critic_target="fixed_lambda",
+                           normalize_rewards=True)  # fmt: skip
+    assert discrete.idle_fields() == dict.fromkeys(
+        ("log_std_init", "use_sde"), "CartPole-v1's actions are discrete"
+    )
+    assert "log_std_init (-1) has no effect: CartPole-v1's actions are discrete." in (
+        config_warnings(dataclasses.replace(discrete, log_std_init=-1.0))
+    )
+    only_obs = TrainConfig(
+        env_id="Pendulum-v1", critic_target="fixed_lambda", normalize_observations=True
+    )
     assert list(only_obs.idle_fields()) == ["reward_norm_reset"]
     (warning,) = [w for w in config_warnings(TrainConfig(critic_lambda=0.9)) if "critic" in w]
     assert warning == (

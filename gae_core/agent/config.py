@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from gae_core.agent.envs import SUPPORTED_ENVS, env_id_problem
+from gae_core.agent.envs import SUPPORTED_ENVS, discrete_actions, env_id_problem
 from gae_core.errors import ConfigError, UnsupportedEnvError
 from gae_core.labels import label
 
@@ -185,6 +185,9 @@ class TrainConfig:
             idle["normalize_clip"] = "neither normalize_observations nor normalize_rewards is on"
         if not self.normalize_rewards:
             idle["reward_norm_reset"] = "normalize_rewards is off"
+        if discrete_actions(self.env_id):  # a categorical policy: no Gaussian to set up
+            why = f"{self.env_id}'s actions are discrete"
+            idle["log_std_init"] = idle["use_sde"] = why
         return idle
 
     def to_dict(self) -> dict[str, Any]:

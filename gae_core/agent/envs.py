@@ -44,6 +44,7 @@ __all__ = [
     "RawRewards",
     "TrainingEnv",
     "check_env_id",
+    "discrete_actions",
     "env_id_problem",
     "make_eval_env",
     "make_training_env",
@@ -101,21 +102,32 @@ def env_id_problem(env_id: object) -> str | None:
         return f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported}"
     if env_id not in gym.envs.registry:
         return f"unknown environment {env_id!r}; supported: {supported}"
-    return _build_problem(env_id)
+    return _built(env_id)[0]
+
+
+def discrete_actions(env_id: str) -> bool | None:
+    """Whether a trainable env's actions are Discrete (a Gaussian policy's ``log_std_init`` and
+    ``use_sde`` then do nothing); None where ``env_id`` cannot be trained. Reuses the build
+    :func:`env_id_problem` made."""
+    if env_id_problem(env_id) is not None:
+        return None
+    return _built(env_id)[1]
 
 
 @functools.lru_cache(maxsize=64)
-def _build_problem(env_id: str) -> str | None:
+def _built(env_id: str) -> tuple[str | None, bool | None]:
+    """``(problem, discrete actions)`` of building ``env_id`` once."""
     try:
         env = gym.make(env_id)
     except gym.error.DependencyNotInstalled as exc:
-        return f"{env_id} needs a package that is not installed: {_one_line(exc)}"
+        return f"{env_id} needs a package that is not installed: {_one_line(exc)}", None
     except ImportError as exc:
-        return f"{env_id} needs a package that is not installed: {_one_line(exc)}"
+        return f"{env_id} needs a package that is not installed: {_one_line(exc)}", None
     except Exception as exc:  # any failure to build is reported, not raised into a form
-        return f"{env_id} could not be built: {type(exc).__name__}: {_one_line(exc)}"
+        return f"{env_id} could not be built: {type(exc).__name__}: {_one_line(exc)}", None
     try:
-        return _spaces_problem(env_id, env.observation_space, env.action_space)
+        problem = _spaces_problem(env_id, env.observation_space, env.action_space)
+        return problem, isinstance(env.action_space, gym.spaces.Discrete)
     finally:
         env.close()
 
