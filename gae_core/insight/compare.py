@@ -270,11 +270,14 @@ def effective_config(config: dict, keep: Sequence[str] = ()) -> dict | None:
     (:meth:`TrainConfig.idle_fields`: ``critic_lambda`` when the critic follows λ, say) set to
     None, so runs that differ only there compare equal, except the fields in ``keep`` (the
     grouped field keeps the value the figures group by); None if it cannot be read."""
-    completed = completed_config(config)
-    if completed is None:
+    if not config:
         return None
-    idle = set(TrainConfig.from_dict(completed).idle_fields()) - set(keep)
-    return {k: (None if k in idle else v) for k, v in completed.items()}
+    try:
+        read = TrainConfig.from_stored(config)  # built once: completed, then its idle fields
+    except ConfigError:
+        return None
+    idle = set(read.idle_fields()) - set(keep)
+    return {k: (None if k in idle else v) for k, v in read.to_dict().items()}
 
 
 def idle_in(runs: Sequence[Any], field: str) -> tuple[int, str | None]:
