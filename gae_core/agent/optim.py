@@ -26,9 +26,15 @@ class Optimizer:
     ``rows``: the members that step. Adam's bias correction counts each member's own steps,
     and the members in ``keep`` keep their parameters and moments, so every member steps as
     its single run's optimizer would, to float rounding (a run skips the update of a rollout
-    without a valid row). Call it with ``rows`` every time or never."""
+    without a valid row). Call it with ``rows`` every time or never.
 
-    def __init__(self, params: list[torch.Tensor], kind: str, learning_rate: float) -> None:
+    :attr:`learning_rate` is one step size, or (with ``rows``) each member's ``[M]``: members of
+    a population on a linear schedule have spent different shares of their budgets (a reset
+    row counts no step), and each decays by its own, as its single run does."""
+
+    def __init__(
+        self, params: list[torch.Tensor], kind: str, learning_rate: float | np.ndarray
+    ) -> None:
         self.params, self.kind, self.learning_rate = params, kind, learning_rate
         self.eps, self.beta1, self.beta2, self.alpha = 1e-5, 0.9, 0.999, 0.99
         self.steps = 0
@@ -67,21 +73,27 @@ class Optimizer:
         if len(counts) and counts.min() == counts.max():
             self._step(index, int(counts[0]))
         else:  # Adam's correction per member: members have taken different numbers of steps
-            self._step(index, torch.from_numpy(np.maximum(self.row_steps, 1)))
+            self._step(index, np.maximum(self.row_steps, 1))
         for tensor, saved in kept:
             tensor.index_copy_(0, idle, saved)
 
-    def _step(self, index: list[int], steps: int | torch.Tensor) -> None:
+    def _step(self, index: list[int], steps: int | np.ndarray) -> None:
         params = [self.params[i] for i in index]
         grads = [p.grad for p in params]
         second = [self.second_moments[i] for i in index]
+        per_row = isinstance(self.learning_rate, np.ndarray)
         if self.kind == "rmsprop":
             # v ← αv + (1−α)g²;  θ ← θ − lr·g / (√v + ε)
             torch._foreach_mul_(second, self.alpha)
             torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.alpha)
             denominators = torch._foreach_sqrt(second)
             torch._foreach_add_(denominators, self.eps)
-            torch._foreach_addcdiv_(params, grads, denominators, value=-self.learning_rate)
+            if not per_row:
+                torch._foreach_addcdiv_(params, grads, denominators, value=-self.learning_rate)
+                return
+            for param, grad, denominator in zip(params, grads, denominators, strict=True):
+                step = _by_row(-self.learning_rate, param)
+                param.addcdiv_(grad * step, denominator)
             return
         # Adam: m ← β1·m + (1−β1)g;  v ← β2·v + (1−β2)g²;
         # θ ← θ − lr/(1−β1^t) · m / (√v/√(1−β2^t) + ε)
@@ -89,14 +101,15 @@ class Optimizer:
         torch._foreach_lerp_(first, grads, 1.0 - self.beta1)
         torch._foreach_mul_(second, self.beta2)
         torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.beta2)
-        if isinstance(steps, torch.Tensor):  # per member: [M] corrections, broadcast by row
-            t = steps.double()
+        if isinstance(steps, np.ndarray) or per_row:  # per member: [M], broadcast by row
+            t = np.asarray(steps, np.float64)
+            correction1 = 1.0 - self.beta1**t
+            correction2_sqrt = np.sqrt(1.0 - self.beta2**t)
+            step_size = -np.asarray(self.learning_rate, np.float64) / correction1
             for param, m, v in zip(params, first, second, strict=True):
                 shape = (-1,) + (1,) * (param.dim() - 1)
-                correction1 = (1.0 - self.beta1**t).view(shape).to(param.dtype)
-                correction2_sqrt = (1.0 - self.beta2**t).sqrt().view(shape).to(param.dtype)
-                denominator = (v.sqrt() / correction2_sqrt).add_(self.eps)
-                param.addcdiv_(m * (-self.learning_rate / correction1), denominator)
+                denominator = (v.sqrt() / _by_row(correction2_sqrt, param, shape)).add_(self.eps)
+                param.addcdiv_(m * _by_row(step_size, param, shape), denominator)
             return
         correction1 = 1.0 - self.beta1**steps
         correction2_sqrt = (1.0 - self.beta2**steps) ** 0.5
@@ -104,3 +117,12 @@ class Optimizer:
         torch._foreach_add_(denominators, self.eps)
         step_size = self.learning_rate / correction1
         torch._foreach_addcdiv_(params, first, denominators, value=-step_size)
+
+
+def _by_row(values: np.ndarray | float, param: torch.Tensor, shape: tuple | None = None):
+    """Per-member ``values`` as a tensor that broadcasts over ``param``'s rows (its first
+    dimension is the population's members); a scalar as it is."""
+    if np.ndim(values) == 0:
+        return float(values)
+    shape = shape or (-1,) + (1,) * (param.dim() - 1)
+    return torch.from_numpy(np.ascontiguousarray(values)).to(param.dtype).view(shape)

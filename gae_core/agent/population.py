@@ -24,9 +24,8 @@ config gets:
 Its envs are its own ``num_envs`` sub-envs of one vector env and its actions are drawn from the
 population's generator, so it sees different samples from the same distributions as the single
 run would: a member's results are identical in distribution to a single run's, not bit for bit.
-The learning rate of a linear schedule follows the mean progress of the active members, which
-differ by at most a rollout (a relative difference under ``num_envs × rollout_steps /
-total_steps``).
+A linear learning-rate schedule decays each member's step size by the share of its own budget
+spent, as its single run's does (members count different steps: a reset row counts none).
 
 Members may differ in :data:`PER_MEMBER` fields; every other field must be equal
 (:func:`population_key`). Observation or reward normalisation keeps running statistics of the
@@ -383,11 +382,13 @@ class PopulationTrainer:
         keys = (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.ADVANTAGE_MEAN, M.ADVANTAGE_STD,
                 M.GRAD_NORM, M.EXPLAINED_VARIANCE)  # fmt: skip
         learning_list = learning.tolist()
+        rates = self.optimizer.learning_rate
+        per_row = isinstance(rates, np.ndarray)
         for i in active:
             row = {}  # a member that took no step reports its learning rate only, as alone
             if learning_list[i]:
                 row = {metric.key: table[k][i] for k, metric in enumerate(keys)}
-            row[M.LEARNING_RATE.key] = self.optimizer.learning_rate
+            row[M.LEARNING_RATE.key] = float(rates[i]) if per_row else rates
             metrics[i] = row
         return metrics
 
@@ -411,14 +412,19 @@ class PopulationTrainer:
                 f"{TrainingDiverged.__name__}: {what} became non-finite at update {self.updates}"
             )
 
-    def _learning_rate(self, active: list[int]) -> float:
+    def _learning_rate(self, active: list[int]) -> float | np.ndarray:
+        """The coming update's step size: one for all, or on a linear schedule each member's
+        own ``[M]``, from the share of its own budget spent, as its single run's
+        (:meth:`~gae_core.agent.trainer.Trainer.learning_rate`). Members count different
+        steps (a reset row counts none), so their shares differ."""
         shared = self.shared
-        if shared.lr_schedule == "constant":
+        if shared.lr_schedule == "constant" or not active:
             return shared.learning_rate
-        progress = np.mean(
-            [min(1.0, self._members[i].steps_before_update / shared.total_steps) for i in active]
-        )
-        return shared.learning_rate * (1.0 - float(progress))
+        spent = np.array([m.steps_before_update for m in self._members], np.float64)
+        rates = shared.learning_rate * (1.0 - np.minimum(1.0, spent / shared.total_steps))
+        if np.all(rates[active] == rates[active[0]]):
+            return float(rates[active[0]])
+        return rates
 
     # -- evaluations, checkpoints, recordings ------------------------------------------------
 
