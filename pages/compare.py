@@ -4,6 +4,7 @@ probability of improvement between groups and the performance profile."""
 
 import datetime as dt
 import json
+import math
 import os
 
 import streamlit as st
@@ -253,8 +254,8 @@ crossed = [label(f) for f, v in varies.items() if v["crossed"]]
 if crossed:
     st.info(
         f"{', '.join(crossed)} also varies, alike in every {label(group)} group, and is pooled: "
-        "a seed's runs at its values count once, as the mean of their curves and scores (runs "
-        "that share a seed draw from the same random streams: not independent).",
+        "a seed's runs at its values count once, as the mean of their curves and scores "
+        f"({compare.SHARED_SEED}).",
         icon=":material/info:",
     )
 if repeats:
@@ -313,7 +314,8 @@ if (summary["runs"] != summary["seeds"]).any():  # a seed's runs averaged: say h
 if threshold is not None:
     shown["solved"] = [f"{v:.0%}" for v in shown["solved_fraction"]]
     shown["median steps to solve"] = [
-        "–" if v != v else format_value(int(v)) for v in shown["median_steps_to_solve"]
+        "not reached" if v == math.inf else "–" if v != v else format_value(int(v))
+        for v in shown["median_steps_to_solve"]
     ]
     columns += ["solved", "median steps to solve"]
 st.dataframe(
@@ -334,7 +336,9 @@ st.caption(
     f"{stats.INTERVAL_DEFINITION} interval. Highlighted: the highest final-return IQM. How "
     "each is computed: the methods below."
     + (
-        f" Solved: the share of runs with a {SOLVED_WINDOW}-episode mean ≥ {threshold:g}."
+        f" Solved: the share of runs with a {SOLVED_WINDOW}-episode mean ≥ {threshold:g}; "
+        "median steps to solve: the step by which half the runs had (not reached: fewer than "
+        "half ever did)."
         if threshold is not None
         else ""
     )

@@ -168,6 +168,28 @@ def test_steps_to_solve_needs_a_full_window():
     assert math.isnan(compare.steps_to_solve(steps[:2], returns[:2], 0.0, window=3))
 
 
+@given(st.lists(st.one_of(st.none(), st.integers(0, 10**6)), max_size=12))
+def test_median_steps_to_solve_is_the_step_by_which_half_the_runs_had_solved(steps):
+    solved_at = np.array([math.nan if s is None else s for s in steps], float)
+    median = compare.median_steps_to_solve(solved_at)
+    if not steps:
+        assert math.isnan(median)
+        return
+    never = np.where(np.isnan(solved_at), math.inf, solved_at)
+    # half the runs (or more) had solved by it, and fewer than half before it
+    assert 2 * np.sum(never <= median) >= len(steps)
+    assert 2 * np.sum(never < median) < len(steps)
+    assert (median == math.inf) == (2 * np.sum(~np.isnan(solved_at)) < len(steps))
+
+
+def test_a_group_that_rarely_solves_does_not_look_fast():
+    # λ 0.9: 1 of 5 solved, early; λ 0.95: all 5, later. The median over the runs that solved
+    # read 11,300 against 24,300; half of λ 0.9's runs never solved
+    assert compare.median_steps_to_solve(np.array([11_300.0] + [math.nan] * 4)) == math.inf
+    assert compare.median_steps_to_solve(np.array([24_300.0] * 5)) == 24_300.0
+    assert compare.median_steps_to_solve(np.array([30.0, math.nan, 10.0])) == 30.0
+
+
 def test_summary_table_by_hand():
     table = compare.summary_table(episodes_frame(), threshold=12.0, final_window=2, points=5)
     lam09 = table[table["lambda_"] == 0.9].iloc[0]

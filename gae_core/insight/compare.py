@@ -27,11 +27,17 @@ from gae_core.runs.store import RunStore
 CURVE_POINTS = 200
 #: What one replicate is: a seed. A seed with several runs in a group (a pooled crossed axis,
 #: or the same config trained by other code) counts once, as the mean of its runs' curves and
-#: scores: runs that share a seed draw from the same random streams (weights, env resets,
-#: actions), so they are not independent, and resampling them one by one would narrow the
-#: intervals. Repeats of a run's effective config, seed and code are left out first
+#: scores (:data:`SHARED_SEED`): resampling them one by one would narrow the intervals.
+#: Repeats of a run's effective config, seed and code are left out first
 #: (:func:`distinct_runs`).
 REPLICATE = "seed"
+#: Why a seed's runs are one replicate. Every run builds its initial weights from its seed; a
+#: run trained alone also seeds its env resets and actions with it (a population's member
+#: draws those from its population's streams, :mod:`gae_core.agent.population`).
+SHARED_SEED = (
+    "runs that share a seed start from the same initial weights (and, trained alone, the same "
+    "env and action streams), so they are not independent"
+)
 
 
 def running_mean(returns: np.ndarray, window: int) -> np.ndarray:
@@ -161,6 +167,15 @@ def steps_to_solve(
     return math.nan if summary.solved_at_step is None else float(summary.solved_at_step)
 
 
+def median_steps_to_solve(solved_at: np.ndarray) -> float:
+    """The step by which half the runs had solved: the lower median of their solved steps, a
+    run that never solved (NaN) counting as never, so ``inf`` when fewer than half solved (the
+    median of a survival curve, not the median of the runs that solved, which would let a
+    group that rarely solves look fast); NaN without runs."""
+    ordered = np.sort(np.where(np.isnan(solved_at), math.inf, solved_at))
+    return float(ordered[(len(ordered) - 1) // 2]) if len(ordered) else math.nan
+
+
 def run_scores(
     episodes: pd.DataFrame,
     *,
@@ -223,7 +238,7 @@ def summary_table(
     """Per group: ``seeds`` and ``runs``, the IQM and mean across seeds of the final return and
     of the AUC (:func:`seed_scores`) with percentile-bootstrap intervals (``final_return_iqm``,
     ``..._ci_low``, …, ``auc_mean``, …; :func:`gae_core.insight.stats.group_summary`), and with
-    a threshold the fraction of runs that solved and their median steps to solve; ``best``
+    a threshold the fraction of runs that solved and :func:`median_steps_to_solve`; ``best``
     marks the highest final-return IQM (ties: mean; every group tied at the top is marked)."""
     runs = run_scores(episodes, group=group, threshold=threshold, final_window=final_window)
     scores = seed_scores(episodes, group=group, points=points, runs=runs)
@@ -232,7 +247,8 @@ def summary_table(
     if threshold is not None:
         solved = runs.groupby(group, sort=True)["solved_at_step"]
         table["solved_fraction"] = solved.apply(lambda x: float(x.notna().mean())).to_numpy()
-        table["median_steps_to_solve"] = solved.median().to_numpy()
+        median = solved.apply(lambda x: median_steps_to_solve(x.to_numpy(float)))
+        table["median_steps_to_solve"] = median.to_numpy()
     top = table[["final_return_iqm", "final_return_mean"]].to_numpy()
     best = top[np.lexsort((top[:, 1], top[:, 0]))[-1]]
     table["best"] = np.isclose(top, best, rtol=0, atol=1e-9).all(axis=1)

@@ -19,7 +19,7 @@ from typing import Any
 
 from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS
 from gae_core.insight import stats
-from gae_core.insight.compare import CURVE_POINTS, effective_config
+from gae_core.insight.compare import CURVE_POINTS, SHARED_SEED, effective_config
 from gae_core.insight.compare import completed_config as _complete
 from gae_core.labels import format_value, label
 from gae_core.outcome import SOLVED_WINDOW
@@ -155,8 +155,7 @@ def _scores() -> dict[str, Any]:
         "one) divided by the span from its first such point to the grid's end: its average "
         "return over training",
         "replicate": "the seed (a seed with several runs in a group counts once, as the mean "
-        "of its runs' curves and scores: runs that share a seed draw from the same random "
-        "streams, so they are not independent)",
+        f"of its runs' curves and scores: {SHARED_SEED})",
         "aggregate": f"IQM ({stats.IQM_DEFINITION}) and mean across seeds",
         "interval": stats.INTERVAL_DEFINITION,
         "confidence": stats.CONFIDENCE,

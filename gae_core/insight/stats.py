@@ -2,9 +2,8 @@ r"""Study statistics after Agarwal et al., *Deep Reinforcement Learning at the E
 Statistical Precipice* (NeurIPS 2021) and its ``rliable`` library, on scipy.
 
 A λ study has few seeds per group, so point estimates alone mislead. A *seed* here is one
-replicate: one run, or the mean of the runs that share a seed (a pooled crossed axis; they draw
-from the same random streams, so they are not independent:
-:data:`gae_core.insight.compare.REPLICATE`). Per group of seeds:
+replicate: one run, or the mean of the runs that share a seed (a pooled crossed axis; they are
+not independent: :data:`gae_core.insight.compare.SHARED_SEED`). Per group of seeds:
 
 * **IQM**, the interquartile mean: the mean of the middle 50 % of the scores,
   ``scipy.stats.trim_mean(x, 0.25)``, which cuts ⌊n/4⌋ scores from each end (none below 4
