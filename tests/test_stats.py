@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -127,6 +128,28 @@ def test_sentence_names_groups_tied_at_the_top_instead_of_ranking_them():
     # equal IQM but a higher mean is not a tie
     groups = {0: [1.0, 2.0, 3.0, 4.0], 1: [0.0, 2.0, 3.0, 4.0]}
     assert stats.best_group_sentence(groups, str).startswith("0 beats 1")
+
+
+def test_sentence_leaves_out_nan_and_gives_no_interval_with_one_seed():
+    # a NaN score does not scramble the ranking (it made "b beats a … 0.00 [0.00, 0.00]")
+    groups = {"b": [0.0, 0.5, 1.0, 1.5, 2.0], "a": [10.0, 11.0, math.nan, 12.0, 13.0]}
+    assert stats.best_group_sentence(groups, str).startswith("a beats b with probability 1.00")
+    # a group without scores ranks last; none at all: nothing to say
+    groups = {"a": [math.nan], "b": [1.0, 2.0], "c": [0.0, 1.0]}
+    assert stats.best_group_sentence(groups, str).startswith("b beats c")
+    assert stats.best_group_sentence({"a": [math.nan], "b": []}, str) == "No scores to compare."
+    # one seed in either group: no interval that claims certainty
+    for groups in ({"a": [2.0], "b": [1.0]}, {"a": [10.0], "b": [1.0, 2.0, 3.0]}):
+        text = stats.best_group_sentence(groups, str)
+        assert text.startswith("a beats b with probability 1.00 (P(X > Y) over seeds)"), text
+        assert "[" not in text and text.endswith("not distinguishable from seed noise")
+
+
+def test_performance_profile_of_a_group_without_scores_is_nan():
+    profile = stats.performance_profile({"a": [1.0, 2.0], "b": [math.nan]}, np.array([0.0, 1.5]))
+    empty = profile[profile["group"] == "b"]
+    assert empty[["fraction", "ci_low", "ci_high"]].isna().all().all() and len(empty) == 2
+    assert profile[profile["group"] == "a"]["fraction"].tolist() == [1.0, 0.5]
 
 
 def test_performance_profile_counts_scores_strictly_above_tau():

@@ -211,6 +211,11 @@ def probability_of_improvement(
     return (point, float(low), float(high))
 
 
+def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    x = np.asarray(values, float)
+    return x[~np.isnan(x)]
+
+
 def improvement_matrix(
     groups: Mapping[Any, Sequence[float]], *, confidence: float = CONFIDENCE,
     resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
@@ -254,15 +259,19 @@ def performance_profile(
     seed: int = BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
     """Long frame ``group, tau, fraction, ci_low, ci_high``: the share of a group's seeds with a
-    score strictly above τ, with a bootstrap band over seeds."""
+    score strictly above τ, with a bootstrap band over seeds (NaN for a group without scores)."""
     _check(confidence, resamples)
     if not groups:
         raise ValueError("groups must not be empty")
     taus = default_taus(groups) if taus is None else np.asarray(taus, float)
     parts = []
     for name, values in groups.items():
-        x = np.asarray(values, float)
-        x = x[~np.isnan(x)]
+        x = _finite(values)
+        if not len(x):  # no score: no profile (NaN), not a crash
+            empty = np.full(len(taus), np.nan)
+            parts.append(pd.DataFrame({"group": name, "tau": taus, "fraction": empty,
+                                       "ci_low": empty, "ci_high": empty}))  # fmt: skip
+            continue
         above = (x[None, :] > taus[:, None]).astype(float)  # [taus, seeds]
         fraction = above.mean(axis=1)
         low, high = fraction.copy(), fraction.copy()
@@ -350,12 +359,20 @@ def best_group_sentence(
     """The group with the highest IQM (ties: mean) against the runner-up, in words:
     "λ = 0.95 beats λ = 1 with probability 0.78 [0.61, 0.92] …", saying so when the interval
     includes ½ (no better than a coin flip at this sample size). Groups tied at the top (same
-    IQM and mean, e.g. every seed at the env's ceiling) are named together, not ranked."""
+    IQM and mean, e.g. every seed at the env's ceiling) are named together, not ranked.
+    NaN scores are left out, as everywhere here; a group without scores ranks last. With one
+    seed in either of the two groups there is no interval (a bootstrap cannot see that seed's
+    noise), and the sentence says so instead of printing one."""
     if len(groups) < 2:
         return "Only one group: nothing to compare."
+    finite = {g: _finite(v) for g, v in groups.items()}
+    if not any(len(v) for v in finite.values()):
+        return "No scores to compare."
 
     def key(g: Any) -> tuple[float, float]:
-        values = np.asarray(groups[g], float)
+        values = finite[g]
+        if not len(values):
+            return (-np.inf, -np.inf)
         return float(iqm(values)), float(np.mean(values))
 
     ranked = sorted(groups, key=key, reverse=True)
@@ -369,8 +386,13 @@ def best_group_sentence(
         )
     best, second = ranked[0], ranked[1]
     p, low, high = probability_of_improvement(
-        groups[best], groups[second], confidence=confidence, resamples=resamples, seed=seed
+        finite[best], finite[second], confidence=confidence, resamples=resamples, seed=seed
     )
+    if min(len(finite[best]), len(finite[second])) < 2:
+        return (
+            f"{label(best)} beats {label(second)} with probability {p:.2f} (P(X > Y) over "
+            "seeds) — one seed in a group, so no interval: not distinguishable from seed noise"
+        )
     text = (
         f"{label(best)} beats {label(second)} with probability {p:.2f} [{low:.2f}, {high:.2f}] "
         f"(P(X > Y) over seeds, {confidence * 100:g} % bootstrap CI)"
