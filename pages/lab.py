@@ -54,6 +54,8 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
         f"{first.discount_left:.1e} of the discount left). bias² is the unbiased estimate (both "
         "means' noise subtracted), so it can dip slightly below 0 where the critic is nearly exact."
     )
+    if note := first.horizon_note():
+        st.warning(note, icon=":material/warning:")
     st.subheader("k-step estimators Â^(k)")
     figure, frame = lab_figures.trade_off_figure(
         {k: r.estimators for k, r in results.items()}, kind="k_step"

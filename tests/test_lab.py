@@ -124,6 +124,25 @@ def test_the_trade_off_shows_on_the_chain():
     assert result.best_lambda() not in (0.0, 1.0)
 
 
+def test_a_truth_cut_short_by_its_horizon_says_so():
+    """The truth runs until γ^H ≤ 10⁻³; a horizon that leaves more (the 5,000-step cap at γ
+    near 1, or one given) is named with what it costs, on the page and in the CLI."""
+    _, policy, critic = chain_setup(0.2)
+    base = dict(gamma=GAMMA, states=2, rollouts=4, continuations=4, segment=5, lambdas=(0.0, 1.0),
+                ks=(1,), seed=5)  # fmt: skip
+    starts = [(s, chain.observation(s), a) for s, a in STARTS[:2]]
+    whole = measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic),
+                    LabSettings(**base), starts=starts)  # fmt: skip
+    assert whole.discount_left <= 1e-3 and whole.horizon_note() is None
+    short = measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic),
+                    LabSettings(**base, horizon=3), starts=starts)  # fmt: skip
+    assert short.discount_left == pytest.approx(GAMMA**3)
+    note = short.horizon_note()
+    assert note.startswith(f"The truth stops at H = 3 steps with γ^H = {GAMMA**3:.2g}")
+    assert "λ = 1's too" in note
+    assert LabSettings(gamma=0.9999).truth_horizon == 5_000  # the cap: γ^H ≈ 0.61
+
+
 def test_deterministic_progress_and_cancel():
     _, policy, critic = chain_setup(0.2)
     settings = LabSettings(gamma=GAMMA, states=4, rollouts=20, continuations=20, segment=5,
@@ -292,6 +311,7 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
         assert row["mse"] == pytest.approx(row["bias2"] + row["variance"])
     assert report["critic_step"] == steps[0] and report["policy_step"] == steps[-1]
     assert report["confidence"] == 0.95  # the level its intervals were computed at
+    assert report["discount_left"] <= 1e-3 and report["horizon_note"] is None  # γ 0.99: whole
     with RunStore(tmp_path) as store:  # kept with the run, for the page and after a restart
         (record,) = store.lab_records(run_id)
         assert record.id == report["result_id"] and record.critic_step == steps[0]

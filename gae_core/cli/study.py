@@ -94,6 +94,8 @@ def lab(args: argparse.Namespace) -> int:
                 f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
             )
         print(f"least MSE at {assignment('lambda_', report['best_lambda'])}")
+        if report["horizon_note"]:
+            print(report["horizon_note"])
     return EXIT_OK
 
 
@@ -128,6 +130,9 @@ def lab_report(result_id: str, result: Any) -> dict[str, Any]:
         "states": len(result.states),
         "seconds": result.seconds,
         "confidence": result.settings.confidence,
+        "horizon": result.horizon,
+        "discount_left": result.discount_left,
+        "horizon_note": result.horizon_note(),
         "best_lambda": result.best_lambda(),
         "delta": {k: v for k, v in rows("delta", "k")[0].items() if k != "k"},
         "lambdas": rows("gae", "lambda"),

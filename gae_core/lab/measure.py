@@ -191,6 +191,20 @@ class LabResult:
             meta=data.get("meta", {}),
         )
 
+    def horizon_note(self) -> str | None:
+        """What a short truth does to the figures, or None: when the truth horizon H (capped at
+        :data:`MAX_HORIZON`, or given) leaves more than :data:`HORIZON_TOLERANCE` of the
+        discount, a policy whose episodes outlast H has targets that miss its return after
+        step H, and every estimator's bias² carries that error, λ = 1's too."""
+        if self.discount_left <= HORIZON_TOLERANCE:
+            return None
+        return (
+            f"The truth stops at H = {self.horizon:,} steps with γ^H = {self.discount_left:.2g} "
+            f"of the discount left (above {HORIZON_TOLERANCE:g}): where episodes outlast H, "
+            "each target misses the discounted return after step H, and every estimator's "
+            "bias² includes that error (λ = 1's too). A lower γ keeps the truth whole."
+        )
+
     def best_lambda(self) -> float:
         """The λ of least MSE."""
         gae = self.estimators[self.estimators["kind"] == "gae"]
