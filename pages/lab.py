@@ -10,7 +10,7 @@ from gae_core.insight import lab_figures
 from gae_core.insight.views import format_duration
 from gae_core.lab import chain
 from gae_core.lab.jobs import LabJob
-from gae_core.lab.measure import LabResult, LabSettings
+from gae_core.lab.measure import GSDE_NOTE, LabResult, LabSettings
 from gae_core.lab.states import STATE_FAMILIES, state_access
 from gae_core.labels import assignment, label
 from pages import _ui
@@ -137,6 +137,8 @@ try:
 except UnsupportedEnvError as error:
     st.error(f"{error}. The lab supports {', '.join(STATE_FAMILIES)}.")
     st.stop()
+if run.config.get("use_sde"):
+    st.info(GSDE_NOTE, icon=":material/info:")
 steps = store.checkpoint_steps(run_id)
 if st.session_state.get("lab.policy") not in steps:
     st.session_state["lab.policy"] = steps[-1]
@@ -169,7 +171,9 @@ if problem:
     st.error(problem)
 else:
     st.caption(
-        f"At most {settings.env_steps():,} env steps (truth horizon {settings.truth_horizon}); "
+        f"At most {settings.env_steps():,} env steps (truth horizon H = "
+        f"{settings.truth_horizon:,}, {label('gamma')}^H = "
+        f"{settings.gamma**settings.truth_horizon:.1e}); "
         "the defaults take about 10 s on CartPole."
     )
 if st.button("Measure", type="primary", disabled=bool(problem), key="lab.start"):

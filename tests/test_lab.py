@@ -331,3 +331,34 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
     assert (
         wrong.returncode == 2 and "policy_step must be one of the run's checkpoints" in wrong.stderr
     )
+
+
+def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
+    """A gSDE run's rollouts held their noise for a rollout; the lab draws it per step, and
+    the CLI (and the page, from the same GSDE_NOTE) says so."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gae_core.lab.measure import GSDE_NOTE
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), *args],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+
+    trained = cli(
+        *("train", "--env", "Pendulum-v1", "--use-sde", "--total-steps", "400", "--num-envs"),
+        *("2", "--rollout-steps", "8", "--checkpoint-every", "200", "--json", "--no-progress"),
+    )
+    assert trained.returncode == 0, trained.stderr
+    run_id = json.loads(trained.stdout.splitlines()[-1])["run_id"]
+    small = ["--states", "2", "--rollouts", "2", "--continuations", "2", "--segment", "5"]
+    done = cli("lab", run_id, *small, "--lambdas", "0", "1", "--ks", "1", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert GSDE_NOTE in done.stderr and "least MSE at" in done.stdout

@@ -23,7 +23,7 @@ from gae_core.labels import assignment, format_value, label
 
 def lab(args: argparse.Namespace) -> int:
     from gae_core.lab.jobs import measure_run
-    from gae_core.lab.measure import LabCancelled, LabSettings
+    from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings
 
     with open_store_for_reading(args) as probe:
         run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
@@ -40,6 +40,8 @@ def lab(args: argparse.Namespace) -> int:
     if args.ks is not None:
         options["ks"] = tuple(args.ks)
     settings = LabSettings(**options)  # ValueError naming the field (exit 2)
+    if run.config.get("use_sde"):
+        print(GSDE_NOTE, file=sys.stderr)
     store = open_store(args)
     bar = progress_bar(100, args.no_progress, unit="%")
     shown = [0]

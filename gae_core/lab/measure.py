@@ -49,6 +49,7 @@ from gae_core import estimators
 from gae_core.lab.states import Simulator
 
 __all__ = [
+    "GSDE_NOTE",
     "LabCancelled",
     "LabResult",
     "LabSettings",
@@ -59,6 +60,14 @@ __all__ = [
 
 HORIZON_TOLERANCE = 1e-3
 MAX_HORIZON = 5_000
+#: What the lab measures for a run that explored with gSDE (``use_sde``).
+GSDE_NOTE = (
+    "This run explored with gSDE: its rollouts held one noise matrix per env for a whole "
+    "rollout, so their actions' noise is correlated in time. The lab draws each step's noise "
+    "afresh from the same per-step Gaussian, the policy A2C's loss scores "
+    "(gae_core.agent.policy), so it measures the estimators under that policy, not under the "
+    "trained rollouts' correlated exploration."
+)
 DEFAULT_LAMBDAS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
 DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
