@@ -68,12 +68,18 @@ def store() -> RunStore:
     return manager().store
 
 
-def csv_button(label: str, frame: Callable[[], pd.DataFrame], file_name: str, key: str) -> None:
+def csv_button(label: str, frame: pd.DataFrame, file_name: str, key: str) -> None:
     """A download button whose CSV is generated on click (exactly the frame that is plotted).
+
+    It takes the frame itself, not a callable: a page that passed ``lambda: frame`` and then
+    drew another chart into ``frame`` handed out the last chart's data from every button
+    (Python's late binding; three lab buttons gave one file).
 
     Streamlit revokes such a button's download when the fragment that drew it redraws, so a
     button inside a fragment that redraws on a timer can miss a click (see the Runs page)."""
-    download_button(label, lambda: to_csv(frame()), file_name, "text/csv", key)
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"csv_button({label!r}) takes the DataFrame, got {type(frame).__name__}")
+    download_button(label, lambda: to_csv(frame), file_name, "text/csv", key)
 
 
 def download_button(label: str, data: Callable[[], str], file_name: str, mime: str, key: str):

@@ -3,6 +3,7 @@ curves (IQM or mean with bootstrap bands), final return and AUC per group with i
 probability of improvement between groups and the performance profile."""
 
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -277,10 +278,10 @@ figure, frame = compare_figures.comparison_figure(
 st.plotly_chart(figure, key="cmp.curves", config={"displaylogo": False})
 downloads = st.columns(3)
 with downloads[0]:
-    _ui.csv_button("Curves CSV (each seed on the grid)", lambda: aligned, "curves.csv",
+    _ui.csv_button("Curves CSV (each seed on the grid)", aligned, "curves.csv",
                    "cmp.curves_csv")  # fmt: skip
 with downloads[1]:
-    _ui.csv_button("Bands CSV", lambda: frame, "bands.csv", "cmp.bands_csv")
+    _ui.csv_button("Bands CSV", frame, "bands.csv", "cmp.bands_csv")
 
 summary = compare.summary_table(episodes, group=group, threshold=threshold)
 scores = compare.seed_scores(episodes, group=group)
@@ -344,12 +345,12 @@ st.caption(
     )
 )
 with downloads[2]:
-    _ui.csv_button("Summary CSV", lambda: summary, "summary.csv", "cmp.summary_csv")
+    _ui.csv_button("Summary CSV", summary, "summary.csv", "cmp.summary_csv")
 with st.expander("Methods and provenance (to cite these figures)"):
     st.code(provenance.methods_text(record), language=None, wrap_lines=True)
     _ui.download_button(
-        "Provenance JSON", lambda: json.dumps(record, indent=1, allow_nan=False), "provenance.json",
-        "application/json", "cmp.provenance_json",
+        "Provenance JSON", functools.partial(json.dumps, record, indent=1, allow_nan=False),
+        "provenance.json", "application/json", "cmp.provenance_json",
     )  # fmt: skip
 pair_score = st.segmented_control(
     "score for the two charts below", list(SCORES), default="final_return",
@@ -366,10 +367,10 @@ with left:
         stats.improvement_matrix(groups), group, label(pair_score)
     )
     st.plotly_chart(figure, key="cmp.improvement", config={"displaylogo": False})
-    _ui.csv_button("Improvement CSV", lambda: matrix, "improvement.csv", "cmp.improvement_csv")
+    _ui.csv_button("Improvement CSV", matrix, "improvement.csv", "cmp.improvement_csv")
 with right:
     figure, profile = compare_figures.profile_figure(
         stats.performance_profile(groups), group, label(pair_score)
     )
     st.plotly_chart(figure, key="cmp.profile", config={"displaylogo": False})
-    _ui.csv_button("Profile CSV", lambda: profile, "profile.csv", "cmp.profile_csv")
+    _ui.csv_button("Profile CSV", profile, "profile.csv", "cmp.profile_csv")

@@ -119,7 +119,7 @@ figure, frame = figures.explorer_figure(table, show=shown, gamma=gamma, lambda_=
 st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
 row = st.columns([2, 3, 3])
 with row[0]:
-    _ui.csv_button("Per-step table CSV", lambda: frame, f"{run_id}_advantages.csv", "ex.csv")
+    _ui.csv_button("Per-step table CSV", frame, f"{run_id}_advantages.csv", "ex.csv")
 row[1].markdown(
     f"**{len(table)} steps**, episode ends: "
     f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · "
@@ -164,7 +164,7 @@ heat_column, weight_column = st.columns(2, gap="large")
 with heat_column:
     figure, heat = figures.heatmap_figure(explorer.heatmap_from_sweep(sweep), current=lambda_)
     st.plotly_chart(figure, key="ex.heat", config={"displaylogo": False})
-    _ui.csv_button("Heat map CSV", lambda: heat, f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
+    _ui.csv_button("Heat map CSV", heat, f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
 with weight_column:
     t = st.slider("step t for the weights", 0, max(len(table) - 1, 0), 0, key="ex.t")
     horizon = int(table["steps_left"].iloc[t])
@@ -174,4 +174,4 @@ with weight_column:
         f"At t = {t}, {horizon} steps are left in the segment: Â^({horizon}) carries the tail "
         f"{LAMBDA}^{horizon - 1} = {lambda_ ** (horizon - 1):.3g} of the weight (red)."
     )
-    _ui.csv_button("Weights CSV", lambda: weights, f"{run_id}_weights.csv", "ex.weights_csv")
+    _ui.csv_button("Weights CSV", weights, f"{run_id}_weights.csv", "ex.weights_csv")

@@ -2,6 +2,7 @@
 truth, on a run's checkpoints or on the exact chain."""
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from gae_core.errors import UnsupportedEnvError
@@ -42,9 +43,7 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
     st.subheader(f"GAE({LAMBDA}): the trade-off")
     figure, frame = lab_figures.trade_off_figure({k: r.estimators for k, r in results.items()})
     st.plotly_chart(figure, key=f"{prefix}.gae", config={"displaylogo": False})
-    _ui.csv_button(
-        f"Trade-off over {LAMBDA} CSV", lambda: frame, "lab_lambda.csv", f"{prefix}.gae_csv"
-    )
+    _ui.csv_button(f"Trade-off over {LAMBDA} CSV", frame, "lab_lambda.csv", f"{prefix}.gae_csv")
     bests = ", ".join(f"{k}: {assignment('lambda_', r.best_lambda())}" for k, r in results.items())
     first = next(iter(results.values()))
     st.caption(
@@ -61,7 +60,7 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
         {k: r.estimators for k, r in results.items()}, kind="k_step"
     )
     st.plotly_chart(figure, key=f"{prefix}.k", config={"displaylogo": False})
-    _ui.csv_button("Trade-off over k CSV", lambda: frame, "lab_k.csv", f"{prefix}.k_csv")
+    _ui.csv_button("Trade-off over k CSV", frame, "lab_k.csv", f"{prefix}.k_csv")
     st.subheader("One state: target against the estimates")
     critic = st.selectbox("critic", list(results), key=f"{prefix}.state_critic")
     result = results[critic]
@@ -70,7 +69,7 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
     with left:
         figure, frame = lab_figures.state_figure(result.per_state, result.states, state)
         st.plotly_chart(figure, key=f"{prefix}.one", config={"displaylogo": False})
-        _ui.csv_button("This state's CSV", lambda: frame, "lab_state.csv", f"{prefix}.one_csv")
+        _ui.csv_button("This state's CSV", frame, "lab_state.csv", f"{prefix}.one_csv")
     with right:
         info = result.states.iloc[state]
         st.markdown(
@@ -79,10 +78,17 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
             "critic's error at s itself. It shifts every estimate alike and does not bias the "
             "policy gradient (a baseline), so it is reported apart, not counted as bias."
         )
-        _ui.csv_button(
-            "Per-state table CSV", lambda: result.per_state, "lab_per_state.csv", f"{prefix}.ps"
+        # every critic's rows, named (not only the critic chosen above)
+        per_state, states = (
+            pd.concat({name: getattr(r, part) for name, r in results.items()}, names=["critic"])
+            .reset_index(level=0)
+            .reset_index(drop=True)
+            for part in ("per_state", "states")
         )
-        _ui.csv_button("States CSV", lambda: result.states, "lab_states.csv", f"{prefix}.st")
+        _ui.csv_button(
+            "Per-state table CSV (every critic)", per_state, "lab_per_state.csv", f"{prefix}.ps"
+        )
+        _ui.csv_button("States CSV (every critic)", states, "lab_states.csv", f"{prefix}.st")
 
 
 mode = st.radio(
@@ -110,7 +116,7 @@ if mode == "the exact chain":
     )
     figure, frame = lab_figures.exact_figure(grid, moments.gae)
     st.plotly_chart(figure, key="lab.exact", config={"displaylogo": False})
-    _ui.csv_button("Exact trade-off CSV", lambda: frame, "chain_exact.csv", "lab.exact_csv")
+    _ui.csv_button("Exact trade-off CSV", frame, "chain_exact.csv", "lab.exact_csv")
     st.caption(
         f"From the middle state, moving right. Target Q^π − V̂ = {moments.target:.4f}; "
         f"V^π − V̂ there = {moments.state_offset:.4f}. Raise the critic error: bias at small "

@@ -325,11 +325,14 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
     )
 
 
-def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir):
+def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir, monkeypatch):
     """From the explorer's link to a finished measurement: the page starts a job with the
     explorer's checkpoints, and after a reload draws the stored result, whose curves are the
-    stored numbers."""
+    stored numbers, and each CSV button hands out its own chart's data."""
     from gae_core.lab.measure import LabResult
+
+    handed: dict[str, object] = {}  # file name → what its button was given (read after the run)
+    monkeypatch.setattr(_ui, "csv_button", lambda _l, frame, name, _k: handed.update({name: frame}))
 
     at = app("pages/explorer.py")
     store = RunStore(data_dir)
@@ -364,6 +367,17 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         )  # fmt: skip
         gae = result.estimators[result.estimators["kind"] == "gae"].sort_values("param")
         np.testing.assert_allclose(mse, gae["mse"], rtol=1e-9)
+    # each button its own data (a late-bound `lambda: frame` gave three buttons the last one's)
+    frames = {name: f() if callable(f) else f for name, f in handed.items()}
+    result = next(iter(stored.values()))
+    lambdas = sorted(result.settings.lambdas)
+    assert sorted(set(frames["lab_lambda.csv"]["param"])) == lambdas
+    assert sorted(set(frames["lab_k.csv"]["param"])) == sorted(result.settings.ks)
+    assert set(frames["lab_state.csv"]["state"]) == {0}  # the state on the slider
+    critics = {f"critic {step:,}" for step in stored}
+    for name, part in (("lab_per_state.csv", "per_state"), ("lab_states.csv", "states")):
+        assert set(frames[name]["critic"]) == critics  # every critic's rows, named
+        assert len(frames[name]) == sum(len(getattr(r, part)) for r in stored.values())
 
 
 def test_lab_page_teaches_on_the_exact_chain(data_dir):
