@@ -1,6 +1,8 @@
 """The package's version, its one owner (``gae_core.__version__`` reads it here; a test keeps
-pyproject's copy equal), and where the running code came from (:func:`source_version`: what a
-run stores when it is created, and what a comparison's provenance names)."""
+pyproject's copy equal), and where code came from: :func:`source_version` (the checkout on
+disk now: what a run stores when it is created, since its worker imports the code then) and
+:func:`loaded_version` (what this process imported: what a comparison's statistics were
+computed with)."""
 
 from __future__ import annotations
 
@@ -51,3 +53,21 @@ def _git(git: str, root: Path, *args: str) -> str:
         [git, *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
     )
     return done.stdout.strip()
+
+
+#: :func:`source_version` when this process imported gae_core (``gae_core/__init__`` imports
+#: this module): modules load once per process, so a dashboard started before a
+#: commit keeps computing with the code it loaded then.
+LOADED = source_version()
+
+
+def loaded_version() -> dict[str, Any]:
+    """The code this process computes with: :data:`LOADED`, plus ``checkout_changed``, whether
+    the checkout on disk has moved on since (another commit, or uncommitted changes appearing or
+    going away; None where git cannot tell): then a restart computes with what is there."""
+    now = source_version()
+    changed = None
+    if LOADED["commit"] is not None and now["commit"] is not None:
+        changed = (now["commit"], now["local_changes"]) != (
+            LOADED["commit"], LOADED["local_changes"])  # fmt: skip
+    return {**LOADED, "checkout_changed": changed}

@@ -301,6 +301,34 @@ def _stored(run_id: str, **fields):
                            created_at=0.0)  # fmt: skip
 
 
+def test_statistics_name_the_code_this_process_loaded_not_the_checkout_now(monkeypatch):
+    """A dashboard started at one commit keeps computing with the modules it loaded; the
+    paragraph names that code (it read the checkout on disk, which may have moved on) and says
+    when the checkout has changed since."""
+    from gae_core import version
+    from gae_core.insight import provenance
+
+    runs = [_stored(f"r{s}", seed=s) for s in range(2)]
+    now = version.source_version()
+    loaded = {**now, "commit": "0123456789ab" + "0" * 28, "local_changes": False}
+    monkeypatch.setattr(version, "LOADED", loaded)
+    record = provenance.methods_record(runs, "lambda_")
+    assert record["analysis_code"]["commit"] == loaded["commit"]
+    text = provenance.methods_text(record)
+    if now["commit"] is None:  # no git here: nothing to tell apart
+        assert record["analysis_code"]["checkout_changed"] is None
+        return
+    assert record["analysis_code"]["checkout_changed"] is True
+    assert text.endswith(
+        f"Statistics computed with gae_core {gae_core.__version__} (commit 0123456789ab), which this process "
+        "loaded; the checkout has changed since."
+    )
+    monkeypatch.setattr(version, "LOADED", now)  # the code on disk is what was loaded
+    record = provenance.methods_record(runs, "lambda_")
+    assert record["analysis_code"]["checkout_changed"] is False
+    assert "changed since" not in provenance.methods_text(record)
+
+
 def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthest():
     from gae_core.insight import provenance
 

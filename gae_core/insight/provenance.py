@@ -23,7 +23,7 @@ from gae_core.insight.compare import CURVE_POINTS, SHARED_SEED, effective_config
 from gae_core.insight.compare import completed_config as _complete
 from gae_core.labels import format_value, label
 from gae_core.outcome import SOLVED_WINDOW
-from gae_core.version import source_version
+from gae_core.version import loaded_version
 
 __all__ = ["config_spread", "methods_record", "methods_text"]
 
@@ -91,7 +91,7 @@ def methods_record(
     for entry in ordered:
         entry["seeds"] = sorted(set(entry["seeds"]))
     return {
-        "analysis_code": source_version(),
+        "analysis_code": loaded_version(),
         "created_with": _codes(r.code for r, _ in readable),
         "group": group,
         "groups": ordered,
@@ -226,5 +226,8 @@ def methods_text(record: dict[str, Any]) -> str:
         told = "The runs do not record the code they were created with"
     if trained and untold:
         told += f"; {untold} stored before runs recorded their code"
-    text.append(f"{told}. Statistics computed with {_version_text(code)}.")
+    computed = f"Statistics computed with {_version_text(code)}"
+    if code.get("checkout_changed"):  # a long-running app: the checkout moved on since it loaded
+        computed += ", which this process loaded; the checkout has changed since"
+    text.append(f"{told}. {computed}.")
     return " ".join(text)
