@@ -320,8 +320,8 @@ def test_statistics_name_the_code_this_process_loaded_not_the_checkout_now(monke
         return
     assert record["analysis_code"]["checkout_changed"] is True
     assert text.endswith(
-        f"Statistics computed with gae_core {gae_core.__version__} (commit 0123456789ab), which this process "
-        "loaded; the checkout has changed since."
+        f"Statistics computed with gae_core {gae_core.__version__} (commit 0123456789ab), "
+        "which this process loaded; the checkout has changed since."
     )
     monkeypatch.setattr(version, "LOADED", now)  # the code on disk is what was loaded
     record = provenance.methods_record(runs, "lambda_")
