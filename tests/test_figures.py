@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from gae_core import metrics as M
-from gae_core.insight import compare, compare_figures, explorer, figures
+from gae_core.insight import compare, compare_figures, explorer, figures, stats
 
 
 def long_metrics(n: int, key: str = M.EPISODIC_RETURN.key) -> pd.DataFrame:
@@ -217,3 +217,14 @@ def test_a_seeds_auc_is_the_area_under_the_curve_drawn_for_it():
     assert drawn[50] != drawn[50] and drawn[60] == 60.0  # NaN until both runs have a value
     (auc,) = compare.seed_scores(episodes, points=11)["auc"]
     assert auc == pytest.approx(80.0)
+
+
+def test_improvement_cells_with_one_seed_say_there_is_no_interval():
+    # one seed in group 1.0: its cells give the probability and no interval, not "[1.00, 1.00]"
+    matrix = stats.improvement_matrix({0.9: [1.0, 2.0, 3.0], 1.0: [5.0]})
+    figure, _ = compare_figures.improvement_figure(matrix, "lambda_", "final return")
+    cells = [t for row in figure.data[0].text for t in row if t]
+    assert sorted(cells) == ["0.00<br>no interval", "1.00<br>no interval"]
+    matrix = stats.improvement_matrix({0.9: [1.0, 2.0, 3.0], 1.0: [5.0, 6.0]})
+    figure, _ = compare_figures.improvement_figure(matrix, "lambda_", "final return")
+    assert all("[" in t for row in figure.data[0].text for t in row if t)

@@ -89,7 +89,12 @@ def test_stratified_bootstrap_pools_tasks_and_reduces_to_one_task():
 def test_probability_of_improvement_closed_form(x, y, expected):
     p, low, high = stats.probability_of_improvement(x, y, resamples=500)
     assert p == pytest.approx(expected)
-    assert 0.0 <= low <= p <= high <= 1.0
+    if min(len(x), len(y)) == 1:  # one seed: no interval (the bootstrap cannot see its noise)
+        assert np.isnan(low) and np.isnan(high)
+    else:
+        assert 0.0 <= low <= p <= high <= 1.0
+    # one seed on both sides, every score equal: ½ for certain
+    assert stats.probability_of_improvement([2.0], [2.0]) == (0.5, 0.5, 0.5)
 
 
 @settings(max_examples=40, deadline=None)

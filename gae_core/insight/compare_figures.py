@@ -132,7 +132,10 @@ def improvement_figure(
     for row in matrix.itertuples():
         i, j = keys.index(row.x), keys.index(row.y)
         z[i, j] = row.probability
-        text[i, j] = f"{row.probability:.2f}<br>[{row.ci_low:.2f}, {row.ci_high:.2f}]"
+        interval = (
+            "no interval" if np.isnan(row.ci_low) else f"[{row.ci_low:.2f}, {row.ci_high:.2f}]"
+        )  # (one seed in a group)
+        text[i, j] = f"{row.probability:.2f}<br>{interval}"
     figure = go.Figure(
         go.Heatmap(
             z=z,

@@ -181,33 +181,21 @@ def probability_of_improvement(
     seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float, float]:
     """``(p, low, high)``: P(X > Y) + ½·P(X = Y) over seeds, i.e. U / (n·m) of the
-    Mann–Whitney test, with a bootstrap interval resampling x and y independently."""
+    Mann–Whitney test, with a bootstrap interval resampling x and y independently. With one
+    seed in either group there is no interval (NaN bounds): a bootstrap cannot see that seed's
+    noise, and holding it fixed would claim a certainty the data do not have (every score
+    equal is the exception: p = ½ whatever is resampled)."""
     _check(confidence, resamples)
     a, b = np.asarray(x, float), np.asarray(y, float)
     a, b = a[~np.isnan(a)], b[~np.isnan(b)]
     if not len(a) or not len(b):
         return (np.nan, np.nan, np.nan)
     point = float(_improvement(a, b))
-    if len(a) == 1 and len(b) == 1:
-        return (point, point, point)
     if np.all(np.concatenate([a, b]) == a[0]):
         return (point, point, point)
-    if len(a) == 1 or len(b) == 1:  # one fixed score: resample only the other group
-        if len(a) == 1:
-
-            def statistic(other: np.ndarray, axis: int = -1) -> np.ndarray:
-                return _improvement(np.broadcast_to(a, (*other.shape[:-1], 1)), other)
-
-            data = b
-        else:
-
-            def statistic(other: np.ndarray, axis: int = -1) -> np.ndarray:
-                return _improvement(other, np.broadcast_to(b, (*other.shape[:-1], 1)))
-
-            data = a
-        low, high = _bootstrap((data,), statistic, confidence, resamples, seed)
-    else:
-        low, high = _bootstrap((a, b), _improvement, confidence, resamples, seed)
+    if len(a) == 1 or len(b) == 1:
+        return (point, np.nan, np.nan)
+    low, high = _bootstrap((a, b), _improvement, confidence, resamples, seed)
     return (point, float(low), float(high))
 
 
@@ -388,7 +376,7 @@ def best_group_sentence(
     p, low, high = probability_of_improvement(
         finite[best], finite[second], confidence=confidence, resamples=resamples, seed=seed
     )
-    if min(len(finite[best]), len(finite[second])) < 2:
+    if np.isnan(low):  # one seed in either group
         return (
             f"{label(best)} beats {label(second)} with probability {p:.2f} (P(X > Y) over "
             "seeds) — one seed in a group, so no interval: not distinguishable from seed noise"
