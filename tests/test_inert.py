@@ -108,17 +108,20 @@ def _run(**summary) -> RunRecord:
 
 def test_status_text_says_how_a_run_ended():
     base = {"episodes": 300, "final_return": 9.0, "reward_threshold": 475.0}
-    assert views.status_text(_run(**base)) == "finished: not solved; final return 9.0"
+    mean = "(mean of the last 100 episodes)"  # not the last episode the chart ends on
+    assert views.status_text(_run(**base)) == f"finished: not solved; final return 9.0 {mean}"
     collapsed = _run(
         **base, solved_at_step=180_000, fell_below_at_step=240_000, stayed_solved=False
     )
     assert views.status_text(collapsed) == (
-        "finished: solved at 180,000, fell below at 240,000; final return 9.0"
+        f"finished: solved at 180,000, fell below at 240,000; final return 9.0 {mean}"
     )
     kept = _run(**{**base, "final_return": 498.0}, solved_at_step=180_000, stayed_solved=True)
-    assert (
-        views.status_text(kept) == "finished: solved at 180,000, stayed solved; final return 498.0"
+    assert views.status_text(kept) == (
+        f"finished: solved at 180,000, stayed solved; final return 498.0 {mean}"
     )
+    short = _run(**{**base, "episodes": 7})  # fewer episodes than the window
+    assert views.status_text(short).endswith("final return 9.0 (mean of the last 7 episodes)")
     dipped = _run(
         **{**base, "final_return": 490.0},
         solved_at_step=1,

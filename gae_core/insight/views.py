@@ -17,6 +17,7 @@ from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
+from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.records import RunRecord
 
 __all__ = [
@@ -114,7 +115,9 @@ def status_text(run: RunRecord) -> str:
         return run.status
     head = "finished" if run.status == "finished" else f"stopped at step {run.env_steps:,}"
     final = summary.final_return
-    tail = "" if final is None else f"; final return {final:.1f}"
+    # the mean of the last episodes, not the last one the chart ends on: say so
+    last = min(summary.episodes, SOLVED_WINDOW)
+    tail = "" if final is None else f"; final return {final:.1f} (mean of the last {last} episodes)"
     state = summary.solved_state
     if state is None:
         return head + tail
