@@ -49,9 +49,21 @@ if not runs:
     st.info("No run has recorded trajectories yet: train one (checkpoints record them).")
     st.stop()
 
+#: Widgets whose defaults come from the run (its checkpoints, its γ and λ): a widget with a key
+#: keeps its value when its default changes, so another run forgets them and starts from its own.
+PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma", "ex.lambda")
+
+
+def _forget(keys: tuple[str, ...]) -> None:
+    for key in keys:
+        st.session_state.pop(key, None)
+
+
 pick = st.columns([3, 2, 2, 2])
 labels = {r.id: _ui.run_label(r) for r in runs}
-run_id = pick[0].selectbox("run", list(labels), format_func=labels.get, key="ex.run")
+run_id = pick[0].selectbox(
+    "run", list(labels), format_func=labels.get, key="ex.run", on_change=_forget, args=(PER_RUN,)
+)
 run = store.get_run(run_id)
 steps = store.checkpoint_steps(run_id)
 policy_step = pick[1].selectbox(

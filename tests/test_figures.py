@@ -115,6 +115,20 @@ def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
     assert len({color["GAE λ = 0.3"], color["GAE λ = 0.5"], color["Â^(3)"], color["δ_t"]}) == 4
 
 
+def test_the_sliders_lambda_stands_out_from_pinned_ones_of_a_like_colour():
+    # λ 0.95 on the slider and λ 1 pinned are both lime on viridis: the line style tells them
+    table = explorer.advantage_table(
+        np.ones(6), np.zeros(6), np.zeros(6), np.zeros(6, bool), np.zeros(6, bool),
+        gamma=0.9, lambdas=[0.95, 1.0], ks=[],
+    )  # fmt: skip
+    figure, _ = figures.explorer_figure(
+        table, show=["gae[lambda=0.95]", "gae[lambda=1]"], lambda_=0.95
+    )
+    line = {t.name: t.line for t in figure.data if t.type == "scatter" and t.name != "V(s_t)"}
+    assert (line["GAE λ = 0.95"].dash, line["GAE λ = 0.95"].width) == (None, 3.5)
+    assert (line["GAE λ = 1"].dash, line["GAE λ = 1"].width) == ("longdash", 2)
+
+
 def test_metric_axes_never_degenerate_and_respect_display_ranges():
     assert figures.y_range(np.full(5, 500.0), None) == [450.0, 550.0]
     assert figures.y_range(np.zeros(3), None) == [-1.0, 1.0]

@@ -78,6 +78,29 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
     assert len(at.get("plotly_chart")) == 3  # main plot, heat map, weights
 
 
+def test_explorer_starts_each_run_at_its_own_gamma_lambda_and_last_checkpoint(
+    recorded_run, data_dir
+):
+    """Keyed widgets keep their values when their defaults change: picking another run resets
+    the ones the run sets (a slider moved on one run, or a λ = 0 trial's 0, stayed put)."""
+    manager = _ui.manager()
+    other = manager.start({**TINY, "total_steps": 800, "checkpoint_every": 400, "lambda_": 0.5,
+                           "gamma": 0.95})  # fmt: skip
+    assert manager.wait(other, 60)
+    store = RunStore(data_dir)
+    at = app("pages/explorer.py")
+    first = at.selectbox(key="ex.run").value
+    at.slider(key="ex.lambda").set_value(0.3).run()
+    at.number_input(key="ex.gamma").set_value(0.5).run()
+    for run_id in [r for r in (other, recorded_run) if r != first] + [first]:
+        at.selectbox(key="ex.run").set_value(run_id).run()
+        assert not at.exception
+        config = store.get_run(run_id).config
+        assert at.slider(key="ex.lambda").value == pytest.approx(config["lambda_"])
+        assert at.number_input(key="ex.gamma").value == pytest.approx(config["gamma"])
+        assert at.selectbox(key="ex.policy").value == store.checkpoint_steps(run_id)[-1]
+
+
 def test_explorer_draws_each_estimator_once_and_keeps_chips_sorted(recorded_run):
     """By default δ is drawn once: Â^(1) and GAE λ = 0 are δ itself, so neither is on by
     default; pinned λ and k chips stay in value order (the order of the lines' colours)."""

@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 
 from gae_core import metrics as M
 from gae_core.inert import plotly_text
+from gae_core.insight.explorer import gae_column
 from gae_core.labels import assignment, label
 
 #: Traces are cut to about this many points so a refresh stays fast however long the run:
@@ -233,7 +234,8 @@ def explorer_figure(
     sharing the step axis: on top V(s_t) with the rewards as bars (own axis), below δ_t, each
     Â^(k) and each GAE(λ) (advantages have their own scale, not V's). Episode boundaries are
     vertical lines across both: terminated solid red, truncated dashed orange, end of rollout
-    dotted grey. The frame (the CSV) carries γ and the slider's λ with every row."""
+    dotted grey. GAE at the slider's ``lambda_`` is drawn solid and widest, other (pinned) λ
+    long-dashed. The frame (the CSV) carries γ and the slider's λ with every row."""
     estimate_columns = [
         c for c in table.columns if c.startswith(("k_step[", "gae[")) or c == "delta"
     ]
@@ -253,9 +255,14 @@ def explorer_figure(
                    line={"color": estimator_color("value"), "width": 2}),
         row=1, col=1,
     )  # fmt: skip
+    slider = None if lambda_ is None else gae_column(lambda_)
     for column in columns:
+        # the slider's λ solid and widest; pinned λ long-dashed: near λ their viridis colours
+        # are alike (0.95 and 1), the line style tells them apart
         dash = "dot" if column.startswith("k_step[") else None
-        width = 3 if column.startswith("gae[") else 1.5
+        width = 1.5
+        if column.startswith("gae["):
+            dash, width = (None, 3.5) if column == slider else ("longdash", 2)
         figure.add_trace(
             go.Scatter(x=table["t"], y=table[column], mode="lines", name=_pretty(column),
                        line={"dash": dash, "width": width, "color": estimator_color(column)}),
