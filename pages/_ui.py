@@ -13,7 +13,7 @@ import streamlit as st
 
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
-from gae_core.agent.presets import preset_values
+from gae_core.agent.presets import PRESETS, TUNED_FIELDS, preset_values
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import views
@@ -143,8 +143,9 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
 
 def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Widgets for every TrainConfig field (main ones first, the rest under "Advanced"),
-    starting from the chosen env's preset; choosing another env loads its preset into every
-    field (the user can still change each one)."""
+    starting from the chosen env's preset; choosing another env loads its preset into the
+    fields presets tune (:data:`~gae_core.agent.presets.TUNED_FIELDS`), says so, and keeps the
+    others (the seed, …) as the user set them. Why the preset is what it is sits under it."""
     env_key = f"{prefix}.env_id"
     env_id = st.session_state.get(env_key, FIELD_SPECS["env_id"].default)
     for name, value in preset_values(env_id).items():
@@ -153,9 +154,12 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
             st.session_state[key] = _widget_value(FIELD_SPECS[name], value)
 
     def load_preset() -> None:
-        for name, value in preset_values(st.session_state[env_key]).items():
-            if name not in exclude and name != "env_id":
+        chosen = st.session_state[env_key]
+        for name, value in preset_values(chosen).items():
+            if name not in exclude and name in TUNED_FIELDS:
                 st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
+        where = "its preset" if chosen in PRESETS else "the field defaults (it has no preset)"
+        st.toast(f"{chosen}: the tuned settings are {where}; the others are as you left them.")
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs(exclude)
@@ -165,6 +169,10 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
     with st.expander("Advanced"):
         for spec in advanced:
             values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
+    preset = PRESETS.get(values.get("env_id"))
+    if preset is not None:
+        with st.expander(f"Why {values['env_id']}'s preset is what it is"):
+            st.markdown(markdown_text(preset.why))
     return values
 
 

@@ -260,7 +260,13 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
 
     at = app("pages/train.py")
     assert at.number_input(key="train.total_steps").value == 500_000  # CartPole's preset
+    assert any("CartPole-v1's preset" in e.label for e in at.expander)  # and why it is so
+    at.number_input(key="train.seed").set_value(7).run()  # a choice no preset makes
     at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
+    assert at.number_input(key="train.seed").value == 7  # kept
+    assert [t.value for t in at.toast] == [
+        "Pendulum-v1: the tuned settings are its preset; the others are as you left them."
+    ]
     preset = preset_values("Pendulum-v1")
     assert at.number_input(key="train.total_steps").value == preset["total_steps"] == 1_000_000
     assert at.number_input(key="train.gamma").value == 0.9

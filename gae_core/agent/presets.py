@@ -21,7 +21,7 @@ from typing import Any
 
 from gae_core.agent.config import TrainConfig
 
-__all__ = ["PRESETS", "Preset", "preset_config", "preset_values"]
+__all__ = ["PRESETS", "TUNED_FIELDS", "Preset", "preset_config", "preset_values"]
 
 
 @dataclass(frozen=True)
@@ -198,6 +198,12 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
         "Walker2d-v5": Preset(_MUJOCO, "MuJoCo defaults (see _MUJOCO).", _ZOO_MUJOCO),
     }
 )
+
+
+#: The fields some env's preset tunes: choosing another env in a form loads these (its preset's
+#: values, or the field defaults where it has none) and keeps the others as the user set them
+#: (the seed, the device, …).
+TUNED_FIELDS = frozenset(name for preset in PRESETS.values() for name in preset.values)
 
 
 def preset_values(env_id: str) -> dict[str, Any]:
