@@ -196,6 +196,11 @@ def test_list_runs_filters_and_frame(store):
     frame = runs_frame(store.list_runs())
     assert set(frame["run_id"]) == {a, b} and list(frame.columns) == list(RUN_COLUMNS)
     assert frame.set_index("run_id").loc[a, "lambda_"] == 0.95
+    # numbers no run has yet are typed and empty, not a column of None objects ("None" on the
+    # Runs page, which shows solved_at_step while no run has solved)
+    assert str(frame["solved_at_step"].dtype) == "Int64" and frame["solved_at_step"].isna().all()
+    assert frame["final_return"].dtype == float and frame["final_return"].isna().all()
+    assert frame.to_csv(index=False).splitlines()[1].count(",,") >= 3
     with pytest.raises(ValueError, match=r"unknown status .'bogus'.; statuses: queued, running"):
         store.list_runs(status="bogus")
     assert store.sweep_status_counts(sweep_id)["queued"] == 1

@@ -81,6 +81,20 @@ def run_row(run: RunRecord) -> dict[str, Any]:
     }
 
 
+#: Columns of whole numbers and of numbers that a run may not have (yet): typed, so a column in
+#: which no run has a value is empty in a table and a CSV, not a column of "None" objects.
+_INTEGERS = ("seed", "env_steps", "total_steps", "episodes", "solved_at_step",
+             "fell_below_at_step")  # fmt: skip
+_FLOATS = ("lambda_", "gamma", "best_return", "final_return", "reward_threshold",
+           "wall_seconds", "steps_per_second")  # fmt: skip
+
+
 def runs_frame(runs: list[RunRecord]) -> pd.DataFrame:
-    """:func:`run_row` of each run as a DataFrame with exactly :data:`RUN_COLUMNS`."""
-    return pd.DataFrame([run_row(run) for run in runs], columns=list(RUN_COLUMNS))
+    """:func:`run_row` of each run as a DataFrame with exactly :data:`RUN_COLUMNS`, numbers
+    typed (nullable integers, floats with NaN) whether or not any run has them."""
+    frame = pd.DataFrame([run_row(run) for run in runs], columns=list(RUN_COLUMNS))
+    for column in _INTEGERS:
+        frame[column] = frame[column].astype("Int64")
+    for column in _FLOATS:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
+    return frame
