@@ -1,8 +1,8 @@
 """Several A2C+GAE runs trained together in one process, as one batched population.
 
 A λ study trains many copies of one small network (the CartPole preset: a 4-64-64-2 actor on
-8 envs × 5 steps). Trained one at a time, every forward pass, backward pass and optimizer step
-handles a few dozen rows and the time goes to per-op overhead, not arithmetic. A population
+8 envs × 5 steps). Trained one at a time, every pass and optimizer step handles a few dozen
+rows and the time goes to per-op overhead, not arithmetic. A population
 stacks its members' parameters (``[M, fan_in, fan_out]``), so each of those ops runs once for
 all M members: one actor forward per vector step, one critic forward per rollout and one
 backward and optimizer step per update, for the whole population. The backward pass is
@@ -18,14 +18,13 @@ config gets:
 * the same update: gradients of one member's loss reach only its own slice of the stack, the
   gradient norm is clipped per member, and Adam/RMSprop act element by element, so each member's
   optimizer state is its own; a member without a step (a rollout with no valid row) keeps it,
-  and Adam's bias correction counts its own steps (:class:`~gae_core.agent.optim.Optimizer`);
+  Adam's bias correction counts its own steps and a linear learning-rate schedule its own share
+  of its budget (:class:`~gae_core.agent.optim.Optimizer`; a reset row counts no step);
 * the same GAE: one call with one γ and λ per column (``estimators.gae``).
 
 Its envs are its own ``num_envs`` sub-envs of one vector env and its actions are drawn from the
 population's generator, so it sees different samples from the same distributions as the single
 run would: a member's results are identical in distribution to a single run's, not bit for bit.
-A linear learning-rate schedule decays each member's step size by the share of its own budget
-spent, as its single run's does (members count different steps: a reset row counts none).
 
 Members may differ in :data:`PER_MEMBER` fields; every other field must be equal
 (:func:`population_key`). Observation or reward normalisation keeps running statistics of the
@@ -382,13 +381,12 @@ class PopulationTrainer:
         keys = (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.ADVANTAGE_MEAN, M.ADVANTAGE_STD,
                 M.GRAD_NORM, M.EXPLAINED_VARIANCE)  # fmt: skip
         learning_list = learning.tolist()
-        rates = self.optimizer.learning_rate
-        per_row = isinstance(rates, np.ndarray)
+        rates = np.broadcast_to(self.optimizer.learning_rate, self.size)  # one, or per member
         for i in active:
             row = {}  # a member that took no step reports its learning rate only, as alone
             if learning_list[i]:
                 row = {metric.key: table[k][i] for k, metric in enumerate(keys)}
-            row[M.LEARNING_RATE.key] = float(rates[i]) if per_row else rates
+            row[M.LEARNING_RATE.key] = float(rates[i])
             metrics[i] = row
         return metrics
 
@@ -414,17 +412,14 @@ class PopulationTrainer:
 
     def _learning_rate(self, active: list[int]) -> float | np.ndarray:
         """The coming update's step size: one for all, or on a linear schedule each member's
-        own ``[M]``, from the share of its own budget spent, as its single run's
-        (:meth:`~gae_core.agent.trainer.Trainer.learning_rate`). Members count different
-        steps (a reset row counts none), so their shares differ."""
+        ``[M]`` from its own share of its budget spent, as its single run's."""
         shared = self.shared
         if shared.lr_schedule == "constant" or not active:
             return shared.learning_rate
         spent = np.array([m.steps_before_update for m in self._members], np.float64)
         rates = shared.learning_rate * (1.0 - np.minimum(1.0, spent / shared.total_steps))
-        if np.all(rates[active] == rates[active[0]]):
-            return float(rates[active[0]])
-        return rates
+        same = np.all(rates[active] == rates[active[0]])
+        return float(rates[active[0]]) if same else rates
 
     # -- evaluations, checkpoints, recordings ------------------------------------------------
 

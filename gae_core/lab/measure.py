@@ -40,13 +40,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-import gymnasium as gym
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
 from gae_core import estimators
-from gae_core.lab.states import Simulator
+from gae_core.lab.states import Simulator, sample_starts
+from gae_core.labels import assignment
 
 __all__ = [
     "GSDE_NOTE",
@@ -211,7 +211,8 @@ class LabResult:
             f"The truth stops at H = {self.horizon:,} steps with γ^H = {self.discount_left:.2g} "
             f"of the discount left (above {HORIZON_TOLERANCE:g}): where episodes outlast H, "
             "each target misses the discounted return after step H, and every estimator's "
-            "bias² includes that error (λ = 1's too). A lower γ keeps the truth whole."
+            f"bias² includes that error ({assignment('lambda_', 1.0)}'s too). A lower γ keeps "
+            "the truth whole."
         )
 
     def best_lambda(self) -> float:
@@ -230,32 +231,6 @@ class _Progress:
         self.done += steps
         if self.callback is not None:
             self.callback(min(1.0, self.done / self.total))
-
-
-def sample_starts(
-    env_id: str, policy: Policy, count: int, rng: np.random.Generator, seed: int
-) -> list[tuple[Any, np.ndarray, Any]]:
-    """``count`` (state, observation, action) triples drawn uniformly from the steps of
-    ``count`` fresh episodes of the policy (its on-policy state distribution, each episode run
-    to termination or the spec's time limit), with the action the policy took there."""
-    cap = gym.spec(env_id).max_episode_steps or 1000
-    sim = Simulator(env_id, count, seed=seed)
-    try:
-        obs = sim.reset(int(rng.integers(2**31)))
-        alive = np.ones(count, bool)
-        visited: list[tuple[Any, np.ndarray, Any]] = []
-        for _ in range(cap):
-            actions = policy.sample(obs, rng)
-            states = sim.get_states()
-            visited += [(states[i], obs[i].copy(), actions[i]) for i in np.flatnonzero(alive)]
-            obs, _, terminated = sim.step(actions)
-            alive &= ~terminated
-            if not alive.any():
-                break
-        picks = rng.choice(len(visited), size=min(count, len(visited)), replace=False)
-        return [visited[i] for i in np.sort(picks)]
-    finally:
-        sim.close()
 
 
 def _truth(

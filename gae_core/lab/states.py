@@ -30,7 +30,7 @@ import numpy as np
 from gae_core.errors import UnsupportedEnvError
 from gae_core.lab import chain
 
-__all__ = ["STATE_FAMILIES", "Simulator", "StateAccess", "state_access"]
+__all__ = ["STATE_FAMILIES", "Simulator", "StateAccess", "sample_starts", "state_access"]
 
 #: The vectorised CartPole never truncates inside the lab: rollouts are cut by the lab itself.
 _NO_TIME_LIMIT = 10**12
@@ -199,3 +199,30 @@ class Simulator:
             self._vector.close()
         for env in self._envs:
             env.close()
+
+
+def sample_starts(
+    env_id: str, policy: Any, count: int, rng: np.random.Generator, seed: int
+) -> list[tuple[Any, np.ndarray, Any]]:
+    """``count`` (state, observation, action) triples drawn uniformly from the steps of
+    ``count`` fresh episodes of the policy (its on-policy state distribution, each episode run
+    to termination or the spec's time limit), with the action the policy took there.
+    ``policy``: anything with ``sample(observations, rng)`` (a lab ``Policy``)."""
+    cap = gym.spec(env_id).max_episode_steps or 1000
+    sim = Simulator(env_id, count, seed=seed)
+    try:
+        obs = sim.reset(int(rng.integers(2**31)))
+        alive = np.ones(count, bool)
+        visited: list[tuple[Any, np.ndarray, Any]] = []
+        for _ in range(cap):
+            actions = policy.sample(obs, rng)
+            states = sim.get_states()
+            visited += [(states[i], obs[i].copy(), actions[i]) for i in np.flatnonzero(alive)]
+            obs, _, terminated = sim.step(actions)
+            alive &= ~terminated
+            if not alive.any():
+                break
+        picks = rng.choice(len(visited), size=min(count, len(visited)), replace=False)
+        return [visited[i] for i in np.sort(picks)]
+    finally:
+        sim.close()
