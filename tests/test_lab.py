@@ -273,21 +273,10 @@ def test_the_lab_measures_a_mujoco_checkpoint_through_qpos_and_qvel():
 
 def test_cli_lab_json_contract_and_stored_result(tmp_path):
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from gae_core.runs.store import RunStore
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-
-    def cli(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), *args],
-            capture_output=True, text=True, timeout=300, env=env,
-        )  # fmt: skip
-
+    cli = _cli(tmp_path)
     trained = cli(
         *("train", "--total-steps", "4000", "--num-envs", "4", "--rollout-steps", "8"),
         *("--hidden-sizes", "16", "--checkpoint-every", "2000", "--json", "--no-progress"),
@@ -337,21 +326,10 @@ def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
     """A gSDE run's rollouts held their noise for a rollout; the lab draws it per step, and
     the CLI (and the page, from the same GSDE_NOTE) says so."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from gae_core.lab.measure import GSDE_NOTE
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-
-    def cli(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), *args],
-            capture_output=True, text=True, timeout=300, env=env,
-        )  # fmt: skip
-
+    cli = _cli(tmp_path)
     trained = cli(
         *("train", "--env", "Pendulum-v1", "--use-sde", "--total-steps", "400", "--num-envs"),
         *("2", "--rollout-steps", "8", "--checkpoint-every", "200", "--json", "--no-progress"),
@@ -362,3 +340,21 @@ def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
     done = cli("lab", run_id, *small, "--lambdas", "0", "1", "--ks", "1", "--no-progress")
     assert done.returncode == 0, done.stderr
     assert GSDE_NOTE in done.stderr and "least MSE at" in done.stdout
+
+
+def _cli(data_dir):
+    """``python -m gae_core --data-dir DATA_DIR ARGS…`` in a subprocess, as a user runs it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "gae_core", "--data-dir", str(data_dir), *args],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+
+    return cli
