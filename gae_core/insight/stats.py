@@ -83,6 +83,13 @@ def mean(scores: np.ndarray, axis: int = -1) -> np.ndarray:
 STATISTICS: dict[str, Callable[..., Any]] = {"iqm": iqm, "mean": mean}
 
 
+def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The scores as floats with NaN left out (a seed without a score), as every function here
+    takes them."""
+    x = np.asarray(values, float)
+    return x[~np.isnan(x)]
+
+
 def _check(confidence: float, resamples: int) -> None:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -126,8 +133,7 @@ def bootstrap_ci(
     bootstrap interval over seeds; one score gives ``(x, x, x)``, none ``(nan, nan, nan)``."""
     _check(confidence, resamples)
     function = _statistic(statistic)
-    x = np.asarray(scores, float)
-    x = x[~np.isnan(x)]
+    x = _finite(scores)
     if len(x) == 0:
         return (np.nan, np.nan, np.nan)
     point = float(function(x))
@@ -149,7 +155,7 @@ def stratified_bootstrap_ci(
     within each task (rliable's stratified bootstrap)."""
     _check(confidence, resamples)
     function = _statistic(statistic)
-    tasks = [np.asarray(t, float)[~np.isnan(np.asarray(t, float))] for t in scores_by_task]
+    tasks = [_finite(t) for t in scores_by_task]
     tasks = [t for t in tasks if len(t)]
     if not tasks:
         return (np.nan, np.nan, np.nan)
@@ -186,8 +192,7 @@ def probability_of_improvement(
     noise, and holding it fixed would claim a certainty the data do not have (every score
     equal is the exception: p = ½ whatever is resampled)."""
     _check(confidence, resamples)
-    a, b = np.asarray(x, float), np.asarray(y, float)
-    a, b = a[~np.isnan(a)], b[~np.isnan(b)]
+    a, b = _finite(x), _finite(y)
     if not len(a) or not len(b):
         return (np.nan, np.nan, np.nan)
     point = float(_improvement(a, b))
@@ -197,11 +202,6 @@ def probability_of_improvement(
         return (point, np.nan, np.nan)
     low, high = _bootstrap((a, b), _improvement, confidence, resamples, seed)
     return (point, float(low), float(high))
-
-
-def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
-    x = np.asarray(values, float)
-    return x[~np.isnan(x)]
 
 
 def improvement_matrix(
@@ -229,8 +229,7 @@ def default_taus(groups: Mapping[Any, Sequence[float]], points: int = 101) -> np
     strictly above τ). Below by 5 % of the scores' range, or by max(1, 1 % of the score) when
     every score is equal: a study whose runs all end at 500 draws a step at 500, not an empty
     chart."""
-    scores = np.concatenate([np.asarray(v, float) for v in groups.values()])
-    scores = scores[~np.isnan(scores)]
+    scores = _finite(np.concatenate([np.asarray(v, float) for v in groups.values()]))
     if not len(scores):
         return np.zeros(1)
     low, high = float(scores.min()), float(scores.max())
