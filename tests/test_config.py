@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gae_core.agent.config import ConfigError, TrainConfig
+from gae_core.agent.config import ConfigError, TrainConfig, field_problems
 from gae_core.agent.envs import SUPPORTED_ENVS
 from gae_core.agent.presets import PRESETS, preset_config
 
@@ -58,6 +58,24 @@ def test_every_field_has_bad_values_listed():
 def test_bad_value_raises_config_error_naming_the_field(name, value):
     with pytest.raises(ConfigError, match=rf"^{name}\b"):
         TrainConfig(**{name: value})
+
+
+def test_field_problems_lists_every_bad_field_with_the_message_building_would_raise():
+    """One bad value per field, all in one dict: each field's problem is the message that
+    field alone raises from TrainConfig; valid fields and a valid config give none."""
+    bad = {name: values[0] for name, values in BAD_VALUES.items()} | {"bogus": 1}
+    problems = field_problems(bad)
+    assert set(problems) == set(bad)
+    for name, value in bad.items():
+        with pytest.raises((ConfigError, TypeError)) as raised:
+            TrainConfig(**{name: value})
+        if name != "bogus":
+            assert problems[name] == str(raised.value)
+    assert problems["bogus"].startswith("unknown config field 'bogus'; fields: env_id,")
+    assert field_problems(TrainConfig(gamma=0.9).to_dict()) == {}
+    assert field_problems({"gamma": 0.9, "num_envs": 0}) == {
+        "num_envs": "num_envs must be in [1, 1024], got 0"
+    }
 
 
 def test_range_in_message():

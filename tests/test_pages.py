@@ -46,10 +46,10 @@ def test_train_page_renders_with_a_field_for_every_config_field(data_dir):
 def test_train_form_explains_invalid_values_before_start(data_dir):
     at = app("pages/train.py")
     at.text_input(key="train.hidden_sizes").set_value("64, lots").run()
-    assert "hidden_sizes: cannot read '64, lots'; expected 1 to 8 integers" in at.error[0].value
+    assert "hidden sizes: cannot read '64, lots'; expected 1 to 8 integers" in at.error[0].value
     assert at.button(key="train.start").disabled
     at.text_input(key="train.hidden_sizes").set_value("64, 0").run()
-    assert "hidden_sizes" in at.error[0].value and at.button(key="train.start").disabled
+    assert "hidden sizes" in at.error[0].value and at.button(key="train.start").disabled
     at.text_input(key="train.hidden_sizes").set_value("32").run()
     assert not at.error
     # 100 steps is less than one update of 16 envs x 8 steps, whatever the preset says
@@ -279,12 +279,22 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
 
 def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     """γ = 1.5 typed into the form: the error names γ and its range and Start is disabled (the
-    browser no longer swallows the value and trains with the last valid one)."""
+    browser no longer swallows the value and trains with the last valid one). Three bad fields
+    at once: one error each, in the form's order, under the labels the form shows."""
     at = app("pages/train.py")
     at.number_input(key="train.gamma").set_value(1.5).run()
-    assert "gamma must be in [0.0, 1.0], got 1.5" in at.error[0].value
+    assert [e.value for e in at.error] == ["γ (gamma) must be in [0.0, 1.0], got 1.5"]
     assert at.button(key="train.start").disabled
+    at.number_input(key="train.num_envs").set_value(0).run()
+    at.number_input(key="train.rollout_steps").set_value(5000).run()
+    assert [e.value for e in at.error] == [
+        "γ (gamma) must be in [0.0, 1.0], got 1.5",
+        "envs (num_envs) must be in [1, 1024], got 0",
+        "rollout steps must be in [1, 4096], got 5000",
+    ]
     at.number_input(key="train.gamma").set_value(0.99).run()
+    at.number_input(key="train.num_envs").set_value(8).run()
+    at.number_input(key="train.rollout_steps").set_value(5).run()
     assert not at.error and not at.button(key="train.start").disabled
 
 

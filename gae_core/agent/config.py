@@ -24,6 +24,7 @@ __all__ = [
     "ConfigError",
     "FieldSpec",
     "TrainConfig",
+    "field_problems",
     "field_spec",
     "parse_int",
     "with_stored_defaults",
@@ -237,6 +238,24 @@ def with_stored_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A stored config dict with :data:`STORED_BEFORE`'s values for the fields it lacks (for
     readers that group or label runs by a field without building the config)."""
     return {**STORED_BEFORE, **data}
+
+
+def field_problems(values: dict[str, Any]) -> dict[str, str]:
+    """Every field of ``values`` that :class:`TrainConfig` would refuse, each with the message
+    it would raise (naming the field and what it allows), unknown keys included: a form shows
+    them all at once, where building the config stops at the first. Empty when every field is
+    valid (no check spans two fields)."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    problems = {}
+    for name, value in values.items():
+        if name not in fields:
+            problems[name] = f"unknown config field {name!r}; fields: {', '.join(fields)}"
+            continue
+        try:
+            _check(fields[name], value)
+        except ConfigError as error:
+            problems[name] = str(error)
+    return problems
 
 
 def _range_text(meta: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
+from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
@@ -24,6 +24,7 @@ __all__ = [
     "MAIN_FIELDS",
     "build_config",
     "config_warnings",
+    "field_message",
     "filter_runs",
     "form_specs",
     "format_duration",
@@ -49,21 +50,42 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
 
     Fields the form leaves out (the λ comparison's λ and seed) come from the env's preset. Text
     values (a list typed into a text box) are read with the field's own parser. Errors make the
-    config unusable (the Start button stays disabled); warnings explain combinations that are
-    valid but probably not what the user wants.
+    config unusable (the Start button stays disabled); there is one per invalid field, all at
+    once, each naming the field as the form labels it (:func:`field_message`). Warnings explain
+    combinations that are valid but probably not what the user wants.
     """
     values = {**preset_values(values.get("env_id", FIELD_SPECS["env_id"].default)), **values}
-    try:
-        for name, value in values.items():
-            spec = FIELD_SPECS.get(name)
-            if spec is not None and spec.kind == "int_list" and isinstance(value, str):
+    unread = {}
+    for name, value in values.items():
+        spec = FIELD_SPECS.get(name)
+        if spec is not None and spec.kind == "int_list" and isinstance(value, str):
+            try:
                 values[name] = spec.parse(value)
+            except ConfigError as error:
+                unread[name] = str(error)
+    problems = {**field_problems({k: v for k, v in values.items() if k not in unread}), **unread}
+    if problems:
+        main, advanced = form_specs()
+        order = [s.name for s in main + advanced]  # the form's order, unknown keys last
+        named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
+        return None, [field_message(n, problems[n]) for n in named], []
+    try:
         config = TrainConfig(**values)
-    except ConfigError as error:
-        return None, [str(error)], []
-    except TypeError as error:  # unknown field from a stale form
+    except ConfigError as error:  # (field_problems checks what this does; kept as a guard)
         return None, [str(error)], []
     return config, [], config_warnings(config)
+
+
+def field_message(name: str, message: str) -> str:
+    """A field's error as the form shows it, under the form's label: ``envs (num_envs) must be
+    …`` where the label is another word (the field's name is what the CLI and the CSVs use),
+    ``rollout steps must be …`` where it is the name spelled with spaces."""
+    if not message.startswith(name):
+        return message
+    shown = label(name)
+    if shown.replace(" ", "_") != name:
+        shown = f"{shown} ({name})"
+    return f"{shown}{message[len(name) :]}"
 
 
 def config_warnings(config: TrainConfig) -> list[str]:
