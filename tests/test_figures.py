@@ -57,6 +57,24 @@ def test_metric_figure_draws_a_downsample_and_exports_every_point():
         figures.metric_figure(metrics, M.VALUE_LOSS.key, x="episodes")
 
 
+def test_a_line_of_few_points_marks_them_so_one_evaluation_shows():
+    """A run evaluated once (eval_every past its budget) has one point: a plain line draws
+    nothing there, so lines of up to MARKED_POINTS points carry markers; long ones do not
+    (markers per point slowed the live page)."""
+    one = long_metrics(1, M.EVAL_RETURN.key)
+    figure, frame = figures.metric_figure(one, M.EVAL_RETURN.key)
+    assert len(frame) == 1 and figure.data[0].mode == "lines+markers"
+    few = figures.MARKED_POINTS
+    figure, _ = figures.metric_figure(long_metrics(few), M.EPISODIC_RETURN.key, smoothing=0.5)
+    assert [t.mode for t in figure.data] == ["lines+markers"] * 2
+    figure, _ = figures.metric_figure(long_metrics(few + 1), M.EPISODIC_RETURN.key)
+    assert figure.data[0].mode == "lines"
+    figure, _ = figures.overlay_figure(
+        {"once": one, "long": long_metrics(5000, M.EVAL_RETURN.key)}, M.EVAL_RETURN.key
+    )
+    assert [t.mode for t in figure.data] == ["lines+markers", "lines"]
+
+
 def test_overlay_has_one_trace_per_run():
     figure, frame = figures.overlay_figure(
         {"a": long_metrics(10), "b": long_metrics(20)}, M.EPISODIC_RETURN.key

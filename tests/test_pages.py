@@ -57,6 +57,10 @@ def test_train_form_explains_invalid_values_before_start(data_dir):
     warnings = [w.value for w in at.warning]
     assert any("smaller than one update" in w for w in warnings), warnings
     assert any("only the final checkpoint" in w for w in warnings), warnings
+    set_fields(at, {"eval_every": 50})  # within the 100-step budget
+    assert not any("evaluated once" in w.value for w in at.warning)
+    set_fields(at, {"eval_every": 1_000_000})
+    assert any("eval_every (1,000,000) exceeds total_steps" in w.value for w in at.warning)
 
 
 def test_start_puts_a_run_in_the_store_and_the_page_shows_it(data_dir):

@@ -23,6 +23,9 @@ from gae_core.labels import assignment, label
 #: TensorBoard's default sample of a scalar series. With 2,000 the browser's main thread spent
 #: 7.7 s of 9.5 s in long tasks with one run training (8 charts, raw and smoothed traces).
 MAX_POINTS = 1000
+#: Lines of at most this many points also mark each point: a line through one point (a run
+#: evaluated once, at its end) draws nothing, and through a few it hides where they are.
+MARKED_POINTS = 30
 
 # SVG traces (go.Scatter), not WebGL (go.Scattergl): with at most MAX_POINTS points SVG draws
 # fast, while WebGL falls back to slow software rendering on machines without a GPU and each
@@ -41,6 +44,11 @@ _BOUNDARY_STYLE = {
     "truncated": {"color": "#ff7f0e", "dash": "dash"},
     "end_of_rollout": {"color": "#7f7f7f", "dash": "dot"},
 }
+
+
+def line_mode(points: int) -> str:
+    """A Scatter's mode for a line of ``points`` points (:data:`MARKED_POINTS`)."""
+    return "lines+markers" if points <= MARKED_POINTS else "lines"
 
 
 def downsample_indices(length: int, max_points: int = MAX_POINTS) -> np.ndarray:
@@ -139,7 +147,7 @@ def metric_figure(
             go.Scatter(
                 x=frame[x_column],
                 y=frame[name],
-                mode="lines",
+                mode=line_mode(len(frame)),
                 name=name,
                 line={"color": "#9ecae1", "width": 1},
                 opacity=0.7,
@@ -149,7 +157,7 @@ def metric_figure(
             go.Scatter(
                 x=frame[x_column],
                 y=frame[f"{name}_smoothed"],
-                mode="lines",
+                mode=line_mode(len(frame)),
                 name=f"{name} (smoothed)",
                 line={"color": "#08519c", "width": 2},
             )
@@ -159,7 +167,7 @@ def metric_figure(
             go.Scatter(
                 x=frame[x_column],
                 y=frame[name],
-                mode="lines",
+                mode=line_mode(len(frame)),
                 name=name,
                 line={"color": "#08519c", "width": 1.5},
             )
@@ -193,7 +201,7 @@ def overlay_figure(
             go.Scatter(
                 x=drawn[x_column],
                 y=drawn[value_column],
-                mode="lines",
+                mode=line_mode(len(drawn)),
                 name=plotly_text(run_name),
                 line={"color": RUN_COLORS[i % len(RUN_COLORS)]},  # distinct, in order
             )

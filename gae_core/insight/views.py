@@ -100,6 +100,11 @@ def config_warnings(config: TrainConfig) -> list[str]:
             f"checkpoint_every ({config.checkpoint_every:,}) exceeds total_steps: only the final "
             "checkpoint will be saved, so the explorer will have one checkpoint to compare."
         )
+    if config.eval_every and config.eval_every > config.total_steps:
+        warnings.append(
+            f"eval_every ({config.eval_every:,}) exceeds total_steps: the policy is evaluated "
+            "once, at the end of the budget (one point on the evaluation chart)."
+        )
     if config.record_episodes == 0:
         warnings.append("record_episodes is 0: no trajectories for the advantage explorer.")
     default = TrainConfig()
