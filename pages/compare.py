@@ -28,7 +28,7 @@ from gae_core.runs.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/compare.py")
-LAMBDA, LAMBDA_SPEC = label("lambda_"), FIELD_SPECS["lambda_"]
+LAMBDA, LAMBDA_SPEC, SEED_SPEC = label("lambda_"), FIELD_SPECS["lambda_"], FIELD_SPECS["seed"]
 
 st.title(f"{LAMBDA} comparison")
 store = _ui.store()
@@ -58,12 +58,19 @@ if view == "Launch a sweep":
             help=f"Comma-separated, each {LAMBDA_SPEC.allowed}, each once; every {LAMBDA} trains "
             "with every seed.",
         )
-        seeds = st.number_input(
+        count_column, first_column = st.columns(2)
+        seeds = count_column.number_input(
             f"seeds per {LAMBDA}", 1, 100, 10, key="cmp.seeds",
-            help=f"Seeds 0..n−1. Bootstrap intervals need about 10 seeds per {LAMBDA} to rank "
+            help=f"Bootstrap intervals need about 10 seeds per {LAMBDA} to rank "
             f"{LAMBDA} values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read.",
         )  # fmt: skip
+        first_seed = first_column.number_input(
+            "first seed", 0, SEED_SPEC.max, 0, key="cmp.first_seed",
+            help="The trials' seeds are this one and the next ones (0: seeds 0 to n−1). Start "
+            "past an earlier sweep's seeds for fresh replicates of the same study.",
+        )  # fmt: skip
+        seed_values = range(int(first_seed), int(first_seed) + int(seeds))
         backend_name, address = "local", None
         if ray_installed():
             backend_name = st.segmented_control(
@@ -129,17 +136,30 @@ if view == "Launch a sweep":
                 f"{assignment('lambda_', base.target_lambda)} (the preset's {LAMBDA}). "
                 f"Advantages use each trial's own {LAMBDA}."
             )
+        if seed_values[-1] > SEED_SPEC.max:
+            errors.append(
+                f"first seed + seeds per {LAMBDA} − 1 must be at most {SEED_SPEC.max:,} (the "
+                f"largest seed), got {seed_values[-1]:,}"
+            )
         _ui.show_problems(errors + form_errors, warnings)
+        name = st.text_input(
+            "sweep name (optional)", key="cmp.name", max_chars=80,
+            help="Names the sweep and prefixes its trials' names; empty: sweep-<id>.",
+        )  # fmt: skip
         trials = len(lambdas) * int(seeds)
         launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA} × {int(seeds)} seeds)"
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
-            sweep = start_sweep(
-                store, base, grid_of(lambdas=lambdas, seeds=range(int(seeds))),
-                workers=int(workers), backend=backend,
-            )  # fmt: skip
-            _ui.sweeps()[sweep.sweep_id] = sweep
-            st.session_state["cmp.sweep"] = sweep.sweep_id
+            try:
+                sweep = start_sweep(
+                    store, base, grid_of(lambdas=lambdas, seeds=seed_values),
+                    workers=int(workers), backend=backend, name=name.strip() or None,
+                )  # fmt: skip
+            except ValueError as error:  # a name with nothing printable in it
+                _ui.show_problems([str(error)], [])
+            else:
+                _ui.sweeps()[sweep.sweep_id] = sweep
+                st.session_state["cmp.sweep"] = sweep.sweep_id
     with right:
         sweep_list = store.list_sweeps()
         if not sweep_list:

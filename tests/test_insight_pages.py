@@ -15,7 +15,7 @@ from conftest import TINY, app, runs_of_three_widths, wait_until
 
 import gae_core
 from gae_core import metrics as M
-from gae_core.agent.config import TrainConfig
+from gae_core.agent.config import FIELD_SPECS, TrainConfig
 from gae_core.insight import compare, explorer
 from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, run_sweep
@@ -200,14 +200,29 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.lambdas").set_value("0.8, 1").run()
     at.number_input(key="cmp.seeds").set_value(2).run()
+    largest = FIELD_SPECS["seed"].max
+    at.number_input(key="cmp.first_seed").set_value(largest).run()  # seeds past the largest
+    assert f"must be at most {largest:,} (the largest seed), got {largest + 1:,}" in (
+        at.error[0].value
+    )
+    assert at.button(key="cmp.launch").disabled
+    at.number_input(key="cmp.first_seed").set_value(7).run()  # fresh replicates: seeds 7, 8
     at.number_input(key="cmp.workers").set_value(1).run()
     at.number_input(key="cmp.total_steps").set_value(1500).run()
+    at.text_input(key="cmp.name").set_value("\x07 \t").run()  # nothing printable: refused
+    at.button(key="cmp.launch").click().run()
+    assert "sweep name cannot be empty" in at.error[0].value
+    store = RunStore(data_dir)
+    assert store.list_sweeps() == [] and store.list_runs() == []  # nothing half-created
+    at.text_input(key="cmp.name").set_value("λ study").run()
     at.button(key="cmp.launch").click().run()
     assert not at.exception
-    store = RunStore(data_dir)
     sweep_id = store.list_sweeps()[0].id
+    assert store.get_sweep(sweep_id).name == "λ study"
     trials = store.list_runs(sweep_id=sweep_id)
     assert len(trials) == 4
+    assert sorted(r.config["seed"] for r in trials) == [7, 7, 8, 8]
+    assert all(r.name.startswith("λ study") for r in trials)
     # a λ study varies λ and nothing else: one critic target (the preset's λ) for every trial
     assert {(r.config["critic_target"], r.config["critic_lambda"]) for r in trials} == {
         ("fixed_lambda", 0.95)
