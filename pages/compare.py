@@ -285,6 +285,9 @@ if repeats:
         "for the one that trained furthest (ties: the latest). The methods below name them.",
         icon=":material/info:",
     )
+unfinished = compare.unfinished_note(runs, episodes)
+if unfinished:
+    st.warning(unfinished, icon=":material/warning:")
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
 few = stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min()))
 if few:

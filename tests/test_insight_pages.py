@@ -260,6 +260,13 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "4 runs of A2C with GAE, λ ∈ {0.8, 1}, 2 seeds per value." in methods
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
     assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
+    assert not any("have not finished" in w.value for w in at.warning)
+    store.finish_run(trials[0].id, "stopped")  # (as a Stop would leave it, at its budget)
+    at.run()
+    assert any(
+        w.value.startswith("1 of these 4 runs have not finished their budget (1 stopped)")
+        for w in at.warning
+    )
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
     assert cell.startswith(f"{expected['final_return_iqm'].iloc[0]:.1f}  [")

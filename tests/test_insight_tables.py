@@ -548,3 +548,27 @@ def test_the_auc_sentence_is_how_seed_scores_computes_it():
         expected = np.trapezoid(y, x) / (x[-1] - x[0])
         got = scores.loc[scores["seed"] == seed, "auc"].item()
         assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_curves_end():
+    """Three runs, one still training and one stopped: the note counts them by status and
+    names the step the common grid ends at (the shortest run's last episode), which is the
+    grid aggregate_curves draws; all finished: no note."""
+    runs = [_stored("a", seed=0), _stored("b", seed=1), _stored("c", seed=2)]
+    runs[1].status, runs[2].status = "running", "stopped"
+    episodes = pd.DataFrame(
+        {
+            "lambda_": 0.95,
+            "seed": [0, 0, 1, 1, 2],
+            "run_id": ["a", "a", "b", "b", "c"],
+            "env_step": [400, 1000, 300, 700, 550],
+            "return": [1.0, 2.0, 3.0, 4.0, 5.0],
+        }
+    )
+    note = compare.unfinished_note(runs, episodes)
+    assert note.startswith("2 of these 3 runs have not finished their budget (1 running, 1 ")
+    assert "(550 env steps)" in note
+    bands, _ = compare.aggregate_curves(episodes, window=1)
+    assert bands["env_step"].max() == 550
+    runs[1].status = runs[2].status = "finished"
+    assert compare.unfinished_note(runs, episodes) is None

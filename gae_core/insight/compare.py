@@ -337,6 +337,27 @@ def distinct_runs(runs: Sequence[Any], group: str) -> tuple[list[Any], dict[str,
     return kept, repeats
 
 
+def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame) -> str | None:
+    """What a comparison must say when some of its runs (:class:`RunRecord`\\ s) have not
+    finished their budget (still training, stopped, failed or interrupted): how many, by
+    status; that the curves end where the shortest run's episodes end (:func:`step_grid`, the
+    step given from ``episodes``); and that each run's scores are taken at the steps it
+    reached. None when every run finished."""
+    unfinished = [r for r in runs if r.status != "finished"]
+    if not unfinished:
+        return None
+    counts: dict[str, int] = {}
+    for run in unfinished:
+        counts[run.status] = counts.get(run.status, 0) + 1
+    how = ", ".join(f"{n} {status}" for status, n in counts.items())
+    end = int(episodes.groupby("run_id")["env_step"].max().min())
+    return (
+        f"{len(unfinished)} of these {len(runs)} runs have not finished their budget ({how}): "
+        f"the curves end where the shortest run's episodes end ({end:,} env steps), and each "
+        "run's final return and AUC are taken at the steps it reached."
+    )
+
+
 def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.DataFrame:
     """Long frame ``<group>, seed, run_id, env_step, return`` of finished episodes of the runs,
     ``group`` being a config field (``lambda_`` for the λ comparison)."""
