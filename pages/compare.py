@@ -19,6 +19,7 @@ from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
     cancel_sweep,
+    check_sweep_name,
     grid_of,
     hold_critic_target,
     start_sweep,
@@ -65,10 +66,11 @@ if view == "Launch a sweep":
             f"{LAMBDA} values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read.",
         )  # fmt: skip
-        first_seed = first_column.number_input(
-            "first seed", 0, SEED_SPEC.max, 0, key="cmp.first_seed",
+        first_seed = first_column.number_input(  # no min/max: the browser would swallow it
+            "first seed", value=0, step=1, key="cmp.first_seed",
             help="The trials' seeds are this one and the next ones (0: seeds 0 to n−1). Start "
-            "past an earlier sweep's seeds for fresh replicates of the same study.",
+            "past an earlier sweep's seeds for fresh replicates of the same study "
+            f"(range 0 to {SEED_SPEC.max:,}).",
         )  # fmt: skip
         seed_values = range(int(first_seed), int(first_seed) + int(seeds))
         backend_name, address = "local", None
@@ -136,30 +138,33 @@ if view == "Launch a sweep":
                 f"{assignment('lambda_', base.target_lambda)} (the preset's {LAMBDA}). "
                 f"Advantages use each trial's own {LAMBDA}."
             )
-        if seed_values[-1] > SEED_SPEC.max:
+        if seed_values[0] < 0:
+            errors.append(f"first seed must be in [0, {SEED_SPEC.max:,}], got {seed_values[0]:,}")
+        elif seed_values[-1] > SEED_SPEC.max:
             errors.append(
                 f"first seed + seeds per {LAMBDA} − 1 must be at most {SEED_SPEC.max:,} (the "
                 f"largest seed), got {seed_values[-1]:,}"
             )
-        _ui.show_problems(errors + form_errors, warnings)
+        grid = grid_of(lambdas=lambdas, seeds=seed_values)
         name = st.text_input(
             "sweep name (optional)", key="cmp.name", max_chars=80,
             help="Names the sweep and prefixes its trials' names; empty: sweep-<id>.",
-        )  # fmt: skip
+        ).strip() or None  # fmt: skip
+        if name and base is not None and not errors:
+            try:
+                check_sweep_name(name, base, grid)
+            except ValueError as error:  # nothing printable in it, or too long for the grid
+                errors.append(str(error))
+        _ui.show_problems(errors + form_errors, warnings)
         trials = len(lambdas) * int(seeds)
         launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA} × {int(seeds)} seeds)"
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
-            try:
-                sweep = start_sweep(
-                    store, base, grid_of(lambdas=lambdas, seeds=seed_values),
-                    workers=int(workers), backend=backend, name=name.strip() or None,
-                )  # fmt: skip
-            except ValueError as error:  # a name with nothing printable in it
-                _ui.show_problems([str(error)], [])
-            else:
-                _ui.sweeps()[sweep.sweep_id] = sweep
-                st.session_state["cmp.sweep"] = sweep.sweep_id
+            sweep = start_sweep(
+                store, base, grid, workers=int(workers), backend=backend, name=name
+            )  # fmt: skip
+            _ui.sweeps()[sweep.sweep_id] = sweep
+            st.session_state["cmp.sweep"] = sweep.sweep_id
     with right:
         sweep_list = store.list_sweeps()
         if not sweep_list:

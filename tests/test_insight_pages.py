@@ -209,11 +209,10 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     at.number_input(key="cmp.first_seed").set_value(7).run()  # fresh replicates: seeds 7, 8
     at.number_input(key="cmp.workers").set_value(1).run()
     at.number_input(key="cmp.total_steps").set_value(1500).run()
-    at.text_input(key="cmp.name").set_value("\x07 \t").run()  # nothing printable: refused
-    at.button(key="cmp.launch").click().run()
+    at.text_input(key="cmp.name").set_value("\x07 \x08").run()  # nothing printable: refused
     assert "sweep name cannot be empty" in at.error[0].value
+    assert at.button(key="cmp.launch").disabled
     store = RunStore(data_dir)
-    assert store.list_sweeps() == [] and store.list_runs() == []  # nothing half-created
     at.text_input(key="cmp.name").set_value("λ study").run()
     at.button(key="cmp.launch").click().run()
     assert not at.exception
@@ -261,12 +260,14 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
     assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
     assert not any("have not finished" in w.value for w in at.warning)
-    store.finish_run(trials[0].id, "stopped")  # (as a Stop would leave it, at its budget)
+    # a run marked stopped (a Stop before its budget would leave that status; its episodes
+    # here reach the budget): the page says so, and where the curves and AUCs end
+    store.finish_run(trials[0].id, "stopped")
     at.run()
-    assert any(
-        w.value.startswith("1 of these 4 runs have not finished their budget (1 stopped)")
-        for w in at.warning
-    )
+    (note,) = [w.value for w in at.warning if "have not finished" in w.value]
+    assert note.startswith("1 of these 4 runs have not finished their budget (1 stopped)")
+    end = compare.curve_end(compare.episodes_frame(store, [r.id for r in trials], "lambda_"))
+    assert f"({end:,} env steps)" in note
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
     assert cell.startswith(f"{expected['final_return_iqm'].iloc[0]:.1f}  [")

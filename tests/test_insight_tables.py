@@ -569,6 +569,12 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
     assert note.startswith("2 of these 3 runs have not finished their budget (1 running, 1 ")
     assert "(550 env steps)" in note
     bands, _ = compare.aggregate_curves(episodes, window=1)
-    assert bands["env_step"].max() == 550
+    assert bands["env_step"].max() == 550 == compare.curve_end(episodes)
+    # what the note claims: finished run "a"'s AUC stops at 550 (its return of 2 at step 1,000
+    # is past it), its final return is its last episodes wherever it stopped (1 and 2)
+    scores = compare.seed_scores(episodes).set_index("seed")
+    assert scores.loc[0, "auc"] == 1.0 and scores.loc[0, "final_return"] == 1.5
+    assert "AUC end where the shortest run's episodes end" in note
+    assert compare.unfinished_note(runs, episodes.iloc[:0]) is None
     runs[1].status = runs[2].status = "finished"
     assert compare.unfinished_note(runs, episodes) is None

@@ -60,7 +60,12 @@ def test_train_form_explains_invalid_values_before_start(data_dir):
     set_fields(at, {"eval_every": 50})  # within the 100-step budget
     assert not any("evaluated once" in w.value for w in at.warning)
     set_fields(at, {"eval_every": 1_000_000})
-    assert any("eval_every (1,000,000) exceeds total_steps" in w.value for w in at.warning)
+    assert any(
+        w.value.startswith("eval every (1,000,000) is not below the budget (env steps, total_")
+        for w in at.warning
+    )
+    set_fields(at, {"eval_every": 100})  # at the budget: also one evaluation only
+    assert any("evaluated once" in w.value for w in at.warning)
 
 
 def test_start_puts_a_run_in_the_store_and_the_page_shows_it(data_dir):
@@ -296,6 +301,9 @@ def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
         "envs (num_envs) must be in [1, 1024], got 0",
         "rollout steps must be in [1, 4096], got 5000",
     ]
+    at.number_input(key="train.total_steps").set_value(0).run()  # a label with parentheses
+    assert "budget (env steps, total_steps) must be in [1, " in at.error[0].value
+    at.number_input(key="train.total_steps").set_value(10_000).run()
     at.number_input(key="train.gamma").set_value(0.99).run()
     at.number_input(key="train.num_envs").set_value(8).run()
     at.number_input(key="train.rollout_steps").set_value(5).run()

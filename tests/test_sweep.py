@@ -15,8 +15,9 @@ from conftest import stored_update_metric, wait_until
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer
+from gae_core.inert import MAX_NAME_LENGTH
 from gae_core.runs.store import RunStore
-from gae_core.runs.sweep import expand_grid, grid_of, run_sweep, start_sweep
+from gae_core.runs.sweep import check_sweep_name, expand_grid, grid_of, run_sweep, start_sweep
 
 BASE = TrainConfig(num_envs=4, rollout_steps=16, total_steps=2000, hidden_sizes=(16,))
 
@@ -45,6 +46,26 @@ def test_expand_grid_order_and_validation():
         expand_grid(BASE, grid_of(lambdas=[1, 0.9, 1.0]))
     with pytest.raises(ConfigError, match="sweep grid hidden_sizes: duplicate value"):
         expand_grid(BASE, {"hidden_sizes": [(8,), [8]]})
+
+
+def test_a_sweep_name_its_trials_cannot_carry_is_refused_before_anything_is_stored(tmp_path):
+    """A trial's name is the sweep's plus its grid values; a sweep name that fits alone but
+    not with them (or has nothing printable) is refused naming the field and the length
+    allowed, and the store holds no sweep and no run after it."""
+    store = RunStore(tmp_path)
+    grid = grid_of(lambdas=[0.95, 1.0], seeds=[10, 11])
+    added = len(" λ = 0.95 seed = 10")
+    fits = "x" * (MAX_NAME_LENGTH - added)
+    assert check_sweep_name(f"  {fits} ", BASE, grid) == fits
+    with pytest.raises(
+        ValueError,
+        match=rf"at most {MAX_NAME_LENGTH - added} characters for "
+        rf"this grid \(its trials' names add up to {added} .*got {len(fits) + 1}",
+    ):
+        start_sweep(store, BASE, grid, workers=1, name=fits + "x")
+    with pytest.raises(ValueError, match="sweep name cannot be empty"):
+        start_sweep(store, BASE, grid, workers=1, name="\x07\x08")
+    assert store.list_sweeps() == [] and store.list_runs() == []
 
 
 def test_sweep_with_two_workers(tmp_path):

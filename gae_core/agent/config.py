@@ -249,13 +249,18 @@ def field_problems(values: dict[str, Any]) -> dict[str, str]:
     problems = {}
     for name, value in values.items():
         if name not in fields:
-            problems[name] = f"unknown config field {name!r}; fields: {', '.join(fields)}"
+            problems[name] = _unknown_field(name)
             continue
         try:
             _check(fields[name], value)
         except ConfigError as error:
             problems[name] = str(error)
     return problems
+
+
+def _unknown_field(name: str) -> str:
+    fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+    return f"unknown config field {name!r}; fields: {fields}"
 
 
 def _range_text(meta: dict[str, Any]) -> str:
@@ -449,5 +454,5 @@ def field_spec(name: str) -> FieldSpec:
     key = name.strip().replace("-", "_")
     key = {"lambda": "lambda_", "env": "env_id"}.get(key, key)
     if key not in FIELD_SPECS:
-        raise ConfigError(f"unknown config field {name!r}; fields: {', '.join(FIELD_SPECS)}")
+        raise ConfigError(_unknown_field(name))
     return FIELD_SPECS[key]

@@ -116,7 +116,7 @@ def aggregate_curves(
         raise ValueError(f"episodes is missing columns {sorted(missing)}")
     if episodes.empty:
         raise ValueError("episodes is empty: no finished episode to aggregate")
-    grid = step_grid(episodes.groupby("run_id")["env_step"].max().tolist(), points)
+    grid = step_grid([curve_end(episodes)], points)
     aligned_parts, band_parts = [], []
     for key, frame in episodes.groupby(group, sort=True):
         curves = []
@@ -337,24 +337,33 @@ def distinct_runs(runs: Sequence[Any], group: str) -> tuple[list[Any], dict[str,
     return kept, repeats
 
 
+def curve_end(episodes: pd.DataFrame) -> int:
+    """The env step the common grid ends at (:func:`step_grid`): the shortest run's last
+    finished episode, in an ``episodes`` frame with ``run_id`` and ``env_step``."""
+    if episodes.empty:
+        raise ValueError("episodes is empty: no finished episode to end a grid at")
+    return int(episodes.groupby("run_id")["env_step"].max().min())
+
+
 def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame) -> str | None:
     """What a comparison must say when some of its runs (:class:`RunRecord`\\ s) have not
     finished their budget (still training, stopped, failed or interrupted): how many, by
-    status; that the curves end where the shortest run's episodes end (:func:`step_grid`, the
-    step given from ``episodes``); and that each run's scores are taken at the steps it
-    reached. None when every run finished."""
+    status, and what that does to the figures: the curves and every seed's AUC end where the
+    shortest run's episodes end (:func:`curve_end`), finished runs' too, while each run's final
+    return is its last episodes wherever it stopped. None when every run finished or none has
+    an episode."""
     unfinished = [r for r in runs if r.status != "finished"]
-    if not unfinished:
+    if not unfinished or episodes.empty:
         return None
     counts: dict[str, int] = {}
     for run in unfinished:
         counts[run.status] = counts.get(run.status, 0) + 1
     how = ", ".join(f"{n} {status}" for status, n in counts.items())
-    end = int(episodes.groupby("run_id")["env_step"].max().min())
     return (
         f"{len(unfinished)} of these {len(runs)} runs have not finished their budget ({how}): "
-        f"the curves end where the shortest run's episodes end ({end:,} env steps), and each "
-        "run's final return and AUC are taken at the steps it reached."
+        f"the curves and every run's AUC end where the shortest run's episodes end "
+        f"({curve_end(episodes):,} env steps), and each run's final return is its last "
+        f"{SOLVED_WINDOW} episodes wherever it stopped."
     )
 
 

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gae_core.inert import plotly_text
+from gae_core.insight.figures import line_mode
 from gae_core.labels import assignment, label
 
 __all__ = ["QUANTITIES", "exact_figure", "state_figure", "trade_off_figure"]
@@ -62,7 +63,7 @@ def trade_off_figure(
                 go.Scatter(
                     x=x,
                     y=rows[quantity],
-                    mode="lines+markers" if len(x) < 30 else "lines",
+                    mode=line_mode(len(x)),
                     line={"color": color, "width": 2},
                     name=plotly_text(critic),
                     legendgroup=critic,

@@ -180,8 +180,9 @@ def methods_text(record: dict[str, Any]) -> str:
     text = [f"{len(runs)} runs of A2C with GAE, {label(group)} ∈ {{{values}}}, {per_value}."]
     unfinished = sum(r["status"] != "finished" for r in runs)
     if unfinished:
-        text.append(f"{unfinished} of them had not finished (each counts at the budget it "
-                    "reached).")  # fmt: skip
+        text.append(f"{unfinished} of them had not finished: their final returns are taken "
+                    "where they stopped, and every run's curve and AUC end at the shortest "
+                    "run's last episode.")  # fmt: skip
     repeats = record.get("repeats") or {}
     if repeats:
         left = ", ".join(f"{run} → {kept}" for run, kept in repeats.items())

@@ -26,6 +26,7 @@ __all__ = [
     "config_warnings",
     "field_message",
     "filter_runs",
+    "form_name",
     "form_specs",
     "format_duration",
     "parse_float_list",
@@ -76,41 +77,56 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     return config, [], config_warnings(config)
 
 
+def form_name(name: str) -> str:
+    """A field as the form's messages name it: its label, with the field's name (what the CLI
+    and the CSVs use) where the label is another word: ``envs (num_envs)``, ``budget (env
+    steps, total_steps)``, ``rollout steps``."""
+    shown = label(name)
+    if shown.replace(" ", "_") == name:
+        return shown
+    if shown.endswith(")"):
+        return f"{shown[:-1]}, {name})"
+    return f"{shown} ({name})"
+
+
 def field_message(name: str, message: str) -> str:
-    """A field's error as the form shows it, under the form's label: ``envs (num_envs) must be
-    …`` where the label is another word (the field's name is what the CLI and the CSVs use),
-    ``rollout steps must be …`` where it is the name spelled with spaces."""
+    """A field's error as the form shows it, under :func:`form_name` (``envs (num_envs) must
+    be …``); a message that does not start with the field's name is left as it is."""
     if not message.startswith(name):
         return message
-    shown = label(name)
-    if shown.replace(" ", "_") != name:
-        shown = f"{shown} ({name})"
-    return f"{shown}{message[len(name) :]}"
+    return f"{form_name(name)}{message[len(name) :]}"
 
 
 def config_warnings(config: TrainConfig) -> list[str]:
     warnings = []
+    budget = form_name("total_steps")
     if config.batch_size > config.total_steps:
         warnings.append(
-            f"total_steps ({config.total_steps:,}) is smaller than one update "
-            f"(num_envs × rollout_steps = {config.batch_size:,}): the run will do one update."
+            f"{budget} ({config.total_steps:,}) is smaller than one update "
+            f"({form_name('num_envs')} × {form_name('rollout_steps')} = "
+            f"{config.batch_size:,}): the run will do one update."
         )
     if config.checkpoint_every and config.checkpoint_every > config.total_steps:
         warnings.append(
-            f"checkpoint_every ({config.checkpoint_every:,}) exceeds total_steps: only the final "
-            "checkpoint will be saved, so the explorer will have one checkpoint to compare."
+            f"{form_name('checkpoint_every')} ({config.checkpoint_every:,}) exceeds the "
+            f"{budget}: only the final checkpoint will be saved, so the explorer will have one "
+            "checkpoint to compare."
         )
-    if config.eval_every and config.eval_every > config.total_steps:
+    if config.eval_every and config.eval_every >= config.total_steps:
         warnings.append(
-            f"eval_every ({config.eval_every:,}) exceeds total_steps: the policy is evaluated "
-            "once, at the end of the budget (one point on the evaluation chart)."
+            f"{form_name('eval_every')} ({config.eval_every:,}) is not below the {budget}: "
+            "the policy is evaluated once, at the end of the budget (one point on the "
+            "evaluation chart)."
         )
     if config.record_episodes == 0:
-        warnings.append("record_episodes is 0: no trajectories for the advantage explorer.")
+        warnings.append(
+            f"{form_name('record_episodes')} is 0: no trajectories for the advantage explorer."
+        )
     default = TrainConfig()
     for field, why in config.idle_fields().items():
         value = getattr(config, field)
         if value != getattr(default, field):  # set on purpose, to no effect
+            # (field names, as ``why`` names the fields it depends on)
             warnings.append(f"{field} ({format_value(value)}) has no effect: {why}.")
     if config.gamma == 1.0 and config.lambda_ == 1.0:
         warnings.append(

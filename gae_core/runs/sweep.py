@@ -39,6 +39,7 @@ from typing import Any
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.errors import ConfigError, StoreError
+from gae_core.inert import MAX_NAME_LENGTH, clean_name
 from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
 from gae_core.runs.execute import call_before_thread_shutdown
@@ -50,6 +51,7 @@ __all__ = [
     "Sweep",
     "SweepProgress",
     "cancel_sweep",
+    "check_sweep_name",
     "expand_grid",
     "grid_of",
     "hold_critic_target",
@@ -150,6 +152,25 @@ def hold_critic_target(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> Tra
     if "lambda_" not in names or base.critic_target != "advantage_lambda":
         return base
     return dataclasses.replace(base, critic_target="fixed_lambda", critic_lambda=base.lambda_)
+
+
+def check_sweep_name(name: str, base: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
+    """``name`` as :func:`start_sweep` would store it (:func:`~gae_core.inert.clean_name`), or
+    ``ValueError`` naming the field and its allowed length: a trial's name is the sweep's plus
+    its grid values (``λ = 0.95 seed = 3``), and it must fit as well. Bad grid values raise
+    ``ConfigError``."""
+    return _checked_name(name, expand_grid(base, grid), grid)
+
+
+def _checked_name(name: str, configs: Sequence[TrainConfig], grid: dict) -> str:
+    name = clean_name(name, field="sweep name")
+    longest = max(len(_trial_name(name, c, grid)) - len(name) for c in configs)
+    if len(name) + longest > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"sweep name must be at most {MAX_NAME_LENGTH - longest} characters for this grid "
+            f"(its trials' names add up to {longest} for their values), got {len(name)}"
+        )
+    return name
 
 
 def _trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
@@ -434,6 +455,8 @@ def start_sweep(
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
         raise ConfigError(f"retries must be an integer in [0, 10], got {retries!r}")
     workers = min(workers, len(configs))
+    if name:  # refused before anything is stored
+        name = _checked_name(name, configs, grid)
     grid_json = {field_spec(n).name: list(v) for n, v in grid.items()}
     sweep_id = store.create_sweep(grid_json, base.to_dict(), name=name)
     prefix = store.get_sweep(sweep_id).name
