@@ -164,7 +164,9 @@ if view == "Launch a sweep":
                 store, base, grid, workers=int(workers), backend=backend, name=name
             )  # fmt: skip
             _ui.sweeps()[sweep.sweep_id] = sweep
+            # the progress box is keyed: once drawn, it keeps its own choice over `index`
             st.session_state["cmp.sweep"] = sweep.sweep_id
+            st.session_state["cmp.progress_sweep"] = sweep.sweep_id
     with right:
         sweep_list = store.list_sweeps()
         if not sweep_list:
@@ -290,7 +292,7 @@ if repeats:
         "for the one that trained furthest (ties: the latest). The methods below name them.",
         icon=":material/info:",
     )
-unfinished = compare.unfinished_note(runs, episodes)
+unfinished = compare.unfinished_note(picked, episodes, group)  # drawn or not
 if unfinished:
     st.warning(unfinished, icon=":material/warning:")
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None

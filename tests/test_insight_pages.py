@@ -259,13 +259,13 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "4 runs of A2C with GAE, λ ∈ {0.8, 1}, 2 seeds per value." in methods
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
     assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
-    assert not any("have not finished" in w.value for w in at.warning)
+    assert not any("not finished their budget" in w.value for w in at.warning)
     # a run marked stopped (a Stop before its budget would leave that status; its episodes
     # here reach the budget): the page says so, and where the curves and AUCs end
     store.finish_run(trials[0].id, "stopped")
     at.run()
-    (note,) = [w.value for w in at.warning if "have not finished" in w.value]
-    assert note.startswith("1 of these 4 runs have not finished their budget (1 stopped)")
+    (note,) = [w.value for w in at.warning if "not finished their budget" in w.value]
+    assert note.startswith("1 of these 4 runs has not finished their budget (1 stopped): ")
     end = compare.curve_end(compare.episodes_frame(store, [r.id for r in trials], "lambda_"))
     assert f"({end:,} env steps)" in note
     expected = compare.sweep_summary(store, sweep_id)
@@ -281,7 +281,9 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
         matrix, profile = (json.loads(c.proto.spec) for c in at.get("plotly_chart")[-2:])
         assert f"on {name}," in matrix["layout"]["title"]["text"]
         assert f"with {name} > τ" in profile["layout"]["title"]["text"]
-        taus = np.concatenate([_array(t["x"]) for t in profile["data"] if t.get("mode")])
+        lines = [t for t in profile["data"] if t.get("mode") and not t.get("fill")]
+        assert all(t.get("mode") == "lines" for t in profile["data"] if t.get("fill"))
+        taus = np.concatenate([_array(t["x"]) for t in lines])
         low, high = seed_scores[choice].min(), seed_scores[choice].max()
         assert (taus.min(), taus.max()) == pytest.approx((low - 0.05 * (high - low), high))
 
@@ -370,6 +372,24 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
     )
 
 
+def test_a_launched_sweep_takes_the_progress_panel_from_the_one_shown_before(data_dir):
+    """With an earlier sweep in the progress panel, Launch shows the new sweep's progress (and
+    its Cancel): the keyed box kept the earlier one, and the new sweep trained unseen."""
+    store = RunStore(data_dir)
+    earlier = run_sweep(store, TrainConfig(**TINY), grid_of(seeds=[0]), workers=1).sweep_id
+    at = app("pages/compare.py")
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
+    assert at.selectbox(key="cmp.progress_sweep").value == earlier
+    at.text_input(key="cmp.lambdas").set_value("1").run()
+    for key, value in {**TINY, "seeds": 1, "workers": 1}.items():
+        at.number_input(key=f"cmp.{key}").set_value(value).run()
+    at.button(key="cmp.launch").click().run()
+    assert not at.exception
+    (launched,) = {s.id for s in store.list_sweeps()} - {earlier}
+    assert at.selectbox(key="cmp.progress_sweep").value == launched
+    assert wait_until(lambda: store.get_sweep(launched).status == "finished", 120)
+
+
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir, monkeypatch):
     """From the explorer's link to a finished measurement: the page starts a job with the
     explorer's checkpoints, and after a reload draws the stored result, whose curves are the
@@ -412,6 +432,12 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         )  # fmt: skip
         gae = result.estimators[result.estimators["kind"] == "gae"].sort_values("param")
         np.testing.assert_allclose(mse, gae["mse"], rtol=1e-9)
+    # a band's outline is no series: Plotly marks the points of a trace under 20 points unless
+    # told otherwise, and the k charts' bands (a few k values) drew coloured dots
+    for chart in at.get("plotly_chart"):
+        for trace in json.loads(chart.proto.spec)["data"]:
+            if trace.get("fill"):
+                assert trace.get("mode") == "lines", trace.get("name")
     # each button its own data (a late-bound `lambda: frame` gave three buttons the last one's)
     frames = {name: f() if callable(f) else f for name, f in handed.items()}
     result = next(iter(stored.values()))

@@ -551,11 +551,15 @@ def test_the_auc_sentence_is_how_seed_scores_computes_it():
 
 
 def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_curves_end():
-    """Three runs, one still training and one stopped: the note counts them by status and
-    names the step the common grid ends at (the shortest run's last episode), which is the
-    grid aggregate_curves draws; all finished: no note."""
-    runs = [_stored("a", seed=0), _stored("b", seed=1), _stored("c", seed=2)]
-    runs[1].status, runs[2].status = "running", "stopped"
+    """A cancelled sweep: one run finished, one still training, one stopped, and one stopped
+    before its first episode (the only run of λ = 0.99). The note counts them by status, says
+    which are not drawn and which λ is left with none, and names the step the common grid
+    ends at (the shortest drawn run's last episode), which is the grid aggregate_curves draws
+    and every AUC is taken over; all finished: no note."""
+    runs = [_stored("a", seed=0), _stored("b", seed=1), _stored("c", seed=2),
+            _stored("d", seed=0, lambda_=0.99)]  # fmt: skip
+    runs[1].status = "running"
+    runs[2].status = runs[3].status = "stopped"
     episodes = pd.DataFrame(
         {
             "lambda_": 0.95,
@@ -565,16 +569,26 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
             "return": [1.0, 2.0, 3.0, 4.0, 5.0],
         }
     )
-    note = compare.unfinished_note(runs, episodes)
-    assert note.startswith("2 of these 3 runs have not finished their budget (1 running, 1 ")
-    assert "(550 env steps)" in note
+    note = compare.unfinished_note(runs, episodes, "lambda_")
+    assert note == (
+        "3 of these 4 runs have not finished their budget (1 running, 2 stopped); 1 finished "
+        "no episode and is not drawn, which leaves λ = 0.99 with no run: the curves and every "
+        "run's AUC end where the shortest drawn run's episodes end (550 env steps), and each "
+        "run's final return is its last 100 episodes wherever it stopped."
+    )
     bands, _ = compare.aggregate_curves(episodes, window=1)
     assert bands["env_step"].max() == 550 == compare.curve_end(episodes)
     # what the note claims: finished run "a"'s AUC stops at 550 (its return of 2 at step 1,000
     # is past it), its final return is its last episodes wherever it stopped (1 and 2)
     scores = compare.seed_scores(episodes).set_index("seed")
     assert scores.loc[0, "auc"] == 1.0 and scores.loc[0, "final_return"] == 1.5
-    assert "AUC end where the shortest run's episodes end" in note
-    assert compare.unfinished_note(runs, episodes.iloc[:0]) is None
-    runs[1].status = runs[2].status = "finished"
-    assert compare.unfinished_note(runs, episodes) is None
+    runs[3].config["lambda_"] = 0.95  # its λ has drawn runs: no λ is left out
+    one = compare.unfinished_note(runs[2:], episodes, "lambda_")
+    assert one.startswith("2 of these 2 runs have not finished their budget (2 stopped); 1 ")
+    assert "with no run" not in one
+    assert compare.unfinished_note(runs[3:], episodes.iloc[:0], "lambda_") == (
+        "1 of these 1 runs has not finished their budget (1 stopped); 1 finished no episode "
+        "and is not drawn, which leaves λ = 0.95 with no run."
+    )
+    runs[1].status = runs[2].status = runs[3].status = "finished"
+    assert compare.unfinished_note(runs, episodes, "lambda_") is None

@@ -19,7 +19,7 @@ from gae_core import metrics as M
 from gae_core.agent.config import BOOKKEEPING_FIELDS, TrainConfig, with_stored_defaults
 from gae_core.errors import ConfigError
 from gae_core.insight import stats
-from gae_core.labels import format_value
+from gae_core.labels import assignment, format_value
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.runs.store import RunStore
 
@@ -345,26 +345,45 @@ def curve_end(episodes: pd.DataFrame) -> int:
     return int(episodes.groupby("run_id")["env_step"].max().min())
 
 
-def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame) -> str | None:
-    """What a comparison must say when some of its runs (:class:`RunRecord`\\ s) have not
-    finished their budget (still training, stopped, failed or interrupted): how many, by
-    status, and what that does to the figures: the curves and every seed's AUC end where the
-    shortest run's episodes end (:func:`curve_end`), finished runs' too, while each run's final
-    return is its last episodes wherever it stopped. None when every run finished or none has
-    an episode."""
+def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> str | None:
+    """What a comparison must say when some of the ``runs`` it was given
+    (:class:`RunRecord`\\ s, those drawn or not) have not finished their budget (still
+    training, stopped before it, failed, interrupted, or cancelled before they started): how
+    many, by status; which have no finished episode in ``episodes`` and are not drawn, and the
+    ``group`` values left with no run at all; and what the rest does to the figures: the curves
+    and every seed's AUC end where the shortest drawn run's episodes end (:func:`curve_end`),
+    finished runs' too, while each run's final return is its last episodes wherever it
+    stopped. None when every run finished."""
     unfinished = [r for r in runs if r.status != "finished"]
-    if not unfinished or episodes.empty:
+    if not unfinished:
         return None
     counts: dict[str, int] = {}
     for run in unfinished:
         counts[run.status] = counts.get(run.status, 0) + 1
     how = ", ".join(f"{n} {status}" for status, n in counts.items())
-    return (
-        f"{len(unfinished)} of these {len(runs)} runs have not finished their budget ({how}): "
-        f"the curves and every run's AUC end where the shortest run's episodes end "
-        f"({curve_end(episodes):,} env steps), and each run's final return is its last "
-        f"{SOLVED_WINDOW} episodes wherever it stopped."
-    )
+    verb = "has" if len(unfinished) == 1 else "have"
+    text = f"{len(unfinished)} of these {len(runs)} runs {verb} not finished their budget ({how})"
+    drawn = set(episodes["run_id"]) if not episodes.empty else set()
+    missing = [r for r in runs if r.id not in drawn]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        text += f"; {len(missing)} finished no episode and {verb} not drawn"
+
+        def value(run: Any) -> Any:
+            return with_stored_defaults(run.config).get(group)
+
+        shown = {format_value(value(r)) for r in runs if r.id in drawn}
+        absent = {format_value(value(r)): value(r) for r in missing}
+        absent = [assignment(group, v) for k, v in sorted(absent.items()) if k not in shown]
+        if absent:
+            text += f", which leaves {' and '.join(absent)} with no run"
+    if drawn:
+        text += (
+            ": the curves and every run's AUC end where the shortest drawn run's episodes end "
+            f"({curve_end(episodes):,} env steps), and each run's final return is its last "
+            f"{SOLVED_WINDOW} episodes wherever it stopped"
+        )
+    return text + "."
 
 
 def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.DataFrame:

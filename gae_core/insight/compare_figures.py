@@ -174,6 +174,7 @@ def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Fi
             go.Scatter(
                 x=np.concatenate([tau, tau[::-1]]),
                 y=np.concatenate([frame["ci_high"], frame["ci_low"][::-1]]),
+                mode="lines",
                 fill="toself",
                 fillcolor=_rgba(color, 0.15),
                 line={"width": 0},

@@ -49,6 +49,7 @@ def trade_off_figure(
                 go.Scatter(
                     x=np.concatenate([x, x[::-1]]),
                     y=np.concatenate([high.to_numpy(), low.to_numpy()[::-1]]),
+                    mode="lines",  # (Plotly marks points of short traces by default)
                     fill="toself",
                     fillcolor=_rgba(color, 0.18),
                     line={"width": 0},
@@ -126,6 +127,7 @@ def state_figure(
         go.Scatter(
             x=np.concatenate([x, x[::-1]]),
             y=np.concatenate([rows["mean"] + sd, (rows["mean"] - sd)[::-1]]),
+            mode="lines",
             fill="toself",
             fillcolor="rgba(31,119,180,0.18)",
             line={"width": 0},
