@@ -15,9 +15,10 @@ no GAE and no metrics, so it is the kernel's best case. Two kernels: tanh from l
 numba compiles ``np.tanh`` to here) and, to bound what a faster tanh could give, the same
 kernel with the activation replaced by a multiply (wrong results, timing only).
 
-The study's arithmetic: a worker's 5,000 updates of 35 members at about 8.4 ms each are about
-42 s of its ~50 s. For the kernel to bring the study to 30 s it must make the update about
-1.7× faster (PASS at a ratio ≥ 1.7 of torch's time to the kernel's).
+Why: on the CPU of earlier sittings the preset study took 50.8 to 64 s, about 42 s of each
+worker's time in its 5,000 updates of 35 members, so a kernel had to make the update about
+1.7× faster to bring the study to 30 s (PASS at a ratio ≥ 1.7 of torch's time to the
+kernel's). ``docs/PERFORMANCE.md`` has the results.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -51,6 +52,24 @@ TARGET_S = 30.0
 RESULTS = Path(__file__).resolve().parent / "results" / "study.jsonl"
 MODES = ("single", "population", "ray", "ray-single")
 DEFAULT_MODES = ("single", "population", "ray")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name, its L2 per core and whether it has AVX-512: the same code's
+    timings differ several-fold across the CPUs this machine kind has had (a row says which
+    it was measured on)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        model = next(line for line in info.splitlines() if line.startswith("model name"))
+        model = model.split(":", 1)[1].strip()
+        l2 = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        avx512 = "AVX-512" if " avx512f" in info else "no AVX-512"
+        return f"{model}, L2 {l2} a core, {avx512}"
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+CPU_MODEL = _cpu_model()
 
 
 def _seeds(text: str) -> list[int]:
@@ -106,7 +125,7 @@ def main() -> int:
         f"{args.total_steps:,} env steps ({base.env_id} {args.config}: num_envs={base.num_envs}, "
         f"rollout_steps={base.rollout_steps}, {base.optimizer} {base.learning_rate:g}, eval every "
         f"{base.eval_every:,}, checkpoint every {base.checkpoint_every:,}), {args.workers} "
-        f"workers, {os.cpu_count()} CPUs",
+        f"workers, {os.cpu_count()} CPUs ({CPU_MODEL})",
         flush=True,
     )
     results: dict[str, float] = {}
@@ -134,7 +153,8 @@ def main() -> int:
             "population": population_capacity(_members(mode), trials, args.workers),
             "env_steps": steps, "trials": trials,
             "total_steps": args.total_steps, "workers": args.workers, "cpus": os.cpu_count(),
-            "final_returns": finals, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "cpu_model": CPU_MODEL, "final_returns": finals,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
         }  # fmt: skip
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         with RESULTS.open("a") as handle:
