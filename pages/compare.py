@@ -89,10 +89,14 @@ if view == "Launch a sweep":
                 ).strip() or None  # fmt: skip
         cores = os.cpu_count() or 1
         most = cores if backend_name == "local" else 256
-        if st.session_state.get("cmp.workers", 1) > most:  # back from Ray to this machine
+        # the box's value lives in session state only: a default beside a value set here made
+        # Streamlit print a warning on the page after a switch back from Ray
+        if "cmp.workers" not in st.session_state:
+            st.session_state["cmp.workers"] = cores
+        elif st.session_state["cmp.workers"] > most:  # back from Ray to this machine
             st.session_state["cmp.workers"] = most
         workers = st.number_input(
-            "worker processes", 1, most, cores,
+            "worker processes", 1, most,
             key="cmp.workers",
             help=f"Trials train in this many processes at once (this machine has {cores} "
             "cores; with Ray, the cluster's CPUs); a worker that dies costs only the trials it "
