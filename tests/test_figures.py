@@ -64,6 +64,9 @@ def test_a_line_of_few_points_marks_them_so_one_evaluation_shows():
     one = long_metrics(1, M.EVAL_RETURN.key)
     figure, frame = figures.metric_figure(one, M.EVAL_RETURN.key)
     assert len(frame) == 1 and figure.data[0].mode == "lines+markers"
+    assert figure.layout.xaxis.range is None  # a point at step 0: Plotly's own range
+    figure, _ = figures.metric_figure(one.assign(env_step=3_000), M.EVAL_RETURN.key)
+    assert figure.layout.xaxis.range == (0, 3_150)  # whole env steps, not 2,999.5 to 3,000.5
     few = figures.MARKED_POINTS
     figure, _ = figures.metric_figure(long_metrics(few), M.EPISODIC_RETURN.key, smoothing=0.5)
     assert [t.mode for t in figure.data] == ["lines+markers"] * 2

@@ -140,6 +140,12 @@ def test_status_text_says_how_a_run_ended():
     assert _solved_words(run_row(kept)) == "solved at step 180,000, stayed solved"
     assert _solved_words(run_row(dipped)).endswith("dipped below at 2,000 and recovered")
     assert _solved_words(run_row(no_threshold)) == "no solved threshold"
+    # a trial of a sweep cancelled before its turn: no step, no "not solved" verdict
+    unstarted = RunRecord(**{**_run(reward_threshold=475.0).__dict__, "env_steps": 0,
+                             "status": "stopped"})  # fmt: skip
+    assert views.status_text(unstarted) == "stopped before it started"
+    stopped = RunRecord(**{**never.__dict__, "env_steps": 700, "status": "stopped"})
+    assert views.status_text(stopped) == f"stopped at step 700: not solved; final return 9.0 {mean}"
 
 
 def test_progress_never_passes_100_percent():

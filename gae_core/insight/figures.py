@@ -173,6 +173,9 @@ def metric_figure(
             )
         )
     _layout(figure, metric.title, X_AXES[x], metric.unit)
+    steps = frame[x_column].unique()
+    if len(steps) == 1 and steps[0] > 0:  # one point: from 0 to it, not ±0.5 env steps around
+        figure.update_xaxes(range=[0, 1.05 * float(steps[0])])
     if log_y:
         figure.update_yaxes(type="log")
     else:

@@ -156,6 +156,8 @@ def status_text(run: RunRecord) -> str:
         return "interrupted: its process ended before the run did (data up to then is kept)"
     if run.status in ("queued", "running"):
         return run.status
+    if run.status == "stopped" and run.env_steps == 0:  # a sweep cancelled before its turn
+        return "stopped before it started"
     head = "finished" if run.status == "finished" else f"stopped at step {run.env_steps:,}"
     final = summary.final_return
     # the mean of the last episodes, not the last one the chart ends on: say so
