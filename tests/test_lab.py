@@ -13,12 +13,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from gae_core import estimators
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.recording import load_replay
 from gae_core.agent.trainer import Trainer
 from gae_core.errors import UnsupportedEnvError
 from gae_core.lab import chain
-from gae_core.lab.measure import LabCancelled, LabSettings, measure
+from gae_core.lab.measure import DEFAULT_KS, LabCancelled, LabSettings, measure
 from gae_core.lab.states import Simulator, state_access
 
 GAMMA = 0.95
@@ -220,6 +221,24 @@ def test_settings_name_the_field_and_range():
         LabSettings(lambdas=(0.5, 1.5))
     with pytest.raises(ValueError, match="may not repeat"):
         LabSettings(ks=(1, 1))
+
+
+def test_the_default_ks_stop_at_the_segment_where_larger_k_are_one_estimator():
+    """Â^(k) for every k ≥ L reads the whole segment and bootstraps at its end: the default k
+    grid ends at L instead of listing 64, 128 and 256 as three estimators (the lab named
+    "least MSE at k = 64" for L = 50); measured, the capped k equals a larger one."""
+    assert LabSettings().ks == DEFAULT_KS  # L = 500: every default k is below it
+    assert LabSettings(segment=50).ks == (1, 2, 4, 8, 16, 32, 50)
+    assert LabSettings(segment=1).ks == (1,)
+    assert LabSettings(segment=50, ks=(64, 3)).ks == (64, 3)  # given ks are kept as given
+    rng = np.random.default_rng(0)
+    rewards, values = rng.normal(size=(8, 3)), rng.normal(size=(9, 3))
+    done = np.zeros((8, 3))
+    at_l, past_l = (
+        estimators.k_step_advantages(rewards, values[:-1], values[1:], done, done, gamma=0.9, k=k)
+        for k in (8, 64)
+    )
+    np.testing.assert_allclose(at_l, past_l)
     assert LabSettings(gamma=0.99).truth_horizon == 688  # 0.99^688 ≤ 1e-3 < 0.99^687
 
 

@@ -186,7 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab.add_argument("--segment", type=int, default=500, help="continuation length L")
     lab.add_argument("--lambdas", type=float, nargs="+", help=f"{lam} grid (default 0, 0.01, …, 1)")
-    lab.add_argument("--ks", type=int, nargs="+", help="k-step horizons (default 1, 2, 4, …)")
+    lab.add_argument(
+        "--ks",
+        type=int,
+        nargs="+",
+        help="k-step horizons (default 1, 2, 4, … 256, those past L as L)",
+    )
     lab.add_argument("--seed", type=int, default=0)
     lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     lab.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -26,9 +26,8 @@ For N states s sampled from the policy's own episodes, with the action a the pol
   biased by clipping it), variance = s², MSE = bias² + variance. Averages over states come with
   percentile-bootstrap confidence intervals across states.
 
-Rollouts of all states run as one batch (:class:`~gae_core.lab.states.Simulator`): one policy
-forward per step for every rollout at once. Deterministic for a given seed; ``progress`` is
-called with the fraction done; ``cancel`` (a ``threading.Event``) stops it between steps.
+Rollouts of all states run as one batch (:class:`~gae_core.lab.states.Simulator`). Deterministic
+for a given seed; ``progress`` gets the fraction done; ``cancel`` stops it between steps.
 """
 
 from __future__ import annotations
@@ -72,6 +71,12 @@ DEFAULT_LAMBDAS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2
 DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+def default_ks(segment: int) -> tuple[int, ...]:
+    """:data:`DEFAULT_KS` below the segment length L, then L: a k past L reads the segment to
+    its end, the same estimator as k = L (a given ``ks`` may still name such k)."""
+    return tuple(sorted({min(k, segment) for k in DEFAULT_KS}))
+
+
 class Policy(Protocol):
     def sample(self, observations: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
 
@@ -104,7 +109,7 @@ class LabSettings:
     continuations: int = 32
     segment: int = 500
     lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
-    ks: tuple[int, ...] = DEFAULT_KS
+    ks: tuple[int, ...] | None = None  # None: default_ks(segment)
     horizon: int | None = None
     seed: int = 0
     confidence: float = 0.95
@@ -124,7 +129,8 @@ class LabSettings:
         lambdas = tuple(float(x) for x in self.lambdas)
         if not lambdas or any(not 0.0 <= x <= 1.0 for x in lambdas):
             raise ValueError(f"lambdas must be 1 or more values in [0, 1], got {self.lambdas!r}")
-        ks = tuple(_check_int("ks", k, 1, 10**6) for k in self.ks)
+        given = default_ks(self.segment) if self.ks is None else self.ks
+        ks = tuple(_check_int("ks", k, 1, 10**6) for k in given)
         if len(set(lambdas)) != len(lambdas) or len(set(ks)) != len(ks):
             raise ValueError("lambdas and ks may not repeat a value")
         if not 0.5 <= float(self.confidence) < 1.0:
