@@ -161,7 +161,8 @@ if view == "Launch a sweep":
                 errors.append(str(error))
         _ui.show_problems(errors + form_errors, warnings)
         trials = len(lambdas) * int(seeds)
-        launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA} × {int(seeds)} seeds)"
+        plural = "seed" if int(seeds) == 1 else "seeds"
+        launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA} × {int(seeds)} {plural})"
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
             sweep = start_sweep(

@@ -438,6 +438,11 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         for trace in json.loads(chart.proto.spec)["data"]:
             if trace.get("fill"):
                 assert trace.get("mode") == "lines", trace.get("name")
+    # the k chart ticks each measured k (Plotly's own log ticks labelled 20 and 50 "2", "5")
+    k_chart = json.loads(at.get("plotly_chart")[1].proto.spec)
+    ks = sorted(next(iter(stored.values())).settings.ks)
+    assert list(plotly_values(k_chart["layout"]["xaxis"]["tickvals"])) == ks
+    assert k_chart["layout"]["xaxis"]["ticktext"] == [f"{k:g}" for k in ks]
     # each button its own data (a late-bound `lambda: frame` gave three buttons the last one's)
     frames = {name: f() if callable(f) else f for name, f in handed.items()}
     result = next(iter(stored.values()))

@@ -99,8 +99,9 @@ def trade_off_figure(
             row=1,
             col=3,
         )
-    if kind == "k_step":
-        figure.update_xaxes(type="log")
+    if kind == "k_step":  # a tick at each measured k (Plotly's log ticks read 20 as "2")
+        ks = sorted({float(k) for e in frames.values() for k in e.loc[e["kind"] == kind, "param"]})
+        figure.update_xaxes(type="log", tickvals=ks, ticktext=[f"{k:g}" for k in ks])
     figure.update_xaxes(title_text=x_title)
     figure.update_layout(
         height=380,
