@@ -268,6 +268,12 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert note.startswith("1 of these 4 runs has not finished their budget (1 stopped): ")
     end = compare.curve_end(compare.episodes_frame(store, [r.id for r in trials], "lambda_"))
     assert f"({end:,} env steps)" in note
+    # left out on request: the note goes, and the figures hold the 3 finished runs
+    leave_out = at.checkbox(key="cmp.finished_only")
+    assert leave_out.label == "Leave out the 1 run that has not finished its budget"
+    leave_out.check().run()
+    assert not any("not finished their budget" in w.value for w in at.warning)
+    assert any(c.value.startswith("3 runs of A2C with GAE") for c in at.code)
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
     assert cell.startswith(f"{expected['final_return_iqm'].iloc[0]:.1f}  [")
