@@ -247,7 +247,10 @@ def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefi
 
     metrics = store().metrics(run_id)
     if metrics.empty:
-        st.info("No metrics yet: the first ones arrive after the first update.")
+        if store().get_run(run_id).active:
+            st.info("No metrics yet: the first ones arrive after the first update.")
+        else:  # e.g. a sweep's trial cancelled before its turn
+            st.info("No metrics: the run ended before its first update.")
         return
     present = set(metrics["key"])
     shown = [m for m in M.LIVE if m.key in present]

@@ -13,6 +13,7 @@ from conftest import TINY, app, read_only_folder, trajectory_steps, wait_until
 from streamlit.testing.v1 import AppTest
 
 from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
 from gae_core.inert import markdown_text
 from gae_core.runs.store import RunStore
 from pages import _ui
@@ -348,3 +349,19 @@ def test_home_quick_start_trains_the_cartpole_preset_and_lists_recent_runs(data_
     _ui.manager().wait(run.id, 30)
     at = app()
     assert any(markdown_text(run.name) in m.value for m in at.markdown)
+
+
+def test_a_run_that_ended_before_its_first_update_says_so_instead_of_waiting(data_dir):
+    """A sweep's trial cancelled before its turn has no metrics and never will: its charts say
+    it ended, where a queued or running run says its first metrics are on their way."""
+    store = RunStore(data_dir)
+    waiting = store.create_run(TrainConfig(**TINY).to_dict(), name="waits")
+    ended = store.create_run(TrainConfig(**TINY).to_dict(), name="cancelled")
+    store.finish_run(ended, "stopped")
+    at = app("pages/train.py")
+    for run_id, text in ((waiting, "No metrics yet: the first ones arrive after the first "
+                          "update."), (ended, "No metrics: the run ended before its first "
+                                          "update.")):  # fmt: skip
+        at.selectbox(key="train.view").set_value(run_id).run()
+        assert not at.exception
+        assert text in [i.value for i in at.info], [i.value for i in at.info]
