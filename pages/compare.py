@@ -255,15 +255,11 @@ center = options[1].segmented_control(
 window = options[2].slider("episodes per run's running mean", 1, 100, 10, key="cmp.window")
 show_seeds = options[3].checkbox("show seeds", key="cmp.show_seeds")
 picked, repeats = compare.distinct_runs([store.get_run(r) for r in run_ids], group)
-unfinished_ids = [r.id for r in picked if r.status != "finished"]
+unfinished_ids = [r.id for r in compare.unfinished_runs(picked)]
+leave_out = "run that has not finished its" if len(unfinished_ids) == 1 else (
+    "runs that have not finished their")  # fmt: skip
 if unfinished_ids and st.checkbox(
-    f"Leave out the {len(unfinished_ids)} "
-    + (
-        "run that has not finished its"
-        if len(unfinished_ids) == 1
-        else "runs that have not finished their"
-    )
-    + " budget",
+    f"Leave out the {len(unfinished_ids)} {leave_out} budget",
     key="cmp.finished_only",
     help="Their final returns are taken where they stopped and they end every curve and AUC "
     "early; left out, the statistics compare whole budgets only.",

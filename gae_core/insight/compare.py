@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -345,6 +346,11 @@ def curve_end(episodes: pd.DataFrame) -> int:
     return int(episodes.groupby("run_id")["env_step"].max().min())
 
 
+def unfinished_runs(runs: Sequence[Any]) -> list[Any]:
+    """The runs that have not finished their budget: any status but ``finished``."""
+    return [r for r in runs if r.status != "finished"]
+
+
 def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> str | None:
     """What a comparison must say when some of the ``runs`` it was given
     (:class:`RunRecord`\\ s, those drawn or not) have not finished their budget (still
@@ -354,13 +360,10 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     and every seed's AUC end where the shortest drawn run's episodes end (:func:`curve_end`),
     finished runs' too, while each run's final return is its last episodes wherever it
     stopped. None when every run finished."""
-    unfinished = [r for r in runs if r.status != "finished"]
+    unfinished = unfinished_runs(runs)
     if not unfinished:
         return None
-    counts: dict[str, int] = {}
-    for run in unfinished:
-        counts[run.status] = counts.get(run.status, 0) + 1
-    how = ", ".join(f"{n} {status}" for status, n in counts.items())
+    how = ", ".join(f"{n} {status}" for status, n in Counter(r.status for r in unfinished).items())
     verb = "has" if len(unfinished) == 1 else "have"
     text = f"{len(unfinished)} of these {len(runs)} runs {verb} not finished their budget ({how})"
     drawn = set(episodes["run_id"]) if not episodes.empty else set()
