@@ -259,20 +259,20 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "4 runs of A2C with GAE, λ ∈ {0.8, 1}, 2 seeds per value." in methods
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
     assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
-    assert not any("not finished their budget" in w.value for w in at.warning)
+    assert not any("not finished" in w.value for w in at.warning)
     # a run marked stopped (a Stop before its budget would leave that status; its episodes
     # here reach the budget): the page says so, and where the curves and AUCs end
     store.finish_run(trials[0].id, "stopped")
     at.run()
-    (note,) = [w.value for w in at.warning if "not finished their budget" in w.value]
-    assert note.startswith("1 of these 4 runs has not finished their budget (1 stopped): ")
+    (note,) = [w.value for w in at.warning if "not finished its budget" in w.value]
+    assert note.startswith("1 of these 4 runs has not finished its budget (1 stopped): ")
     end = compare.curve_end(compare.episodes_frame(store, [r.id for r in trials], "lambda_"))
     assert f"({end:,} env steps)" in note
     # left out on request: the note goes, and the figures hold the 3 finished runs
     leave_out = at.checkbox(key="cmp.finished_only")
     assert leave_out.label == "Leave out the 1 run that has not finished its budget"
     leave_out.check().run()
-    assert not any("not finished their budget" in w.value for w in at.warning)
+    assert not any("not finished" in w.value for w in at.warning)
     assert any(c.value.startswith("3 runs of A2C with GAE") for c in at.code)
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]

@@ -587,7 +587,7 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
     assert one.startswith("2 of these 2 runs have not finished their budget (2 stopped); 1 ")
     assert "with no run" not in one
     assert compare.unfinished_note(runs[3:], episodes.iloc[:0], "lambda_") == (
-        "1 of these 1 runs has not finished their budget (1 stopped); 1 finished no episode "
+        "1 of these 1 runs has not finished its budget (1 stopped); 1 finished no episode "
         "and is not drawn, which leaves λ = 0.95 with no run."
     )
     runs[1].status = runs[2].status = runs[3].status = "finished"

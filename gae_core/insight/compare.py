@@ -364,8 +364,8 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     if not unfinished:
         return None
     how = ", ".join(f"{n} {status}" for status, n in Counter(r.status for r in unfinished).items())
-    verb = "has" if len(unfinished) == 1 else "have"
-    text = f"{len(unfinished)} of these {len(runs)} runs {verb} not finished their budget ({how})"
+    verb = "has not finished its" if len(unfinished) == 1 else "have not finished their"
+    text = f"{len(unfinished)} of these {len(runs)} runs {verb} budget ({how})"
     drawn = set(episodes["run_id"]) if not episodes.empty else set()
     missing = [r for r in runs if r.id not in drawn]
     if missing:
