@@ -18,7 +18,8 @@ def home() -> None:
     st.markdown(
         "A workbench for advantage estimators in policy-gradient RL: the TD residual "
         f"δ_t, the k-step estimators Â^(k) and GAE({label('gamma')}, {LAMBDA}) "
-        "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)). Train A2C + GAE agents, "
+        "([Schulman et al., 2016](https://arxiv.org/abs/1506.02438)). "
+        "Train A2C or PPO agents with GAE, "
         f"watch them learn, and see what {LAMBDA} does."
     )
     left, right = st.columns([1, 2], gap="large")
@@ -45,7 +46,7 @@ def home() -> None:
     st.subheader("Pages")
     st.page_link(
         train,
-        label="Train — start A2C+GAE runs and watch them learn live",
+        label="Train — start A2C or PPO runs and watch them learn live",
         icon=":material/fitness_center:",
     )
     st.page_link(

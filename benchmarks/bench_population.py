@@ -1,25 +1,19 @@
-"""What the population's hand-derived update (:mod:`gae_core.agent.stacked_a2c`),
-:func:`~gae_core.agent.stacked.stacked_tanh` and :func:`~gae_core.agent.stacked.stacked_linear`
-buy a population, against autograd, ``torch.tanh`` and ``torch.baddbmm``.
+"""What :func:`~gae_core.agent.stacked.stacked_tanh`, :func:`~gae_core.agent.stacked.
+stacked_linear` and :func:`~gae_core.agent.memory.keep_freed_memory` buy a population of the
+trainer, against ``torch.tanh``, ``torch.baddbmm`` and glibc's defaults.
 
-    python benchmarks/bench_population.py [--members 35] [--repeats 3] [--engines-only]
+    python benchmarks/bench_population.py [--members 35] [--repeats 3]
 
 Measurements side by side in this one process (baseline and candidate alternate, so machine
 noise hits both alike), one torch thread as in a sweep worker:
-
-0. whole population runs of the λ study's population (10k env steps per member on the preset,
-   30k on the field defaults) on the autograd update and on the hand-derived one: env steps
-   per second of each and the ratio, PASS at ≥ 1.2× on the preset it was written for and no
-   slower (≥ 1.0×) on the field defaults;
 
 1. the activation alone on the stacked hidden activations of a CartPole population
    (``[members, rows, 64]``) at the rows of a rollout step and of an update, for the preset
    (8 envs × 5 steps) and ``TrainConfig``'s field defaults (16 envs × 64 steps);
 2. the narrow output layers alone (the actor's 64 → 2 logits, the critic's 64 → 1 value),
    forward and backward at an update's rows, and forward at a rollout step's;
-3. whole :class:`~gae_core.agent.population.PopulationTrainer` updates (collect, estimate,
-   update; on the autograd update, where these ops run) of the λ study's population, from the
-   same seeds: ``torch.tanh`` against
+3. whole :class:`~gae_core.agent.trainer.Trainer` updates (collect, estimate, update) of the
+   λ study's population, from the same seeds: ``torch.tanh`` against
    ``stacked_tanh`` (with ``baddbmm`` layers), then ``baddbmm`` layers against
    ``stacked_linear`` (with ``stacked_tanh``): env steps per second of each and the ratio.
 
@@ -49,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.population import PopulationTrainer
 from gae_core.agent.presets import preset_config
 from gae_core.agent.stacked import stacked_linear, stacked_tanh
+from gae_core.agent.trainer import Trainer
 
 LAMBDAS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 
@@ -123,11 +117,10 @@ def narrow_rows(members: int, repeats: int) -> bool:
 
 
 def _population_rate(
-    configs: list[TrainConfig], activation=stacked_tanh, linear=stacked_linear, autograd=True
+    configs: list[TrainConfig], activation=stacked_tanh, linear=stacked_linear
 ) -> float:
-    """Env steps/s of a whole population run; on the autograd engine with the given stacked
-    ops, or on the hand-derived one (``autograd=False``, which has its own layer forms)."""
-    population = PopulationTrainer(configs, autograd=autograd)
+    """Env steps/s of a whole population run with the given stacked ops."""
+    population = Trainer(configs)
     population.actor.activation = population.critic.activation = activation
     population.actor.linear = population.critic.linear = linear
     try:
@@ -188,23 +181,10 @@ def _speed_up_row(label: str, base: tuple, candidate: tuple, goal: float, repeat
     return verdict == "PASS"
 
 
-def engine_rows(members: int, repeats: int) -> bool:
-    """The hand-derived update (gae_core.agent.stacked_a2c) against autograd's, whole runs."""
-    ok = True
-    seeds = max(1, members // len(LAMBDAS))
-    print(f"engines ({len(LAMBDAS)} λ × {seeds} seeds, env steps/s, alternating):")
-    for (label, configs), goal in zip(_study_configs(members), (1.2, 1.0), strict=True):
-        ok &= _speed_up_row(
-            label, ("autograd", lambda c=configs: _population_rate(c)),
-            ("by hand", lambda c=configs: _population_rate(c, autograd=False)), goal, repeats,
-        )  # fmt: skip
-    return ok
-
-
 _ALLOCATOR_RUN = """
 import dataclasses, sys, time
 import torch
-from gae_core.agent import population as P
+from gae_core.agent import trainer as P
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.presets import preset_config
 case, keep, seeds = sys.argv[1], sys.argv[2] == "keep", int(sys.argv[3])
@@ -216,7 +196,7 @@ base = (dataclasses.replace(preset_config("CartPole-v1"), total_steps=10_000) if
 configs = [dataclasses.replace(base, seed=s, lambda_=lam, critic_target="fixed_lambda",
                                checkpoint_every=0, eval_every=0, record_episodes=0)
            for lam in (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0) for s in range(seeds)]
-population = P.PopulationTrainer(configs)
+population = P.Trainer(configs)
 started = time.perf_counter()
 while not population.done:
     population.step()
@@ -255,13 +235,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=35, help="a worker's share of 70 trials")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--engines-only", action="store_true", help="only the engines' rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.engines_only:
-        return 0 if engine_rows(args.members, args.repeats) else 1
-    ok = engine_rows(args.members, args.repeats)
-    ok &= activation_rows(args.members, args.repeats)
+    ok = activation_rows(args.members, args.repeats)
     ok &= narrow_rows(args.members, args.repeats)
     ok &= population_rows(args.members, args.repeats)
     ok &= allocator_rows(args.members, args.repeats)

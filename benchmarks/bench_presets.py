@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+#: What computes our runs today (see ADDED_LATER).
+ENGINE = "trainer"
 sys.path.insert(0, str(ROOT))  # run from anywhere
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "presets.jsonl"
 
@@ -100,19 +102,21 @@ import json, sys, time
 import numpy as np
 from gae_core.agent.presets import preset_config
 from gae_core.agent.trainer import Trainer
+ENGINE = "trainer"  # the one trainer: stacked networks, autograd (bench_presets.ENGINE)
 env_id, seed = sys.argv[1], int(sys.argv[2])
 config = preset_config(env_id, seed=seed, checkpoint_every=0, record_episodes=0, eval_every=0)
 trainer = Trainer(config)
 steps, returns = [], []
 started = time.perf_counter()
 while not trainer.done:
-    for episode in trainer.step().episodes:
-        steps.append(episode.env_step)
-        returns.append(episode.return_)
+    for result in trainer.step().values():
+        for episode in result.episodes:
+            steps.append(episode.env_step)
+            returns.append(episode.return_)
 wall_s = time.perf_counter() - started
-evaluation = trainer.evaluate(10, seed=10_000 + seed)
+evaluation = trainer.evaluate(0, 10, seed=10_000 + seed)
 print(json.dumps({"steps": steps, "returns": returns, "budget": config.total_steps,
-                  "wall_s": wall_s, "eval_returns": evaluation, "engine": trainer.engine}))
+                  "wall_s": wall_s, "eval_returns": evaluation, "engine": ENGINE}))
 """
 
 _SB3 = """
@@ -187,8 +191,10 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: Config fields added after rows in the results file were run, with the value that gives the
 #: behaviour those runs had: left out of the fingerprint at that value, so adding a field does
 #: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
-#: ``engine`` is not a config field but what computes a run (gae_core.agent.numpy_a2c): rows run
-#: before the NumPy engine were autograd's, and trajectories differ in float rounding.
+#: ``engine`` is not a config field but what computed a run: rows run before the NumPy engine
+#: were "autograd" (the single-run torch path), then "numpy" (its hand-derived gradients), and
+#: since the one trainer "trainer" (stacked networks, autograd); trajectories differ in float
+#: rounding and in how a run's actions are drawn, so each engine's rows are its own.
 #: ``normalize_clip``: rows run before it existed never clipped (0.0); ``reward_norm_reset``:
 #: their return restarted at termination only. Each is left out of the fingerprint of a preset
 #: whose normalisation it does not touch.
@@ -208,13 +214,12 @@ LOGGING_ONLY = ("log_every",)
 def preset_fingerprint(env_id: str) -> str:
     """A short hash of today's preset for ``env_id`` (every field but the seed) and of the
     engine it trains on."""
-    from gae_core.agent.numpy_a2c import supports
     from gae_core.agent.presets import preset_config
 
     config = preset_config(env_id, seed=0)
     fields = dataclasses.asdict(config)
     fields.pop("seed")
-    fields["engine"] = "numpy" if supports(config.use_sde, config.device) else "autograd"
+    fields["engine"] = ENGINE
     for name in LOGGING_ONLY:
         fields.pop(name)
     if not (config.normalize_observations or config.normalize_rewards):

@@ -14,7 +14,7 @@ checkpoints.
 * ``single``: the local process pool before populations, one trial per worker process at a
   time (``--population 1``);
 * ``population``: the local pool with batched populations (the default since: each worker
-  trains its share of the trials as one population, :mod:`gae_core.agent.population`);
+  trains its share of the trials as one population, :class:`gae_core.agent.trainer.Trainer`);
 * ``ray``: Ray tasks on a local Ray (``ray.init(num_cpus=workers)``, started before its timer),
   each task a population, split as the local pool splits them (:mod:`gae_core.runs.gather`);
 * ``ray-single`` (not run unless named): Ray with one trial per task, as before populations

@@ -1,4 +1,4 @@
-"""gae_core: advantage estimators (δ_t, Â^(k), GAE(γ, λ)), an A2C+GAE trainer, a run store, and
+"""gae_core: advantage estimators (δ_t, Â^(k), GAE(γ, λ)), an A2C and PPO trainer, a run store, and
 the analyses behind the dashboard.
 
 Layers (``docs/DESIGN.md``): :mod:`gae_core.estimators` (the math) ← :mod:`gae_core.agent`

@@ -12,7 +12,16 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["LABELS", "assignment", "format_value", "label"]
+__all__ = ["ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label"]
+
+#: The algorithms' names as people write them (``TrainConfig.algo`` → name).
+ALGORITHMS: dict[str, str] = {"a2c": "A2C", "ppo": "PPO"}
+
+
+def algorithm_name(algo: Any) -> str:
+    """``"ppo"`` → ``PPO``; several or unknown: ``A2C or PPO``."""
+    return ALGORITHMS.get(algo, " or ".join(ALGORITHMS.values()))
+
 
 LABELS: dict[str, str] = {
     "lambda_": "λ",
@@ -37,6 +46,9 @@ LABELS: dict[str, str] = {
     "num_envs": "envs",
     "use_sde": "gSDE exploration",
     "ortho_init": "orthogonal init",
+    "algo": "algorithm",
+    "minibatch_size": "minibatch size (rows)",
+    "n_epochs": "epochs per rollout",
 }
 
 

@@ -90,6 +90,12 @@ ADVANTAGE_MEAN = Metric(
 ADVANTAGE_STD = Metric(
     "advantages/std", "Advantage std", "advantage", log_scale=True, short_name="advantage_std"
 )
+APPROX_KL = Metric(
+    "losses/approx_kl", "Approximate KL (PPO)", "mean((r − 1) − log r)", log_scale=True
+)
+CLIP_FRACTION = Metric(
+    "losses/clip_fraction", "Clip fraction (PPO)", "share of rows", display_range=(0.0, 1.0)
+)
 STEPS_PER_SECOND = Metric("perf/steps_per_second", "Env steps per second", "steps/s")
 WALL_TIME = Metric("perf/wall_time", "Wall time", "s", smoothed=False, window="last")
 
@@ -107,6 +113,8 @@ REGISTRY: dict[str, Metric] = {
         GRAD_NORM,
         ADVANTAGE_MEAN,
         ADVANTAGE_STD,
+        APPROX_KL,
+        CLIP_FRACTION,
         STEPS_PER_SECOND,
         WALL_TIME,
     )

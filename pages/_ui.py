@@ -13,10 +13,11 @@ import streamlit as st
 
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
-from gae_core.agent.presets import PRESETS, TUNED_FIELDS, preset_values
+from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import views
+from gae_core.labels import algorithm_name
 from gae_core.runs.manager import RunManager
 from gae_core.runs.store import RunStore
 
@@ -143,35 +144,43 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
 
 def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Widgets for every TrainConfig field (main ones first, the rest under "Advanced"),
-    starting from the chosen env's preset; choosing another env loads its preset into the
-    fields presets tune (:data:`~gae_core.agent.presets.TUNED_FIELDS`), says so, and keeps the
-    others (the seed, …) as the user set them. Why the preset is what it is sits under it."""
-    env_key = f"{prefix}.env_id"
+    starting from the preset of the chosen env and algorithm; choosing another env or
+    algorithm loads its preset into the fields presets tune
+    (:data:`~gae_core.agent.presets.TUNED_FIELDS`), says so, and keeps the others (the seed, …)
+    as the user set them. Why the preset is what it is sits under it."""
+    env_key, algo_key = f"{prefix}.env_id", f"{prefix}.algo"
     env_id = st.session_state.get(env_key, FIELD_SPECS["env_id"].default)
-    for name, value in preset_values(env_id).items():
+    algo = st.session_state.get(algo_key, FIELD_SPECS["algo"].default)
+    for name, value in preset_values(env_id, algo).items():
         key = f"{prefix}.{name}"
         if name not in exclude and key not in st.session_state:
             st.session_state[key] = _widget_value(FIELD_SPECS[name], value)
 
     def load_preset() -> None:
         chosen = st.session_state[env_key]
-        for name, value in preset_values(chosen).items():
+        algo = st.session_state.get(algo_key, FIELD_SPECS["algo"].default)
+        for name, value in preset_values(chosen, algo).items():
             if name not in exclude and name in TUNED_FIELDS:
                 st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
-        where = "its preset" if chosen in PRESETS else "the field defaults (it has no preset)"
-        st.toast(f"{chosen}: the tuned settings are {where}; the others are as you left them.")
+        where = "its preset" if preset_of(chosen, algo) else "the field defaults (it has no preset)"
+        name = algorithm_name(algo)
+        st.toast(f"{chosen}, {name}: the tuned settings are {where}; the others are as you "
+                 "left them.")  # fmt: skip
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs(exclude)
     for spec in main:
         key = f"{prefix}.{spec.name}"
-        values[spec.name] = _widget(spec, key, load_preset if spec.name == "env_id" else None)
+        loads = spec.name in ("env_id", "algo")
+        values[spec.name] = _widget(spec, key, load_preset if loads else None)
     with st.expander("Advanced"):
         for spec in advanced:
             values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
-    preset = PRESETS.get(values.get("env_id"))
+    chosen_algo = values.get("algo", FIELD_SPECS["algo"].default)
+    preset = preset_of(values.get("env_id"), chosen_algo)
     if preset is not None:
-        with st.expander(f"Why {values['env_id']}'s preset is what it is"):
+        name = algorithm_name(chosen_algo)
+        with st.expander(f"Why {values['env_id']}'s {name} preset is what it is"):
             st.markdown(markdown_text(preset.why))
     return values
 

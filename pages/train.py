@@ -1,4 +1,4 @@
-"""Train page: configure and start A2C+GAE runs, watch them learn live, stop them."""
+"""Train page: configure and start A2C or PPO runs with GAE, watch them learn live, stop them."""
 
 import streamlit as st
 
@@ -10,8 +10,8 @@ _ui.require_navigation("pages/train.py")
 
 st.title("Train")
 st.caption(
-    f"A2C with GAE({label('gamma')}, {label('lambda_')}) advantages on a gymnasium environment, "
-    "trained in a background process. "
+    f"A2C or PPO with GAE({label('gamma')}, {label('lambda_')}) advantages on a gymnasium "
+    "environment, trained in a background process. "
     "Runs keep going when you close the tab; come back here or to Runs to find them."
 )
 manager = _ui.manager()

@@ -21,6 +21,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -282,12 +283,13 @@ def stored_and_stepped(tmp_path, config) -> tuple:
 
     store = RunStore(tmp_path)
     run_id = store.create_run(config.to_dict())
-    assert execute_run(StoreSink(store, run_id), run_id, config).status == "finished"
+    (outcome,) = execute_run([StoreSink(store, run_id)], [run_id], [config], [threading.Event()])
+    assert outcome.status == "finished"
     trainer = Trainer(config)
     updates = []
     try:
         while not trainer.done:
-            result = trainer.step()
+            result = trainer.step()[0]
             updates.append((result.env_steps, result.metrics))
     finally:
         trainer.close()

@@ -45,6 +45,13 @@ BAD_VALUES = {
     "eval_every": [-1, 0.5],
     "eval_episodes": [0, 101, 2.0],
     "log_every": [-1, 0.5, 10**11],
+    "algo": ["trpo", None, "PPO"],
+    "n_epochs": [0, 1001, 2.5],
+    "minibatch_size": [0, 10**7 + 1, "64"],
+    "clip_range": [0.0, -0.1, 11.0],
+    "clip_range_schedule": ["cosine", None],
+    "clip_range_vf": [-1.0, float("inf")],
+    "target_kl": [-0.01, float("nan")],
 }
 
 
@@ -71,11 +78,25 @@ def test_field_problems_lists_every_bad_field_with_the_message_building_would_ra
             TrainConfig(**{name: value})
         if name != "bogus":
             assert problems[name] == str(raised.value)
-    assert problems["bogus"].startswith("unknown config field 'bogus'; fields: env_id,")
+    assert problems["bogus"].startswith("unknown config field 'bogus'; fields: algo, env_id,")
     assert field_problems(TrainConfig(gamma=0.9).to_dict()) == {}
     assert field_problems({"gamma": 0.9, "num_envs": 0}) == {
         "num_envs": "num_envs must be in [1, 1024], got 0"
     }
+
+
+def test_a_ppo_minibatch_larger_than_a_rollout_is_refused_naming_the_field():
+    """The one check across fields: TrainConfig and the form's field_problems say the same,
+    under minibatch_size, with the rollout's size; A2C ignores the field."""
+    message = "minibatch_size must be at most num_envs × rollout_steps = 32 for PPO, got 64"
+    values = dict(algo="ppo", num_envs=4, rollout_steps=8, minibatch_size=64)
+    with pytest.raises(ConfigError, match=message.replace("×", ".")):
+        TrainConfig(**values)
+    assert field_problems(values) == {"minibatch_size": message}
+    assert TrainConfig(**{**values, "algo": "a2c"}).minibatch_size == 64
+    assert field_problems({**values, "minibatch_size": 32}) == {}
+    # a bad value of one of the fields involved is reported as that field's own problem
+    assert set(field_problems({**values, "num_envs": 0})) == {"num_envs"}
 
 
 def test_range_in_message():

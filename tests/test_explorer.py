@@ -64,7 +64,7 @@ def test_a_run_stored_before_normalize_clip_replays_as_it_trained(tmp_path):
     # Frozen statistics with a tiny variance: normalised inputs reach hundreds, so a clip at 10
     # binds on almost every step.
     normalization = {"obs_mean": np.zeros(3), "obs_var": np.full(3, 1e-4), "obs_count": 1.0}
-    blob = checkpoint_bytes(trainer.model, normalization)
+    blob = checkpoint_bytes(trainer.model_of(), normalization)
     trainer.close()
     store = RunStore(tmp_path)
     before = {k: v for k, v in config.to_dict().items() if k != "normalize_clip"}

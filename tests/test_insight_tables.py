@@ -375,19 +375,22 @@ def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthe
 
 
 def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
-    from gae_core.agent.config import TrainConfig
+    from gae_core.agent.config import PPO_FIELDS, TrainConfig
     from gae_core.insight import provenance
     from gae_core.insight.views import config_warnings
 
     assert set(TrainConfig(env_id="Pendulum-v1").idle_fields()) == {
+        "critic_lambda", "normalize_clip", "reward_norm_reset", *PPO_FIELDS
+    }  # fmt: skip
+    assert set(TrainConfig(env_id="Pendulum-v1", algo="ppo").idle_fields()) == {
         "critic_lambda", "normalize_clip", "reward_norm_reset"
     }  # fmt: skip
     pendulum = TrainConfig(env_id="Pendulum-v1", critic_target="fixed_lambda",
-                           normalize_rewards=True)  # fmt: skip
+                           normalize_rewards=True, algo="ppo")  # fmt: skip
     assert pendulum.idle_fields() == {}
     # CartPole's policy is categorical: no Gaussian for log_std_init or gSDE to set up
     discrete = TrainConfig(env_id="CartPole-v1", critic_target="fixed_lambda",
-                           normalize_rewards=True)  # fmt: skip
+                           normalize_rewards=True, algo="ppo")  # fmt: skip
     assert discrete.idle_fields() == dict.fromkeys(
         ("log_std_init", "use_sde"), "CartPole-v1's actions are discrete"
     )
@@ -395,7 +398,10 @@ def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
         config_warnings(dataclasses.replace(discrete, log_std_init=-1.0))
     )
     only_obs = TrainConfig(
-        env_id="Pendulum-v1", critic_target="fixed_lambda", normalize_observations=True
+        env_id="Pendulum-v1",
+        critic_target="fixed_lambda",
+        normalize_observations=True,
+        algo="ppo",
     )
     assert list(only_obs.idle_fields()) == ["reward_norm_reset"]
     (warning,) = [w for w in config_warnings(TrainConfig(critic_lambda=0.9)) if "critic" in w]

@@ -121,7 +121,7 @@ def test_four_concurrent_runs_keep_their_data_apart(manager):
         trainer = Trainer(config)
         updates = []
         while not trainer.done:
-            result = trainer.step()
+            result = trainer.step()[0]
             updates.append((result.env_steps, result.metrics.get(M.VALUE_LOSS.key)))
         trainer.close()
         # a row per log_every (1,000) env steps: the mean of the updates since the last row
@@ -129,7 +129,7 @@ def test_four_concurrent_runs_keep_their_data_apart(manager):
         assert len(expected) < len(updates)
         assert stored["env_step"].tolist() == [s for s, _ in expected]
         np.testing.assert_allclose(stored["value"].to_numpy(), [v for _, v in expected], rtol=1e-6)
-        assert run.env_steps == trainer.env_steps
+        assert run.env_steps == trainer.member(0).env_steps
 
 
 def test_update_metrics_are_stored_as_window_means_closed_at_checkpoints(tmp_path):
@@ -155,10 +155,10 @@ def test_update_metrics_are_stored_as_window_means_closed_at_checkpoints(tmp_pat
 def test_diverged_loss_marks_failed_with_reason(manager, monkeypatch):
     real_update = Trainer.update
 
-    def update(self, advantages, returns):
+    def update(self, active):
         if self.updates >= 2:
             raise TrainingDiverged(f"loss became nan at update {self.updates}")
-        return real_update(self, advantages, returns)
+        return real_update(self, active)
 
     monkeypatch.setattr(Trainer, "update", update)
     run_id = manager.start(TrainConfig(**LONG))
@@ -171,7 +171,7 @@ def test_diverged_loss_marks_failed_with_reason(manager, monkeypatch):
 
 
 def test_any_other_exception_fails_with_traceback(manager, monkeypatch):
-    def collect(self):
+    def collect(self, active):
         raise KeyError("boom in collect")
 
     monkeypatch.setattr(Trainer, "collect", collect)
@@ -223,7 +223,7 @@ def test_the_first_episode_is_flushed_at_once_then_every_interval():
     flushes, even though the flush interval (an hour here) is far from due."""
     sink = _RecordingSink()
     config = TrainConfig(**{**SMALL, "checkpoint_every": 0, "eval_every": 0})
-    outcome = execute_run(sink, "r", config, flush_interval=3600.0)
+    (outcome,) = execute_run([sink], ["r"], [config], [threading.Event()], flush_interval=3600.0)
     assert outcome.status == "finished" == sink.status
     with_returns = [steps for steps, keys in sink.flushes if M.EPISODIC_RETURN.key in keys]
     # the first flush carries the first returns, long before the end; then only the final flush
@@ -236,7 +236,7 @@ def test_execute_run_skips_cancelled_trial(tmp_path):
     config = TrainConfig(**SMALL)
     run_id = store.create_run(config.to_dict())
     store.request_stop(run_id)
-    outcome = execute_run(StoreSink(store, run_id), run_id, config)
+    (outcome,) = execute_run([StoreSink(store, run_id)], [run_id], [config], [threading.Event()])
     assert outcome.status == "skipped" and store.metrics(run_id).empty
     assert store.get_run(run_id).status == "stopped"
     store.close()
@@ -342,11 +342,6 @@ def test_a_dead_spare_is_replaced_and_the_next_spare_waits_for_the_run_to_begin(
     assert manager.shutdown(timeout=10)
     assert wait_until(lambda: not _alive(spare), timeout=10)
     store.close()
-
-
-def test_process_runs_refuse_a_custom_trainer(tmp_path):
-    with RunStore(tmp_path) as store, pytest.raises(ValueError, match="trainer_factory"):
-        RunManager(store, processes=True, trainer_factory=lambda config: None)
 
 
 _ORPHAN_SCRIPT = """

@@ -270,12 +270,12 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
 
     at = app("pages/train.py")
     assert at.number_input(key="train.total_steps").value == 500_000  # CartPole's preset
-    assert any("CartPole-v1's preset" in e.label for e in at.expander)  # and why it is so
+    assert any("CartPole-v1's A2C preset" in e.label for e in at.expander)  # and why it is so
     at.number_input(key="train.seed").set_value(7).run()  # a choice no preset makes
     at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
     assert at.number_input(key="train.seed").value == 7  # kept
     assert [t.value for t in at.toast] == [
-        "Pendulum-v1: the tuned settings are its preset; the others are as you left them."
+        "Pendulum-v1, A2C: the tuned settings are its preset; the others are as you left them."
     ]
     preset = preset_values("Pendulum-v1")
     assert at.number_input(key="train.total_steps").value == preset["total_steps"] == 1_000_000
@@ -284,6 +284,14 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     assert at.selectbox(key="train.lr_schedule").value == "linear"
     at.number_input(key="train.gamma").set_value(0.95).run()  # the user's change sticks
     assert at.number_input(key="train.gamma").value == 0.95
+    assert not at.error and not at.button(key="train.start").disabled
+    # choosing PPO loads Pendulum's PPO preset (the Zoo's row) and keeps the seed
+    at.selectbox(key="train.algo").set_value("ppo").run()
+    ppo = preset_values("Pendulum-v1", "ppo")
+    for name in ("rollout_steps", "num_envs", "minibatch_size", "n_epochs", "total_steps"):
+        assert at.number_input(key=f"train.{name}").value == ppo[name], name
+    assert at.number_input(key="train.seed").value == 7
+    assert any("Pendulum-v1's PPO preset" in e.label for e in at.expander)
     assert not at.error and not at.button(key="train.start").disabled
 
 

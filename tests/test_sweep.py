@@ -95,7 +95,7 @@ def test_sweep_with_two_workers(tmp_path):
     trainer = Trainer(TrainConfig.from_dict(run.config))
     updates = []
     while not trainer.done:
-        result = trainer.step()
+        result = trainer.step()[0]
         updates.append((result.env_steps, result.metrics.get(M.VALUE_LOSS.key)))
     trainer.close()
     expected = stored_update_metric(updates, BASE.log_every)
@@ -369,22 +369,21 @@ def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_i
 
 
 def test_the_pool_takes_a_trial_only_when_it_would_start_at_once():
-    """A trial is claimed ("running") only if it starts at the next send: one that trains alone
-    (normalised) takes a whole worker, one that can share joins the room of its own kind's
-    population, and one of a third kind waits in the queue (not in the pool) while both
-    workers are spoken for."""
+    """A trial is claimed ("running") only if it starts at the next send: one of a new kind
+    takes a whole worker, one of a kind already gathered joins the room of that population
+    (normalisation is per member, so a normalised config shares with a plain one), and one of a
+    third kind waits in the queue (not in the pool) while both workers are spoken for."""
     pool, ends = _fake_pool(capacity=4, workers=2)
-    alone, shared, other = (
-        TrainConfig(normalize_rewards=True), TrainConfig(), TrainConfig(num_envs=8)
-    )  # fmt: skip
+    first, shared, other = TrainConfig(num_envs=8), TrainConfig(), TrainConfig(hidden_sizes=(8,))
+    normalised = TrainConfig(normalize_rewards=True, normalize_observations=True)
     try:
-        assert pool.idle_slots() == 8 and pool.can_take(alone.to_dict())
-        pool.submit(0, "run-0", alone.to_dict())
+        assert pool.idle_slots() == 8 and pool.can_take(first.to_dict())
+        pool.submit(0, "run-0", first.to_dict())
         assert pool.can_take(shared.to_dict())  # the other worker, as a population
         pool.submit(1, "run-1", shared.to_dict())
-        assert pool.can_take(shared.to_dict())  # the room left in that population
-        pool.submit(2, "run-2", shared.to_dict())
-        for kind in (alone, other):  # a worker of its own: none is left
+        assert pool.can_take(normalised.to_dict())  # the room left in that population
+        pool.submit(2, "run-2", normalised.to_dict())
+        for kind in (other, TrainConfig(num_envs=4)):  # a worker of its own: none is left
             assert not pool.can_take(kind.to_dict())
         pool._send_gathered()
         sent = sorted([index for index, _, _ in end.recv()[1]] for end in ends)
@@ -500,11 +499,11 @@ def test_a_population_lost_in_part_trains_again_without_joining_another():
 
 def test_the_dispatch_order_runs_each_planned_population_consecutively():
     """Each kind's trials in consecutive batches of the capacity, the batches ordered by their
-    first trial (a trial that trains alone is a batch of one); no reordering at capacity 1."""
+    first trial (a kind with one trial is a batch of one); no reordering at capacity 1."""
     from gae_core.runs.gather import Gathering
 
     small, big, alone = (
-        TrainConfig(num_envs=2), TrainConfig(num_envs=4), TrainConfig(normalize_rewards=True)
+        TrainConfig(num_envs=2), TrainConfig(num_envs=4), TrainConfig(algo="ppo")
     )  # fmt: skip
     kinds = [small, big, small, alone, big, small, small, big]
     configs = [dict(c.to_dict(), seed=i) for i, c in enumerate(kinds)]

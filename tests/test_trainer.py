@@ -1,10 +1,10 @@
-"""A2C+GAE trainer: smoke runs on every supported env family, determinism, truncation
-bootstrapping against the closed form 1/(1−γ), divergence, checkpoints and recordings."""
+"""The trainer as a single run (M = 1): smoke runs on every supported env family and both
+algorithms, determinism, truncation bootstrapping against the closed form 1/(1−γ), divergence,
+checkpoints, recordings, normalisation and gSDE."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import io
 import itertools
 import math
@@ -19,14 +19,16 @@ from gymnasium.wrappers.utils import RunningMeanStd
 import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import EpisodeNormalizeReward, NormalizeReward, make_training_env
+from gae_core.agent.envs import make_vector_env
+from gae_core.agent.normalize import Normalizers
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.recording import evaluate_values, load_replay
 from gae_core.agent.trainer import Trainer, TrainingDiverged
-from gae_core.runs.execute import UpdateLog
+from gae_core.runs.member_run import UpdateLog
 from gae_core.trajectory import Trajectory
 
 METRIC_KEYS = {m.key for m in M.UPDATE} | {M.STEPS_PER_SECOND.key, M.WALL_TIME.key}
+PPO_KEYS = METRIC_KEYS | {M.APPROX_KL.key, M.CLIP_FRACTION.key}
 
 FIVE_ENVS = [
     "CartPole-v1",
@@ -74,24 +76,34 @@ def tiny(env_id: str = "CartPole-v1", **overrides) -> TrainConfig:
 def run(config: TrainConfig, updates: int):
     trainer = Trainer(config)
     try:
-        return [trainer.step() for _ in range(updates)], trainer
+        return [trainer.step()[0] for _ in range(updates)], trainer
     finally:
         trainer.close()
 
 
+def steps_of(trainer: Trainer) -> int:
+    return trainer.member(0).env_steps
+
+
+PPO = dict(algo="ppo", n_epochs=3, minibatch_size=6)
+
+
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
 @pytest.mark.parametrize("env_id", FIVE_ENVS)
-def test_smoke_each_env(env_id):
-    results, trainer = run(tiny(env_id), updates=4)
-    assert trainer.env_steps == results[-1].env_steps >= 4 * 2 * 8 - 2  # minus reset rows
+def test_smoke_each_env(env_id, algo):
+    extra = PPO if algo == "ppo" else {}
+    results, trainer = run(tiny(env_id, **extra), updates=4)
+    assert steps_of(trainer) == results[-1].env_steps >= 4 * 2 * 8 - 2  # minus reset rows
     for result in results:
-        assert set(result.metrics) == METRIC_KEYS
+        assert set(result.metrics) == (PPO_KEYS if algo == "ppo" else METRIC_KEYS)
         assert all(math.isfinite(v) for v in result.metrics.values())
-    assert trainer.done == (trainer.env_steps >= 64)
+    assert trainer.done == (steps_of(trainer) >= 64)
 
 
 def test_same_seed_same_metrics_and_episodes():
     def trace(seed):
-        results, _ = run(tiny(seed=seed, num_envs=4, rollout_steps=16), updates=15)
+        config = tiny(seed=seed, num_envs=4, rollout_steps=16, total_steps=10_000)
+        results, _ = run(config, updates=15)
         metrics = [
             {k: v for k, v in r.metrics.items() if M.get(k).namespace != "perf"} for r in results
         ]
@@ -116,7 +128,7 @@ def test_episodes_report_step_return_and_length():
 
 def test_reset_rows_masked_and_truncation_flagged():
     trainer = Trainer(tiny(CONSTANT_ID, num_envs=2, rollout_steps=12))
-    trainer.collect()
+    trainer.collect([0])
     rollout = trainer._rollout
     # Row 9 is the time limit (truncated, not terminated); row 10 is the env's reset row.
     assert rollout.truncated[:, 0].tolist() == [False] * 9 + [True] + [False] * 2
@@ -199,26 +211,20 @@ def test_truncation_bootstraps_to_the_infinite_horizon_value(lambda_):
     assert abs(value - 1 / (1 - gamma)) < 0.3, value
 
 
-def test_nan_weights_raise_training_diverged():
-    for part in ("actor", "critic"):
-        trainer = Trainer(tiny())
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+@pytest.mark.parametrize(("part", "what"), [("actor", "loss"), ("critic", "critic values")])
+def test_nan_weights_end_the_run_with_training_diverged(part, what, algo):
+    """A run whose values or loss become NaN stops learning at that update, reports no metric
+    of it, and says what blew up (its run ends failed with this message)."""
+    trainer = Trainer(tiny(**(PPO if algo == "ppo" else {})))
+    try:
         trainer.step()
         with torch.no_grad():
-            getattr(trainer.model, part)[0].weight.fill_(float("nan"))
-        with pytest.raises(TrainingDiverged, match=r"non-finite|became nan"):
-            trainer.step()
-        trainer.close()
-
-
-def test_huge_learning_rate_diverges_or_trains_finite():
-    # Either outcome is acceptable; what is not is a NaN metric slipping through silently.
-    trainer = Trainer(tiny("Pendulum-v1", learning_rate=1.0, max_grad_norm=0.0))
-    try:
-        for _ in range(30):
-            result = trainer.step()
-            assert all(math.isfinite(v) for v in result.metrics.values())
-    except TrainingDiverged:
-        pass
+            getattr(trainer, part).weights[0].fill_(float("nan"))
+        assert trainer.step() == {} and trainer.done
+        assert trainer.member(0).error == (
+            f"{TrainingDiverged.__name__}: {what} became non-finite at update 1"
+        )
     finally:
         trainer.close()
 
@@ -226,19 +232,20 @@ def test_huge_learning_rate_diverges_or_trains_finite():
 def test_checkpoint_round_trip_and_evaluate_values():
     config = tiny(checkpoint_every=32)
     trainer = Trainer(config)
-    assert not trainer.checkpoint_due()
-    while not trainer.checkpoint_due():
+    member = trainer.member(0)
+    assert not member.checkpoint_due()
+    while not member.checkpoint_due():
         trainer.step()
     data = trainer.checkpoint_bytes()
-    assert trainer.checkpoint_due()  # a pure read: saving does not move the schedule
+    assert member.checkpoint_due()  # a pure read: saving does not move the schedule
     state = torch.load(io.BytesIO(data), weights_only=True)
-    assert set(state["model"]) == set(trainer.model.state_dict())
+    assert set(state["model"]) == set(trainer.model_of().state_dict())
     assert set(state) == {"model"}  # no normalisation: no statistics saved
     observations = np.random.default_rng(0).normal(size=(7, 4)).astype(np.float32)
     with torch.no_grad():
-        expected = trainer.model.values(torch.from_numpy(observations)).numpy()
+        expected = trainer.model_of().values(torch.from_numpy(observations)).numpy()
     trainer.step()  # 16 steps: the next multiple of 32 is not crossed yet
-    assert not trainer.checkpoint_due()
+    assert not member.checkpoint_due()
     np.testing.assert_allclose(evaluate_values(config, data, observations), expected, rtol=1e-6)
     with pytest.raises(ValueError, match=r"shape \[T, 4\]"):
         evaluate_values(config, data, observations[:, :3])
@@ -262,7 +269,7 @@ def check_trajectory(trajectory: Trajectory, action_shape: tuple[int, ...]) -> N
 def test_record_trajectories_are_consistent():
     trainer = Trainer(tiny())
     trainer.step()
-    trajectories = trainer.record(episodes=2, seed=5)
+    trajectories = trainer.record(0, episodes=2, seed=5)
     assert len(trajectories) == 2
     for trajectory in trajectories:
         check_trajectory(trajectory, ())
@@ -270,7 +277,7 @@ def test_record_trajectories_are_consistent():
         copy_ = Trajectory.from_bytes(trajectory.to_bytes())
         for name in ("observations", "actions", "values", "truncated"):
             np.testing.assert_array_equal(getattr(copy_, name), getattr(trajectory, name))
-    again = trainer.record(episodes=2, seed=5)
+    again = trainer.record(0, episodes=2, seed=5)
     np.testing.assert_array_equal(again[1].actions, trajectories[1].actions)
     trainer.close()
 
@@ -280,11 +287,11 @@ def test_record_truncates_at_time_limit_and_leaves_training_untouched():
     with_recording, plain = Trainer(config), Trainer(config)
     with_recording.step()
     plain.step()
-    (trajectory,) = with_recording.record(episodes=1, seed=0)
+    (trajectory,) = with_recording.record(0, episodes=1, seed=0)
     check_trajectory(trajectory, ())
     assert len(trajectory) == TIME_LIMIT and trajectory.truncated[-1]
     assert not trajectory.terminated.any()
-    a, b = with_recording.step().metrics, plain.step().metrics
+    a, b = with_recording.step()[0].metrics, plain.step()[0].metrics
     assert {k: v for k, v in a.items() if "perf" not in k} == {
         k: v for k, v in b.items() if "perf" not in k
     }
@@ -293,10 +300,10 @@ def test_record_truncates_at_time_limit_and_leaves_training_untouched():
 def test_continuous_actions_clipped_for_env_but_logged_unclipped():
     trainer = Trainer(tiny("Pendulum-v1"))
     with torch.no_grad():
-        trainer.model.log_std.fill_(2.0)  # σ ≈ 7.4 against bounds of ±2
+        trainer.log_std.fill_(2.0)  # σ ≈ 7.4 against bounds of ±2
     trainer.step()
     assert np.abs(trainer._rollout.actions).max() > 2.0
-    (trajectory,) = trainer.record(episodes=1, seed=1)
+    (trajectory,) = trainer.record(0, episodes=1, seed=1)
     check_trajectory(trajectory, (1,))
     assert np.abs(trajectory.actions).max() > 2.0 and trajectory.truncated[-1]
     trainer.close()
@@ -375,7 +382,7 @@ def test_last_rollout_is_cut_at_the_budget():
             trainer.step()
         # reset rows do not count, so the run can end a little below a multiple of 16 but
         # never a whole rollout past the budget
-        assert config.total_steps <= trainer.env_steps < config.total_steps + config.num_envs
+        assert config.total_steps <= steps_of(trainer) < config.total_steps + config.num_envs
         assert trainer._batch.rewards.shape[0] < config.rollout_steps  # the last one was cut
     finally:
         trainer.close()
@@ -400,14 +407,14 @@ def test_mujoco_tasks_train_and_record_with_float64_observations(env_id):
     try:
         assert gym.make(env_id).observation_space.dtype == np.float64
         while not trainer.done:
-            result = trainer.step()
+            (result,) = trainer.step().values()
             assert all(math.isfinite(v) for v in result.metrics.values())
-        (trajectory,) = trainer.record(1, seed=3)
+        (trajectory,) = trainer.record(0, 1, seed=3)
         assert trajectory.observations.dtype == np.float32 and len(trajectory) > 0
-        assert len(trainer.evaluate(2, seed=0)) == 2
+        assert len(trainer.evaluate(0, 2, seed=0)) == 2
         replay = load_replay(config, trainer.checkpoint_bytes())
         np.testing.assert_allclose(
-            replay.model.log_std.detach().numpy(), trainer.model.log_std.detach().numpy()
+            replay.model.log_std.detach().numpy(), trainer.log_std[0].detach().numpy()
         )
     finally:
         trainer.close()
@@ -416,28 +423,27 @@ def test_mujoco_tasks_train_and_record_with_float64_observations(env_id):
 def test_normalisation_statistics_round_trip_and_are_frozen_on_replay():
     config = tiny(
         "Pendulum-v1",
-        total_steps=800,
+        total_steps=1600,
         normalize_observations=True,
         normalize_rewards=True,
         gamma=0.9,
     )
     trainer = Trainer(config)
     try:
-        while not trainer.done:
+        while steps_of(trainer) < 800:
             trainer.step()
         blob = trainer.checkpoint_bytes()
-        rms = trainer.stack.observations.obs_rms
-        mean, var = rms.mean.copy(), rms.var.copy()
-        return_var = float(trainer.stack.rewards.return_rms.var)
+        moments = trainer.normalizers.obs
+        mean, var = moments.mean[0].copy(), moments.var[0].copy()
+        return_var = float(trainer.normalizers.returns.var[0])
         replay = load_replay(config, blob)
         np.testing.assert_array_equal(replay.obs_mean, mean)
         np.testing.assert_array_equal(replay.obs_var, var)
         assert replay.value_scale == pytest.approx(math.sqrt(return_var + 1e-8))
         # Frozen: more training moves the trainer's statistics, not the replay's.
-        trainer.config = dataclasses.replace(config, total_steps=1600)
         while not trainer.done:
             trainer.step()
-        assert not np.allclose(trainer.stack.observations.obs_rms.mean, mean)
+        assert not np.allclose(trainer.normalizers.obs.mean[0], mean)
         np.testing.assert_array_equal(load_replay(config, blob).obs_mean, mean)
         # The replay normalises exactly like gymnasium's wrapper with the saved statistics.
         wrapped = gym.wrappers.NormalizeObservation(gym.make("Pendulum-v1"))
@@ -453,7 +459,7 @@ def test_normalisation_statistics_round_trip_and_are_frozen_on_replay():
             replay.values(raw[None]), scaled.numpy() * replay.value_scale, rtol=1e-5
         )
         # Recordings keep the env's own observations and rewards.
-        (trajectory,) = trainer.record(1, seed=5)
+        (trajectory,) = trainer.record(0, 1, seed=5)
         np.testing.assert_allclose(trajectory.observations[0], raw, rtol=1e-6)
         assert trajectory.value_scale == pytest.approx(trainer.replay().value_scale)
         assert trajectory.rewards.min() < -0.5  # Pendulum's raw costs, not unit-scaled ones
@@ -461,39 +467,42 @@ def test_normalisation_statistics_round_trip_and_are_frozen_on_replay():
         trainer.close()
 
 
+def _normalizers(env_id: str, n: int, **fields) -> Normalizers:
+    config = TrainConfig(env_id=env_id, num_envs=n, **fields)
+    obs_dim = gym.make(env_id).observation_space.shape[0]
+    return Normalizers([config], n, obs_dim)
+
+
 @pytest.mark.parametrize("env_id", ["MountainCar-v0", "Pendulum-v1"])
 def test_normalize_clip_clips_what_the_normalisers_output_and_nothing_else(env_id):
-    # Two stacks on one seed and one action sequence: the clip sits above each normaliser, so
-    # the running statistics (and the env's own rewards) are the same with and without it.
+    # Two normalisers fed one raw stream: the clip sits above the statistics, so they (and the
+    # env's own rewards) are the same with and without it; only the outputs are clipped.
     clip = 0.5
-    stacks = [
-        make_training_env(
-            env_id, 4, normalize_observations=True, normalize_rewards=True, gamma=0.9, clip=c
-        )
-        for c in (0.0, clip)
-    ]
+    fields = dict(normalize_observations=True, normalize_rewards=True, gamma=0.9)
+    pair = [_normalizers(env_id, 4, normalize_clip=c, **fields) for c in (0.0, clip)]
+    env = make_vector_env(env_id, 4)
     try:
-        space = stacks[0].env.action_space
+        space = env.action_space
         space.seed(1)
-        outputs = [stack.env.reset(seed=2)[0] for stack in stacks]
+        raw, _ = env.reset(seed=2)
+        outputs = [n.reset(raw) for n in pair]
         np.testing.assert_array_equal(outputs[1], np.clip(outputs[0], -clip, clip))
         clipped_rewards = 0
         for _ in range(30):
-            action = space.sample()
-            (o0, r0, *_), (o1, r1, *_) = (stack.env.step(action) for stack in stacks)
+            raw, rewards, terminated, truncated, _ = env.step(space.sample())
+            r0, r1 = (n.scale_rewards(rewards, terminated, truncated) for n in pair)
+            o0, o1 = (n.observe(raw, terminated | truncated) for n in pair)
             assert o1.dtype == o0.dtype == np.float32
             np.testing.assert_array_equal(o1, np.clip(o0, -clip, clip))
-            np.testing.assert_allclose(r1, np.clip(r0, -clip, clip), rtol=1e-12)
-            np.testing.assert_array_equal(stacks[0].raw.rewards, stacks[1].raw.rewards)
+            np.testing.assert_allclose(r1, np.clip(r0, -clip, clip), rtol=1e-6)
             clipped_rewards += int(np.sum(np.abs(r0) > clip))
         assert clipped_rewards > 0  # the case is not vacuous
-        a, b = (stack.normalization_state() for stack in stacks)
-        assert a.keys() == b.keys()
+        a, b = (n.state(0) for n in pair)
+        assert a.keys() == b.keys() == {"obs_mean", "obs_var", "obs_count", "return_var"}
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
     finally:
-        for stack in stacks:
-            stack.close()
+        env.close()
 
 
 @pytest.mark.parametrize("env_id", ["MountainCar-v0", "CartPole-v1"])
@@ -505,25 +514,28 @@ def test_reward_normalisation_keeps_its_return_by_the_rule_the_config_names(epis
     # restarted at truncation), both computed here by hand. The row after an episode end is the
     # NEXT_STEP reset row, which neither rule counts.
     gamma, n = 0.99, 3
-    stack = make_training_env(
-        env_id, n, normalize_rewards=True, gamma=gamma, reset_at_truncation=episode_end
+    rule = "episode_end" if episode_end else "termination"
+    normalizers = _normalizers(
+        env_id, n, normalize_rewards=True, gamma=gamma, reward_norm_reset=rule, normalize_clip=0
     )
+    env = make_vector_env(env_id, n)
     try:
-        stack.env.reset(seed=4)
-        stack.env.action_space.seed(4)
-        returns = {"sb3": np.zeros(n), "gymnasium": np.zeros(n, np.float32)}  # as each keeps it
+        env.reset(seed=4)
+        env.action_space.seed(4)
+        returns = {"sb3": np.zeros(n), "gymnasium": np.zeros(n)}  # as each keeps it
         seen = {"sb3": RunningMeanStd(shape=()), "gymnasium": RunningMeanStd(shape=())}
         ended = np.zeros(n, bool)
         ends = np.zeros(2, int)  # terminations, truncations
         for _ in range(1200):
-            _, scaled, terminated, truncated, _ = stack.env.step(stack.env.action_space.sample())
-            active, reward = ~ended, stack.raw.rewards
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            scaled = normalizers.scale_rewards(reward, terminated, truncated)
+            active = ~ended
             returns["sb3"][active] = returns["sb3"][active] * gamma + reward[active]
             kept, carried = 1.0 - terminated[active], returns["gymnasium"][active]
             returns["gymnasium"][active] = carried * gamma * kept + reward[active]
-            for rule in returns:
+            for name in returns:
                 if active.any():
-                    seen[rule].update(returns[rule][active])
+                    seen[name].update(returns[name][active])
             ended = terminated | truncated
             returns["sb3"][ended] = 0.0
             ends += terminated.sum(), truncated.sum()
@@ -531,18 +543,18 @@ def test_reward_normalisation_keeps_its_return_by_the_rule_the_config_names(epis
             assert ends.tolist() == [0, 5 * n]  # five truncations per env, no flag reached
         else:
             assert ends[0] > 50 and ends[1] == 0  # many short terminated episodes
-        rms = stack.rewards.return_rms
+        variance = normalizers.returns.var[0]
         mine, other = ("sb3", "gymnasium") if episode_end else ("gymnasium", "sb3")
-        assert rms.var == pytest.approx(seen[mine].var, rel=1e-12)
+        assert variance == pytest.approx(seen[mine].var, rel=1e-9)
         # the rules differ here: by 0.07 % on CartPole; on MountainCar gymnasium's is 41 % lower
-        assert abs(rms.var / seen[other].var - 1) > (1e-4 if env_id == "CartPole-v1" else 0.3)
-        np.testing.assert_allclose(scaled, stack.raw.rewards / np.sqrt(rms.var + 1e-8))
+        assert abs(variance / seen[other].var - 1) > (1e-4 if env_id == "CartPole-v1" else 0.3)
+        np.testing.assert_allclose(scaled, reward / np.sqrt(variance + 1e-8), rtol=1e-6)
     finally:
-        stack.close()
+        env.close()
 
 
 @pytest.mark.parametrize("reset", ["episode_end", "termination"])
-def test_the_trainer_builds_the_normalisation_its_config_names(reset):
+def test_the_trainer_normalises_and_clips_as_its_config_names(reset):
     config = tiny(
         "MountainCar-v0",
         normalize_observations=True,
@@ -552,21 +564,18 @@ def test_the_trainer_builds_the_normalisation_its_config_names(reset):
     )
     trainer = Trainer(config)
     try:
-        kind = EpisodeNormalizeReward if reset == "episode_end" else NormalizeReward
-        assert type(trainer.stack.rewards) is kind
-        trainer.env.action_space.seed(0)
-        for _ in range(3):
-            observations, rewards, *_ = trainer.env.step(trainer.env.action_space.sample())
-            assert np.abs(rewards).max() == pytest.approx(0.05)  # clipped, not merely small
-            assert np.abs(observations).max() <= 0.05
+        assert trainer.normalizers.episode_reset.all() == (reset == "episode_end")
+        trainer.collect([0])
+        rollout = trainer._batch
+        assert np.abs(rollout.rewards).max() == pytest.approx(0.05)  # clipped, not merely small
+        assert np.abs(rollout.observations).max() == pytest.approx(0.05)
     finally:
         trainer.close()
 
 
 def test_the_replay_clips_its_frozen_normalisation_like_training():
-    """The replay's network input equals what the training stack's own wrappers
-    (gymnasium's NormalizeObservation, frozen, then the clip) make of the same raw
-    observations, and the clip binds on them."""
+    """The replay's network input equals what the trainer's normaliser (its statistics frozen,
+    then the clip) makes of the same raw observations, and the clip binds on them."""
     config = tiny("Pendulum-v1", total_steps=400, normalize_observations=True, normalize_clip=0.25)
     trainer = Trainer(config)
     try:
@@ -575,12 +584,10 @@ def test_the_replay_clips_its_frozen_normalisation_like_training():
         replay = load_replay(config, trainer.checkpoint_bytes())
         assert replay.clip == trainer.replay().clip == 0.25
         raw = np.array([[1.0, 0.0, 8.0], [-1.0, 0.0, -8.0], [0.3, -0.9, 0.1]], np.float32)
-        normaliser, top = trainer.stack.observations, trainer.stack.env
-        normaliser.update_running_mean = False  # the statistics a checkpoint freezes
-        assert top.env is normaliser  # the clip sits right above the normaliser
-        trained = top.observations(normaliser.observations(raw))
-        unclipped = normaliser.observations(raw)
-        assert np.abs(unclipped).max() > 0.25 and np.abs(trained).max() == np.float32(0.25)
+        moments = trainer.normalizers.obs
+        unclipped = (raw - moments.mean[0]) / np.sqrt(moments.var[0] + 1e-8)
+        trained = np.clip(unclipped, -0.25, 0.25)
+        assert np.abs(unclipped).max() > 0.25
         np.testing.assert_allclose(replay.policy_input(raw).numpy(), trained, rtol=1e-6, atol=1e-7)
     finally:
         trainer.close()
@@ -592,7 +599,7 @@ def test_episode_returns_count_the_envs_own_rewards_under_reward_normalisation()
     try:
         episodes = []
         while not trainer.done:
-            episodes += trainer.step().episodes
+            episodes += trainer.step()[0].episodes
         assert episodes
         for episode in episodes:  # CartPole pays 1 per step: return == length, unscaled
             assert episode.return_ == pytest.approx(episode.length)
@@ -609,12 +616,17 @@ def test_critic_target_changes_the_target_and_leaves_advantages_unchanged():
         config = tiny(lambda_=0.7, critic_target=target, critic_lambda=1.0)
         trainer = Trainer(config)
         try:
-            trainer.collect()
-            advantages, returns = trainer.estimate()
+            trainer.collect([0])
             rollout = trainer._batch
             with torch.no_grad():
-                all_values = trainer.model.values(torch.from_numpy(rollout.observations)).numpy()
-            outputs[target] = (advantages.numpy(), returns.numpy(), rollout, all_values)
+                values = trainer.critic(trainer.by_member(rollout.observations)).squeeze(-1)
+            advantages, returns = trainer.estimate(values)
+            steps = rollout.rewards.shape
+            all_values = values.reshape(steps[0] + 1, steps[1]).numpy()  # member-major, M = 1
+            outputs[target] = (
+                advantages.reshape(steps).numpy(), returns.reshape(steps).numpy(), rollout,
+                all_values,
+            )  # fmt: skip
         finally:
             trainer.close()
     adv_a, returns_a, rollout, all_values = outputs["advantage_lambda"]
@@ -634,8 +646,8 @@ def test_linear_schedule_decays_the_learning_rate_to_zero():
     try:
         rates, expected = [], []
         while not trainer.done:
-            expected.append(1e-2 * (1 - trainer.env_steps / 640))  # lr·(1 − spent/budget)
-            rates.append(trainer.step().metrics[M.LEARNING_RATE.key])
+            expected.append(1e-2 * (1 - steps_of(trainer) / 640))  # lr·(1 − spent/budget)
+            rates.append(trainer.step()[0].metrics[M.LEARNING_RATE.key])
     finally:
         trainer.close()
     assert rates[0] == pytest.approx(1e-2)
@@ -651,11 +663,11 @@ def test_deterministic_evaluation_is_repeatable_and_leaves_training_alone():
         for _ in range(5):
             trainer.step()
             other.step()
-        first = trainer.evaluate(3, seed=11)
-        assert first == trainer.evaluate(3, seed=11)
+        first = trainer.evaluate(0, 3, seed=11)
+        assert first == trainer.evaluate(0, 3, seed=11)
         assert all(r == int(r) and 8 <= r <= 500 for r in first)  # CartPole: 1 per step
         # evaluating did not perturb training: the twin that never evaluated matches
-        a, b = trainer.step().metrics, other.step().metrics
+        a, b = trainer.step()[0].metrics, other.step()[0].metrics
         assert a[M.VALUE_LOSS.key] == b[M.VALUE_LOSS.key]
     finally:
         trainer.close()
@@ -665,7 +677,7 @@ def test_deterministic_evaluation_is_repeatable_and_leaves_training_alone():
 def test_log_std_init_sets_the_initial_exploration():
     trainer = Trainer(tiny("Pendulum-v1", log_std_init=-2.0))
     try:
-        np.testing.assert_array_equal(trainer.model.log_std.detach().numpy(), [-2.0])
+        np.testing.assert_array_equal(trainer.log_std.detach().numpy(), [[-2.0]])
     finally:
         trainer.close()
 
@@ -733,22 +745,25 @@ def test_a_gsde_run_draws_one_matrix_per_env_per_rollout_and_replays_its_checkpo
     config = tiny("Pendulum-v1", use_sde=True, log_std_init=-2.0, total_steps=48)
     trainer = Trainer(config)
     draws = []
-    original = trainer.model.sde_noise
+    original = trainer._sde_noise
 
-    def counted(count, rng):
-        draws.append(count)
-        return original(count, rng)
+    def counted():
+        noise = original()
+        draws.append(tuple(noise.shape))
+        return noise
 
-    trainer.model.sde_noise = counted
+    trainer._sde_noise = counted
     try:
         while not trainer.done:
             trainer.step()
-        assert draws == [config.num_envs] * trainer.updates  # one per rollout, one per env
+        # one matrix per env, drawn once per rollout: [members, envs, features, actions]
+        assert draws == [(1, config.num_envs, 16, 1)] * trainer.updates
         replay = load_replay(config, trainer.checkpoint_bytes())
         assert replay.model.sde and replay.model.log_std.shape == (16, 1)
         obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
         with torch.inference_mode():
-            np.testing.assert_array_equal(replay.act(obs), trainer.model.act(torch.from_numpy(obs)))
+            mean = trainer.actor(torch.from_numpy(obs)[None])[0].numpy()
+        np.testing.assert_allclose(replay.act(obs), mean, rtol=1e-6, atol=1e-7)
     finally:
         trainer.close()
 

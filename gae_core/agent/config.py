@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gae_core.agent.envs import SUPPORTED_ENVS, discrete_actions, env_id_problem
+from gae_core.agent.field_spec import FieldSpec, parse_int
 from gae_core.errors import ConfigError, UnsupportedEnvError
-from gae_core.labels import label
 
 __all__ = [
     "BOOKKEEPING_FIELDS",
     "FIELD_SPECS",
+    "PPO_FIELDS",
     "STORED_BEFORE",
     "ConfigError",
     "FieldSpec",
@@ -42,6 +43,12 @@ def _field(default: Any, help: str, *, min=None, max=None, choices=None) -> Any:
 # the form, the CLI and the comparison use.
 @dataclass(frozen=True)
 class TrainConfig:
+    algo: str = _field(
+        "a2c",
+        "Algorithm: A2C (one gradient step per rollout) or PPO (clipped surrogate, n_epochs "
+        "passes over the rollout in minibatches of minibatch_size rows)",
+        choices=("a2c", "ppo"),
+    )
     env_id: str = _field(
         "CartPole-v1",
         "Gymnasium id (classic control); other plain ids registered in this process also work",
@@ -113,6 +120,42 @@ class TrainConfig:
         min=0.0,
         max=1.0,
     )
+    n_epochs: int = _field(
+        10,
+        "PPO: passes over each rollout (SB3's n_epochs, CleanRL's update_epochs)",
+        min=1,
+        max=1000,
+    )
+    minibatch_size: int = _field(
+        64,
+        "PPO: rows per gradient step (SB3's batch_size); the last minibatch of an epoch takes "
+        "what is left; at most num_envs × rollout_steps",
+        min=1,
+        max=10**7,
+    )
+    clip_range: float = _field(
+        0.2, "PPO: the surrogate's clip ε (ratio kept in [1 − ε, 1 + ε])", min=1e-6, max=10.0
+    )
+    clip_range_schedule: str = _field(
+        "constant",
+        "PPO: the clip range's schedule: constant, or linear decay to 0 at total_steps (SB3's "
+        "lin_)",
+        choices=("constant", "linear"),
+    )
+    clip_range_vf: float = _field(
+        0.0,
+        "PPO: clip the critic's new values to ±this around the rollout's (SB3's "
+        "clip_range_vf); 0 disables",
+        min=0.0,
+        max=1e6,
+    )
+    target_kl: float = _field(
+        0.0,
+        "PPO: stop a member's epochs once a minibatch's approximate KL exceeds 1.5 × this "
+        "(SB3's target_kl); 0 disables",
+        min=0.0,
+        max=1e6,
+    )
     log_std_init: float = _field(
         0.0, "Initial log-std of the Gaussian policy (continuous actions)", min=-5.0, max=2.0
     )
@@ -164,6 +207,9 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             value = _check(f, getattr(self, f.name))
             object.__setattr__(self, f.name, value)  # normalised: int → float, list → tuple
+        problem = _minibatch_problem(self.algo, self.minibatch_size, self.batch_size)
+        if problem:
+            raise ConfigError(problem)
 
     @property
     def batch_size(self) -> int:
@@ -186,6 +232,10 @@ class TrainConfig:
             idle["normalize_clip"] = "neither normalize_observations nor normalize_rewards is on"
         if not self.normalize_rewards:
             idle["reward_norm_reset"] = "normalize_rewards is off"
+        if self.algo == "a2c":
+            why = "algo is a2c (one gradient step per rollout, no clipping)"
+            for name in PPO_FIELDS:
+                idle[name] = why
         if discrete_actions(self.env_id):  # a categorical policy: no Gaussian to set up
             why = f"{self.env_id}'s actions are discrete"
             idle["log_std_init"] = idle["use_sde"] = why
@@ -218,6 +268,11 @@ class TrainConfig:
         return cls(**data)
 
 
+#: Fields that only PPO reads.
+PPO_FIELDS = (
+    "n_epochs", "minibatch_size", "clip_range", "clip_range_schedule", "clip_range_vf", "target_kl",
+)  # fmt: skip
+
 #: Fields that decide where a run ran (device, threads) or what it records beside its training
 #: (evaluations, checkpoints and their episodes, metric rows), not what it learns: evaluations
 #: and recordings play on envs and generators of their own
@@ -244,7 +299,8 @@ def field_problems(values: dict[str, Any]) -> dict[str, str]:
     """Every field of ``values`` that :class:`TrainConfig` would refuse, each with the message
     it would raise (naming the field and what it allows), unknown keys included: a form shows
     them all at once, where building the config stops at the first. Empty when every field is
-    valid (no check spans two fields)."""
+    valid. The one check that spans fields (a PPO minibatch within a rollout) is reported under
+    ``minibatch_size``."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     problems = {}
     for name, value in values.items():
@@ -255,7 +311,24 @@ def field_problems(values: dict[str, Any]) -> dict[str, str]:
             _check(fields[name], value)
         except ConfigError as error:
             problems[name] = str(error)
+    merged = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | values
+    if not problems.keys() & {"algo", "minibatch_size", "num_envs", "rollout_steps"}:
+        rows = merged["num_envs"] * merged["rollout_steps"]
+        problem = _minibatch_problem(merged["algo"], merged["minibatch_size"], rows)
+        if problem:
+            problems["minibatch_size"] = problem
     return problems
+
+
+def _minibatch_problem(algo: object, minibatch_size: object, batch_size: object) -> str | None:
+    """The one check that spans fields: a PPO minibatch cannot hold more rows than a rollout."""
+    if algo == "ppo" and isinstance(minibatch_size, int) and isinstance(batch_size, int):
+        if minibatch_size > batch_size:
+            return (
+                f"minibatch_size must be at most num_envs × rollout_steps = {batch_size} "
+                f"for PPO, got {minibatch_size}"
+            )
+    return None
 
 
 def _unknown_field(name: str) -> str:
@@ -329,94 +402,12 @@ def _check_device(value: Any) -> str:
 
 
 # The help strings double as the docstring: one line per field, no second copy to drift.
-TrainConfig.__doc__ = "A2C+GAE training configuration (frozen; validated on construction).\n\n" + (
+TrainConfig.__doc__ = "A2C or PPO with GAE (frozen; validated on construction).\n\n" + (
     "\n".join(f"{f.name}: {f.metadata['help']}" for f in dataclasses.fields(TrainConfig))
 )
 
 
 # ----------------------------------------------------------------------------- field specs
-
-
-def parse_int(text: str) -> int:
-    """An integer typed as text: ``100000``, ``100_000`` or ``1e6``; ``ValueError`` otherwise."""
-    text = str(text).strip()
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"invalid integer {text!r}") from None
-    if not value.is_integer():
-        raise ValueError(f"invalid integer {text!r}")
-    return int(value)
-
-
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
-# CLI flag spellings that differ from ``--field-name``.
-_FLAG_NAMES = {"env_id": ("--env", "--env-id"), "lambda_": ("--lambda",)}
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """One ``TrainConfig`` field as the form, the CLI and ``--grid`` see it.
-
-    ``kind`` is ``choice``, ``bool``, ``int``, ``float`` or ``int_list``; :meth:`parse` reads a
-    value typed as text (a CLI flag, a ``--grid`` item, a form text box); ``TrainConfig`` then
-    checks its range.
-    """
-
-    name: str
-    kind: str
-    default: Any
-    help: str
-    min: float | None = None
-    max: float | None = None
-    choices: tuple[Any, ...] | None = None
-
-    @property
-    def label(self) -> str:
-        return label(self.name)
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        return _FLAG_NAMES.get(self.name, (f"--{self.name.rstrip('_').replace('_', '-')}",))
-
-    @property
-    def allowed(self) -> str:
-        """What the field allows, in words (for help texts and messages)."""
-        if self.choices:
-            return f"one of {', '.join(map(str, self.choices))}"
-        if self.kind == "bool":
-            return "true or false"
-        if self.kind == "int_list":
-            return f"1 to 8 integers in [{self.min}, {self.max}], written 64x64 or '64, 64'"
-        return f"in [{self.min:g}, {self.max:g}]"
-
-    def parse(self, text: str) -> Any:
-        """The value typed as ``text``; ``ConfigError`` naming the field if it cannot be read."""
-        item = str(text).strip()
-        try:
-            if self.kind == "bool":
-                if item.lower() not in _TRUE + _FALSE:
-                    raise ValueError(item)
-                return item.lower() in _TRUE
-            if self.kind == "int_list":
-                parts = [p for p in item.lower().replace(",", " ").replace("x", " ").split()]
-                if not parts:
-                    raise ValueError(item)
-                return tuple(parse_int(p) for p in parts)
-            if self.kind == "int" or (self.kind == "choice" and isinstance(self.default, int)):
-                return parse_int(item)
-            if self.kind == "float":
-                return float(item)
-            return item
-        except ValueError:
-            raise ConfigError(
-                f"{self.name}: cannot read {text!r}; expected {self.allowed}"
-            ) from None
 
 
 def _spec(f: dataclasses.Field) -> FieldSpec:

@@ -16,21 +16,16 @@ the loss, the step count and the episode statistics (see ``Trainer.collect``).
 Observations are cast to float32 at the env boundary (MuJoCo returns float64), so the network
 never sees another dtype.
 
-Normalisation uses gymnasium's own vector wrappers: ``NormalizeObservation`` (running mean and
-variance of observations) and ``NormalizeReward`` (rewards divided by a running std of the
-discounted return; :class:`EpisodeNormalizeReward` keeps that return as SB3's VecNormalize
-does), each followed by a clip at ±``normalize_clip`` as VecNormalize's. Below
-them, :class:`RawRewards` keeps the env's own rewards of the last step: episode returns, curves
-and recordings are always in the env's units.
+Normalisation is the trainer's, per member (:mod:`gae_core.agent.normalize`): the vector env
+returns the env's own observations and rewards, so episode returns, curves and recordings are
+always in the env's units.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -41,13 +36,10 @@ __all__ = [
     "CLASSIC_CONTROL",
     "MUJOCO",
     "SUPPORTED_ENVS",
-    "RawRewards",
-    "TrainingEnv",
     "check_env_id",
     "discrete_actions",
     "env_id_problem",
     "make_eval_env",
-    "make_training_env",
     "make_vector_env",
     "reward_threshold",
 ]
@@ -191,121 +183,6 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
             f"the env uses {mode}"
         )
     return _float32_observations(env)
-
-
-class RawRewards(gym.vector.VectorWrapper):
-    """Passes everything through and keeps ``rewards``, the env's own rewards of the last step
-    (reward normalisation sits above it)."""
-
-    def __init__(self, env: gym.vector.VectorEnv) -> None:
-        super().__init__(env)
-        self.rewards = np.zeros(env.num_envs, np.float64)
-
-    def step(self, actions: Any) -> tuple:
-        observations, rewards, terminated, truncated, infos = self.env.step(actions)
-        self.rewards = np.asarray(rewards, np.float64).copy()
-        return observations, rewards, terminated, truncated, infos
-
-
-@dataclass
-class TrainingEnv:
-    """The training env stack: ``env`` is its top (what the trainer steps); ``raw`` holds the
-    env's own rewards; the normalisers are None where the config does not ask for them."""
-
-    env: gym.vector.VectorEnv
-    raw: RawRewards
-    observations: gym.wrappers.vector.NormalizeObservation | None
-    rewards: gym.wrappers.vector.NormalizeReward | None  # or EpisodeNormalizeReward
-
-    def normalization_state(self) -> dict[str, np.ndarray]:
-        """The running statistics, for a checkpoint (empty without normalisation)."""
-        state: dict[str, np.ndarray] = {}
-        if self.observations is not None:
-            rms = self.observations.obs_rms
-            state |= {"obs_mean": rms.mean, "obs_var": rms.var, "obs_count": np.asarray(rms.count)}
-        if self.rewards is not None:
-            state["return_var"] = np.asarray(self.rewards.return_rms.var)
-        return {k: np.array(v, np.float64) for k, v in state.items()}
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def make_training_env(
-    env_id: str,
-    num_envs: int,
-    *,
-    normalize_observations: bool = False,
-    normalize_rewards: bool = False,
-    gamma: float = 0.99,
-    clip: float = 0.0,
-    reset_at_truncation: bool = False,
-) -> TrainingEnv:
-    """:func:`make_vector_env` with gymnasium's normalisation wrappers as asked, each followed
-    by a clip of what it outputs to ±``clip`` when ``clip`` > 0 (SB3's VecNormalize clips both
-    at 10; gymnasium's normalisers do not clip), and :class:`RawRewards` below the reward
-    normaliser. ``reset_at_truncation``: the reward normaliser's return restarts at every
-    episode end (:class:`EpisodeNormalizeReward`), not only at termination."""
-    raw = RawRewards(make_vector_env(env_id, num_envs))
-    env: gym.vector.VectorEnv = raw
-    observations = rewards = None
-    if normalize_observations:
-        env = observations = gym.wrappers.vector.NormalizeObservation(env)
-        if clip > 0:
-            env = gym.wrappers.vector.TransformObservation(
-                env, functools.partial(clip_normalized, clip=clip)
-            )
-    if normalize_rewards:
-        normalizer = EpisodeNormalizeReward if reset_at_truncation else NormalizeReward
-        env = rewards = normalizer(env, gamma=gamma)
-        if clip > 0:
-            # One np.clip on the batch: gymnasium's vector ClipReward clips env by env.
-            env = gym.wrappers.vector.TransformReward(
-                env, functools.partial(np.clip, a_min=-clip, a_max=clip)
-            )
-    return TrainingEnv(env, raw, observations, rewards)
-
-
-NormalizeReward = gym.wrappers.vector.NormalizeReward
-
-
-class EpisodeNormalizeReward(NormalizeReward):
-    """Gymnasium's ``NormalizeReward`` with SB3's VecNormalize rule for the discounted return it
-    scales by: ``G ← γ·G + r`` on every step, the running variance updated with it, and ``G``
-    restarted at every episode end (terminated or truncated), kept in float64.
-
-    Gymnasium's rule differs twice (its issues #760 and #1507 call both intended): a truncated
-    episode's return carries into the next, and at a termination the sample is ``r`` alone, not
-    ``γ·G + r``. With a constant −1 reward, γ = 0.99 and episodes truncated at 200 steps
-    (MountainCar, and Acrobot before it learns) its return settles near −100, and the running
-    std comes out 8.8 instead of 24.2 after 100k steps: rewards 2.8× larger than the Zoo's runs
-    see. The library's wrapper keeps its running statistics, its reset and its
-    ``update_running_mean``; only the step is ours. The row after an episode end is a NEXT_STEP
-    reset row (no transition), which neither rule counts (``make_vector_env`` builds only
-    NEXT_STEP envs)."""
-
-    def __init__(self, env: gym.vector.VectorEnv, gamma: float = 0.99) -> None:
-        super().__init__(env, gamma=gamma)
-        self.accumulated_reward = np.zeros(self.num_envs, np.float64)
-        self._ended = np.zeros(self.num_envs, bool)
-
-    def reset(self, **kwargs: Any) -> tuple:
-        self._ended[:] = False
-        self.accumulated_reward[:] = 0.0
-        return super().reset(**kwargs)
-
-    def step(self, actions: Any) -> tuple:
-        observations, rewards, terminated, truncated, infos = self.env.step(actions)
-        active = ~self._ended
-        self.accumulated_reward[active] = (
-            self.accumulated_reward[active] * self.gamma + rewards[active]
-        )
-        if self.update_running_mean and active.any():
-            self.return_rms.update(self.accumulated_reward[active])
-        self._ended = np.logical_or(terminated, truncated)
-        self.accumulated_reward[self._ended] = 0.0
-        scaled = rewards / np.sqrt(self.return_rms.var + self.epsilon)
-        return observations, scaled, terminated, truncated, infos
 
 
 def clip_normalized(observations: np.ndarray, clip: float) -> np.ndarray:

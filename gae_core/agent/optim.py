@@ -63,8 +63,8 @@ class Optimizer:
         self.row_steps += rows
         idle = np.flatnonzero(~rows if keep is None else keep.numpy() & ~rows)
         kept = []
-        if len(idle):  # rare: a member whose rollout had no valid row
-            idle = torch.from_numpy(idle)
+        if len(idle):  # rare: a member without a valid row, or stopped by PPO's target_kl
+            idle = torch.from_numpy(idle).to(self.params[0].device)
             moments = [self.second_moments] if self.kind == "rmsprop" else [
                 self.first_moments, self.second_moments]  # fmt: skip
             for tensors in (self.params, *moments):
@@ -125,4 +125,5 @@ def _by_row(values: np.ndarray | float, param: torch.Tensor, shape: tuple | None
     if np.ndim(values) == 0:
         return float(values)
     shape = shape or (-1,) + (1,) * (param.dim() - 1)
-    return torch.from_numpy(np.ascontiguousarray(values)).to(param.dtype).view(shape)
+    values = torch.from_numpy(np.ascontiguousarray(values))
+    return values.to(param.device, param.dtype).view(shape)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SDE_EPSILON", "ActorCritic", "sample_actions"]
+__all__ = ["SDE_EPSILON", "ActorCritic", "log_probs_and_entropy", "sample_actions", "sde_std"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 #: Added to gSDE's per-step variance (SB3's ``epsilon``): a zero feature vector is not a
@@ -61,6 +61,35 @@ def sample_actions(out: np.ndarray, rng: np.random.Generator, std: np.ndarray | 
         # Gumbel-max: argmax(logits + Gumbel noise) is an exact categorical sample.
         return (out + rng.gumbel(size=out.shape)).argmax(axis=1)
     return (out + std * rng.standard_normal(out.shape)).astype(np.float32)
+
+
+def log_probs_and_entropy(
+    out: torch.Tensor, actions: torch.Tensor, log_std: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(a|s) and the policy's entropy per row from the actor's outputs ``out [..., A]``:
+    logits (``log_std`` None), or Gaussian means with ``log_std`` broadcastable to ``out`` (one
+    per action dimension, per member ``[M, 1, A]``, or per row with gSDE). The one owner of
+    both formulas: a single network, a population and the lab all call it.
+
+    Categorical: log p_a = log_softmax(z)_a, H = −Σ_a p_a log p_a. Diagonal Gaussian:
+    log π = Σ_i [−½ ((a_i − μ_i)/σ_i)² − log σ_i − ½ log 2π], H = Σ_i [½ + ½ log 2π + log σ_i].
+    """
+    if log_std is None:
+        log_p = F.log_softmax(out, dim=-1)
+        log_probs = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        return log_probs, -(log_p.exp() * log_p).sum(-1)
+    log_std = log_std.expand(out.shape)
+    z = (actions - out) * torch.exp(-log_std)
+    log_probs = (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(-1)
+    entropy = (0.5 + 0.5 * _LOG_2PI + log_std).sum(-1)
+    return log_probs, entropy
+
+
+def sde_std(features: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """The per-step std of gSDE's action noise, ``√(φ² · σ² + ε)``: features ``[..., B, F]``
+    and log-std ``[..., F, A]`` (one network's, or a population's stacked) → ``[..., B, A]``."""
+    variance = features.square() @ (2.0 * log_std).exp()
+    return (variance + SDE_EPSILON).sqrt()
 
 
 def _forward(layers: list[nn.Linear], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,9 +167,7 @@ class ActorCritic(nn.Module):
         return (sigma * rng.standard_normal((count, *sigma.shape))).astype(np.float32)
 
     def _sde_std(self, features: torch.Tensor) -> torch.Tensor:
-        """The per-step std of gSDE's action noise, ``√(φ² · σ² + ε)`` ``[B, actions]``."""
-        variance = features.square() @ (2.0 * self.log_std).exp()
-        return (variance + SDE_EPSILON).sqrt()
+        return sde_std(features, self.log_std)
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) for ``obs [..., obs_dim]`` → ``[...]``."""
@@ -178,13 +205,7 @@ class ActorCritic(nn.Module):
         """log π(a|s) and the policy entropy per row, differentiable. ``obs [B, obs_dim]``."""
         out, features = self._actor_features(obs)
         if self.discrete:
-            log_p = F.log_softmax(out, dim=-1)
-            log_probs = log_p.gather(1, actions.long().unsqueeze(1)).squeeze(1)
-            entropy = -(log_p.exp() * log_p).sum(-1)
-            return log_probs, entropy
+            return log_probs_and_entropy(out, actions, None)
         # gSDE: a per-row std, √(φ(s)² · σ² + ε); otherwise one std for every row
-        log_std = self._sde_std(features).log() if self.sde else self.log_std.expand(out.shape)
-        z = (actions - out) / log_std.exp()
-        log_probs = (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(-1)
-        entropy = (0.5 + 0.5 * _LOG_2PI + log_std).sum(-1)
-        return log_probs, entropy
+        log_std = self._sde_std(features).log() if self.sde else self.log_std
+        return log_probs_and_entropy(out, actions, log_std)

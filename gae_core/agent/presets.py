@@ -1,4 +1,4 @@
-"""Per-environment presets: the one table of tuned starting configs.
+"""Per-environment presets: the tables of tuned starting configs, one per algorithm.
 
 Choosing an env in the form or the CLI starts from its preset (budget included); every field can
 still be changed, and a run stores its full resolved config. Each row starts from the RL-Zoo's
@@ -7,6 +7,9 @@ measurements (``python benchmarks/bench_presets.py``: seeds, budgets and results
 showed to be stable over the *whole* budget, not just fast to a first solve. Where a row departs
 from the Zoo its ``why`` says so. Presets are chosen for stability and parity with the Zoo, never
 to favour one λ: a λ study varies λ on top of a preset and holds the critic's target fixed.
+
+PPO's table (:data:`PPO_PRESETS`) starts from the Zoo's ``hyperparams/ppo.yml`` rows, or for the
+MuJoCo tasks (which have no v5 row there) from CleanRL's ``ppo_continuous_action`` defaults.
 
 Ids without a preset (a custom registered env) start from ``TrainConfig``'s field defaults.
 """
@@ -21,7 +24,16 @@ from typing import Any
 
 from gae_core.agent.config import TrainConfig
 
-__all__ = ["PRESETS", "TUNED_FIELDS", "Preset", "preset_config", "preset_values"]
+__all__ = [
+    "PPO_PRESETS",
+    "PRESETS",
+    "PRESETS_BY_ALGO",
+    "TUNED_FIELDS",
+    "Preset",
+    "preset_config",
+    "preset_of",
+    "preset_values",
+]
 
 
 @dataclass(frozen=True)
@@ -200,22 +212,247 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
 )
 
 
-#: The fields some env's preset tunes: choosing another env in a form loads these (its preset's
-#: values, or the field defaults where it has none) and keeps the others as the user set them
-#: (the seed, the device, …).
-TUNED_FIELDS = frozenset(name for preset in PRESETS.values() for name in preset.values)
+# PPO: the Zoo's ``hyperparams/ppo.yml`` rows where the Zoo has one for the id (classic
+# control); the Zoo has no row for the MuJoCo -v5 ids (its tuned rows are for v4 and v2, two of
+# them with ReLU 256×256 networks this trainer does not build), so they take CleanRL's
+# ``ppo_continuous_action`` defaults, whose published 1M-step figures are the reference
+# (benchmarks/bench_presets.py).
+_PPO_MUJOCO = _budgeted(
+    1_000_000,
+    algo="ppo",
+    num_envs=1,
+    rollout_steps=2048,
+    minibatch_size=64,
+    n_epochs=10,
+    optimizer="adam",
+    learning_rate=3e-4,
+    lr_schedule="linear",
+    gamma=0.99,
+    lambda_=0.95,
+    clip_range=0.2,
+    value_coef=0.5,
+    entropy_coef=0.0,
+    max_grad_norm=0.5,
+    normalize_advantages=True,
+    normalize_observations=True,
+    normalize_rewards=True,
+)
+_PPO_MUJOCO_WHY = (
+    "CleanRL's ppo_continuous_action defaults (1 env × 2048 steps, 32 minibatches of 64, 10 "
+    "epochs, Adam 3e-4 annealed linearly, clip 0.2, observations and rewards normalised and "
+    "clipped at 10, tanh 64×64): the Zoo has no row for the v5 ids, and its v4 rows use ReLU "
+    "256×256 networks this trainer does not build. Two departures from CleanRL: the value loss "
+    "is SB3's (the squared error, not halved, and not clipped; CleanRL clips it at 0.2 and "
+    "halves it), and a truncated episode bootstraps V of its final observation (CleanRL treats "
+    "it as terminal)."
+)
+_CLEANRL = {"num_envs": 1, "num_steps": 2048, "num_minibatches": 32, "update_epochs": 10,
+            "learning_rate": 3e-4, "anneal_lr": True, "clip_vloss": True}  # fmt: skip
+
+PPO_PRESETS: Mapping[str, Preset] = MappingProxyType(
+    {
+        "CartPole-v1": Preset(
+            _budgeted(
+                100_000,
+                algo="ppo",
+                num_envs=8,
+                rollout_steps=32,
+                minibatch_size=256,
+                n_epochs=20,
+                optimizer="adam",
+                learning_rate=1e-3,
+                lr_schedule="linear",
+                clip_range=0.2,
+                clip_range_schedule="linear",
+                gamma=0.98,
+                lambda_=0.8,
+                entropy_coef=0.0,
+            ),
+            "The Zoo's row as it is (8 envs × 32 steps, one minibatch of 256, 20 epochs, "
+            "learning rate and clip range decayed linearly from 1e-3 and 0.2, γ = 0.98, "
+            "λ = 0.8).",
+            {
+                "n_envs": 8,
+                "n_steps": 32,
+                "batch_size": 256,
+                "n_epochs": 20,
+                "gamma": 0.98,
+                "gae_lambda": 0.8,
+                "learning_rate": "lin_0.001",
+                "clip_range": "lin_0.2",
+                "ent_coef": 0.0,
+                "n_timesteps": 1e5,
+            },
+        ),
+        "Acrobot-v1": Preset(
+            _budgeted(
+                1_000_000,
+                algo="ppo",
+                num_envs=16,
+                rollout_steps=256,
+                minibatch_size=64,
+                n_epochs=4,
+                optimizer="adam",
+                learning_rate=3e-4,
+                gamma=0.99,
+                lambda_=0.94,
+                normalize_observations=True,
+                normalize_rewards=True,
+            ),
+            "The Zoo's row as it is (16 envs × 256 steps, 4 epochs, λ = 0.94, VecNormalize).",
+            {
+                "normalize": True,
+                "n_envs": 16,
+                "n_steps": 256,
+                "n_epochs": 4,
+                "gae_lambda": 0.94,
+                "gamma": 0.99,
+                "ent_coef": 0.0,
+                "n_timesteps": 1e6,
+            },
+        ),
+        "MountainCar-v0": Preset(
+            _budgeted(
+                1_000_000,
+                algo="ppo",
+                num_envs=16,
+                rollout_steps=16,
+                minibatch_size=64,
+                n_epochs=4,
+                optimizer="adam",
+                learning_rate=3e-4,
+                gamma=0.99,
+                lambda_=0.98,
+                normalize_observations=True,
+                normalize_rewards=True,
+            ),
+            "The Zoo's row as it is (16 envs × 16 steps, 4 epochs, λ = 0.98, VecNormalize).",
+            {
+                "normalize": True,
+                "n_envs": 16,
+                "n_steps": 16,
+                "n_epochs": 4,
+                "gae_lambda": 0.98,
+                "gamma": 0.99,
+                "ent_coef": 0.0,
+                "n_timesteps": 1e6,
+            },
+        ),
+        "MountainCarContinuous-v0": Preset(
+            _budgeted(
+                20_000,
+                algo="ppo",
+                num_envs=1,
+                rollout_steps=8,
+                minibatch_size=8,
+                n_epochs=10,
+                optimizer="adam",
+                learning_rate=7.77e-5,
+                gamma=0.9999,
+                lambda_=0.9,
+                clip_range=0.1,
+                entropy_coef=0.00429,
+                value_coef=0.19,
+                max_grad_norm=5.0,
+                normalize_observations=True,
+                normalize_rewards=True,
+                log_std_init=-3.29,
+                ortho_init=False,
+                use_sde=True,
+            ),
+            "The Zoo's row (gSDE, log-std −3.29, 1 env × 8 steps): its batch_size 256 exceeds "
+            "the 8-row rollout, so SB3 trains on minibatches of 8, which is what this preset "
+            "states.",
+            {
+                "normalize": True,
+                "n_envs": 1,
+                "n_steps": 8,
+                "batch_size": 256,
+                "gamma": 0.9999,
+                "learning_rate": 7.77e-05,
+                "ent_coef": 0.00429,
+                "clip_range": 0.1,
+                "n_epochs": 10,
+                "gae_lambda": 0.9,
+                "max_grad_norm": 5,
+                "vf_coef": 0.19,
+                "use_sde": True,
+                "log_std_init": -3.29,
+                "ortho_init": False,
+                "n_timesteps": 20000,
+            },
+        ),
+        "Pendulum-v1": Preset(
+            _budgeted(
+                100_000,
+                algo="ppo",
+                num_envs=4,
+                rollout_steps=1024,
+                minibatch_size=64,
+                n_epochs=10,
+                optimizer="adam",
+                learning_rate=1e-3,
+                gamma=0.9,
+                lambda_=0.95,
+                clip_range=0.2,
+                use_sde=True,
+            ),
+            "The Zoo's row (4 envs × 1024 steps, γ = 0.9, gSDE) except its sde_sample_freq 4: "
+            "this trainer draws gSDE's matrices once per rollout (SB3's −1).",
+            {
+                "n_envs": 4,
+                "n_steps": 1024,
+                "gae_lambda": 0.95,
+                "gamma": 0.9,
+                "n_epochs": 10,
+                "ent_coef": 0.0,
+                "learning_rate": 1e-3,
+                "clip_range": 0.2,
+                "use_sde": True,
+                "sde_sample_freq": 4,
+                "n_timesteps": 1e5,
+            },
+        ),
+        "InvertedPendulum-v5": Preset(_PPO_MUJOCO, _PPO_MUJOCO_WHY, _CLEANRL),
+        "InvertedDoublePendulum-v5": Preset(_PPO_MUJOCO, _PPO_MUJOCO_WHY, _CLEANRL),
+        "HalfCheetah-v5": Preset(_PPO_MUJOCO, _PPO_MUJOCO_WHY, _CLEANRL),
+        "Hopper-v5": Preset(_PPO_MUJOCO, _PPO_MUJOCO_WHY, _CLEANRL),
+        "Walker2d-v5": Preset(_PPO_MUJOCO, _PPO_MUJOCO_WHY, _CLEANRL),
+    }
+)
+
+#: Each algorithm's table (``TrainConfig.algo`` → env id → preset).
+PRESETS_BY_ALGO: Mapping[str, Mapping[str, Preset]] = MappingProxyType(
+    {"a2c": PRESETS, "ppo": PPO_PRESETS}
+)
+
+#: The fields some preset tunes: choosing another env or algorithm in a form loads these (its
+#: preset's values, or the field defaults where it has none) and keeps the others as the user
+#: set them (the seed, the device, …).
+TUNED_FIELDS = frozenset(
+    {"algo"} | {name for table in PRESETS_BY_ALGO.values() for p in table.values()
+                for name in p.values}
+)  # fmt: skip
 
 
-def preset_values(env_id: str) -> dict[str, Any]:
-    """The full config values an env starts from: field defaults with its preset applied."""
+def preset_of(env_id: str, algo: str = "a2c") -> Preset | None:
+    """The preset of ``env_id`` for ``algo``, or None where it has none."""
+    return PRESETS_BY_ALGO.get(algo, {}).get(env_id)
+
+
+def preset_values(env_id: str, algo: str = "a2c") -> dict[str, Any]:
+    """The full config values an env starts from with ``algo``: field defaults with its preset
+    applied."""
     values = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    preset = PRESETS.get(env_id)
+    preset = preset_of(env_id, algo)
     if preset is not None:
         values.update(preset.values)
     values["env_id"] = env_id
+    values["algo"] = algo
     return values
 
 
-def preset_config(env_id: str, **overrides: Any) -> TrainConfig:
-    """``TrainConfig`` for ``env_id`` from its preset, with ``overrides`` on top (validated)."""
-    return TrainConfig(**{**preset_values(env_id), **overrides})
+def preset_config(env_id: str, algo: str = "a2c", **overrides: Any) -> TrainConfig:
+    """``TrainConfig`` for ``env_id`` and ``algo`` from its preset, with ``overrides`` on top
+    (validated)."""
+    return TrainConfig(**{**preset_values(env_id, algo), **overrides})

@@ -25,6 +25,7 @@ import torch
 
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import clip_normalized, episode_cap, make_eval_env, make_vector_env
+from gae_core.agent.normalize import NORMALIZATION_EPSILON
 from gae_core.agent.policy import ActorCritic
 from gae_core.trajectory import Trajectory
 
@@ -41,9 +42,6 @@ __all__ = [
     "record_replays",
     "record_together",
 ]
-
-#: gymnasium's default ε in NormalizeObservation and NormalizeReward.
-NORMALIZATION_EPSILON = 1e-8
 
 
 @dataclass

@@ -1,10 +1,9 @@
 """M copies of one network shape as stacked tensors, and the per-member operations on them that
-a population (:mod:`gae_core.agent.population`) needs: the forward pass (one batched product
-per layer for all members, fast for narrow layers too), tanh fast on large activations, each
+the trainer (:mod:`gae_core.agent.trainer`) needs: the forward pass (one batched product per
+layer for all members, fast for narrow layers too), tanh fast on large activations, each
 member's gradient-norm clipping and each member's explained variance over its own valid
-rows. A population's default update (:mod:`gae_core.agent.stacked_a2c`) has its own hidden-layer
-form and backward; these forms serve the autograd update (``autograd=True``), the narrow output
-layers of both, and the stacked evaluations and recordings."""
+rows. The trainer (:mod:`gae_core.agent.trainer`) runs its passes on these stacks, M ≥ 1, and
+the stacked evaluations and recordings (:mod:`gae_core.agent.together`) too."""
 
 from __future__ import annotations
 
@@ -155,12 +154,26 @@ class StackedMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [M, B, fan_in]`` → ``[M, B, fan_out]``."""
+        return self.with_features(x)[0]
+
+    def with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output and the last layer's input (gSDE's features φ(s), detached)."""
         last = len(self.weights) - 1
+        features = x
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            if i == last:
+                features = x
             x = self.linear(bias, x, weight)
             if i < last:
                 x = self.activation(x)
-        return x
+        return x, features.detach()
+
+    def to(self, device: torch.device) -> StackedMLP:
+        """Move the stacks to ``device`` (in place; they stay leaves that need a gradient)."""
+        with torch.no_grad():
+            self.weights = [w.to(device).requires_grad_(True) for w in self.weights]
+            self.biases = [b.to(device).requires_grad_(True) for b in self.biases]
+        return self
 
     def select(self, members: Sequence[int]) -> StackedMLP:
         """A detached copy of the given members' networks, in that order."""
@@ -189,8 +202,8 @@ class StackedMLP:
         linears = [m for m in net if isinstance(m, nn.Linear)]
         with torch.no_grad():
             for layer, weight, bias in zip(linears, self.weights, self.biases, strict=True):
-                layer.weight.copy_(weight[member].T)
-                layer.bias.copy_(bias[member, 0])
+                layer.weight.copy_(weight[member].T.cpu())
+                layer.bias.copy_(bias[member, 0].cpu())
 
 
 def clip_per_member(

@@ -1,39 +1,44 @@
-"""A2C with GAE(γ, λ) advantages (Mnih et al. 2016 with Schulman et al. 2016, arXiv:1506.02438).
+"""The trainer: M ≥ 1 runs of A2C or PPO with GAE(γ, λ) advantages, trained together in one
+process (Mnih et al. 2016; Schulman et al. 2016, arXiv:1506.02438; Schulman et al. 2017).
 
-One update per rollout, as a plain object a test can step:
+A single run is a trainer of one member; a λ study's trials that share an env and a network
+shape are one trainer of many. The members' parameters are stacked (``[M, fan_in, fan_out]``,
+:class:`~gae_core.agent.stacked.StackedMLP`), so every pass runs once for all of them: one
+actor pass per vector step, one critic pass per rollout, one backward and optimizer step per
+gradient step. Each :meth:`Trainer.step` is, for every member still training:
 
-    collect()   N envs × T steps with the current policy, one actor forward pass per vector step
-    estimate()  V on all T+1 observations in one batch, then ``estimators.gae`` → advantages
-                and the critic's target (λ-returns with ``config.target_lambda``)
-    update()    one gradient step on policy loss + value_coef·value loss − entropy_coef·entropy
+    collect   its ``num_envs`` sub-envs of one vector env × ``rollout_steps`` steps
+    estimate  V on all T+1 observations in one pass, then ``estimators.gae`` with each
+              column's γ and λ → advantages, and the critic's target (λ-returns with
+              ``config.target_lambda``)
+    update    :mod:`gae_core.agent.update`: A2C's one gradient step or PPO's epochs of
+              minibatches, on the losses of :mod:`gae_core.agent.losses`, by autograd
 
-Two engines compute the passes and gradients: on the CPU (without gSDE) the NumPy engine of
-:mod:`gae_core.agent.numpy_a2c` with hand-derived gradients, several times less overhead per op
-at a preset's few dozen rows; otherwise torch autograd. They agree to float rounding (tests).
+What a member gets is what it would get trained alone: its own initial weights (built from its
+seed), its own normalisation statistics (:mod:`gae_core.agent.normalize`), gSDE matrices,
+losses over its own valid rows, gradient-norm clip, learning rate and schedule, and optimizer
+state (Adam/RMSprop act element by element; a member that takes no step keeps its state). Its
+envs are its own sub-envs and its actions come from the trainer's generator, so it sees
+different samples from the same distributions: a member's results equal a lone run's in
+distribution, and on the same data exactly (``tests/test_trainer.py``). Members share only
+:data:`SHARED` fields (:func:`population_key`).
 
 The critic's target is a choice the run records (``critic_target``): λ-returns with the
-advantage's λ, as SB3 and CleanRL do, or with a λ of its own; ``critic_lambda`` 1.0 is the paper's
-choice (eq. 28: V regressed on discounted returns, bootstrapped where an episode is cut and at the
-rollout end). A λ study holds it fixed, so that it varies λ and nothing else.
+advantage's λ, as SB3 and CleanRL do, or with a λ of its own; ``critic_lambda`` 1.0 is the
+paper's choice (eq. 28). Deviations from the paper, standard in A2C and PPO implementations:
+the paper fits the policy with TRPO and the critic by a trust-region regression; here both
+take Adam/RMSprop steps on one shared loss, advantages are optionally standardised, and each
+member's gradient norm is clipped.
 
-Deviations from the paper, all standard in A2C implementations: the paper fits the policy with
-TRPO and the critic with a trust-region regression on full batches; here both take one
-(Adam/RMSprop) gradient step per rollout on a shared loss, advantages are optionally
-standardised per batch, and the gradient norm is clipped. Observations and rewards may be
-normalised with gymnasium's wrappers (``gae_core.agent.envs``): the rollout then holds normalised
-observations and scaled rewards for learning, while episode returns count the env's own rewards.
-
-Determinism: for a given config (seed and ``torch_threads`` included) ``step()`` yields the same
-metrics. Weights are initialised from a local ``torch.Generator`` and actions are sampled from
-a local ``np.random.Generator``, so concurrent runs in other threads do not perturb each other;
-``torch.set_num_threads`` and the NumPy engine's BLAS thread limit are process-wide however:
-the last trainer built sets them for all.
+Determinism: for given configs (``torch_threads`` included) the same metrics. Weights come from
+local ``torch.Generator``s and actions from a local ``np.random.Generator``; only
+``torch.set_num_threads`` is process-wide (the last trainer built sets it).
 """
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -42,433 +47,409 @@ import torch
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import make_training_env
-from gae_core.agent.numpy_a2c import NumpyA2C, supports
+from gae_core.agent.envs import make_vector_env
+from gae_core.agent.memory import keep_freed_memory
+from gae_core.agent.normalize import Normalizers
 from gae_core.agent.optim import Optimizer
-from gae_core.agent.policy import ActorCritic
-from gae_core.agent.recording import Replay, checkpoint_bytes, evaluate_replay, record_replay
+from gae_core.agent.policy import ActorCritic, sample_actions
+from gae_core.agent.recording import Replay, checkpoint_bytes
+from gae_core.agent.rollout import Episode, Rollout, StepResult, TrainingDiverged
+from gae_core.agent.stacked import StackedMLP
+from gae_core.agent.together import evaluate_replays, record_replays_together
+from gae_core.agent.update import Batch, Learner
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
 
-__all__ = ["Episode", "Rollout", "StepResult", "Trainer", "TrainingDiverged", "explained_variance"]
+__all__ = [
+    "SHARED",
+    "Episode",
+    "Member",
+    "Rollout",
+    "StepResult",
+    "Trainer",
+    "TrainingDiverged",
+    "population_key",
+]
+
+#: Fields every member of one trainer shares: the env and its vector shape, the networks' shape,
+#: the optimizer's kind, the algorithm and its update's shape, the device, and what the run loop
+#: plays jointly (evaluation and recorded episodes). Every other field is per member.
+SHARED = (
+    "algo", "env_id", "num_envs", "rollout_steps", "hidden_sizes", "optimizer", "use_sde",
+    "n_epochs", "minibatch_size", "device", "torch_threads", "eval_episodes", "record_episodes",
+)  # fmt: skip
 
 
-class TrainingDiverged(RuntimeError):
-    """A loss, gradient or value became NaN or infinite; the run cannot continue."""
-
-
-@dataclass(frozen=True)
-class Episode:
-    """One finished training episode: the env step at which it ended, its return and length."""
-
-    env_step: int
-    return_: float
-    length: int
+def population_key(config: TrainConfig) -> tuple:
+    """What the members of one trainer share (:data:`SHARED`); configs with equal keys can
+    train together."""
+    return tuple((name, repr(getattr(config, name))) for name in SHARED)
 
 
 @dataclass
-class StepResult:
-    """What one ``Trainer.step()`` produced."""
+class _State:
+    """Where one member stands."""
 
-    env_steps: int
-    metrics: dict[str, float]
-    episodes: list[Episode]
-
-
-class Rollout:
-    """Preallocated time-major buffers for one rollout (reused every update)."""
-
-    def head(self, steps: int) -> Rollout:
-        """Views of the first ``steps`` rows (and ``steps + 1`` observations): the last rollout
-        of a run is cut so the run stops at its budget instead of a whole rollout past it."""
-        view = object.__new__(Rollout)
-        view.observations = self.observations[: steps + 1]
-        for name in ("actions", "rewards", "terminated", "truncated", "valid"):
-            setattr(view, name, getattr(self, name)[:steps])
-        return view
-
-    def __init__(self, steps: int, num_envs: int, env: gym.vector.VectorEnv) -> None:
-        obs_dim = env.single_observation_space.shape[0]
-        action_space = env.single_action_space
-        # Row T holds the observation after the last step: the bootstrap for V(s_T).
-        self.observations = np.zeros((steps + 1, num_envs, obs_dim), np.float32)
-        if isinstance(action_space, gym.spaces.Discrete):
-            self.actions = np.zeros((steps, num_envs), np.int64)
-        else:
-            self.actions = np.zeros((steps, num_envs, action_space.shape[0]), np.float32)
-        self.rewards = np.zeros((steps, num_envs), np.float32)
-        self.terminated = np.zeros((steps, num_envs), bool)
-        self.truncated = np.zeros((steps, num_envs), bool)
-        # False on NEXT_STEP reset rows (the step after an episode end; see gae_core.agent.envs).
-        self.valid = np.ones((steps, num_envs), bool)
+    env_steps: int = 0
+    steps_before_update: int = 0
+    active: bool = True
+    error: str | None = None  # why it stopped learning (a NaN/inf blow-up)
 
 
 class Trainer:
-    """A2C+GAE on a gymnasium vector env; see the module docstring and docs/DESIGN.md."""
+    """M ≥ 1 members trained together (see the module docstring); :meth:`step` updates every
+    active member once."""
 
-    def __init__(self, config: TrainConfig, *, autograd: bool = False) -> None:
-        """``autograd``: train on torch autograd even where the NumPy engine applies (tests
-        and ``benchmarks/bench_train.py`` compare the two engines side by side)."""
-        self.config = config
-        torch.set_num_threads(config.torch_threads)  # process-wide, see module docstring
-        self.device = torch.device(config.device)
-        self.stack = make_training_env(
-            config.env_id,
-            config.num_envs,
-            normalize_observations=config.normalize_observations,
-            normalize_rewards=config.normalize_rewards,
-            gamma=config.gamma,
-            clip=config.normalize_clip,
-            reset_at_truncation=config.reward_norm_reset == "episode_end",
-        )
-        self.env = self.stack.env
-        self.model = ActorCritic(
-            self.env.single_observation_space,
-            self.env.single_action_space,
-            config.hidden_sizes,
-            config.seed,
-            config.log_std_init,
-            config.use_sde,
-            config.ortho_init,
-        ).to(self.device)
-        # On the CPU the passes and gradients run in NumPy on a flat buffer (numpy_a2c: several
-        # times less per-op overhead at a preset's few dozen rows); the optimizer steps that
-        # buffer. gSDE and other devices run on torch autograd.
-        self._numpy = (
-            NumpyA2C(self.model, config.torch_threads)
-            if supports(config.use_sde, config.device) and not autograd
-            else None
-        )
-        params = [self._numpy.flat] if self._numpy else list(self.model.parameters())
-        self.optimizer = Optimizer(params, config.optimizer, config.learning_rate)
-        self._rng = np.random.default_rng(config.seed)
-        self._rollout = Rollout(config.rollout_steps, config.num_envs, self.env)
-        self._batch = self._rollout  # the rows of the rollout being processed
-        action_space = self.env.single_action_space
-        self._action_bounds = (
-            None
-            if isinstance(action_space, gym.spaces.Discrete)
-            else (action_space.low, action_space.high)
-        )
-        self._obs, _ = self.env.reset(seed=config.seed)
-        self._reset_next = np.zeros(config.num_envs, bool)  # next row is a reset row
-        self._episode_returns = np.zeros(config.num_envs, np.float64)
-        self._episode_lengths = np.zeros(config.num_envs, np.int64)
-        self._steps_before_update = 0
-        self._values: torch.Tensor | None = None  # estimate's critic pass (with its graph)
+    def __init__(self, configs: TrainConfig | Sequence[TrainConfig]) -> None:
+        configs = [configs] if isinstance(configs, TrainConfig) else list(configs)
+        if not configs:
+            raise ValueError("a trainer needs at least one member")
+        if len({population_key(c) for c in configs}) > 1:
+            raise ValueError("members of one trainer must share " + ", ".join(SHARED))
+        self.configs = configs
+        shared = self.shared = configs[0]
+        torch.set_num_threads(shared.torch_threads)  # process-wide (module docstring)
+        members, per = len(configs), shared.num_envs
+        if members > 1:
+            keep_freed_memory()  # a population's updates reuse large blocks (agent/memory.py)
+        self.size, self.envs_per_member = members, per
+        self.device = torch.device(shared.device)
+        self.env = make_vector_env(shared.env_id, members * per)
+        space = self.env.single_action_space
+        self.discrete = isinstance(space, gym.spaces.Discrete)
+        self._bounds = None if self.discrete else (space.low, space.high)
+        models = [self._model(c, c.seed, c.ortho_init) for c in configs]
+        self.sde = models[0].sde
+        self.actor = StackedMLP([m.actor for m in models]).to(self.device)
+        self.critic = StackedMLP([m.critic for m in models]).to(self.device)
+        self.log_std = None
+        params = self.actor.parameters() + self.critic.parameters()
+        if not self.discrete:
+            stacked = torch.stack([m.log_std.detach() for m in models]).to(self.device)
+            self.log_std = stacked.requires_grad_(True)
+            params.append(self.log_std)
+        self.optimizer = Optimizer(params, shared.optimizer, self._rates([0] * members))
+        self.learner = Learner(configs, self.actor, self.critic, self.log_std, self.optimizer)
+        obs_dim = self.env.single_observation_space.shape[0]
+        self.normalizers = Normalizers(configs, per, obs_dim)
+        seeds = [int(c.seed) for c in configs]
+        self._rng = np.random.default_rng(seeds)
+        self._rollout = Rollout(shared.rollout_steps, members * per, self.env)
+        self._batch = self._rollout
+        raw, _ = self.env.reset(seed=seeds[0])
+        self._obs = self.normalizers.reset(raw)
+        self._reset_next = np.zeros(members * per, bool)
+        self._returns = np.zeros(members * per, np.float64)
+        self._lengths = np.zeros(members * per, np.int64)
+        self._members = [_State() for _ in configs]
+        # per column (sub-env) parameters of GAE and of the critic's target
+        self._gamma = np.repeat([c.gamma for c in configs], per)
+        self._lambda = np.repeat([c.lambda_ for c in configs], per)
+        self._target_lambda = np.repeat([c.target_lambda for c in configs], per)
         self._started = time.perf_counter()
-        self.env_steps = 0
         self.updates = 0
 
-    @property
-    def engine(self) -> str:
-        """Which engine computes the passes and gradients: "numpy" or "autograd"."""
-        return "autograd" if self._numpy is None else "numpy"
+    def _model(self, config: TrainConfig, seed: int, ortho_init: bool) -> ActorCritic:
+        return ActorCritic(
+            self.env.single_observation_space, self.env.single_action_space,
+            config.hidden_sizes, seed, config.log_std_init, config.use_sde, ortho_init,
+        )  # fmt: skip
+
+    # -- the trainer as a whole ------------------------------------------------------------
 
     @property
     def done(self) -> bool:
-        return self.env_steps >= self.config.total_steps
+        return not any(m.active for m in self._members)
 
-    def step(self) -> StepResult:
-        """One update: collect → estimate → update. Raises ``TrainingDiverged`` on NaN/inf."""
-        started, steps_before = time.perf_counter(), self.env_steps
-        self._steps_before_update = steps_before
-        episodes = self.collect()
-        advantages, returns = self.estimate()
-        metrics = self.update(advantages, returns)
+    def member(self, index: int) -> Member:
+        return Member(self, index)
+
+    def deactivate(self, index: int) -> None:
+        """Stop training member ``index`` (stopped, done or failed); the others go on."""
+        self._members[index].active = False
+
+    def step(self) -> dict[int, StepResult]:
+        """One update of every active member: ``{member index: its StepResult}``. A member
+        whose values, loss or gradient become NaN/inf is deactivated with :attr:`Member.error`
+        set and left out of the result; the others are untouched by it."""
+        started = time.perf_counter()
+        before = [m.env_steps for m in self._members]
+        for state in self._members:
+            state.steps_before_update = state.env_steps
+        active = [i for i, m in enumerate(self._members) if m.active]
+        episodes = self.collect(active)
+        metrics = self.update(active)
         self.updates += 1
         now = time.perf_counter()
-        metrics[M.STEPS_PER_SECOND.key] = (self.env_steps - steps_before) / (now - started)
-        metrics[M.WALL_TIME.key] = now - self._started
-        return StepResult(self.env_steps, metrics, episodes)
+        out = {}
+        for i in active:
+            state = self._members[i]
+            if state.error is not None:
+                continue
+            metrics[i][M.STEPS_PER_SECOND.key] = (state.env_steps - before[i]) / (now - started)
+            metrics[i][M.WALL_TIME.key] = now - self._started
+            out[i] = StepResult(state.env_steps, metrics[i], episodes[i])
+            if state.env_steps >= self.configs[i].total_steps:
+                state.active = False  # its budget is spent
+        return out
 
-    def collect(self) -> list[Episode]:
-        """Fill the rollout buffers with ``rollout_steps`` vector steps (fewer for the last
-        rollout, so the run ends within ``num_envs`` steps of its budget); return the episodes
-        that finished.
+    def close(self) -> None:
+        self.env.close()
 
-        NEXT_STEP autoreset: the step after an episode end only resets that env (action ignored,
-        reward 0), so that row is marked invalid. The observation returned at the end of an
-        episode is the true final one, hence ``next_values[t] = values[t+1]`` in ``estimate``.
+    # -- collect ------------------------------------------------------------------------------
+
+    def collect(self, active: list[int]) -> dict[int, list[Episode]]:
+        """Fill the rollout with every column's steps; return each active member's finished
+        episodes.
+
+        A member's budget ends in this rollout once it has counted ``need`` more env steps:
+        from there its rows are not its own (invalid) and its last row is a rollout end (a
+        bootstrap), so no member overshoots its budget by ``num_envs`` steps or more. The
+        rollout is as long as the member furthest from its end needs.
+
+        NEXT_STEP autoreset: the step after an episode end only resets that env (action
+        ignored, reward 0), so that row is invalid; the observation returned at an episode's
+        end is its true final one, hence ``next_values[t] = values[t+1]`` in :meth:`estimate`.
         """
-        config = self.config
-        remaining = -(-(config.total_steps - self.env_steps) // config.num_envs)  # ceil
-        # only the rollout that crosses the budget is cut; stepping past it (a caller that
-        # ignores ``done``) runs whole rollouts as before
-        steps = config.rollout_steps if remaining <= 0 else min(config.rollout_steps, remaining)
+        shared, per, members = self.shared, self.envs_per_member, self.size
+        need = np.zeros(members, np.int64)
+        for i in active:
+            need[i] = self.configs[i].total_steps - self._members[i].env_steps
+        steps = min(shared.rollout_steps, max(int(-(-need.max() // per)), 1))
         rollout = self._batch = self._rollout.head(steps)
-        model, env, rng = self.model, self.env, self._rng
-        obs, on_cpu, fast = self._obs, self.device.type == "cpu", self._numpy
-        episodes: list[Episode] = []
-        # gSDE: one exploration matrix per env for the whole rollout (SB3's sde_sample_freq -1)
-        noise = model.sde_noise(config.num_envs, rng) if model.sde else None
+        obs, rng, normalizers = self._obs, self._rng, self.normalizers
+        episodes: dict[int, list[Episode]] = {i: [] for i in active}
+        live = np.zeros(members, bool)
+        live[active] = True
+        counted = np.zeros(members, np.int64)
+        noise = self._sde_noise() if self.sde else None  # one matrix per env and rollout
         with torch.inference_mode():
             for t in range(steps):
+                live_columns = np.repeat(live, per)
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
-                rollout.valid[t] = valid
-                if fast is not None:
-                    actions = fast.sample(obs, rng)
-                else:
-                    obs_tensor = (
-                        torch.from_numpy(obs)
-                        if on_cpu
-                        else torch.as_tensor(obs, device=self.device)
-                    )
-                    actions = model.sample(obs_tensor, rng, noise)
+                rollout.valid[t] = valid & live_columns
+                actions = self._sample(obs, rng, noise)
                 rollout.actions[t] = actions
-                obs, rewards, terminated, truncated, _ = env.step(self._env_actions(actions))
-                rollout.rewards[t] = rewards  # scaled when rewards are normalised
+                env_actions = actions if self._bounds is None else np.clip(actions, *self._bounds)
+                raw, rewards, terminated, truncated, _ = self.env.step(env_actions)
+                scaled = normalizers.scale_rewards(rewards, terminated, truncated, live_columns)
+                rollout.rewards[t] = scaled
                 rollout.terminated[t] = terminated
                 rollout.truncated[t] = truncated
-                self._episode_returns += self.stack.raw.rewards  # the env's own
-                self._episode_lengths += valid
+                self._returns += rewards  # the env's own
+                self._lengths += valid
                 self._reset_next = terminated | truncated
+                obs = normalizers.observe(raw, self._reset_next, live_columns)
                 if self._reset_next.any():
-                    episodes.extend(self._finish_episodes(t))
+                    self._finish_episodes(t, episodes, live_columns)
+                counted += rollout.valid[t].reshape(members, per).sum(1)
+                ended = live & (counted >= need)
+                if ended.any() and t < steps - 1:
+                    rollout.truncated[t, np.repeat(ended, per)] = True  # its rollout ends here
+                    live &= ~ended
         rollout.observations[-1] = obs
         self._obs = obs
-        self.env_steps += int(rollout.valid.sum())
+        for i in active:
+            self._members[i].env_steps += int(counted[i])
         return episodes
 
-    def estimate(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE advantages and the critic's targets ``[T, N]`` for the rollout just collected:
-        λ-returns with the advantage's λ, or with ``critic_lambda`` (see the module docstring)."""
-        rollout, config = self._batch, self.config
+    def _sde_noise(self) -> torch.Tensor:
+        """gSDE's exploration matrices, one per env: ``[M, E, F, A]``, entries ~ N(0, σ²)."""
+        sigma = self.log_std.detach().exp().cpu().numpy()[:, None]  # [M, 1, F, A]
+        shape = (self.size, self.envs_per_member, *sigma.shape[2:])
+        draws = self._rng.standard_normal(shape).astype(np.float32)
+        return torch.from_numpy(sigma * draws).to(self.device)
+
+    def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise) -> np.ndarray:
+        """Every column's action (unclipped; the env sees a clipped copy)."""
+        member_obs = torch.from_numpy(obs).to(self.device).view(self.size, self.envs_per_member, -1)
+        if noise is not None:  # gSDE: μ(s) + φ(s)ᵀ W, W held for the rollout
+            out, features = self.actor.with_features(member_obs)
+            explore = (features[..., None] * noise).sum(-2)
+            return (out + explore).reshape(len(obs), -1).cpu().numpy().astype(np.float32)
+        out = self.actor(member_obs).reshape(len(obs), -1).cpu().numpy()
+        std = None
+        if not self.discrete:
+            std = np.repeat(self.log_std.detach().exp().cpu().numpy(), self.envs_per_member, 0)
+        return sample_actions(out, rng, std)
+
+    def _finish_episodes(self, t: int, episodes: dict, live_columns: np.ndarray) -> None:
+        per = self.envs_per_member
+        ended = np.flatnonzero(self._reset_next)
+        counted = self._batch.valid[: t + 1].reshape(t + 1, self.size, per).sum((0, 2))
+        owners = ended // per
+        for column, member, returned, length in zip(
+            ended.tolist(), owners.tolist(), self._returns[ended].tolist(),
+            self._lengths[ended].tolist(), strict=True,
+        ):  # fmt: skip
+            if live_columns[column]:
+                at_step = self._members[member].env_steps + int(counted[member])
+                episodes[member].append(Episode(at_step, returned, length))
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
+
+    # -- estimate and update --------------------------------------------------------------
+
+    def by_member(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows), on the device."""
+        x = torch.as_tensor(x).to(self.device)
+        steps, members, per = x.shape[0], self.size, self.envs_per_member
+        x = x.reshape(steps, members, per, *x.shape[2:]).transpose(0, 1)
+        return x.reshape(members, steps * per, *x.shape[3:])
+
+    def estimate(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE advantages and the critic's targets ``[M, T·E]`` from the critic's values of
+        all T+1 observations (``[M, (T+1)·E]``, detached), with each column's γ and λ."""
+        rollout = self._batch
+        steps = rollout.rewards.shape[0]
+        members, per = self.size, self.envs_per_member
+        values = values.reshape(members, steps + 1, per).transpose(0, 1)
+        values = values.reshape(steps + 1, members * per)
         device = self.device
-        # One critic pass over all T+1 observations per update: its detached values feed GAE
-        # and, kept with their graph, the valid rows' values are what ``update``'s value loss
-        # trains (as in a population; measured: 0.2 ms of a 3.5 ms CartPole update saved).
-        if self._numpy is not None:
-            numpy_values = self._numpy.values(rollout.observations)
-            finite = np.isfinite(numpy_values).all()
-            all_values = torch.from_numpy(numpy_values)
-        else:
-            observations = torch.as_tensor(rollout.observations, device=device)
-            self._values = self.model.values(observations)  # [T+1, N], differentiable
-            all_values = self._values.detach()
-            finite = torch.isfinite(all_values).all()
-        if not finite:
-            raise TrainingDiverged(f"critic values became non-finite at update {self.updates}")
-        values, next_values = all_values[:-1], all_values[1:]
-        # Torch tensors in: gae runs on the rollout's device (on the CPU a NumPy loop for short
-        # rollouts, else a doubling scan), so a training process never loads the numba runtime
-        # (see estimators.TORCH_CPU_MAX_ELEMENTS).
         inputs = (
-            torch.as_tensor(rollout.rewards, device=device),
-            values,
-            next_values,
-            torch.as_tensor(rollout.terminated, device=device),
-            torch.as_tensor(rollout.truncated, device=device),
+            torch.from_numpy(rollout.rewards).to(device),
+            values[:-1],
+            values[1:],
+            torch.from_numpy(rollout.terminated).to(device),
+            torch.from_numpy(rollout.truncated).to(device),
         )
-        advantages = gae(*inputs, gamma=config.gamma, lambda_=config.lambda_)
-        target = config.target_lambda
+        advantages = gae(*inputs, gamma=self._gamma, lambda_=self._lambda)
+        same = np.array_equal(self._target_lambda, self._lambda)
         critic = (
-            advantages
-            if target == config.lambda_
-            else gae(*inputs, gamma=config.gamma, lambda_=target)
+            advantages if same else gae(*inputs, gamma=self._gamma, lambda_=self._target_lambda)
         )
-        return advantages.cpu(), (critic + values).cpu()
+        return self.by_member(advantages), self.by_member(critic + values[:-1])
 
-    def update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
-        """One gradient step on the valid rows; returns the loss metrics.
-
-        A rollout with no valid row (``rollout_steps`` 1 and every env just reset) has nothing
-        to learn from: no step is taken and only the learning rate is reported (no loss was
-        measured; a stored row's mean leaves the update out, :class:`~gae_core.runs.execute.
-        UpdateLog`).
-        """
-        self.optimizer.learning_rate = self.learning_rate()
-        if not self._batch.valid.any():
-            return {M.LEARNING_RATE.key: self.optimizer.learning_rate}
-        if self._numpy is not None:
-            return self._numpy_update(advantages.numpy(), returns.numpy())
-        observations, actions, advantages, returns, values = self._valid_rows(advantages, returns)
-        raw_advantages = advantages
-        if self.config.normalize_advantages and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
-        losses, values = self._losses(observations, actions, advantages, returns, values)
-        self.optimizer.zero_grad()
-        losses["loss"].backward()
-        return self._metrics(
-            {name: term.item() for name, term in losses.items()},
-            explained_variance(values, returns.cpu()),
-            (raw_advantages.mean().item(), raw_advantages.std(correction=0).item()),
-            self._clip_and_step(),
+    def update(self, active: list[int]) -> dict[int, dict[str, float]]:
+        """Estimate and learn from the rollout just collected; each active member's metrics
+        (a member that took no step, for want of a valid row, reports its learning rate only)."""
+        rollout = self._batch
+        rows = rollout.rewards.size // self.size  # T·E per member
+        observations = self.by_member(rollout.observations)
+        keep_graph = self.shared.algo == "a2c"  # A2C's value loss reuses this pass's values
+        with torch.set_grad_enabled(keep_graph):
+            all_values = self.critic(observations).squeeze(-1)
+        detached = all_values.detach()
+        finite = torch.isfinite(detached).all(1).cpu()
+        finite_list = finite.tolist()
+        self._fail([i for i in active if not finite_list[i]], "critic values")
+        # a blown-up member's columns enter GAE as zeros: its results are never used
+        advantages, returns = self.estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
+        mask = self.by_member(rollout.valid).to(advantages.dtype)
+        training = torch.tensor([m.active for m in self._members])
+        batch = Batch(
+            observations=observations[:, :rows],
+            actions=self.by_member(rollout.actions),
+            advantages=advantages,
+            returns=returns,
+            values=all_values[:, :rows],
+            mask=mask,
         )
+        spent = [m.steps_before_update for m in self._members]
+        self.optimizer.learning_rate = self._rates(spent)
+        learning = training & finite & (mask.sum(1).cpu() > 0)
+        result = self.learner.learn(batch, learning, training, spent)
+        self._fail([i for i, what in result.failures.items() if i in active], None, result.failures)
+        rates = np.broadcast_to(self.optimizer.learning_rate, self.size)
+        out = {}
+        for i in active:
+            row = dict(result.metrics[i]) if result.stepped[i] else {}
+            row[M.LEARNING_RATE.key] = float(rates[i])
+            out[i] = row
+        return out
 
-    def _numpy_update(self, advantages: np.ndarray, returns: np.ndarray) -> dict[str, float]:
-        """:meth:`update` on the NumPy engine: the same loss on the same valid rows."""
-        batch, config = self._batch, self.config
-        valid = batch.valid.reshape(-1)
-        rows = np.flatnonzero(valid)
-        observations = batch.observations[:-1].reshape(len(valid), -1)[rows]
-        actions = batch.actions.reshape(len(valid), *batch.actions.shape[2:])[rows]
-        raw_advantages, returns = advantages.reshape(-1)[rows], returns.reshape(-1)[rows]
-        advantages = raw_advantages
-        if config.normalize_advantages and len(rows) > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        terms, values = self._numpy.gradients(
-            observations, actions, advantages, returns, rows,
-            config.value_coef, config.entropy_coef,
-        )  # fmt: skip
-        if not math.isfinite(terms["loss"]):
-            raise TrainingDiverged(f"loss became {terms['loss']} at update {self.updates}")
-        return self._metrics(
-            terms,
-            explained_variance(values, returns),
-            (float(raw_advantages.mean()), float(raw_advantages.std())),
-            self._clip_and_step(),
-        )
+    def _fail(self, members: list[int], what: str | None, whats: dict | None = None) -> None:
+        for i in members:
+            state = self._members[i]
+            if state.error is not None:
+                continue
+            state.active = False
+            reason = what or whats[i]
+            state.error = (
+                f"{TrainingDiverged.__name__}: {reason} became non-finite at update {self.updates}"
+            )
 
-    def _metrics(
-        self,
-        terms: dict[str, float],
-        explained: float,
-        advantage_moments: tuple[float, float],
-        grad_norm: float,
-    ) -> dict[str, float]:
-        return {
-            M.POLICY_LOSS.key: terms["policy"],
-            M.VALUE_LOSS.key: terms["value"],
-            M.ENTROPY.key: terms["entropy"],
-            M.EXPLAINED_VARIANCE.key: explained,
-            M.ADVANTAGE_MEAN.key: advantage_moments[0],
-            M.ADVANTAGE_STD.key: advantage_moments[1],
-            M.GRAD_NORM.key: grad_norm,
-            M.LEARNING_RATE.key: self.optimizer.learning_rate,
-        }
+    def _rates(self, spent: Sequence[int]) -> float | np.ndarray:
+        """The coming update's step size of each member: its learning rate, constant or decayed
+        linearly with its own share of its budget spent (SB3's ``lin_`` schedules); one float
+        when all are equal."""
+        rates = np.array([
+            c.learning_rate * (1.0 - min(1.0, s / c.total_steps) if c.lr_schedule == "linear"
+                               else 1.0)
+            for c, s in zip(self.configs, spent, strict=True)
+        ])  # fmt: skip
+        return float(rates[0]) if np.all(rates == rates[0]) else rates
 
-    def learning_rate(self) -> float:
-        """The step size of the coming update: constant, or decayed linearly with the share of
-        the budget spent (SB3's ``lin_`` schedules use the same progress)."""
-        config = self.config
-        if config.lr_schedule == "constant":
-            return config.learning_rate
-        remaining = 1.0 - min(1.0, self._steps_before_update / config.total_steps)
-        return config.learning_rate * remaining
+    # -- members as runs: checkpoints, replays, evaluations, recordings ----------------------
 
-    def _valid_rows(
-        self, advantages: torch.Tensor, returns: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        """Flatten ``[T, N]`` to rows and drop the NEXT_STEP reset rows; tensors on the device:
-        observations, actions, advantages, returns and the critic's values (differentiable,
-        from :meth:`estimate`'s pass)."""
-        rollout, device = self._batch, self.device
-        valid = torch.from_numpy(rollout.valid.reshape(-1))
-        rows = valid.shape[0]
-        observations = torch.from_numpy(rollout.observations[:-1].reshape(rows, -1))
-        actions = torch.from_numpy(rollout.actions.reshape(rows, *rollout.actions.shape[2:]))
-        rows_out = tuple(
-            x[valid].to(device)
-            for x in (observations, actions, advantages.reshape(-1), returns.reshape(-1))
-        )
-        return (*rows_out, self._values[:-1].reshape(-1)[valid.to(device)])
+    def model_of(self, index: int = 0) -> ActorCritic:
+        """Member ``index``'s networks as a standalone :class:`ActorCritic` (a CPU copy)."""
+        model = self._model(self.configs[index], 0, False)  # weights overwritten below
+        self.actor.copy_into(model.actor, index)
+        self.critic.copy_into(model.critic, index)
+        if self.log_std is not None:
+            with torch.no_grad():
+                model.log_std.copy_(self.log_std[index].cpu())
+        return model.eval()
 
-    def _losses(
-        self,
-        observations: torch.Tensor,
-        actions: torch.Tensor,
-        advantages: torch.Tensor,
-        returns: torch.Tensor,
-        values: torch.Tensor,
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """A2C loss terms (differentiable) and the critic's values (detached, CPU)."""
-        config = self.config
-        log_probs, entropy = self.model.log_probs_and_entropy(observations, actions)
-        policy = -(advantages * log_probs).mean()
-        # The critic regresses on λ-returns with config.target_lambda (1.0: the paper's
-        # discounted returns, eq. 28). MSE as in SB3 (CleanRL halves it).
-        value = (returns - values).square().mean()
-        entropy = entropy.mean()
-        loss = policy + config.value_coef * value - config.entropy_coef * entropy
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"loss became {loss.item()} at update {self.updates}")
-        terms = {"loss": loss, "policy": policy, "value": value, "entropy": entropy}
-        return terms, values.detach().cpu()
-
-    def _clip_and_step(self) -> float:
-        """Clip the global gradient norm, step; returns the norm before clipping."""
-        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        if self._numpy is not None:
-            grad_norm = self._numpy.clip(max_norm)
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.params, max_norm).item()
-        if not math.isfinite(grad_norm):
-            raise TrainingDiverged(f"gradient norm became {grad_norm} at update {self.updates}")
-        self.optimizer.step()
-        return grad_norm
-
-    def checkpoint_due(self) -> bool:
-        """True when the last update crossed a multiple of ``checkpoint_every`` env steps.
-
-        A pure read: asking, or saving a checkpoint, never moves the schedule.
-        """
-        every = self.config.checkpoint_every
-        return every > 0 and self.env_steps // every > self._steps_before_update // every
-
-    def evaluation_due(self) -> bool:
-        """True when the last update crossed a multiple of ``eval_every`` env steps (pure)."""
-        every = self.config.eval_every
-        return every > 0 and self.env_steps // every > self._steps_before_update // every
-
-    def checkpoint_bytes(self) -> bytes:
-        """The model's weights and the normalisation statistics of this moment (a pure read;
-        :func:`gae_core.agent.recording.load_replay` reads it back)."""
-        return checkpoint_bytes(self.model, self.stack.normalization_state())
-
-    def replay(self) -> Replay:
-        """The current policy with the current normalisation statistics frozen (a copy)."""
-        state = self.stack.normalization_state()
+    def replay(self, index: int = 0) -> Replay:
+        """Member ``index``'s policy and critic now, with its normalisation frozen (a copy)."""
+        state = self.normalizers.state(index)
         return Replay(
-            self.model,
+            self.model_of(index),
             obs_mean=state.get("obs_mean"),
             obs_var=state.get("obs_var"),
             return_var=float(state["return_var"]) if "return_var" in state else None,
-            clip=self.config.normalize_clip,
-            device=self.device,
+            clip=self.configs[index].normalize_clip,
         )
 
-    def evaluate(self, episodes: int, seed: int) -> list[float]:
-        """Returns of ``episodes`` deterministic episodes (argmax / mean actions), one per env of
-        a fresh vector env reset with ``seed``, normalisation frozen; training is untouched."""
-        return evaluate_replay(self.replay(), self.config.env_id, episodes, seed)
+    def checkpoint_bytes(self, index: int = 0) -> bytes:
+        """Member ``index``'s weights and normalisation statistics now (a pure read;
+        :func:`~gae_core.agent.recording.load_replay` reads it back)."""
+        return checkpoint_bytes(self.model_of(index), self.normalizers.state(index))
 
-    def record(self, episodes: int, seed: int) -> list[Trajectory]:
-        """``episodes`` episodes with the current policy (sampled actions) on a fresh single env,
-        normalisation frozen; the training envs and RNG are untouched, so training stays
-        deterministic."""
-        return record_replay(self.replay(), self.config.env_id, episodes, seed)
+    def evaluate(self, index: int, episodes: int, seed: int) -> list[float]:
+        """Member ``index``'s deterministic episodes (argmax / mean actions) on a fresh vector
+        env reset with ``seed``, normalisation frozen; training is untouched."""
+        return evaluate_replays([self.replay(index)], self.shared.env_id, episodes, [seed])[0]
 
-    def close(self) -> None:
-        self.stack.close()
-
-    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
-        # Clip only what the env sees; the buffer keeps the sample whose log-prob we train on.
-        if self._action_bounds is None:
-            return actions
-        return np.clip(actions, *self._action_bounds)
-
-    def _finish_episodes(self, t: int) -> list[Episode]:
-        at_step = self.env_steps + int(self._rollout.valid[: t + 1].sum())
-        finished = []
-        for i in np.flatnonzero(self._reset_next):
-            finished.append(
-                Episode(at_step, float(self._episode_returns[i]), int(self._episode_lengths[i]))
-            )
-            self._episode_returns[i] = 0.0
-            self._episode_lengths[i] = 0
-        return finished
+    def record(self, index: int, episodes: int, seed: int) -> list[Trajectory]:
+        """Member ``index``'s episodes (sampled actions) on a fresh env, normalisation frozen;
+        the training envs and generator are untouched."""
+        replays = [self.replay(index)]
+        return record_replays_together(replays, self.shared.env_id, episodes, [seed])[0]
 
 
-def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
-    """1 − Var(returns − values) / Var(returns); 0.0 when the returns do not vary (undefined).
-    NumPy arrays or tensors (detached and read on the CPU)."""
-    values, returns = (
-        x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-        for x in (values, returns)
-    )
-    variance = float(returns.var())
-    if variance == 0.0:
-        return 0.0
-    return 1.0 - float((returns - values).var()) / variance
+class Member:
+    """One member of a :class:`Trainer`, seen as a run."""
+
+    def __init__(self, trainer: Trainer, index: int) -> None:
+        self.trainer, self.index = trainer, index
+        self.config = trainer.configs[index]
+        self._state = trainer._members[index]
+
+    @property
+    def env_steps(self) -> int:
+        return self._state.env_steps
+
+    @property
+    def done(self) -> bool:
+        return self._state.env_steps >= self.config.total_steps
+
+    @property
+    def error(self) -> str | None:
+        """Why the member stopped learning, if it blew up (its run ends ``failed``)."""
+        return self._state.error
+
+    def _crossed(self, every: int) -> bool:
+        state = self._state
+        return every > 0 and state.env_steps // every > state.steps_before_update // every
+
+    def checkpoint_due(self) -> bool:
+        """Its last update crossed a multiple of ``checkpoint_every`` env steps (a pure read)."""
+        return self._crossed(self.config.checkpoint_every)
+
+    def evaluation_due(self) -> bool:
+        """Its last update crossed a multiple of ``eval_every`` env steps (a pure read)."""
+        return self._crossed(self.config.eval_every)

@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="python -m gae_core",
-        description=f"Train A2C+GAE agents, list and export runs, run {lam} × seed sweeps.",
+        description=f"Train A2C or PPO agents with GAE, list and export runs, {lam} × seed sweeps.",
         parents=[data_dir],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         parents=[data_dir],
         help="train one run in the foreground",
-        description="Train one A2C+GAE run headless; Ctrl-C stops it and keeps its data.",
+        description="Train one A2C or PPO run headless; Ctrl-C stops it and keeps its data.",
     )
     train.add_argument("--name", help=f"run name (default: env, {lam}, {gam} and seed)")
     train.add_argument("--json", action="store_true", help="end stdout with one JSON object")

@@ -54,15 +54,17 @@ def name_flag(message: str) -> str:
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
-    """The env's preset (:mod:`gae_core.agent.presets`, CartPole-v1 when no ``--env``) with the
-    flags given on top; ``ConfigError`` naming the field for a bad value."""
+    """The preset of the env and algorithm (:mod:`gae_core.agent.presets`, CartPole-v1 and A2C
+    when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming the
+    field for a bad value."""
     values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
     for name, value in values.items():
         if FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
             values[name] = tuple(int(x) for part in value for x in part)
     values.update(overrides)
     env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
-    return TrainConfig(**{**preset_values(env_id), **values})
+    algo = values.get("algo", FIELD_SPECS["algo"].default)
+    return TrainConfig(**{**preset_values(env_id, algo), **values})
 
 
 def open_store(args: argparse.Namespace) -> RunStore:
@@ -164,14 +166,16 @@ def train(args: argparse.Namespace) -> int:
     bar = progress_bar(config.total_steps, args.no_progress)
     shown = [0]
 
-    def on_step(result: Any) -> None:
+    def on_step(_: int, result: Any) -> None:
         steps = min(int(result.env_steps), config.total_steps)
         bar.update(steps - shown[0])
         shown[0] = steps
 
     with StopOnSignal(stop, "stopping after this update (Ctrl-C again to abort)…") as signals:
         try:
-            outcome = execute_run(StoreSink(store, run_id), run_id, config, stop, on_step=on_step)
+            (outcome,) = execute_run(
+                [StoreSink(store, run_id)], [run_id], [config], [stop], on_step=on_step
+            )
         finally:
             bar.close()
     if outcome.status == "deleted":

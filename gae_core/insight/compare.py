@@ -34,7 +34,7 @@ CURVE_POINTS = 200
 REPLICATE = "seed"
 #: Why a seed's runs are one replicate. Every run builds its initial weights from its seed; a
 #: run trained alone also seeds its env resets and actions with it (a population's member
-#: draws those from its population's streams, :mod:`gae_core.agent.population`).
+#: draws those from its population's streams, :class:`gae_core.agent.trainer.Trainer`).
 SHARED_SEED = (
     "runs that share a seed start from the same initial weights (and, trained alone, the same "
     "env and action streams), so they are not independent"

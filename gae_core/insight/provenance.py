@@ -21,7 +21,7 @@ from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS
 from gae_core.insight import stats
 from gae_core.insight.compare import CURVE_POINTS, SHARED_SEED, effective_config
 from gae_core.insight.compare import completed_config as _complete
-from gae_core.labels import format_value, label
+from gae_core.labels import algorithm_name, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.version import loaded_version
 
@@ -177,7 +177,8 @@ def methods_text(record: dict[str, Any]) -> str:
     if any(g["runs"] != len(g["seeds"]) for g in groups):  # a seed has several runs
         per_value += (f" ({_count_text(g['runs'] for g in groups)} runs: a seed's runs count "
                       "once, as their mean)")  # fmt: skip
-    text = [f"{len(runs)} runs of A2C with GAE, {label(group)} ∈ {{{values}}}, {per_value}."]
+    algo = algorithm_name(record["shared_config"].get("algo"))
+    text = [f"{len(runs)} runs of {algo} with GAE, {label(group)} ∈ {{{values}}}, {per_value}."]
     unfinished = sum(r["status"] != "finished" for r in runs)
     if unfinished:
         text.append(f"{unfinished} of them had not finished: their final returns are taken "

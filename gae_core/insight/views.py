@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 #: Fields shown first in the form; the rest go under "Advanced".
-MAIN_FIELDS = ("env_id", "total_steps", "gamma", "lambda_", "seed", "num_envs", "rollout_steps")
+MAIN_FIELDS = (
+    "algo", "env_id", "total_steps", "gamma", "lambda_", "seed", "num_envs", "rollout_steps",
+)  # fmt: skip
 
 
 def form_specs(exclude: tuple[str, ...] = ()) -> tuple[list[FieldSpec], list[FieldSpec]]:
@@ -49,13 +51,16 @@ def form_specs(exclude: tuple[str, ...] = ()) -> tuple[list[FieldSpec], list[Fie
 def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str], list[str]]:
     """Validate form values: ``(config or None, errors, warnings)``.
 
-    Fields the form leaves out (the λ comparison's λ and seed) come from the env's preset. Text
+    Fields the form leaves out (the λ comparison's λ and seed) come from the preset of the env
+    and algorithm. Text
     values (a list typed into a text box) are read with the field's own parser. Errors make the
     config unusable (the Start button stays disabled); there is one per invalid field, all at
     once, each naming the field as the form labels it (:func:`field_message`). Warnings explain
     combinations that are valid but probably not what the user wants.
     """
-    values = {**preset_values(values.get("env_id", FIELD_SPECS["env_id"].default)), **values}
+    env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
+    algo = values.get("algo", FIELD_SPECS["algo"].default)
+    values = {**preset_values(env_id, algo), **values}
     unread = {}
     for name, value in values.items():
         spec = FIELD_SPECS.get(name)

@@ -82,7 +82,7 @@ def backend_factory(
     """The backend called ``name`` (:data:`BACKENDS`); ``address`` is a Ray cluster's (None:
     the Ray already running in this process, or a new local one); ``members``: how many trials
     a local worker or a Ray task may train at once as one batched population
-    (:mod:`gae_core.agent.population`). ``ConfigError`` names the field for an unknown
+    (one :class:`~gae_core.agent.trainer.Trainer`). ``ConfigError`` names the field for an unknown
     backend, Ray missing, an address given to the local backend, or members out of range."""
     if name not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")

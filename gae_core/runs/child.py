@@ -81,11 +81,11 @@ def _child_main(
     _, run_id, config = message
     try:
         store = RunStore(data_dir, recover=False)
-        outcome = execute_run(
-            StoreSink(store, run_id),
-            run_id,
-            TrainConfig.from_dict(config),
-            _StopOrOrphaned(stop),
+        (outcome,) = execute_run(
+            [StoreSink(store, run_id)],
+            [run_id],
+            [TrainConfig.from_dict(config)],
+            [_StopOrOrphaned(stop)],
             flush_interval=flush_interval,
         )
     except StoreError:  # the store itself failed (disk full, ...): nothing to record it in

@@ -1,16 +1,17 @@
-"""The one training loop every caller shares: a dashboard run thread, the CLI's foreground
-``train`` and a sweep trial in a worker process.
+"""The one run loop: M ≥ 1 queued runs trained by one :class:`~gae_core.agent.trainer.Trainer`,
+each still its own run. Every caller uses it: the dashboard's runs, the CLI's ``train`` and
+every sweep trial or population on either backend.
 
-:func:`execute_run` steps a trainer, buffers metric rows and hands them to a :class:`RunSink` at
-least every ``flush_interval`` seconds, saves checkpoints (with recorded trajectories) when the
-trainer says one is due and once more at the end, and closes the run as ``finished``,
-``stopped``, ``failed`` or ``deleted``. It checks its stop event between updates — each update is
-short, so a stop takes effect within a second — and the sink's stop flag on every flush, so a
-run can be stopped from another process.
-
-Where the data goes is the sink's business: :class:`StoreSink` writes to a
-:class:`~gae_core.runs.store.RunStore` directly (dashboard threads, the CLI); a sweep worker's
-sink streams to the sweep's coordinator, the store's single writer (:mod:`gae_core.runs.sweep`).
+:func:`execute_run` steps the trainer, and for each member (:class:`~gae_core.runs.member_run.
+MemberRun`) buffers metric rows and hands them to its :class:`~gae_core.runs.sinks.RunSink` at
+least every ``flush_interval`` seconds, evaluates it and saves its checkpoints (with recorded
+episodes) when due and at its end, and closes it as ``finished``, ``stopped``, ``failed`` or
+``deleted``. It checks the stop events between updates (an update is short, so a stop takes
+effect within a second) and each sink's stop flag on every flush, so a run can be stopped from
+another process. A member that is stopped, deleted or blows up ends on its own and the others
+go on; an exception in the trainer itself (its env, its process) fails every member that had
+not ended. Where the data goes is the sink's business: :class:`~gae_core.runs.sinks.StoreSink`
+writes a store directly; a sweep worker's sink streams to the sweep's coordinator.
 """
 
 from __future__ import annotations
@@ -21,29 +22,26 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.envs import reward_threshold
-from gae_core.agent.trainer import StepResult, Trainer, TrainingDiverged
-from gae_core.errors import StoreError
+from gae_core.agent.rollout import StepResult, TrainingDiverged
+from gae_core.agent.together import evaluate_replays, record_replays_together
+from gae_core.agent.trainer import Member, Trainer
 from gae_core.labels import assignment
-from gae_core.outcome import ReturnTracker, RunSummary
-from gae_core.runs.store import RunStore
-from gae_core.trajectory import Trajectory
+from gae_core.runs.member_run import MemberRun, Owed, eval_seed, flush_quietly, record_seed
+from gae_core.runs.sinks import RunDeleted, RunSink, StoreSink
 
 __all__ = [
-    "RECORD_SEED_OFFSET",
+    "RunDeleted",
     "RunOutcome",
-    "RunSink",
     "StoreSink",
-    "TrainerLike",
-    "UpdateLog",
+    "call_before_thread_shutdown",
     "default_run_name",
     "execute_run",
+    "execute_trials",
 ]
 
+log = logging.getLogger(__name__)
 
 _EXIT_CALLBACKS: list[Callable[[], None]] = []
 
@@ -66,87 +64,9 @@ def call_before_thread_shutdown(callback: Callable[[], None]) -> None:
     _EXIT_CALLBACKS.append(callback)
 
 
-log = logging.getLogger(__name__)
-
-#: Evaluation episodes at every checkpoint use this seed offset, the same at each checkpoint so
-#: recordings start from the same initial states and differ only by the policy.
-RECORD_SEED_OFFSET = 10_000
-#: Deterministic evaluations use their own fixed seeds, the same at every evaluation.
-EVAL_SEED_OFFSET = 20_000
-
-MetricRows = list[tuple[str, int, float, float]]
-
-
-class TrainerLike(Protocol):
-    """What :func:`execute_run` needs of a trainer (:class:`~gae_core.agent.trainer.Trainer`
-    is the one the product uses; tests pass stand-ins that fail on purpose)."""
-
-    env_steps: int
-
-    @property
-    def done(self) -> bool: ...
-
-    def step(self) -> StepResult: ...
-
-    def checkpoint_due(self) -> bool: ...
-
-    def checkpoint_bytes(self) -> bytes: ...
-
-    def evaluation_due(self) -> bool: ...
-
-    def evaluate(self, episodes: int, seed: int) -> list[float]: ...
-
-    def record(self, episodes: int, seed: int) -> list[Trajectory]: ...
-
-    def close(self) -> None: ...
-
-
-class RunSink(Protocol):
-    """Where a run's data goes. ``flush`` returns whether a stop was requested; any method may
-    raise ``RunDeleted`` when the run no longer exists."""
-
-    def claim(self) -> bool: ...
-
-    def flush(self, rows: MetricRows, env_steps: int, summary: RunSummary) -> bool: ...
-
-    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None: ...
-
-    def finish(self, status: str, error: str | None) -> None: ...
-
-
-class RunDeleted(Exception):
-    """The run was deleted while it trained (``delete --force``): it ends as ``deleted``."""
-
-
-class StoreSink:
-    """A sink that writes straight into a run store."""
-
-    def __init__(self, store: RunStore, run_id: str) -> None:
-        self.store, self.run_id = store, run_id
-
-    def claim(self) -> bool:
-        return self.store.claim_run(self.run_id)
-
-    def flush(self, rows: MetricRows, env_steps: int, summary: RunSummary) -> bool:
-        try:
-            return self.store.flush(self.run_id, rows, env_steps=env_steps, summary=summary)
-        except StoreError:
-            if not self.store.run_exists(self.run_id):
-                raise RunDeleted(self.run_id) from None
-            raise
-
-    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None:
-        if not self.store.run_exists(self.run_id):
-            raise RunDeleted(self.run_id)
-        self.store.save_checkpoint(self.run_id, env_step, blob, trajectories)
-
-    def finish(self, status: str, error: str | None) -> None:
-        self.store.finish_run(self.run_id, status, error)
-
-
 @dataclass(frozen=True)
 class RunOutcome:
-    """How :func:`execute_run` ended."""
+    """How one run of :func:`execute_run` ended."""
 
     run_id: str
     status: str
@@ -160,208 +80,207 @@ class RunOutcome:
 
 
 def default_run_name(config: TrainConfig) -> str:
-    """``CartPole-v1 λ = 0.95 γ = 0.99 seed = 0``."""
+    """``CartPole-v1 λ = 0.95 γ = 0.99 seed = 0`` (``PPO`` before it for a PPO run)."""
     fields = ("lambda_", "gamma", "seed")
-    return " ".join([config.env_id, *(assignment(f, getattr(config, f)) for f in fields)])
+    prefix = ["PPO"] if config.algo == "ppo" else []
+    return " ".join([*prefix, config.env_id, *(assignment(f, getattr(config, f)) for f in fields)])
 
 
-class _Buffer:
-    """Metric rows waiting for the next flush, and when that flush is due."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.rows: MetricRows = []
-        self.last = time.monotonic()
-
-    def due(self) -> bool:
-        return time.monotonic() - self.last >= self.interval
-
-    def take(self) -> MetricRows:
-        rows, self.rows = self.rows, []
-        self.last = time.monotonic()
-        return rows
-
-
-class UpdateLog:
-    """An update's metrics as stored rows, one row per metric each time the run crosses a
-    multiple of ``log_every`` env steps (every update for 0): the row summarises the updates
-    since the last row that reported the metric (:attr:`~gae_core.metrics.Metric.window`: their
-    mean, or the last value of a clock), at the step and wall time of the last update. An
-    update that took no step (no valid row) reports its learning rate only, so its unmeasured
-    losses are not zeros in a mean.
-
-    Why not one row per update: the CartPole preset updates every 40 env steps, so a 7 λ ×
-    10 seed study of 200k steps stored 3.5 M update rows (~114 bytes each in SQLite, about
-    400 MB) and its single writer took a core's share from the trainers (measured: the study
-    ran 9 % faster with a row per 1,000 steps). SB3's A2C, for the same reason, logs every
-    100 updates."""
-
-    def __init__(self, every: int) -> None:
-        self.every = every
-        self._sums: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
-        self._lasts: dict[str, float] = {}
-        self._at: tuple[int, float] = (0, 0.0)
-
-    def add(self, steps_before: int, env_steps: int, wall: float, metrics: dict) -> MetricRows:
-        """Take one update's ``metrics`` (it moved the run from ``steps_before`` to
-        ``env_steps``); returns the rows due now (none until the window closes)."""
-        for key, value in metrics.items():
-            value = float(value)
-            self._sums[key] = self._sums.get(key, 0.0) + value
-            self._counts[key] = self._counts.get(key, 0) + 1
-            self._lasts[key] = value
-        self._at = (env_steps, wall)
-        every = self.every
-        if every <= 0 or env_steps // every > steps_before // every:
-            return self.close()
-        return []
-
-    def close(self) -> MetricRows:
-        """The rows of the updates since the last row, if any (a run's end, a checkpoint: what
-        was measured is stored)."""
-        env_steps, wall = self._at
-        rows = [
-            (key, env_steps, wall,
-             self._lasts[key] if M.get(key).window == "last" else total / self._counts[key])
-            for key, total in self._sums.items()
-        ]  # fmt: skip
-        self._sums, self._counts, self._lasts = {}, {}, {}
-        return rows
+def execute_trials(
+    sinks: Sequence[RunSink],
+    trials: Sequence[tuple[int, str, dict]],
+    stop_events: Sequence[threading.Event],
+    *,
+    flush_interval: float = 1.0,
+) -> list[RunOutcome]:
+    """:func:`execute_run` of what a sweep backend's slot is sent: ``trials`` ``[(index, run
+    id, TrainConfig.to_dict())]``. Raises if a config cannot be built here (an env this host
+    lacks); the backend then fails them."""
+    configs = [TrainConfig.from_dict(config) for _, _, config in trials]
+    run_ids = [run_id for _, run_id, _ in trials]
+    return execute_run(sinks, run_ids, configs, stop_events, flush_interval=flush_interval)
 
 
 def execute_run(
-    sink: RunSink,
-    run_id: str,
-    config: TrainConfig,
-    stop_event: threading.Event | None = None,
+    sinks: Sequence[RunSink],
+    run_ids: Sequence[str],
+    configs: Sequence[TrainConfig],
+    stop_events: Sequence[threading.Event],
     *,
     flush_interval: float = 1.0,
-    trainer_factory: Callable[[TrainConfig], TrainerLike] = Trainer,
-    on_step: Callable[[StepResult], None] | None = None,
-) -> RunOutcome:
-    """Train the queued run ``run_id`` to its end; never raises for a training failure.
+    on_step: Callable[[int, StepResult], None] | None = None,
+) -> list[RunOutcome]:
+    """Train the queued runs ``run_ids`` (configs that can share a trainer:
+    :func:`~gae_core.agent.trainer.population_key`) to their ends; never raises for a training
+    failure (a Ctrl-C that no handler turned into a stop closes every run as ``stopped`` and
+    is raised again).
 
-    Claims the run (``queued`` → ``running``); returns at once with status ``skipped`` if the
-    claim fails (the run was cancelled or taken). ``on_step(result)`` is called after every
-    update (the CLI's progress bar). Ends as ``finished`` when the budget is spent, ``stopped``
-    when ``stop_event`` is set or a stop was requested through the sink, ``deleted`` when the run
-    vanished from the store, ``failed`` with the reason on any exception (a NaN/inf blow-up gives
-    its message, anything else the traceback).
-    """
-    stop_event = stop_event or threading.Event()
+    Each run is claimed first (``queued`` → ``running``); one whose claim fails ends
+    ``skipped``. ``on_step(member, result)`` is called after every update of each member (the
+    CLI's progress bar). A run ends ``finished`` when its budget is spent, ``stopped`` when its
+    stop event is set or a stop was requested through its sink, ``deleted`` when it vanished
+    from the store, ``failed`` with the reason on any exception (a NaN/inf blow-up gives its
+    message, anything else the traceback)."""
     started = time.monotonic()
-    if not sink.claim():
-        return RunOutcome(run_id, "skipped", 0, 0.0, "the run was not queued any more")
-    tracker = ReturnTracker(reward_threshold(config.env_id))
-    buffer = _Buffer(flush_interval)
-    updates = UpdateLog(config.log_every)
-    trainer: TrainerLike | None = None
-    env_steps, last_checkpoint, last_evaluation = 0, -1, -1
-    episode_flushed = False
-    status, error = "failed", None
-
-    def flush(*, window: bool = False) -> bool:
-        """Store the rows so far (``window``: the update metrics' open window too)."""
-        if window:
-            buffer.rows.extend(updates.close())
-        return sink.flush(buffer.take(), env_steps, tracker.summary())
-
+    runs = [
+        MemberRun(sink, run_id, config, stop, flush_interval)
+        for sink, run_id, config, stop in zip(sinks, run_ids, configs, stop_events, strict=True)
+    ]
+    claimed = [run for run in runs if run.sink.claim()]
+    for run in runs:
+        if run not in claimed:
+            run.status, run.error = "skipped", "the run was not queued any more"
+    trainer: Trainer | None = None
     try:
-        trainer = trainer_factory(config)
-        while not trainer.done and not stop_event.is_set():
-            steps_before = env_steps
-            result = trainer.step()
-            env_steps = int(result.env_steps)
-            wall = time.monotonic() - started
-            buffer.rows.extend(updates.add(steps_before, env_steps, wall, result.metrics))
-            for episode in result.episodes:
-                step = int(episode.env_step)
-                buffer.rows.append((M.EPISODIC_RETURN.key, step, wall, float(episode.return_)))
-                buffer.rows.append((M.EPISODIC_LENGTH.key, step, wall, float(episode.length)))
-                tracker.add(step, float(episode.return_))
-            if on_step is not None:
-                on_step(result)
-            if trainer.evaluation_due():
-                _evaluate(buffer, trainer, config, env_steps, wall)
-                last_evaluation = env_steps
-            if trainer.checkpoint_due():
-                # metrics first, so a checkpoint is never ahead of the stored curve
-                if flush(window=True):
-                    stop_event.set()
-                _save_checkpoint(sink, trainer, config)
-                last_checkpoint = env_steps
-            # the first episode's return goes out at once: a live chart is not blank for a
-            # whole flush interval after Start
-            first_episode = bool(result.episodes) and not episode_flushed
-            if (buffer.due() or first_episode) and flush():
-                stop_event.set()
-            episode_flushed = episode_flushed or first_episode
-        env_steps = int(trainer.env_steps)
-        status = "finished" if trainer.done else "stopped"
-        if status == "finished" and config.eval_every > 0 and last_evaluation != env_steps:
-            _evaluate(buffer, trainer, config, env_steps, time.monotonic() - started)
-        flush(window=True)
-        if last_checkpoint != env_steps and env_steps > 0:
-            _save_checkpoint(sink, trainer, config)
-    except RunDeleted:
-        status = "deleted"
+        if claimed:
+            trainer = Trainer([run.config for run in claimed])
+            members = [trainer.member(i) for i in range(len(claimed))]
+            _train(trainer, members, claimed, started, on_step)
     except KeyboardInterrupt:
-        # No handler turned Ctrl-C into a stop event: still close the run as stopped.
-        status = "stopped"
-        _flush_quietly(lambda: flush(window=True), run_id)
+        for run in claimed:
+            if run.status is None:
+                run.close("stopped", None, time.monotonic() - started)
         raise
     except Exception as exc:
-        if isinstance(exc, TrainingDiverged | FloatingPointError):
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            error = traceback.format_exc()
-        log.warning("run %s failed: %s", run_id, error)
-        status = "failed"
-        _flush_quietly(lambda: flush(window=True), run_id)  # what was measured until the failure
+        error = (
+            f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, TrainingDiverged | FloatingPointError)
+            else traceback.format_exc()
+        )
+        log.warning("runs %s failed: %s", [r.run_id for r in claimed], error)
+        for run in claimed:
+            if run.status is None:
+                run.status, run.error = "failed", error
+                flush_quietly(lambda r=run: r.flush(window=True), run.run_id)
+                run.sink.finish("failed", error)
     finally:
         if trainer is not None:
             trainer.close()
-        if status != "deleted":
-            sink.finish(status, error)
-    return RunOutcome(run_id, status, env_steps, time.monotonic() - started, error)
+    wall = time.monotonic() - started
+    return [
+        RunOutcome(run.run_id, run.status or "failed", run.env_steps, wall, run.error)
+        for run in runs
+    ]
 
 
-def _flush_quietly(flush: Callable[[], bool], run_id: str) -> None:
+def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], started, on_step):
+    """The loop: step, book each member's update, take what each owes, settle it once every
+    member still training has passed its step (:class:`~gae_core.runs.member_run.Owed`)."""
+    pending: list[Owed] = []
+    shared = runs[0].config  # env, episodes: the same for every member (population_key)
+
+    def settle(force: bool) -> None:
+        nonlocal pending
+        if not pending:
+            return
+        steps = [members[i].env_steps for i, run in enumerate(runs) if run.training]
+        if not force and steps and min(steps) < max(o.horizon for o in pending):
+            return  # a member still training has not reached the step yet
+        owed, pending = pending, []
+        try:
+            evaluations = _evaluate(runs, [o for o in owed if o.evaluate])
+        except Exception:  # each then plays alone, inside its own run's failure handling
+            log.warning("evaluating members %s together failed", [o.index for o in owed],
+                        exc_info=True)  # fmt: skip
+            evaluations = {}
+        recordings = _record(runs, [o for o in owed if o.blob is not None], shared)
+        for o in owed:
+            run = runs[o.index]
+            if run.status is not None:  # it ended meanwhile (deleted, failed)
+                continue
+            try:
+                returns = evaluations.get(o)
+                if o.evaluate and returns is None:  # alone, inside its own try
+                    returns = _evaluate(runs, [o])[o]
+                recorded = recordings.get(o)
+                if o.blob is not None and recorded is None and shared.record_episodes > 0:
+                    recorded = _record(runs, [o], shared, alone=True)[o]
+                if o.ends is not None:
+                    run.close(o.ends, None, o.wall, returns, o.blob, recorded)
+                    continue
+                if returns is not None:
+                    run.evaluated(returns, o.env_step, o.wall)
+                if o.blob is not None:
+                    run.checkpoint(o.blob, o.env_step, recorded)
+            except RunDeleted:
+                trainer.deactivate(o.index)
+                run.status = "deleted"
+            except Exception:  # its checkpoint or flush broke: it ends alone, the others go on
+                trainer.deactivate(o.index)
+                run.close("failed", traceback.format_exc(), o.wall)
+
+    while True:
+        wall = time.monotonic() - started
+        stopping = [i for i, run in enumerate(runs) if run.training and run.stop.is_set()]
+        for i in stopping:  # a stop on a budget's last update ends a finished run
+            status = "finished" if members[i].done else "stopped"
+            pending.append(runs[i].end(i, members[i], trainer, wall, status))
+        settle(force=bool(stopping))
+        if trainer.done:
+            settle(force=True)
+            break
+        results = trainer.step()
+        wall = time.monotonic() - started
+        for i, run in enumerate(runs):
+            member = members[i]
+            if not run.training:
+                continue
+            error = member.error
+            try:
+                if error is None and i in results:
+                    run.record(results[i], wall)
+                    if on_step is not None:
+                        on_step(i, results[i])
+                    owed = run.due(i, member, trainer, wall)
+                    if owed is not None:
+                        pending.append(owed)
+            except RunDeleted:
+                trainer.deactivate(i)
+                run.status = "deleted"
+            except Exception:  # its flush broke: it ends alone, the others go on
+                error = traceback.format_exc()
+            if error is not None and run.status is None:
+                trainer.deactivate(i)
+                settle(force=any(o.index == i for o in pending))  # what it owes, first
+                if run.status is None:  # (settling may have ended it already)
+                    run.close("failed", error, wall)
+        for i, run in enumerate(runs):
+            if run.training and members[i].done and not run.stop.is_set():
+                pending.append(run.end(i, members[i], trainer, wall, "finished"))
+        settle(force=False)
+    for i, run in enumerate(runs):
+        if run.status is None:  # deactivated without an end (cannot happen; be safe)
+            run.close("finished" if members[i].done else "stopped", None, wall)
+
+
+def _evaluate(runs: list[MemberRun], evaluating: list[Owed]) -> dict:
+    """The evaluations owed, played together (each as alone): ``{owed: its returns}``;
+    raises if playing them breaks."""
+    if not evaluating:
+        return {}
+    shared = runs[evaluating[0].index].config
+    returns = evaluate_replays(
+        [o.replay for o in evaluating], shared.env_id, shared.eval_episodes,
+        [eval_seed(runs[o.index].config) for o in evaluating],
+    )  # fmt: skip
+    return dict(zip(evaluating, returns, strict=True))
+
+
+def _record(runs: list[MemberRun], saving: list[Owed], shared: TrainConfig, alone=False) -> dict:
+    """The episodes of the checkpoints owed, played together (each as alone): ``{owed: its
+    episodes}``; empty if playing them together raised (each then records alone, inside its
+    own run's failure handling, where ``alone`` lets the error through)."""
+    if shared.record_episodes <= 0 or not saving:
+        return {}
+    seeds = [record_seed(runs[o.index].config) for o in saving]
     try:
-        flush()
-    except (StoreError, RunDeleted):
-        log.exception("run %s: could not flush metrics after the failure", run_id)
-
-
-def _evaluate(
-    buffer: _Buffer, trainer: TrainerLike, config: TrainConfig, env_steps: int, wall: float
-) -> None:
-    """Deterministic evaluation: the mean return of ``eval_episodes`` episodes, one row."""
-    returns = trainer.evaluate(config.eval_episodes, eval_seed(config))
-    buffer.rows.append((M.EVAL_RETURN.key, env_steps, wall, float(sum(returns) / len(returns))))
-
-
-def eval_seed(config: TrainConfig) -> int:
-    """The seed of a run's deterministic evaluations (the same at each: the same start
-    states at every point of its evaluation curve)."""
-    return (config.seed + EVAL_SEED_OFFSET) % (2**31)
-
-
-def record_seed(config: TrainConfig) -> int:
-    """The seed of the episodes recorded with each of a run's checkpoints (the same at each)."""
-    return (config.seed + RECORD_SEED_OFFSET) % (2**31)
-
-
-def _save_checkpoint(
-    sink: RunSink,
-    trainer: TrainerLike,
-    config: TrainConfig,
-    recorded: Sequence[Trajectory] | None = None,
-) -> None:
-    """Save a checkpoint with its recorded episodes: ``recorded`` where the caller already
-    played them (a population records its members together), else the trainer records them."""
-    blob = trainer.checkpoint_bytes()
-    if recorded is None and config.record_episodes > 0:
-        recorded = trainer.record(config.record_episodes, record_seed(config))
-    sink.checkpoint(int(trainer.env_steps), blob, [t.to_bytes() for t in recorded or ()])
+        played = record_replays_together(
+            [o.replay for o in saving], shared.env_id, shared.record_episodes, seeds
+        )
+    except Exception:
+        if alone:
+            raise
+        log.warning("recording members %s together failed", [o.index for o in saving],
+                    exc_info=True)  # fmt: skip
+        return {}
+    return dict(zip(saving, played, strict=True))

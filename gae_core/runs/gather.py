@@ -2,9 +2,9 @@
 
 A backend with ``members > 1`` does not start a trial the moment it is submitted: it gathers
 the submitted trials and hands them to its free slots (a local worker process, a Ray task) in
-consecutive batches, each batch one population (:mod:`gae_core.agent.population`: one batched
-network for all its members). Only trials whose configs can share a population go together
-(:func:`~gae_core.agent.population.population_key`); the rest train alone, one per slot.
+consecutive batches, each batch one population (one :class:`~gae_core.agent.trainer.Trainer`
+of several members). Only trials whose configs can share a trainer go together
+(:func:`~gae_core.agent.trainer.population_key`).
 
 The rule is written once, here, so that a sweep splits into the same populations on either
 backend and however its slots free up: a trial's numbers depend on the population it trains
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 __all__ = ["ALONE", "Gathering", "population_capacity"]
 
-#: The population key of a trial that trains alone (its config cannot join a population).
+#: The group of every trial when each trains alone (capacity 1).
 ALONE = ("alone",)
 
 Trial = tuple[int, str, dict]  # (trial index, run id, TrainConfig.to_dict())
@@ -43,10 +43,9 @@ def population_capacity(members: int, trials: int, workers: int) -> int:
 def _population_key(config: dict) -> tuple:
     # imported here: with one trial per slot the coordinator never needs the trainer
     from gae_core.agent.config import TrainConfig
-    from gae_core.agent.population import can_join, population_key
+    from gae_core.agent.trainer import population_key
 
-    built = TrainConfig.from_dict(config)
-    return population_key(built) if can_join(built) else ALONE
+    return population_key(TrainConfig.from_dict(config))
 
 
 class Gathering:

@@ -13,18 +13,15 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.envs import reward_threshold
-from gae_core.agent.trainer import Trainer
 from gae_core.errors import StoreError
 from gae_core.runs.child import RunProcess
 from gae_core.runs.execute import (
     RunOutcome,
     StoreSink,
-    TrainerLike,
     call_before_thread_shutdown,
     default_run_name,
     execute_run,
@@ -67,16 +64,12 @@ class RunManager:
         store: RunStore,
         *,
         flush_interval: float = 1.0,
-        trainer_factory: Callable[[TrainConfig], TrainerLike] = Trainer,
         recover_every_s: float | None = 5.0,
         processes: bool = False,
         spare_delay_s: float = 3.0,
     ) -> None:
-        if processes and trainer_factory is not Trainer:
-            raise ValueError("processes=True trains the package's Trainer; drop trainer_factory")
         self.store = store
         self.flush_interval = flush_interval
-        self._trainer_factory = trainer_factory
         self._processes = processes
         self._spare: RunProcess | None = None
         self._spare_timer: threading.Timer | None = None
@@ -145,13 +138,12 @@ class RunManager:
 
     def _run(self, run_id: str, config: TrainConfig, event: threading.Event) -> None:
         try:
-            outcome = execute_run(
-                StoreSink(self.store, run_id),
-                run_id,
-                config,
-                event,
+            (outcome,) = execute_run(
+                [StoreSink(self.store, run_id)],
+                [run_id],
+                [config],
+                [event],
                 flush_interval=self.flush_interval,
-                trainer_factory=self._trainer_factory,
             )
         except StoreError:  # the store itself failed (disk full, ...): nothing to record it in
             log.exception("run %s: the run store failed", run_id)

@@ -2,9 +2,8 @@
 
 Each worker is a spawned process with one duplex pipe to the coordinator. The coordinator sends
 it one trial at a time, or with ``members > 1`` a population of up to that many trials whose
-configs can share one (:mod:`gae_core.agent.population`: one batched network for all of them);
-the worker runs :func:`~gae_core.runs.execute.execute_run` (or
-:func:`~gae_core.runs.population_run.execute_population`) with a :class:`PipeSink` per trial,
+configs can share one trainer (:func:`~gae_core.agent.trainer.population_key`); the worker
+runs :func:`~gae_core.runs.execute.execute_run` with a :class:`PipeSink` per trial,
 which sends every flush, checkpoint and the end of the trial back through the pipe, and never
 touches the store: the coordinator is the store's single writer.
 
@@ -85,7 +84,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
     try:
         import torch
 
-        from gae_core.runs.population_run import execute_batch
+        from gae_core.runs.execute import execute_trials
 
         torch.set_num_threads(1)  # the workers are the parallelism
         conn.send(("ready", os.getpid()))
@@ -98,7 +97,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
             try:
                 sinks = [PipeSink(conn, index, flags) for index in indices]
                 stops = [_FlagEvent(flags, index) for index in indices]
-                execute_batch(sinks, trials, stops, flush_interval=flush)
+                execute_trials(sinks, trials, stops, flush_interval=flush)
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise
             except Exception:  # the config cannot be built here (an env this host lacks)

@@ -142,7 +142,7 @@ def _train(inbox: Any, trials: list, flush: float) -> None:
 
     import torch
 
-    from gae_core.runs.population_run import execute_batch
+    from gae_core.runs.execute import execute_trials
 
     torch.set_num_threads(1)  # one CPU per task: the tasks are the parallelism
     indices = [index for index, _, _ in trials]
@@ -152,7 +152,7 @@ def _train(inbox: Any, trials: list, flush: float) -> None:
     outbox.post(started, now=True)
     try:
         stops = [threading.Event() for _ in trials]  # set by a flush's reply (_InboxSink)
-        execute_batch(sinks, trials, stops, flush_interval=flush)
+        execute_trials(sinks, trials, stops, flush_interval=flush)
     except Exception:  # the config cannot be built on this node (an env it lacks)
         for sink in sinks:
             sink.finish("failed", traceback.format_exc())

@@ -1,0 +1,253 @@
+"""The update: how one rollout's rows train every member of a trainer, for A2C and for PPO.
+
+A2C takes one gradient step on all of a member's valid rows (advantages standardised over them
+where the member asks). PPO (SB3's ``PPO.train``, CleanRL's ``ppo.py``) takes ``n_epochs``
+passes over the rollout, each in a fresh order drawn by the member's own generator, in
+minibatches of ``minibatch_size`` rows (the last takes what is left), with advantages
+standardised per minibatch where the member asks; before each minibatch's step it compares the
+approximate KL with ``1.5 × target_kl`` and, past it, the member takes no more steps on this
+rollout (SB3's rule). Rows are the rollout's rows; a member's NEXT_STEP reset rows and rows past
+its budget are in its minibatches with weight 0 (its means run over its valid rows), so a
+minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly that many.
+
+Every gradient step is the same for both: autograd of the sum of the stepping members' losses
+(:mod:`gae_core.agent.losses`; a member's parameters are its own slice of the stacks, so it
+receives its own loss's gradient), each member's gradient norm clipped to its ``max_grad_norm``
+(:func:`~gae_core.agent.stacked.clip_per_member`), and one optimizer step in which the members
+not stepping keep their parameters and moments. A member whose loss or gradient is not finite
+fails alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.losses import LossTerms, a2c_loss, masked_mean, ppo_loss, standardize
+from gae_core.agent.optim import Optimizer
+from gae_core.agent.policy import log_probs_and_entropy, sde_std
+from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
+
+__all__ = ["Batch", "Learned", "Learner"]
+
+
+@dataclass
+class Batch:
+    """One rollout's rows per member, member-major ``[M, R, ...]`` on the trainer's device:
+    observations as the policies saw them, actions, GAE advantages, the critic's targets, the
+    critic's values at collection (with their graph for A2C) and the valid-row mask."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class Learned:
+    """What one update did: each member's metrics, whether it took a step, and the members
+    that failed with what became non-finite."""
+
+    metrics: list[dict[str, float]]
+    stepped: list[bool]
+    failures: dict[int, str] = field(default_factory=dict)
+
+
+class _Sums:
+    """Per-member means of metrics over an update's gradient steps: each ``add`` keeps a
+    member's value where ``rows`` is true; :meth:`means` reads them all in one conversion."""
+
+    def __init__(self, members: int) -> None:
+        self.members = members
+        self.entries: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def add(self, key: str, value: torch.Tensor, rows: torch.Tensor) -> None:
+        self.entries.setdefault(key, []).append((value.detach(), rows.clone()))
+
+    def means(self) -> list[dict[str, float]]:
+        keys = list(self.entries)
+        if not keys:
+            return [{} for _ in range(self.members)]
+        totals, counts = [], []
+        for key in keys:
+            values = torch.stack([v.double().cpu() for v, _ in self.entries[key]])
+            rows = torch.stack([r for _, r in self.entries[key]]).double()
+            count = rows.sum(0)
+            totals.append((values * rows).nan_to_num().sum(0) / count.clamp(min=1.0))
+            counts.append(count)
+        table, seen = torch.stack(totals).tolist(), torch.stack(counts).tolist()
+        return [
+            {key: table[k][i] for k, key in enumerate(keys) if seen[k][i] > 0}
+            for i in range(self.members)
+        ]
+
+
+class Learner:
+    """The update of one trainer's members (module docstring)."""
+
+    def __init__(
+        self,
+        configs: Sequence[TrainConfig],
+        actor: StackedMLP,
+        critic: StackedMLP,
+        log_std: torch.Tensor | None,
+        optimizer: Optimizer,
+    ) -> None:
+        self.actor, self.critic, self.log_std, self.optimizer = actor, critic, log_std, optimizer
+        self.discrete = log_std is None
+        self.sde = configs[0].use_sde and not self.discrete
+        device = actor.weights[0].device
+        shared = configs[0]
+        self.algo, self.epochs, self.minibatch = shared.algo, shared.n_epochs, shared.minibatch_size
+
+        def column(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        self.value_coef = column([c.value_coef for c in configs])
+        self.entropy_coef = column([c.entropy_coef for c in configs])
+        self.max_norm = column([c.max_grad_norm or math.inf for c in configs])
+        self.clip_range_vf = column([c.clip_range_vf or math.inf for c in configs])
+        self.standardise = torch.tensor([c.normalize_advantages for c in configs], device=device)
+        self.any_standardise = bool(self.standardise.any())
+        self.target_kl = torch.tensor([c.target_kl for c in configs], dtype=torch.float64)
+        self.configs = configs
+        # each member's own order of minibatches (a member draws as it would alone)
+        self._orders = [np.random.default_rng([c.seed, 1]) for c in configs]
+
+    def policy(
+        self, observations: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log π(a|s) and the entropy per row ``[M, B]`` of every member's current policy."""
+        out, features = self.actor.with_features(observations)
+        log_std = None
+        if self.sde:
+            log_std = sde_std(features, self.log_std).log()
+        elif not self.discrete:
+            log_std = self.log_std[:, None, :]
+        return log_probs_and_entropy(out, actions, log_std)
+
+    def learn(
+        self, batch: Batch, learning: torch.Tensor, training: torch.Tensor, spent: Sequence[int]
+    ) -> Learned:
+        """Update the members ``learning`` (CPU bool ``[M]``) on ``batch``; ``training``: the
+        members still training (those not stepping keep their optimizer state); ``spent``:
+        each member's env steps before this update (for the schedules)."""
+        self._spent = spent
+        sums, failures = _Sums(len(learning)), {}
+        mask = batch.mask
+        with torch.no_grad():  # the rollout's own numbers, before any step
+            raw_mean = masked_mean(batch.advantages, mask)
+            centred = (batch.advantages - raw_mean[:, None]).square()
+            raw_std = masked_mean(centred, mask).sqrt()
+            explained = explained_variance(batch.values.detach(), batch.returns, mask)
+        step = self._a2c if self.algo == "a2c" else self._ppo
+        stepped = step(batch, learning.clone(), training, sums, failures)
+        for key, value in ((M.ADVANTAGE_MEAN.key, raw_mean), (M.ADVANTAGE_STD.key, raw_std),
+                           (M.EXPLAINED_VARIANCE.key, explained)):  # fmt: skip
+            sums.add(key, value, stepped)
+        return Learned(sums.means(), stepped.tolist(), failures)
+
+    def _a2c(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> torch.Tensor:
+        advantages = batch.advantages
+        if self.any_standardise:
+            standardised = standardize(advantages, batch.mask)
+            advantages = torch.where(self.standardise[:, None], standardised, advantages)
+        log_probs, entropy = self.policy(batch.observations, batch.actions)
+        terms = a2c_loss(
+            log_probs, entropy, batch.values, advantages, batch.returns, batch.mask,
+            self.value_coef, self.entropy_coef,
+        )  # fmt: skip
+        learning = self._gradient_step(terms, learning, training, sums, failures)
+        return learning
+
+    def _ppo(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> torch.Tensor:
+        members, rows = batch.mask.shape
+        device = batch.mask.device
+        with torch.no_grad():
+            old_log_probs, _ = self.policy(batch.observations, batch.actions)
+        old_values = batch.values.detach()
+        clip_range = self._clip_ranges().to(device)
+        stepped = torch.zeros(members, dtype=torch.bool)
+        stopped = torch.zeros(members, dtype=torch.bool)
+        for _ in range(self.epochs):
+            order = np.stack([rng.permutation(rows) for rng in self._orders])
+            order = torch.from_numpy(order).to(device)
+            for start in range(0, rows, self.minibatch):
+                index = order[:, start : start + self.minibatch]
+                mask = _take(batch.mask, index)
+                now = learning & ~stopped & (mask.sum(1).cpu() > 0)
+                if not now.any():
+                    continue
+                observations = _take(batch.observations, index)
+                advantages = _take(batch.advantages, index)
+                if self.any_standardise:
+                    standardised = standardize(advantages, mask)
+                    advantages = torch.where(self.standardise[:, None], standardised, advantages)
+                log_probs, entropy = self.policy(observations, _take(batch.actions, index))
+                values = self.critic(observations).squeeze(-1)
+                terms = ppo_loss(
+                    log_probs, _take(old_log_probs, index), entropy, values,
+                    _take(old_values, index), advantages, _take(batch.returns, index), mask,
+                    clip_range, self.clip_range_vf, self.value_coef, self.entropy_coef,
+                )  # fmt: skip
+                sums.add(M.APPROX_KL.key, terms.approx_kl, now)
+                sums.add(M.CLIP_FRACTION.key, terms.clip_fraction, now)
+                kl = terms.approx_kl.detach().double().cpu()
+                over = now & (self.target_kl > 0) & (kl > 1.5 * self.target_kl)
+                stopped |= over
+                now &= ~over
+                now = self._gradient_step(terms, now, training, sums, failures)
+                learning &= ~torch.tensor([i in failures for i in range(members)])
+                stepped |= now
+        return stepped
+
+    def _clip_ranges(self) -> torch.Tensor:
+        """Each member's PPO clip range for this update: constant, or decayed linearly with
+        its share of its budget spent (``clip_range_schedule``, SB3's ``lin_``)."""
+        ranges = [
+            c.clip_range * (1.0 - min(1.0, spent / c.total_steps))
+            if c.clip_range_schedule == "linear" else c.clip_range
+            for c, spent in zip(self.configs, self._spent, strict=True)
+        ]  # fmt: skip
+        return torch.tensor(ranges, dtype=torch.float32)
+
+    def _gradient_step(
+        self, terms: LossTerms, now: torch.Tensor, training, sums: _Sums, failures: dict
+    ) -> torch.Tensor:
+        """One step of the members ``now`` on ``terms.loss``; returns those that stepped."""
+        finite = torch.isfinite(terms.loss.detach()).cpu()
+        for i in torch.nonzero(now & ~finite).flatten().tolist():
+            failures.setdefault(i, "loss")
+        now = now & finite
+        optimizer = self.optimizer
+        optimizer.zero_grad()
+        if not now.any():
+            return now
+        device_now = now.to(terms.loss.device)
+        torch.where(device_now, terms.loss, torch.zeros_like(terms.loss)).sum().backward()
+        norms, finite = clip_per_member(optimizer.params, self.max_norm, device_now)
+        finite = finite.cpu()
+        for i in torch.nonzero(now & ~finite).flatten().tolist():
+            failures.setdefault(i, "gradient")
+        now = now & finite
+        if now.any():
+            optimizer.step(rows=now, keep=training & ~now)
+        for key, value in ((M.POLICY_LOSS.key, terms.policy), (M.VALUE_LOSS.key, terms.value),
+                           (M.ENTROPY.key, terms.entropy), (M.GRAD_NORM.key, norms)):  # fmt: skip
+            sums.add(key, value, now)
+        return now
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index [M, B]`` of each member's ``x [M, R, ...]``."""
+    if x.dim() == 2:
+        return x.gather(1, index)
+    return x.gather(1, index[..., None].expand(-1, -1, *x.shape[2:]))

@@ -1,0 +1,241 @@
+"""The losses (gae_core.agent.losses) against their docstring's formulas, closed-form PPO cases
+and the trainer's use of them: each member's loss reads only its own rows, PPO's clip and KL
+stop act as SB3's do, and the coefficients are combined in one place."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.losses import (
+    ADVANTAGE_EPSILON,
+    a2c_loss,
+    combine,
+    masked_mean,
+    ppo_loss,
+    standardize,
+)
+from gae_core.agent.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(seed: int, members: int, rows: int):
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    mask = (torch.rand(members, rows, generator=generator) < 0.8).double()
+    mask[:, 0] = 1.0  # every member has a row
+    return draw, mask
+
+
+def _mean(x: torch.Tensor, mask_row: torch.Tensor) -> torch.Tensor:
+    return x[mask_row.bool()].mean()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), members=st.integers(1, 4), rows=st.integers(1, 30))
+def test_a2c_loss_is_its_formula_per_member_over_valid_rows(seed, members, rows):
+    draw, mask = _rows(seed, members, rows)
+    log_probs, entropy, values, advantages, returns = (draw(members, rows) for _ in range(5))
+    value_coef, entropy_coef = draw(members).abs(), draw(members).abs()
+    terms = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
+                     entropy_coef)  # fmt: skip
+    for m in range(members):
+        policy = -_mean(advantages[m] * log_probs[m], mask[m])
+        value = _mean((returns[m] - values[m]) ** 2, mask[m])
+        mean_entropy = _mean(entropy[m], mask[m])
+        torch.testing.assert_close(terms.policy[m], policy)
+        torch.testing.assert_close(terms.value[m], value)
+        torch.testing.assert_close(terms.entropy[m], mean_entropy)
+        expected = policy + value_coef[m] * value - entropy_coef[m] * mean_entropy
+        torch.testing.assert_close(terms.loss[m], expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), members=st.integers(1, 4), rows=st.integers(1, 30))
+def test_a_members_loss_and_gradient_read_only_its_own_valid_rows(seed, members, rows):
+    """Changing another member's rows, or this member's masked rows, changes nothing of its
+    loss; the gradient of the members' summed losses with respect to member m's inputs is
+    the gradient of m's own loss."""
+    draw, mask = _rows(seed, members, rows)
+    inputs = [draw(members, rows).requires_grad_(True) for _ in range(5)]
+    coefs = (draw(members).abs(), draw(members).abs())
+    terms = a2c_loss(*inputs, mask, *coefs)
+    terms.loss.sum().backward()
+    for m in range(members):
+        moved = [x.detach().clone() for x in inputs]
+        noise = draw(members, rows)
+        keep = torch.zeros(members, rows, dtype=torch.bool)
+        keep[m] = mask[m].bool()
+        for x in moved:
+            x.add_(torch.where(keep, 0.0, noise))  # everything but m's valid rows moves
+        again = a2c_loss(*moved, mask, *coefs)
+        torch.testing.assert_close(again.loss[m], terms.loss[m])
+        alone = [x.detach()[m : m + 1].clone().requires_grad_(True) for x in inputs]
+        a2c_loss(*alone, mask[m : m + 1], coefs[0][m : m + 1], coefs[1][m : m + 1]).loss.backward()
+        for x, own in zip(inputs, alone, strict=True):
+            torch.testing.assert_close(x.grad[m], own.grad[0])
+
+
+def _ppo(ratio: float, advantage: float, epsilon: float = 0.2):
+    log_probs = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    terms = ppo_loss(
+        log_probs, 0.0 * one, 0.0 * one, one, one, advantage * one, one, one,
+        torch.tensor([epsilon]), torch.tensor([math.inf]), torch.ones(1), torch.zeros(1),
+    )  # fmt: skip
+    terms.loss.sum().backward()
+    return terms, log_probs.grad.item()
+
+
+@pytest.mark.parametrize(
+    ("ratio", "advantage", "surrogate", "clipped"),
+    [
+        (1.1, 2.0, 1.1 * 2.0, False),  # inside the clip: r·Â
+        (1.5, 2.0, 1.2 * 2.0, True),  # Â > 0, r > 1 + ε: (1 + ε)·Â, no gradient
+        (0.5, 2.0, 0.5 * 2.0, False),  # Â > 0, r < 1 − ε: the min keeps r·Â (pessimistic)
+        (0.5, -2.0, 0.8 * -2.0, True),  # Â < 0, r < 1 − ε: (1 − ε)·Â, no gradient
+        (1.5, -2.0, 1.5 * -2.0, False),  # Â < 0, r > 1 + ε: the min keeps r·Â
+    ],
+)
+def test_ppos_clipped_surrogate_in_closed_form(ratio, advantage, surrogate, clipped):
+    terms, gradient = _ppo(ratio, advantage)
+    assert terms.policy.item() == pytest.approx(-surrogate)
+    # d(−r·Â)/d log π = −r·Â where the unclipped term is taken, 0 where the clip binds
+    assert gradient == pytest.approx(0.0 if clipped else -ratio * advantage)
+    assert terms.clip_fraction.item() == (1.0 if abs(ratio - 1) > 0.2 else 0.0)
+    assert terms.approx_kl.item() == pytest.approx((ratio - 1) - math.log(ratio))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), members=st.integers(1, 3), rows=st.integers(1, 20))
+def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
+    draw, mask = _rows(seed, members, rows)
+    log_probs, old, entropy, values, old_values, advantages, returns = (
+        draw(members, rows) for _ in range(7)
+    )
+    old = log_probs + 0.3 * draw(members, rows)
+    epsilon = draw(members).abs() * 0.3 + 0.01
+    epsilon_v = torch.where(draw(members) > 0, draw(members).abs(), math.inf)
+    value_coef, entropy_coef = draw(members).abs(), draw(members).abs()
+    terms = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,
+                     epsilon, epsilon_v, value_coef, entropy_coef)  # fmt: skip
+    for m in range(members):
+        ratio = torch.exp(log_probs[m] - old[m])
+        surrogate = torch.minimum(
+            ratio * advantages[m],
+            torch.clamp(ratio, 1 - epsilon[m], 1 + epsilon[m]) * advantages[m],
+        )
+        clipped = old_values[m] + torch.clamp(
+            values[m] - old_values[m], -epsilon_v[m], epsilon_v[m]
+        )
+        policy = -_mean(surrogate, mask[m])
+        value = _mean((returns[m] - clipped) ** 2, mask[m])
+        torch.testing.assert_close(terms.policy[m], policy)
+        torch.testing.assert_close(terms.value[m], value)
+        if math.isinf(epsilon_v[m]):  # no value clip: the plain squared error
+            torch.testing.assert_close(value, _mean((returns[m] - values[m]) ** 2, mask[m]))
+        kl = _mean((ratio - 1) - torch.log(ratio), mask[m])
+        torch.testing.assert_close(terms.approx_kl[m], kl)
+        assert terms.approx_kl[m] >= 0  # (r − 1) − log r ≥ 0 for every r > 0
+        fraction = _mean(((ratio - 1).abs() > epsilon[m]).double(), mask[m])
+        torch.testing.assert_close(terms.clip_fraction[m], fraction)
+        expected = combine(policy, value, _mean(entropy[m], mask[m]), value_coef[m],
+                           entropy_coef[m])  # fmt: skip
+        torch.testing.assert_close(terms.loss[m], expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), members=st.integers(1, 4), rows=st.integers(1, 30))
+def test_standardize_is_sb3s_per_member_over_valid_rows(seed, members, rows):
+    draw, mask = _rows(seed, members, rows)
+    advantages = draw(members, rows) * 3 + 1
+    out = standardize(advantages, mask)
+    for m in range(members):
+        valid = advantages[m][mask[m].bool()]
+        if len(valid) < 2:
+            torch.testing.assert_close(out[m], advantages[m])  # a std of one row: unchanged
+            continue
+        expected = (valid - valid.mean()) / (valid.std() + ADVANTAGE_EPSILON)  # unbiased std
+        torch.testing.assert_close(out[m][mask[m].bool()], expected)
+    assert masked_mean(mask * 0, mask).abs().sum() == 0
+
+
+def _trainer(**fields) -> Trainer:
+    base = dict(algo="ppo", num_envs=4, rollout_steps=16, minibatch_size=16, n_epochs=5,
+                total_steps=10_000, hidden_sizes=(16,), checkpoint_every=0, record_episodes=0,
+                learning_rate=3e-3)  # fmt: skip
+    return Trainer([TrainConfig(**{**base, **fields, "seed": s}) for s in range(2)])
+
+
+def test_ppo_takes_every_minibatch_step_of_every_epoch_without_target_kl():
+    """4 envs × 16 steps = 64 rows, minibatches of 16, 5 epochs: 20 gradient steps per update
+    for each member (Adam counts each member's own), as SB3's loop takes."""
+    trainer = _trainer()
+    try:
+        trainer.step()
+        assert trainer.optimizer.row_steps.tolist() == [20, 20]
+        trainer.step()
+        assert trainer.optimizer.row_steps.tolist() == [40, 40]
+    finally:
+        trainer.close()
+
+
+def test_ppos_target_kl_stops_only_the_member_past_it_before_its_step():
+    """SB3's rule: before a minibatch's step, a member whose approximate KL exceeds 1.5 ×
+    target_kl takes no more steps on this rollout. The first minibatch has KL 0 (the policy
+    has not moved), so a tiny target_kl allows exactly one step; the other member (no
+    target_kl) takes all 20, and its numbers are not touched by the first one's stop."""
+    trainer = _trainer()
+    stopping = Trainer([
+        TrainConfig(**{**c.to_dict(), "target_kl": 1e-12 if c.seed == 0 else 0.0})
+        for c in trainer.configs
+    ])  # fmt: skip
+    try:
+        a = trainer.step()
+        b = stopping.step()
+        assert stopping.optimizer.row_steps.tolist() == [1, 20]
+        for name, tensor in trainer.model_of(1).state_dict().items():
+            torch.testing.assert_close(stopping.model_of(1).state_dict()[name], tensor)
+        assert a[1].metrics.keys() == b[1].metrics.keys()
+        assert b[0].metrics[M.APPROX_KL.key] > 0  # the KL it stopped on is reported
+    finally:
+        trainer.close()
+        stopping.close()
+
+
+def test_the_coefficients_are_combined_in_the_loss_module_only():
+    """value_coef and entropy_coef weigh the loss terms in gae_core/agent/losses.py alone: a
+    second place that multiplies by them is a second copy of the loss."""
+    pattern = re.compile(r"(value|entropy)_coef\w*\s*\*|\*\s*[\w.\[\]]*(value|entropy)_coef")
+    found = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "gae_core").rglob("*.py")
+        if pattern.search(path.read_text())
+    }
+    assert found == {"gae_core/agent/losses.py"}
+
+
+def test_a_seeded_ppo_run_repeats_itself():
+    def trace():
+        trainer = _trainer(n_epochs=2)
+        try:
+            return [np.array([r.metrics[k] for k in sorted(r.metrics) if "perf" not in k])
+                    for _ in range(3) for r in trainer.step().values()]  # fmt: skip
+        finally:
+            trainer.close()
+
+    for x, y in zip(trace(), trace(), strict=True):
+        np.testing.assert_array_equal(x, y)
