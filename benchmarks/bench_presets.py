@@ -1,11 +1,18 @@
-"""Every preset against Stable-Baselines3's A2C with the RL-Zoo's configuration, side by side.
+"""Every preset against Stable-Baselines3 with the RL-Zoo's configuration, side by side: A2C's
+presets against SB3's A2C, PPO's (``--algo ppo``) against SB3's PPO and CleanRL's published
+``ppo_continuous_action`` figures.
 
 Same env-step budget and same seeds for both; each run in its own subprocess; results appended to
 a JSON-lines file so a long study can be run in pieces and reported at once:
 
     python benchmarks/bench_presets.py run --envs CartPole-v1 --seeds 0-9 --impl ours
     python benchmarks/bench_presets.py run --envs Pendulum-v1 Acrobot-v1 --seeds 0-4
-    python benchmarks/bench_presets.py report
+    python benchmarks/bench_presets.py run --algo ppo --envs HalfCheetah-v5 --seeds 0-4 \
+        --impl ours --population     # the seeds as one trainer (population speed)
+    python benchmarks/bench_presets.py report [--algo ppo]
+
+``--population`` trains our seeds of one env as the members of one trainer in one process (what
+a sweep does); each member is still scored as its own run.
 
 "final" is the mean return of the last 100 training episodes at the end of the budget (both
 sides count the env's own rewards: our runs under reward normalisation too, SB3's through its
@@ -20,9 +27,10 @@ Each of our rows carries a fingerprint of the preset it ran (every config field 
 the report counts only rows whose fingerprint matches today's preset and says how many older rows
 it left out, so a preset change can never be reported with the old preset's numbers.
 
-Targets (issue "A trainer whose results can be trusted"): our median final ≥ SB3's on every
+Targets: A2C (issue "A trainer whose results can be trusted"): our median final ≥ SB3's on every
 classic-control env; CartPole final ≥ 475 on 10 of 10 seeds with no run below 475 in its last
-20 %.
+20 %. PPO (issue "One trainer"): our median final ≥ SB3's PPO on every classic env, and ≥
+CleanRL's published mean at 1M steps on HalfCheetah, Hopper and Walker2d.
 """
 
 from __future__ import annotations
@@ -97,26 +105,68 @@ ZOO_PUBLISHED = {
 }
 THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -110.0}
 
+# The RL-Zoo's PPO rows (rl-baselines3-zoo/hyperparams/ppo.yml) as SB3 keyword arguments; the
+# Zoo has no row for the MuJoCo -v5 ids: HalfCheetah takes its tuned HalfCheetah-v4 row.
+ZOO_PPO = {
+    "CartPole-v1": {"n_envs": 8, "n_timesteps": 100_000, "n_steps": 32, "batch_size": 256,
+                    "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20, "ent_coef": 0.0,
+                    "learning_rate": "lin_0.001", "clip_range": "lin_0.2"},
+    "Acrobot-v1": {"normalize": True, "n_envs": 16, "n_timesteps": 1_000_000, "n_steps": 256,
+                   "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0},
+    "MountainCar-v0": {"normalize": True, "n_envs": 16, "n_timesteps": 1_000_000, "n_steps": 16,
+                       "gae_lambda": 0.98, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0},
+    "MountainCarContinuous-v0": {
+        "normalize": True, "n_envs": 1, "n_timesteps": 20_000, "batch_size": 256, "n_steps": 8,
+        "gamma": 0.9999, "learning_rate": 7.77e-05, "ent_coef": 0.00429, "clip_range": 0.1,
+        "n_epochs": 10, "gae_lambda": 0.9, "max_grad_norm": 5, "vf_coef": 0.19, "use_sde": True,
+        "policy_kwargs": {"log_std_init": -3.29, "ortho_init": False},
+    },
+    "Pendulum-v1": {"n_envs": 4, "n_timesteps": 100_000, "n_steps": 1024, "gae_lambda": 0.95,
+                    "gamma": 0.9, "n_epochs": 10, "ent_coef": 0.0, "learning_rate": 1e-3,
+                    "clip_range": 0.2, "use_sde": True, "sde_sample_freq": 4},
+    "HalfCheetah-v5": {
+        "normalize": True, "n_timesteps": 1_000_000, "batch_size": 64, "n_steps": 512,
+        "gamma": 0.98, "learning_rate": 2.0633e-05, "ent_coef": 0.000401762, "clip_range": 0.1,
+        "n_epochs": 20, "gae_lambda": 0.92, "max_grad_norm": 0.8, "vf_coef": 0.58096,
+        "policy_kwargs": {"log_std_init": -2, "ortho_init": False, "activation_fn": "relu",
+                          "net_arch": {"pi": [256, 256], "vf": [256, 256]}},
+    },
+}  # fmt: skip
+# CleanRL's published ppo_continuous_action results at 1M steps on the v4 tasks (mean ± std of
+# the episodic return over seeds, its docs' benchmark table).
+CLEANRL_PUBLISHED = {
+    "HalfCheetah-v5": (1442.64, 46.03),
+    "Hopper-v5": (2382.86, 271.74),
+    "Walker2d-v5": (2287.95, 571.78),
+    "InvertedPendulum-v5": (963.09, 22.20),
+}
+LOCOMOTION = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+CLASSIC = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
+           "Pendulum-v1")  # fmt: skip
+
 _OURS = """
 import json, sys, time
 import numpy as np
 from gae_core.agent.presets import preset_config
 from gae_core.agent.trainer import Trainer
 ENGINE = "trainer"  # the one trainer: stacked networks, autograd (bench_presets.ENGINE)
-env_id, seed = sys.argv[1], int(sys.argv[2])
-config = preset_config(env_id, seed=seed, checkpoint_every=0, record_episodes=0, eval_every=0)
-trainer = Trainer(config)
-steps, returns = [], []
+env_id, algo, seeds = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
+configs = [preset_config(env_id, algo, seed=seed, checkpoint_every=0, record_episodes=0,
+                         eval_every=0) for seed in seeds]
+trainer = Trainer(configs)  # one member per seed: a population when there are several
+steps, returns = [[] for _ in seeds], [[] for _ in seeds]
 started = time.perf_counter()
 while not trainer.done:
-    for result in trainer.step().values():
+    for member, result in trainer.step().items():
         for episode in result.episodes:
-            steps.append(episode.env_step)
-            returns.append(episode.return_)
+            steps[member].append(episode.env_step)
+            returns[member].append(episode.return_)
 wall_s = time.perf_counter() - started
-evaluation = trainer.evaluate(0, 10, seed=10_000 + seed)
-print(json.dumps({"steps": steps, "returns": returns, "budget": config.total_steps,
-                  "wall_s": wall_s, "eval_returns": evaluation, "engine": ENGINE}))
+for member, seed in enumerate(seeds):
+    evaluation = trainer.evaluate(member, 10, seed=10_000 + seed)
+    print(json.dumps({"seed": seed, "steps": steps[member], "returns": returns[member],
+                      "budget": configs[member].total_steps, "wall_s": wall_s,
+                      "members": len(seeds), "eval_returns": evaluation, "engine": ENGINE}))
 """
 
 _SB3 = """
@@ -124,21 +174,28 @@ import json, sys, time
 import numpy as np
 import torch
 torch.set_num_threads(1)
-from stable_baselines3 import A2C
+from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
-env_id, seed, zoo = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+env_id, seed, zoo, algo = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 zoo = dict(zoo)
+kwargs = zoo.get("policy_kwargs", {})
+if kwargs.get("activation_fn") == "relu":
+    kwargs["activation_fn"] = torch.nn.ReLU
 budget = int(zoo.pop("n_timesteps"))
 env = make_vec_env(env_id, n_envs=zoo.pop("n_envs", 1), seed=seed)
 gamma = zoo.get("gamma", 0.99)
 if zoo.pop("normalize", False):
     env = VecNormalize(env, gamma=gamma)
-lr = zoo.pop("learning_rate", 7e-4)
-if isinstance(lr, str) and lr.startswith("lin_"):
-    start = float(lr[4:])
-    lr = lambda remaining: remaining * start
+def schedule(value):
+    if isinstance(value, str) and value.startswith("lin_"):
+        start = float(value[4:])
+        return lambda remaining: remaining * start
+    return value
+lr = schedule(zoo.pop("learning_rate", 7e-4 if algo == "a2c" else 3e-4))
+if "clip_range" in zoo:
+    zoo["clip_range"] = schedule(zoo["clip_range"])
 steps, returns = [], []
 class Episodes(BaseCallback):
     def _on_step(self):
@@ -147,7 +204,8 @@ class Episodes(BaseCallback):
                 steps.append(self.num_timesteps)
                 returns.append(float(info["episode"]["r"]))
         return True
-model = A2C("MlpPolicy", env, learning_rate=lr, seed=seed, device="cpu", **zoo)
+model = (A2C if algo == "a2c" else PPO)("MlpPolicy", env, learning_rate=lr, seed=seed,
+                                        device="cpu", **zoo)
 started = time.perf_counter()
 model.learn(total_timesteps=budget, callback=Episodes())
 wall_s = time.perf_counter() - started
@@ -211,12 +269,12 @@ ADDED_LATER = {
 LOGGING_ONLY = ("log_every",)
 
 
-def preset_fingerprint(env_id: str) -> str:
-    """A short hash of today's preset for ``env_id`` (every field but the seed) and of the
-    engine it trains on."""
+def preset_fingerprint(env_id: str, algo: str = "a2c") -> str:
+    """A short hash of today's preset for ``env_id`` and ``algo`` (every field but the seed)
+    and of the engine it trains on."""
     from gae_core.agent.presets import preset_config
 
-    config = preset_config(env_id, seed=0)
+    config = preset_config(env_id, algo, seed=0)
     fields = dataclasses.asdict(config)
     fields.pop("seed")
     fields["engine"] = ENGINE
@@ -226,27 +284,43 @@ def preset_fingerprint(env_id: str) -> str:
         fields.pop("normalize_clip")
     if not config.normalize_rewards:
         fields.pop("reward_norm_reset")
+    if config.algo == "a2c":  # fields added with PPO, idle for A2C: A2C rows keep their hash
+        from gae_core.agent.config import PPO_FIELDS
+
+        for name in ("algo", *PPO_FIELDS):
+            fields.pop(name)
     for name, old_behaviour in ADDED_LATER.items():
         if fields.get(name) == old_behaviour:
             del fields[name]
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def run_one(impl: str, env_id: str, seed: int) -> dict:
+def run_one(impl: str, env_id: str, seeds: list[int], algo: str = "a2c") -> list[dict]:
+    """Our runs of ``seeds`` (one trainer of them all) or SB3's of one seed; one row per seed."""
     if impl == "ours":
-        command = [sys.executable, "-c", _OURS, env_id, str(seed)]
+        command = [sys.executable, "-c", _OURS, env_id, algo, ",".join(map(str, seeds))]
     else:
-        command = [sys.executable, "-c", _SB3, env_id, str(seed), json.dumps(ZOO[env_id])]
+        zoo = (ZOO if algo == "a2c" else ZOO_PPO)[env_id]
+        command = [sys.executable, "-c", _SB3, env_id, str(seeds[0]), json.dumps(zoo), algo]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
-        return {"impl": impl, "env": env_id, "seed": seed, "error": done.stderr[-2000:]}
-    raw = json.loads(done.stdout.strip().splitlines()[-1])
-    row = {"impl": impl, "env": env_id, "seed": seed, **summarize(raw, env_id)}
-    if "engine" in raw:
-        row["engine"] = raw["engine"]
-    if impl == "ours":
-        row["preset"] = preset_fingerprint(env_id)
-    return row
+        return [{"impl": impl, "algo": algo, "env": env_id, "seed": seed,
+                 "error": done.stderr[-2000:]} for seed in seeds]  # fmt: skip
+    rows = []
+    for line in done.stdout.strip().splitlines():
+        if not line.startswith("{"):
+            continue
+        raw = json.loads(line)
+        seed = raw.get("seed", seeds[0])
+        row = {"impl": impl, "algo": algo, "env": env_id, "seed": seed,
+               **summarize(raw, env_id)}  # fmt: skip
+        for key in ("engine", "members"):
+            if key in raw:
+                row[key] = raw[key]
+        if impl == "ours":
+            row["preset"] = preset_fingerprint(env_id, algo)
+        rows.append(row)
+    return rows
 
 
 def seeds_of(text: str) -> list[int]:
@@ -260,26 +334,34 @@ def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     impls = ["ours", "sb3"] if args.impl == "both" else [args.impl]
-    jobs = [
-        (impl, env, seed) for env in args.envs for seed in seeds_of(args.seeds) for impl in impls
-    ]
+    seeds = seeds_of(args.seeds)
+    jobs = []
+    for env in args.envs:
+        for impl in impls:
+            if impl == "ours" and args.population:
+                jobs.append((impl, env, seeds, args.algo))
+            else:
+                jobs += [(impl, env, [seed], args.algo) for seed in seeds]
     started = time.perf_counter()
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        for result in pool.map(lambda job: run_one(*job), jobs):
-            with out.open("a") as handle:
-                handle.write(json.dumps(result) + "\n")
-            print(
-                f"{result['impl']:<5} {result['env']:<26} seed {result['seed']}: "
-                f"final {result.get('final')}  late min {result.get('late_min')}  "
-                f"{result.get('wall_s', 0):.0f} s  {result.get('error', '')[:200]}",
-                flush=True,
-            )
-    print(f"{len(jobs)} runs in {time.perf_counter() - started:.0f} s -> {out}")
+        for results in pool.map(lambda job: run_one(*job), jobs):
+            for result in results:
+                with out.open("a") as handle:
+                    handle.write(json.dumps(result) + "\n")
+                print(
+                    f"{result['impl']:<5} {args.algo} {result['env']:<26} seed "
+                    f"{result['seed']}: final {result.get('final')}  late min "
+                    f"{result.get('late_min')}  {result.get('wall_s', 0):.0f} s  "
+                    f"{result.get('error', '')[:200]}",
+                    flush=True,
+                )
+    print(f"{len(jobs)} jobs in {time.perf_counter() - started:.0f} s -> {out}")
 
 
 def report(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-    current = {env: preset_fingerprint(env) for env in {r["env"] for r in rows}}
+    rows = [r for r in rows if r.get("algo", "a2c") == args.algo]
+    current = {env: preset_fingerprint(env, args.algo) for env in {r["env"] for r in rows}}
     stale = [r for r in rows if r["impl"] == "ours" and r.get("preset") != current[r["env"]]]
     stale += [r for r in rows if r.get("superseded")]  # code fixed since (the row says how)
     latest: dict[tuple, dict] = {}
@@ -309,19 +391,31 @@ def report(args: argparse.Namespace) -> None:
                 f"{statistics.median(evals) if evals else float('nan'):>13.1f}  "
                 + " ".join(f"{f:.0f}" for f in finals)
             )
-        if env in ZOO_PUBLISHED:
+        if env in ZOO_PUBLISHED and args.algo == "a2c":
             mean, std = ZOO_PUBLISHED[env]
             published = f"{env:<26}{'zoo':<6}{'1':>6}{'':>24}{mean:>13.1f}"
             print(f"{published}  ± {std:.1f} published (benchmark.md)")
-        if {"ours", "sb3"} <= set(medians) and env in ("CartPole-v1", "Acrobot-v1",
-                "MountainCar-v0", "MountainCarContinuous-v0", "Pendulum-v1"):  # fmt: skip
+        if env in CLEANRL_PUBLISHED and args.algo == "ppo":
+            mean, std = CLEANRL_PUBLISHED[env]
+            print(f"{env:<26}{'clean':<6}{'':>6}{mean:>14.1f}  ± {std:.1f} published (CleanRL, "
+                  "v4, 1M steps)")  # fmt: skip
+            if "ours" in medians and env in LOCOMOTION:
+                ok = medians["ours"] >= mean
+                verdicts.append(
+                    f"{env}: median final ours {medians['ours']:.1f} vs CleanRL's mean "
+                    f"{mean:.1f}: {'PASS' if ok else 'FAIL'} (target ours ≥ CleanRL)"
+                )
+        if {"ours", "sb3"} <= set(medians) and env in CLASSIC:
             ok = medians["ours"] >= medians["sb3"]
+            ours = [r["final"] for (i, e, _), r in latest.items() if i == "ours" and e == env]
+            theirs = [r["final"] for (i, e, _), r in latest.items() if i == "sb3" and e == env]
+            p = mann_whitney(ours, theirs)
             verdicts.append(
                 f"{env}: median final ours {medians['ours']:.1f} vs SB3 {medians['sb3']:.1f}: "
-                f"{'PASS' if ok else 'FAIL'} (target ours ≥ SB3)"
+                f"{'PASS' if ok else 'FAIL'} (target ours ≥ SB3; Mann-Whitney p = {p:.3f})"
             )
     ours_cartpole = [r for (i, e, _), r in latest.items() if i == "ours" and e == "CartPole-v1"]
-    if ours_cartpole:
+    if ours_cartpole and args.algo == "a2c":
         solved = sum(r.get("final", 0) >= 475 for r in ours_cartpole)
         stayed = sum((r.get("late_min") or 0) >= 475 for r in ours_cartpole)
         ok = solved == stayed == len(ours_cartpole) >= 10
@@ -339,6 +433,41 @@ def report(args: argparse.Namespace) -> None:
     print("\n".join(["", *verdicts]))
     if args.curves:
         print_curves(latest, args.curves)
+
+
+def mann_whitney(a: list[float], b: list[float]) -> float:
+    """The two-sided Mann-Whitney U test's p-value (scipy) of two samples of final returns."""
+    from scipy.stats import mannwhitneyu
+
+    if not a or not b or len(set(a) | set(b)) == 1:
+        return 1.0
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def compare_engines(args: argparse.Namespace) -> None:
+    """Today's engine against an older one's rows of the same preset (the A2C rerun after a
+    trainer change): per env, the medians and the Mann-Whitney p of the final returns."""
+    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["impl"] == "ours" and r.get("algo", "a2c") == "a2c"
+            and r.get("final") is not None]  # fmt: skip
+    print(f"{'env':<26}{'engine':<10}{'seeds':>6}{'median':>10}   vs {args.engine} (p)")
+    for env in dict.fromkeys(r["env"] for r in rows):
+        now = {
+            r["seed"]: r["final"]
+            for r in rows
+            if r["env"] == env
+            and r.get("engine") == ENGINE
+            and r.get("preset") == preset_fingerprint(env)
+        }
+        old = {r["seed"]: r["final"] for r in rows if r["env"] == env
+               and r.get("engine", "autograd") == args.engine}  # fmt: skip
+        if not now or not old:
+            continue
+        drop = statistics.median(now.values()) < statistics.median(old.values())
+        p = mann_whitney(list(now.values()), list(old.values()))
+        print(f"{env:<26}{ENGINE:<10}{len(now):>6}{statistics.median(now.values()):>10.1f}   "
+              f"{args.engine} {len(old)} seeds {statistics.median(old.values()):.1f} "
+              f"(p = {p:.3f}) {'LOWER' if drop else 'not lower'}")  # fmt: skip
 
 
 def print_curves(latest: dict[tuple, dict], envs: list[str]) -> None:
@@ -376,9 +505,17 @@ def main() -> None:
     runner.add_argument("--impl", choices=("ours", "sb3", "both"), default="both")
     runner.add_argument("--jobs", type=int, default=2, help="runs at once (one core each)")
     runner.add_argument("--out", default=str(DEFAULT_OUT))
+    runner.add_argument("--algo", choices=("a2c", "ppo"), default="a2c")
+    runner.add_argument("--population", action="store_true",
+                        help="our seeds of an env as one trainer (one process)")  # fmt: skip
     runner.set_defaults(handler=run)
+    engines = sub.add_parser("engines", help="today's A2C rows against an older engine's")
+    engines.add_argument("--out", default=str(DEFAULT_OUT))
+    engines.add_argument("--engine", default="numpy", help="the older rows' engine")
+    engines.set_defaults(handler=compare_engines)
     reporter = sub.add_parser("report")
     reporter.add_argument("--out", default=str(DEFAULT_OUT))
+    reporter.add_argument("--algo", choices=("a2c", "ppo"), default="a2c")
     reporter.add_argument(
         "--curves", nargs="*", metavar="ENV", default=None,
         help="also print these envs' learning curves (at each fifth of the budget)",

@@ -382,3 +382,27 @@ def test_solved_flag_matches_the_stored_returns(tmp_path):
         x for x in cli(tmp_path / "data", "runs").stdout.splitlines() if result["run_id"] in x
     ]
     assert line.split()[4] == "fell", line
+
+
+def test_train_algo_ppo_and_its_minibatch_check(tmp_path):
+    """``--algo ppo`` starts from the env's PPO preset with the flags on top, trains, and the
+    stored config and name say PPO; a minibatch larger than the rollout is refused before any
+    run exists, naming the flag and the rollout's size."""
+    done = cli(tmp_path / "data", "train", "--algo", "ppo", "--total-steps", "512",
+               "--minibatch-size", "32", "--n-epochs", "2", *TINY_FLAGS, "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = _last_json(done.stdout)
+    assert result["status"] == "finished"
+    with RunStore(tmp_path / "data") as store:
+        run = store.get_run(result["run_id"])
+        assert run.config["algo"] == "ppo" and run.config["gamma"] == 0.98  # the PPO preset's
+        assert run.name.startswith("PPO CartPole-v1")
+        assert len(store.metrics(run.id, [M.APPROX_KL.key])) > 0
+    bad = cli(tmp_path / "data", "train", "--algo", "ppo", "--minibatch-size", "100",
+              *TINY_FLAGS)  # fmt: skip
+    assert bad.returncode == 2
+    assert "--minibatch-size: minibatch_size must be at most num_envs × rollout_steps = 64" in (
+        bad.stderr
+    )
+    with RunStore(tmp_path / "data") as store:
+        assert len(store.list_runs()) == 1

@@ -77,3 +77,30 @@ def test_a_run_stored_before_normalize_clip_replays_as_it_trained(tmp_path):
     np.testing.assert_array_equal(old.values, unclipped.values)
     np.testing.assert_array_equal(new.values, clipped.values)
     assert np.abs(unclipped.values - clipped.values).max() > 1e-3
+
+
+def test_ppo_checkpoints_and_runs_stored_before_ppo_open_in_the_explorer(tmp_path):
+    """A PPO run's checkpoint replays in the explorer like an A2C run's (one checkpoint
+    format); a run stored before the algorithm fields existed reads as A2C, as it trained."""
+    from gae_core.agent.config import PPO_FIELDS
+
+    ppo = TrainConfig(algo="ppo", env_id="Pendulum-v1", num_envs=2, rollout_steps=16,
+                      minibatch_size=16, n_epochs=2, total_steps=96, checkpoint_every=0,
+                      normalize_observations=True)  # fmt: skip
+    trainer = Trainer(ppo)
+    while not trainer.done:
+        trainer.step()
+    blob = trainer.checkpoint_bytes()
+    trainer.close()
+    store = RunStore(tmp_path)
+    before = {k: v for k, v in TrainConfig(env_id="Pendulum-v1").to_dict().items()
+              if k not in ("algo", *PPO_FIELDS)}  # fmt: skip
+    ids = [store.create_run(ppo.to_dict()), store.create_run(before)]
+    for run_id in ids:
+        store.save_checkpoint(run_id, 96, blob)
+    fresh, old = (explorer.load_trajectory(store, i, 96, fresh_seed=2) for i in ids)
+    np.testing.assert_array_equal(
+        fresh.observations, explorer.record_fresh(ppo, blob, 2).observations
+    )
+    assert len(old) > 0 and TrainConfig.from_stored(store.get_run(ids[1]).config).algo == "a2c"
+    store.close()

@@ -242,9 +242,11 @@ def test_the_default_ks_stop_at_the_segment_where_larger_k_are_one_estimator():
     assert LabSettings(gamma=0.99).truth_horizon == 688  # 0.99^688 ≤ 1e-3 < 0.99^687
 
 
-def test_the_lab_measures_a_trained_cartpole_checkpoint():
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_the_lab_measures_a_trained_cartpole_checkpoint(algo):
     config = TrainConfig(num_envs=4, rollout_steps=8, total_steps=3000, hidden_sizes=(16,),
-                         checkpoint_every=0, record_episodes=0)  # fmt: skip
+                         checkpoint_every=0, record_episodes=0, algo=algo, minibatch_size=16,
+                         n_epochs=2)  # fmt: skip
     trainer = Trainer(config)
     while not trainer.done:
         trainer.step()

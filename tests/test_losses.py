@@ -24,6 +24,7 @@ from gae_core.agent.losses import (
     ppo_loss,
     standardize,
 )
+from gae_core.agent.presets import PPO_PRESETS
 from gae_core.agent.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,3 +240,31 @@ def test_a_seeded_ppo_run_repeats_itself():
 
     for x, y in zip(trace(), trace(), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", sorted(PPO_PRESETS))
+def test_every_ppo_preset_builds_and_trains_two_updates(env_id):
+    """Each PPO preset as the form and the CLI start it, on a budget of two rollouts: it
+    trains, its metrics are finite, and its checkpoint replays."""
+    import dataclasses
+
+    from gae_core.agent.presets import preset_config
+    from gae_core.agent.recording import load_replay
+
+    config = preset_config(env_id, "ppo")
+    config = dataclasses.replace(config, total_steps=2 * config.batch_size, checkpoint_every=0,
+                                 eval_every=0, record_episodes=0)  # fmt: skip
+    trainer = Trainer(config)
+    try:
+        while not trainer.done:
+            for result in trainer.step().values():
+                if M.POLICY_LOSS.key in result.metrics:  # (a last rollout of one reset row
+                    # takes no step and reports its learning rate only)
+                    assert {M.APPROX_KL.key, M.CLIP_FRACTION.key} <= result.metrics.keys()
+                assert all(math.isfinite(v) for v in result.metrics.values())
+        assert trainer.member(0).error is None
+        replay = load_replay(config, trainer.checkpoint_bytes())
+        assert replay.model.sde == config.use_sde
+    finally:
+        trainer.close()

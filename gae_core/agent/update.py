@@ -21,6 +21,7 @@ fails alone.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -76,14 +77,18 @@ class _Sums:
         keys = list(self.entries)
         if not keys:
             return [{} for _ in range(self.members)]
-        totals, counts = [], []
-        for key in keys:
-            values = torch.stack([v.double().cpu() for v, _ in self.entries[key]])
-            rows = torch.stack([r for _, r in self.entries[key]]).double()
-            count = rows.sum(0)
-            totals.append((values * rows).nan_to_num().sum(0) / count.clamp(min=1.0))
-            counts.append(count)
-        table, seen = torch.stack(totals).tolist(), torch.stack(counts).tolist()
+        # every entry as one [entries, M] table: one conversion, then sums per key
+        flat = [(k, v, r) for k, key in enumerate(keys) for v, r in self.entries[key]]
+        values = torch.stack([v.to(torch.float64) for _, v, _ in flat]).cpu()
+        rows = torch.stack([r for _, _, r in flat]).to(torch.float64)
+        owner = torch.tensor([k for k, _, _ in flat])
+        weighted = torch.where(rows > 0, values, 0.0)
+        totals = torch.zeros(len(keys), self.members, dtype=torch.float64)
+        counts = torch.zeros_like(totals)
+        totals.index_add_(0, owner, weighted)
+        counts.index_add_(0, owner, rows)
+        table = (totals / counts.clamp(min=1.0)).tolist()
+        seen = counts.tolist()
         return [
             {key: table[k][i] for k, key in enumerate(keys) if seen[k][i] > 0}
             for i in range(self.members)
@@ -228,11 +233,15 @@ class Learner:
             failures.setdefault(i, "loss")
         now = now & finite
         optimizer = self.optimizer
-        optimizer.zero_grad()
+        for parameters in optimizer.params:  # the trainer's buffer: zeroed in place, kept
+            parameters.grad.zero_()
         if not now.any():
             return now
         device_now = now.to(terms.loss.device)
-        torch.where(device_now, terms.loss, torch.zeros_like(terms.loss)).sum().backward()
+        with warnings.catch_warnings():
+            # the trainer's gradients are views of one buffer (Trainer._one_buffer), by design
+            warnings.filterwarnings("ignore", message="grad and param do not obey")
+            torch.where(device_now, terms.loss, torch.zeros_like(terms.loss)).sum().backward()
         norms, finite = clip_per_member(optimizer.params, self.max_norm, device_now)
         finite = finite.cpu()
         for i in torch.nonzero(now & ~finite).flatten().tolist():
