@@ -2,7 +2,8 @@
 
     python benchmarks/bench_study.py [--seeds 0-9] [--lambdas ...] [--total-steps 200000]
                                      [--modes single population ray] [--workers 2]
-                                     [--config preset|field-defaults]
+                                     [--config preset|field-defaults|halfcheetah]
+                                     [--baseline REV]
 
 CartPole-v1 from its preset, as the compare page and ``sweep`` launch it (8 envs × 5 steps,
 RMSprop 7e-4, the critic's target held fixed, an evaluation every 25k steps and a checkpoint
@@ -19,6 +20,15 @@ checkpoints.
   each task a population, split as the local pool splits them (:mod:`gae_core.runs.gather`);
 * ``ray-single`` (not run unless named): Ray with one trial per task, as before populations
   ran on Ray.
+
+``--config halfcheetah`` times HalfCheetah-v5 from its A2C preset (normalised observations and
+rewards; 4 λ × 4 seeds × 100k steps with ``--lambdas 0.9 0.95 0.99 1 --seeds 0-3
+--total-steps 100000``) and prints the physics ceiling beside it: gymnasium's own HalfCheetah
+step with random actions, one 8-env vector env per worker process, measured in the same run.
+
+``--baseline REV`` runs the same study on the code of git revision ``REV`` first (a detached
+worktree in a temporary folder, ``benchmarks/baseline.py``), mode by mode, and prints each
+mode's ratio to it: the "no slower than the commit before" check, side by side in one run.
 
 Prints, per mode, the study's wall time (grid submitted → every trial closed in the store,
 worker start-up included), the aggregate env steps/s, the ratio to ``single``, and a PASS/FAIL
@@ -101,6 +111,51 @@ def time_study(base, grid: dict, workers: int, mode: str) -> tuple[float, int, l
     return elapsed, steps, finals
 
 
+def physics_ceiling(env_id: str, num_envs: int, workers: int, seconds: float = 5.0) -> float:
+    """Aggregate env steps/s of gymnasium's own vector env with random actions, one process per
+    worker running at once (what the trainer could reach if learning cost nothing)."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        rates = list(pool.map(_random_steps, [(env_id, num_envs, seconds)] * workers))
+    return sum(rates)
+
+
+def _random_steps(job: tuple[str, int, float]) -> float:
+    import gymnasium as gym
+
+    env_id, num_envs, seconds = job
+    env = gym.make_vec(env_id, num_envs, vectorization_mode="sync")
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        env.step(env.action_space.sample())
+        steps += num_envs
+    env.close()
+    return steps / (time.perf_counter() - started)
+
+
+def _baseline_walls(args: argparse.Namespace) -> dict[str, float]:
+    """Each mode's wall time on revision ``args.baseline`` (its own bench_study, same
+    arguments, run in a worktree of it)."""
+    from baseline import run_at
+
+    flags = ["--lambdas", *map(str, args.lambdas), "--seeds", ",".join(map(str, args.seeds)),
+             "--total-steps", str(args.total_steps), "--workers", str(args.workers),
+             "--config", args.config, "--modes", *args.modes]  # fmt: skip
+    out = run_at(args.baseline, "benchmarks/bench_study.py", flags)
+    walls = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() in MODES and "s wall" in rest:
+            walls[name.strip()] = float(rest.split("s wall")[0])
+    print(f"baseline {args.baseline}: " + ", ".join(f"{m} {w:.3f} s" for m, w in walls.items()),
+          flush=True)  # fmt: skip
+    return walls
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lambdas", type=float, nargs="+",
@@ -109,12 +164,16 @@ def main() -> int:
     parser.add_argument("--total-steps", type=int, default=200_000, help="per trial")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES))
-    parser.add_argument("--config", choices=["preset", "field-defaults"], default="preset")
+    parser.add_argument("--config", choices=["preset", "field-defaults", "halfcheetah"],
+                        default="preset")  # fmt: skip
+    parser.add_argument("--baseline", metavar="REV", help="also time git revision REV's code")
     args = parser.parse_args()
+    baseline = _baseline_walls(args) if args.baseline else {}
 
     grid = grid_of(lambdas=args.lambdas, seeds=args.seeds)
-    if args.config == "preset":
-        preset = dataclasses.replace(preset_config("CartPole-v1"), total_steps=args.total_steps)
+    if args.config in ("preset", "halfcheetah"):
+        env_id = "CartPole-v1" if args.config == "preset" else "HalfCheetah-v5"
+        preset = dataclasses.replace(preset_config(env_id), total_steps=args.total_steps)
         base = hold_critic_target(preset, grid)
     else:
         base = TrainConfig(total_steps=args.total_steps, checkpoint_every=0, record_episodes=0)
@@ -128,6 +187,10 @@ def main() -> int:
         f"workers, {os.cpu_count()} CPUs ({CPU_MODEL})",
         flush=True,
     )
+    if args.config == "halfcheetah":
+        ceiling = physics_ceiling(base.env_id, base.num_envs, args.workers)
+        print(f"physics ceiling: {ceiling:,.0f} env steps/s aggregate (gymnasium's step, random "
+              f"actions, {base.num_envs} envs per process, {args.workers} processes)")  # fmt: skip
     results: dict[str, float] = {}
     ray_started = False
     for mode in args.modes:
@@ -146,8 +209,19 @@ def main() -> int:
         if full:
             verdict = f"  {'PASS' if wall <= TARGET_S else 'FAIL'} (target ≤ {TARGET_S:g} s)"
         solved = sum(f is not None and f >= 475 for f in finals)
+        if args.config == "halfcheetah":
+            ratio += f", {steps / wall / ceiling:.4f} of the physics ceiling"
+            if mode == "population" and "single" in results:
+                speed_up = results["single"] / wall
+                ratio += (f"; populations {speed_up:.4f}× one run per worker: "
+                          f"{'PASS' if speed_up >= 1.3 else 'FAIL'} (≥ 1.3×)")  # fmt: skip
         print(f"{mode:>11}: {wall:9.3f} s wall, {steps / wall:10,.0f} env steps/s aggregate, "
               f"{solved}/{len(finals)} final ≥ 475  {ratio}{verdict}", flush=True)  # fmt: skip
+        if mode in baseline:
+            then = baseline[mode]
+            print(f"{'':>11}  {args.baseline}: {then:9.3f} s wall; this code / {args.baseline} = "
+                  f"{wall / then:.4f} of its wall time: "
+                  f"{'PASS' if wall <= then else 'FAIL'} (no slower)", flush=True)  # fmt: skip
         row = {
             "mode": mode, "config": args.config, "wall_s": wall,
             "population": population_capacity(_members(mode), trials, args.workers),

@@ -203,3 +203,19 @@ def test_the_version_has_one_owner_and_pyproject_agrees():
     with (ROOT / "pyproject.toml").open("rb") as handle:
         assert tomllib.load(handle)["project"]["version"] == __version__
     assert gae_core.__version__ == __version__
+
+
+def test_a_runs_report_meets_the_store_in_one_place():
+    """What a run reports (flush, checkpoint, finish) is written into the store by
+    ``runs/sinks.apply`` alone, whatever carried it (the run's own process, a worker's pipe, a
+    Ray inbox): a second call that flushes rows or saves a checkpoint would be a second
+    mapping of the message onto the store."""
+    calls = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                on_store = "store" in ast.unparse(node.func.value)  # not a sink's own method
+                if node.func.attr in ("save_checkpoint", "flush") and on_store:
+                    calls[node.func.attr].append(str(path.relative_to(ROOT)))
+    assert calls == {"save_checkpoint": ["gae_core/runs/sinks.py"],
+                     "flush": ["gae_core/runs/sinks.py"]}  # fmt: skip

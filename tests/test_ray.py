@@ -28,6 +28,8 @@ if os.environ.get("CI", "").strip().lower() == "true":
 else:
     ray = pytest.importorskip("ray", reason="pip install -r requirements-ray.txt")
 
+pytestmark = pytest.mark.slow
+
 SMALL = {"num_envs": 4, "rollout_steps": 16, "hidden_sizes": (16,)}
 LONG = TrainConfig(**SMALL, total_steps=10**8)
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,22 +264,23 @@ def test_a_tasks_messages_reach_the_inbox_together_in_order(local_ray):
     """The outbox holds flushes until ``every`` has passed since its last delivery, then sends
     what waits in one call, in order; a trial's end goes at once with everything before it;
     the reply tells every trial of the task whether it was asked to stop."""
-    from gae_core.runs.ray_pool import _Inbox, _InboxSink, _Outbox
+    from gae_core.runs.ray_pool import _Inbox, _inbox_sink, _Outbox
+
+    def drained():
+        return [(m.kind, m.index) for m in ray.get(inbox.drain.remote())]
 
     inbox = _Inbox.remote()
     outbox = _Outbox(inbox, [3, 4], every=3600.0)
-    first, second = _InboxSink(outbox, 3), _InboxSink(outbox, 4)
+    first, second = _inbox_sink(outbox, 3), _inbox_sink(outbox, 4)
     assert not first.flush([("k", 1, 0.0, 1.0)], 1, None)  # the first goes at once
-    assert [m[:2] for m in ray.get(inbox.drain.remote())] == [("flush", 3)]
+    assert drained() == [("flush", 3)]
     ray.get(inbox.stop.remote(4))
     assert not second.flush([], 2, None) and not first.flush([], 3, None)  # held back
     assert ray.get(inbox.drain.remote()) == []
     second.finish("stopped", None)  # its end: delivered at once, with what waited
-    assert [m[:2] for m in ray.get(inbox.drain.remote())] == [
-        ("flush", 4), ("flush", 3), ("finish", 4)
-    ]  # fmt: skip
+    assert drained() == [("flush", 4), ("flush", 3), ("finish", 4)]
     assert outbox.stopped == {4} and not first.flush([], 4, None)
     lone = _Outbox(inbox, [5], every=0.0)  # a trial alone: every flush delivered
-    assert not _InboxSink(lone, 5).flush([], 1, None)
-    assert [m[:2] for m in ray.get(inbox.drain.remote())] == [("flush", 5)]
+    assert not _inbox_sink(lone, 5).flush([], 1, None)
+    assert drained() == [("flush", 5)]
     ray.kill(inbox)

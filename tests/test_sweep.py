@@ -16,6 +16,7 @@ from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer
 from gae_core.inert import MAX_NAME_LENGTH
+from gae_core.runs.sinks import Lost, Report
 from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import check_sweep_name, expand_grid, grid_of, run_sweep, start_sweep
 
@@ -68,6 +69,7 @@ def test_a_sweep_name_its_trials_cannot_carry_is_refused_before_anything_is_stor
     assert store.list_sweeps() == [] and store.list_runs() == []
 
 
+@pytest.mark.slow
 def test_sweep_with_two_workers(tmp_path):
     store = RunStore(tmp_path)
     seen = []
@@ -106,6 +108,7 @@ def test_sweep_with_two_workers(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_cancel_stops_running_and_pending_trials(tmp_path):
     store = RunStore(tmp_path)
     long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
@@ -132,6 +135,7 @@ def test_cancel_stops_running_and_pending_trials(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_a_dead_worker_costs_only_its_own_trial(tmp_path):
     """kill -9 of the worker training one trial: the trial starts again from scratch (one retry
     by default); killed again, it ends interrupted naming the worker; the others finish."""
@@ -167,6 +171,7 @@ def test_a_dead_worker_costs_only_its_own_trial(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_a_dead_population_worker_costs_its_members_one_retry(tmp_path):
     """With populations a worker holds several trials: kill -9 of it re-queues every member it
     held (their data from the dead attempt dropped) and they finish, as do the others."""
@@ -199,6 +204,7 @@ def test_a_dead_population_worker_costs_its_members_one_retry(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_every_trial_failed_is_failed(tmp_path):
     """Trials that fail inside their worker (here: an env registered only in this process,
     which the spawned workers do not know) end failed with the reason; all failed → the sweep
@@ -251,6 +257,7 @@ print(sweep.sweep_id, flush=True)
 )
 
 
+@pytest.mark.slow
 def test_interpreter_exit_cancels_a_running_sweep(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)],
@@ -284,6 +291,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 )
 
 
+@pytest.mark.slow
 def test_killed_coordinator_leaves_no_orphan_training(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)],
@@ -351,16 +359,16 @@ def test_a_worker_holds_one_trial_at_a_time_whatever_order_its_messages_arrive_i
         pool.submit(0, "run-0", {})
         pool._send_gathered()
         assert worker_end.recv() == ("trial", [(0, "run-0", {})])
-        worker_end.send(("finish", 0, "finished", None))
+        worker_end.send(Report.finish(0, "finished", None))
         out: list[tuple] = []
-        assert pool._drain(worker, out) and out == [("finish", 0, "finished", None)]
+        assert pool._drain(worker, out) and out == [Report.finish(0, "finished", None)]
         assert pool.idle_slots() == 1
         pool.submit(1, "run-1", {})  # the next trial goes out before the old "idle" is read
         pool._send_gathered()
         worker_end.send(("idle", [0]))
         assert pool._drain(worker, [])
         assert list(worker.trials) == [1] and pool.idle_slots() == 0  # still busy with trial 1
-        worker_end.send(("finish", 1, "finished", None))
+        worker_end.send(Report.finish(1, "finished", None))
         worker_end.send(("idle", [1]))
         assert pool._drain(worker, []) and pool.idle_slots() == 1
     finally:
@@ -405,12 +413,13 @@ def test_a_trial_its_worker_left_without_an_end_fails_instead_of_hanging():
         pool.submit(1, "run-1", {})
         pool._send_gathered()
         worker_end.recv()
-        worker_end.send(("finish", 0, "finished", None))
+        worker_end.send(Report.finish(0, "finished", None))
         worker_end.send(("idle", [0, 1]))
         out: list[tuple] = []
         assert pool._drain(worker, out) and worker.free
-        assert out[0] == ("finish", 0, "finished", None)
-        assert out[1][:3] == ("finish", 1, "failed") and "without reporting" in out[1][3]
+        assert out[0] == Report.finish(0, "finished", None)
+        assert (out[1].kind, out[1].index, out[1].status) == ("finish", 1, "failed")
+        assert "without reporting" in out[1].error
     finally:
         worker.conn.close()
         worker_end.close()
@@ -529,7 +538,7 @@ def test_trials_that_can_share_a_population_go_together_in_order():
         assert sorted(batches) == [[0, 1, 2, 3, 4], [5, 6]]
         assert pool.idle_slots() == 0 and [t[0] for _, t in pool.gathering.trials] == [7, 8]
         for index in batches[0]:
-            ends[0].send(("finish", index, "finished", None))
+            ends[0].send(Report.finish(index, "finished", None))
         assert pool._drain(pool.workers[0], []) and pool.workers[0].free
         pool._send_gathered()
         assert [index for index, _, _ in ends[0].recv()[1]] == [7, 8]
@@ -565,12 +574,12 @@ class _ScriptedBackend:
     def stop(self, index: int) -> None:
         pass
 
-    def events(self, timeout: float) -> list[tuple]:
+    def events(self, timeout: float) -> list:
         if not self.lost:
             self.lost = True
-            out = [("lost", index, "scripted worker died") for index in self.running]
+            out = [Lost(index, "scripted worker died") for index in self.running]
         else:
-            out = [("finish", index, "finished", None) for index in self.running]
+            out = [Report.finish(index, "finished", None) for index in self.running]
         self.running = []
         return out
 

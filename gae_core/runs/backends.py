@@ -16,6 +16,7 @@ from typing import Protocol
 
 from gae_core.errors import ConfigError
 from gae_core.runs.pool import LocalPool
+from gae_core.runs.sinks import Lost, Report
 
 __all__ = [
     "BACKENDS",
@@ -29,10 +30,9 @@ __all__ = [
 
 
 class Backend(Protocol):
-    """Where trials train: :class:`~gae_core.runs.pool.LocalPool` (worker processes on this
-    machine) or the Ray backend. Events are the workers' ``("flush", i, rows, env_steps,
-    summary)``, ``("checkpoint", i, env_step, blob, trajectories)``, ``("finish", i, status,
-    error)`` and ``("lost", i, why)`` when the worker of trial ``i`` died."""
+    r"""Where trials train: :class:`~gae_core.runs.pool.LocalPool` (worker processes on this
+    machine) or the Ray backend. Events are the trials' :class:`~gae_core.runs.sinks.Report`\ s
+    and a :class:`~gae_core.runs.sinks.Lost` when the worker of a trial died."""
 
     name: str
 
@@ -51,7 +51,7 @@ class Backend(Protocol):
 
     def stop(self, index: int) -> None: ...
 
-    def events(self, timeout: float) -> list[tuple]: ...
+    def events(self, timeout: float) -> list[Report | Lost]: ...
 
     def trial_pids(self) -> dict[int, int]: ...
 

@@ -3,7 +3,7 @@
 Each worker is a spawned process with one duplex pipe to the coordinator. The coordinator sends
 it one trial at a time, or with ``members > 1`` a population of up to that many trials whose
 configs can share one trainer (:func:`~gae_core.agent.trainer.population_key`); the worker
-runs :func:`~gae_core.runs.execute.execute_run` with a :class:`PipeSink` per trial,
+runs :func:`~gae_core.runs.execute.execute_run` with a :func:`pipe_sink` per trial,
 which sends every flush, checkpoint and the end of the trial back through the pipe, and never
 touches the store: the coordinator is the store's single writer.
 
@@ -27,14 +27,14 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gae_core.outcome import RunSummary
 from gae_core.runs.gather import Gathering, population_capacity
+from gae_core.runs.sinks import Lost, ProxySink, Report
 
-__all__ = ["LocalPool", "PipeSink", "main_module_hidden"]
+__all__ = ["LocalPool", "main_module_hidden", "pipe_sink"]
 
 #: Workers that die before they are ready this many times in a row fail the sweep.
 MAX_START_FAILURES = 3
@@ -53,28 +53,11 @@ class _FlagEvent:
         self.flags[self.index] = 1
 
 
-class PipeSink:
-    """A :class:`~gae_core.runs.execute.RunSink` that streams to the coordinator.
-
-    The coordinator claimed the run before sending it, so :meth:`claim` is always true; a stop
-    (cancel, ``stop`` from the UI or CLI, a deleted run) arrives as the trial's flag.
-    """
-
-    def __init__(self, conn: multiprocessing.connection.Connection, index: int, flags: Any):
-        self.conn, self.index, self.flags = conn, index, flags
-
-    def claim(self) -> bool:
-        return True
-
-    def flush(self, rows: list, env_steps: int, summary: RunSummary) -> bool:
-        self.conn.send(("flush", self.index, rows, env_steps, summary))
-        return bool(self.flags[self.index])
-
-    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None:
-        self.conn.send(("checkpoint", self.index, env_step, blob, list(trajectories)))
-
-    def finish(self, status: str, error: str | None) -> None:
-        self.conn.send(("finish", self.index, status, error))
+def pipe_sink(conn: multiprocessing.connection.Connection, index: int, flags: Any) -> ProxySink:
+    """Trial ``index``'s sink in a worker: its reports go down the worker's pipe to the
+    coordinator; a stop (cancel, ``stop`` from the UI or CLI, a deleted run) arrives as the
+    trial's byte in the shared ``flags``."""
+    return ProxySink(index, lambda report, _: conn.send(report), lambda: flags[index])
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush: float) -> None:
@@ -95,14 +78,14 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
             trials = message[1]
             indices = [index for index, _, _ in trials]
             try:
-                sinks = [PipeSink(conn, index, flags) for index in indices]
+                sinks = [pipe_sink(conn, index, flags) for index in indices]
                 stops = [_FlagEvent(flags, index) for index in indices]
                 execute_trials(sinks, trials, stops, flush_interval=flush)
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise
             except Exception:  # the config cannot be built here (an env this host lacks)
                 for index in indices:
-                    conn.send(("finish", index, "failed", traceback.format_exc()))
+                    conn.send(Report.finish(index, "failed", traceback.format_exc()))
             conn.send(("idle", indices))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         os._exit(0)  # the coordinator is gone: nothing to report to
@@ -125,12 +108,12 @@ class WorkerHandle:
 
 
 class LocalPool:
-    """``workers`` spawned processes on this machine: a sweep backend (see the module docstring).
+    r"""``workers`` spawned processes on this machine: a sweep backend (see the module docstring).
 
     The coordinator submits trials (:meth:`submit`) while :meth:`can_take` says the next one
-    would start, and reads :meth:`events`: the workers' ``flush``, ``checkpoint`` and
-    ``finish`` messages, and
-    ``("lost", index, why)`` for each trial of a worker that died in the middle of it. A dead
+    would start, and reads :meth:`events`: the trials' :class:`~gae_core.runs.sinks.Report`\ s,
+    and a :class:`~gae_core.runs.sinks.Lost` for each trial of a worker that died in the middle
+    of it. A dead
     worker is replaced at once; workers that die before they are ready
     :data:`MAX_START_FAILURES` times in a row raise ``RuntimeError`` (they cannot start at
     all: a broken install).
@@ -207,7 +190,7 @@ class LocalPool:
         # copying one in C holds the GIL, iterating it in Python would not
         return {t: w.pid for w in list(self.workers) if w.pid for t in list(w.trials)}
 
-    def events(self, timeout: float) -> list[tuple]:
+    def events(self, timeout: float) -> list[Report | Lost]:
         """Messages from the workers (waiting up to ``timeout`` for the first), and a ``lost``
         event for each trial whose worker died."""
         self._send_gathered()
@@ -226,7 +209,7 @@ class LocalPool:
                 self._bury(worker, out)
         return out
 
-    def _drain(self, worker: WorkerHandle, out: list[tuple]) -> bool:
+    def _drain(self, worker: WorkerHandle, out: list) -> bool:
         """Every message the worker has sent; False once it is dead."""
         while True:
             try:
@@ -235,7 +218,7 @@ class LocalPool:
                 message = worker.conn.recv()
             except (EOFError, OSError):
                 return False
-            kind = message[0]
+            kind = message.kind if isinstance(message, Report) else message[0]
             if kind == "ready":
                 worker.ready, worker.pid = True, message[1]
                 self._start_failures = 0
@@ -247,24 +230,24 @@ class LocalPool:
                 # (a bug in the worker): it ends failed rather than leaving the sweep waiting
                 for index in message[1]:
                     if worker.trials.pop(index, None) is not None:
-                        out.append(("finish", index, "failed", _NO_END))
+                        out.append(Report.finish(index, "failed", _NO_END))
             else:
-                if kind == "flush" and message[1] in worker.trials:
-                    worker.trials[message[1]] = message[3]
+                if kind == "flush" and message.index in worker.trials:
+                    worker.trials[message.index] = message.env_steps
                 elif kind == "finish":
                     # it ended: a death from here on costs it nothing
-                    worker.trials.pop(message[1], None)
+                    worker.trials.pop(message.index, None)
                 out.append(message)
         return worker.process.is_alive()
 
-    def _bury(self, worker: WorkerHandle, out: list[tuple]) -> None:
+    def _bury(self, worker: WorkerHandle, out: list) -> None:
         worker.process.join(1.0)
         for index, steps in worker.trials.items():
             why = (
                 f"worker pid {worker.pid} died (exit code {worker.process.exitcode}) at env step "
                 f"{steps:,}"
             )
-            out.append(("lost", index, why))
+            out.append(Lost(index, why))
         if not worker.ready:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:

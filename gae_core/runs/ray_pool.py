@@ -30,13 +30,12 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gae_core.errors import ConfigError
-from gae_core.outcome import RunSummary
 from gae_core.runs.gather import Gathering, population_capacity
+from gae_core.runs.sinks import Lost, ProxySink, Report
 
 try:
     import ray
@@ -61,15 +60,15 @@ class _Inbox:
     """Messages from the trials to the coordinator, and the trials' stop flags."""
 
     def __init__(self) -> None:
-        self.messages: list[tuple] = []
+        self.messages: list = []
         self.stopped: set[int] = set()
 
-    def send_many(self, messages: list[tuple], indices: list[int]) -> list[int]:
+    def send_many(self, messages: list, indices: list[int]) -> list[int]:
         """Keep ``messages`` (in order); which of the trials ``indices`` were asked to stop."""
         self.messages.extend(messages)
         return [index for index in indices if index in self.stopped]
 
-    def drain(self) -> list[tuple]:
+    def drain(self) -> list:
         messages, self.messages = self.messages, []
         return messages
 
@@ -95,11 +94,11 @@ class _Outbox:
 
     def __init__(self, inbox: Any, indices: list[int], every: float) -> None:
         self.inbox, self.indices, self.every = inbox, list(indices), every
-        self.pending: list[tuple] = []
+        self.pending: list = []
         self.stopped: set[int] = set()
         self._sent_at = -math.inf
 
-    def post(self, message: tuple, *, now: bool = False) -> None:
+    def post(self, message: Report | tuple, *, now: bool = False) -> None:
         self.pending.append(message)
         if now or time.monotonic() - self._sent_at >= self.every:
             self.deliver()
@@ -112,25 +111,14 @@ class _Outbox:
         self._sent_at = time.monotonic()
 
 
-class _InboxSink:
-    """A :class:`~gae_core.runs.execute.RunSink` that sends through its task's
-    :class:`_Outbox` (the coordinator claimed the run before submitting it)."""
-
-    def __init__(self, outbox: _Outbox, index: int) -> None:
-        self.outbox, self.index = outbox, index
-
-    def claim(self) -> bool:
-        return True
-
-    def flush(self, rows: list, env_steps: int, summary: RunSummary) -> bool:
-        self.outbox.post(("flush", self.index, rows, env_steps, summary))
-        return self.index in self.outbox.stopped
-
-    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None:
-        self.outbox.post(("checkpoint", self.index, env_step, blob, list(trajectories)))
-
-    def finish(self, status: str, error: str | None) -> None:
-        self.outbox.post(("finish", self.index, status, error), now=True)
+def _inbox_sink(outbox: _Outbox, index: int) -> ProxySink:
+    """Trial ``index``'s sink in a task: its reports go through the task's :class:`_Outbox`
+    (a run's end at once); its stop is what the inbox's last reply said."""
+    return ProxySink(
+        index,
+        lambda report, urgent: outbox.post(report, now=urgent),
+        lambda: index in outbox.stopped,
+    )
 
 
 @ray.remote(num_cpus=1, max_retries=0)
@@ -147,11 +135,11 @@ def _train(inbox: Any, trials: list, flush: float) -> None:
     torch.set_num_threads(1)  # one CPU per task: the tasks are the parallelism
     indices = [index for index, _, _ in trials]
     outbox = _Outbox(inbox, indices, every=flush / 2)
-    sinks = [_InboxSink(outbox, index) for index in indices]
+    sinks = [_inbox_sink(outbox, index) for index in indices]
     started = ("started", indices, os.getpid(), ray.util.get_node_ip_address())
     outbox.post(started, now=True)
     try:
-        stops = [threading.Event() for _ in trials]  # set by a flush's reply (_InboxSink)
+        stops = [threading.Event() for _ in trials]  # set by a flush's reply (_inbox_sink)
         execute_trials(sinks, trials, stops, flush_interval=flush)
     except Exception:  # the config cannot be built on this node (an env it lacks)
         for sink in sinks:
@@ -228,7 +216,7 @@ class RayPool:
         running -= self._ended  # (a population's member that ended while the others train)
         return {i: pid for i, pid in list(self._pids.items()) if i in running}
 
-    def events(self, timeout: float) -> list[tuple]:
+    def events(self, timeout: float) -> list[Report | Lost]:
         self._send_gathered()
         deadline = time.monotonic() + timeout
         while True:
@@ -238,11 +226,11 @@ class RayPool:
             done = ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
             out = []
             for message in ray.get(self.inbox.drain.remote()):
-                if message[0] == "started":
+                if not isinstance(message, Report):  # ("started", indices, pid, node)
                     self._pids.update(dict.fromkeys(message[1], message[2]))
                     continue
-                if message[0] == "finish":
-                    self._ended.add(message[1])
+                if message.kind == "finish":
+                    self._ended.add(message.index)
                 out.append(message)
             for ref in done:
                 indices = self._refs.pop(ref)
@@ -252,13 +240,13 @@ class RayPool:
                     for index in indices:
                         if index not in self._ended:
                             pid = self._pids.get(index)
-                            out.append(("lost", index, f"Ray task (pid {pid}) failed: "
-                                        f"{type(exc).__name__}"))  # fmt: skip
+                            out.append(Lost(index, f"Ray task (pid {pid}) failed: "
+                                            f"{type(exc).__name__}"))  # fmt: skip
                 else:  # it returned: every trial of it sent its end, or never will
                     for index in indices:
                         if index not in self._ended:
                             self._ended.add(index)
-                            out.append(("finish", index, "failed", _NO_END))
+                            out.append(Report.finish(index, "failed", _NO_END))
             if out or done or time.monotonic() >= deadline:
                 return out
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))

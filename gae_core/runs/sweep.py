@@ -38,13 +38,14 @@ from typing import Any
 
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
-from gae_core.errors import ConfigError, StoreError
+from gae_core.errors import ConfigError
 from gae_core.inert import MAX_NAME_LENGTH, clean_name
 from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
 from gae_core.runs.execute import call_before_thread_shutdown
 from gae_core.runs.pool import LocalPool
 from gae_core.runs.records import ENDED_STATUSES
+from gae_core.runs.sinks import Lost, Report, RunDeleted, apply
 from gae_core.runs.store import RunStore
 
 __all__ = [
@@ -356,30 +357,22 @@ class Sweep:
         trial.status = "running"
         backend.submit(index, trial.run_id, trial.config.to_dict())
 
-    def _handle(self, backend: Backend, event: tuple, pending: deque[int]) -> None:
-        kind, index = event[0], event[1]
+    def _handle(self, backend: Backend, event: Report | Lost, pending: deque[int]) -> None:
+        index = event.index
         trial = self._trials[index]
         if trial.deleted or trial.status != "running":
             return  # a late message of a trial that ended or was deleted
+        if isinstance(event, Lost):
+            self._retry_or_interrupt(index, event.why, pending)
+            return
         try:
-            if kind == "flush":
-                _, _, rows, env_steps, summary = event
-                stop = self.store.flush(trial.run_id, rows, env_steps=env_steps, summary=summary)
-                if stop or self._cancelled:
-                    backend.stop(index)
-            elif kind == "checkpoint":
-                _, _, env_step, blob, trajectories = event
-                self.store.save_checkpoint(trial.run_id, env_step, blob, trajectories)
-            elif kind == "finish":
-                _, _, status, error = event
-                trial.status = status
-                self.store.finish_run(trial.run_id, status, error)
-            elif kind == "lost":
-                self._retry_or_interrupt(index, event[2], pending)
-        except StoreError:
-            if self.store.run_exists(trial.run_id):
-                raise
-            trial.deleted, trial.status = True, "deleted"  # deleted from the UI or the CLI
+            if event.kind == "finish":
+                trial.status = event.status
+            stop = apply(self.store, trial.run_id, event)
+            if event.kind == "flush" and (stop or self._cancelled):
+                backend.stop(index)
+        except RunDeleted:  # deleted from the UI or the CLI
+            trial.deleted, trial.status = True, "deleted"
             backend.stop(index)
 
     def _retry_or_interrupt(self, index: int, why: str, pending: deque[int]) -> None:
