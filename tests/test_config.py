@@ -52,6 +52,7 @@ BAD_VALUES = {
     "clip_range_schedule": ["cosine", None],
     "clip_range_vf": [-1.0, float("inf")],
     "target_kl": [-0.01, float("nan")],
+    "sde_sample_freq": [-2, 10**6 + 1, 1.5],
 }
 
 

@@ -380,19 +380,19 @@ def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
     from gae_core.insight.views import config_warnings
 
     assert set(TrainConfig(env_id="Pendulum-v1").idle_fields()) == {
-        "critic_lambda", "normalize_clip", "reward_norm_reset", *PPO_FIELDS
+        "critic_lambda", "normalize_clip", "reward_norm_reset", "sde_sample_freq", *PPO_FIELDS
     }  # fmt: skip
     assert set(TrainConfig(env_id="Pendulum-v1", algo="ppo").idle_fields()) == {
-        "critic_lambda", "normalize_clip", "reward_norm_reset"
+        "critic_lambda", "normalize_clip", "reward_norm_reset", "sde_sample_freq"
     }  # fmt: skip
     pendulum = TrainConfig(env_id="Pendulum-v1", critic_target="fixed_lambda",
-                           normalize_rewards=True, algo="ppo")  # fmt: skip
+                           normalize_rewards=True, algo="ppo", use_sde=True)  # fmt: skip
     assert pendulum.idle_fields() == {}
     # CartPole's policy is categorical: no Gaussian for log_std_init or gSDE to set up
     discrete = TrainConfig(env_id="CartPole-v1", critic_target="fixed_lambda",
                            normalize_rewards=True, algo="ppo")  # fmt: skip
     assert discrete.idle_fields() == dict.fromkeys(
-        ("log_std_init", "use_sde"), "CartPole-v1's actions are discrete"
+        ("log_std_init", "use_sde", "sde_sample_freq"), "CartPole-v1's actions are discrete"
     )
     assert "log_std_init (-1) has no effect: CartPole-v1's actions are discrete." in (
         config_warnings(dataclasses.replace(discrete, log_std_init=-1.0))
@@ -402,6 +402,7 @@ def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
         critic_target="fixed_lambda",
         normalize_observations=True,
         algo="ppo",
+        use_sde=True,
     )
     assert list(only_obs.idle_fields()) == ["reward_norm_reset"]
     (warning,) = [w for w in config_warnings(TrainConfig(critic_lambda=0.9)) if "critic" in w]

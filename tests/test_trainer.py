@@ -181,6 +181,7 @@ def test_a_runs_stored_loss_rows_leave_out_the_updates_that_took_no_step(tmp_pat
     store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lambda_", [0.0, 0.9])
 def test_truncation_bootstraps_to_the_infinite_horizon_value(lambda_):
     """With γ = 0.9 the critic must learn V = 1/(1−γ) = 10 although every episode is cut after
@@ -391,6 +392,7 @@ def test_last_rollout_is_cut_at_the_budget():
 # ----------------------------------------------------------------------------- issue 9 features
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5"])
 def test_mujoco_tasks_train_and_record_with_float64_observations(env_id):
     """MuJoCo returns float64 observations: they are float32 from the env boundary on, and a few
@@ -741,8 +743,14 @@ def test_gsde_noise_has_the_policys_variance_and_is_fixed_within_a_rollout():
         np.testing.assert_allclose(samples.var(axis=0), expected, rtol=0.05)
 
 
-def test_a_gsde_run_draws_one_matrix_per_env_per_rollout_and_replays_its_checkpoint():
-    config = tiny("Pendulum-v1", use_sde=True, log_std_init=-2.0, total_steps=48)
+@pytest.mark.parametrize(("freq", "per_rollout"), [(-1, 1), (0, 1), (3, 3), (4, 2)])
+def test_a_gsde_run_draws_its_matrices_as_sde_sample_freq_says_and_replays_its_checkpoint(
+    freq, per_rollout
+):
+    """One matrix per env at each rollout's start, and again at every multiple of
+    ``sde_sample_freq`` steps into it (SB3's rule); 8-step rollouts here."""
+    config = tiny("Pendulum-v1", use_sde=True, log_std_init=-2.0, total_steps=48,
+                  sde_sample_freq=freq)  # fmt: skip
     trainer = Trainer(config)
     draws = []
     original = trainer._sde_noise
@@ -756,8 +764,8 @@ def test_a_gsde_run_draws_one_matrix_per_env_per_rollout_and_replays_its_checkpo
     try:
         while not trainer.done:
             trainer.step()
-        # one matrix per env, drawn once per rollout: [members, envs, features, actions]
-        assert draws == [(1, config.num_envs, 16, 1)] * trainer.updates
+        # one matrix per env, [members, envs, features, actions], per_rollout times a rollout
+        assert draws == [(1, config.num_envs, 16, 1)] * (trainer.updates * per_rollout)
         replay = load_replay(config, trainer.checkpoint_bytes())
         assert replay.model.sde and replay.model.log_std.shape == (16, 1)
         obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)

@@ -170,6 +170,13 @@ class TrainConfig:
         "actor's last hidden features times a random matrix drawn once per rollout and env; "
         "log_std_init is then that matrix's initial log-std",
     )
+    sde_sample_freq: int = _field(
+        -1,
+        "gSDE: draw new exploration matrices every this many steps of a rollout; -1 (or 0) "
+        "once per rollout (SB3's sde_sample_freq)",
+        min=-1,
+        max=10**6,
+    )
     seed: int = _field(0, "Seed for weights, env resets and action sampling", min=0, max=2**31 - 1)
     device: str = _field(
         "cpu", "Torch device ('cuda' only where available)", choices=("cpu", "cuda")
@@ -238,7 +245,9 @@ class TrainConfig:
                 idle[name] = why
         if discrete_actions(self.env_id):  # a categorical policy: no Gaussian to set up
             why = f"{self.env_id}'s actions are discrete"
-            idle["log_std_init"] = idle["use_sde"] = why
+            idle["log_std_init"] = idle["use_sde"] = idle["sde_sample_freq"] = why
+        elif not self.use_sde:
+            idle["sde_sample_freq"] = "use_sde is off"
         return idle
 
     def to_dict(self) -> dict[str, Any]:

@@ -250,9 +250,11 @@ class Trainer:
         live = np.zeros(members, bool)
         live[active] = True
         counted = np.zeros(members, np.int64)
-        noise = self._sde_noise() if self.sde else None  # one matrix per env and rollout
+        noise = self._sde_noise() if self.sde else None  # one matrix per env, redrawn below
         with torch.inference_mode():
             for t in range(steps):
+                if noise is not None and t > 0:
+                    self._redraw_sde_noise(noise, t)
                 live_columns = np.repeat(live, per)
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
@@ -288,6 +290,15 @@ class Trainer:
         shape = (self.size, self.envs_per_member, *sigma.shape[2:])
         draws = self._rng.standard_normal(shape).astype(np.float32)
         return torch.from_numpy(sigma * draws).to(self.device)
+
+    def _redraw_sde_noise(self, noise: torch.Tensor, t: int) -> None:
+        """New matrices for the members whose ``sde_sample_freq`` divides step ``t`` of the
+        rollout (SB3's rule; -1 or 0: once per rollout)."""
+        due = [i for i, c in enumerate(self.configs) if c.sde_sample_freq > 0
+               and t % c.sde_sample_freq == 0]  # fmt: skip
+        if due:
+            fresh = self._sde_noise()
+            noise[due] = fresh[due]
 
     def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise) -> np.ndarray:
         """Every column's action (unclipped; the env sees a clipped copy)."""
