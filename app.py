@@ -8,7 +8,6 @@ Streamlit download button, no redraw of a live page can revoke it.
 
 from __future__ import annotations
 
-import threading
 from urllib.parse import parse_qs
 
 import streamlit as st
@@ -17,19 +16,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gae_core.insight import exports
-from gae_core.runs.store import RunStore
 
-_store_lock = threading.Lock()
-_stores: list[RunStore] = []
-
-
-def _store() -> RunStore:
-    """One store handle for the exports, opened on first use (the dashboard may create the
-    store after the server started); a store that cannot be opened is tried again next time."""
-    with _store_lock:
-        if not _stores:
-            _stores.append(RunStore(recover=False))  # recovery is the run manager's job
-        return _stores[0]
+#: the exports' store: read-only where the data folder is, reopened when its file is moved away
+_store = exports.StoreSource()
 
 
 def _export(request: Request) -> Response:

@@ -6,7 +6,7 @@ as one line and the dashboard shows it as is.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "StoreError", "UnsupportedEnvError"]
+__all__ = ["ConfigError", "StoreError", "StoreFull", "UnsupportedEnvError"]
 
 
 class ConfigError(ValueError):
@@ -21,3 +21,8 @@ class UnsupportedEnvError(ConfigError):
 class StoreError(RuntimeError):
     """The run store cannot do what was asked: unknown run, damaged or unreadable database
     (the message names the path), newer schema, run still active."""
+
+
+class StoreFull(StoreError):
+    """The disk holding the run store is full: the write was rolled back, what was stored
+    before is intact and still readable (the message names the path)."""

@@ -11,7 +11,7 @@ from gae_core.insight import lab_figures
 from gae_core.insight.views import format_duration
 from gae_core.lab import chain
 from gae_core.lab.jobs import LabJob
-from gae_core.lab.measure import GSDE_NOTE, LabResult, LabSettings
+from gae_core.lab.measure import GSDE_NOTE, LabResult, LabSettings, check_memory
 from gae_core.lab.states import STATE_FAMILIES, state_access
 from gae_core.labels import assignment, label
 from pages import _ui
@@ -171,13 +171,16 @@ try:
                            continuations=int(continuations), segment=int(segment),
                            seed=int(seed))  # fmt: skip
     problem = None if critic_steps else "Choose at least one critic checkpoint."
+    # the lab's own refusal (LabTooLarge), before anything starts
+    memory = check_memory(run.config["env_id"], settings, critics=max(1, len(critic_steps)))
 except ValueError as error:
     settings, problem = None, str(error)
 if problem:
     st.error(problem)
 else:
     st.caption(
-        f"At most {settings.env_steps():,} env steps (truth horizon H = "
+        f"At most {settings.env_steps():,} env steps and about {memory.bytes / 2**20:,.0f} MiB "
+        f"of memory (truth horizon H = "
         f"{settings.truth_horizon:,}, {label('gamma')}^H = "
         f"{settings.gamma**settings.truth_horizon:.1e}); "
         "the defaults take about 10 s on CartPole."

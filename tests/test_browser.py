@@ -33,7 +33,7 @@ from gae_core.runs.manager import RunManager
 from gae_core.runs.store import DB_FILENAME, RunStore
 from gae_core.runs.sweep import grid_of, run_sweep
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 # Artifacts go to a temp folder so a test run leaves the work tree clean; refresh the README's
 # images with GAE_SCREENSHOTS_DIR=docs/screenshots python -m pytest tests/test_browser.py

@@ -73,6 +73,7 @@ def test_every_config_field_is_a_flag():
     assert "Discount γ" in help_text  # the field's help text
 
 
+@pytest.mark.slow
 def test_train_json_contract_runs_and_export(tmp_path):
     done = cli(
         tmp_path / "data",
@@ -121,6 +122,7 @@ def test_train_json_contract_runs_and_export(tmp_path):
     assert missing.returncode == 1 and "no run 'nope'" in missing.stderr
 
 
+@pytest.mark.slow
 def test_env_without_threshold_reports_null_solved(tmp_path):
     done = cli(
         tmp_path / "data",
@@ -139,6 +141,7 @@ def test_env_without_threshold_reports_null_solved(tmp_path):
     assert result["solved"] is None and result["solved_at_step"] is None
 
 
+@pytest.mark.slow
 def test_train_starts_from_the_envs_preset_and_stores_the_resolved_config(tmp_path):
     """`train --env Acrobot-v1` takes the Acrobot preset (16 envs, normalisation, RMSprop); the
     flags given override it; the run stores every field, resolved."""
@@ -174,6 +177,7 @@ def test_bad_config_exits_2_naming_the_field(tmp_path):
     assert _last_json(listed.stdout) == []  # nothing was created
 
 
+@pytest.mark.slow
 def test_data_dir_from_environment(tmp_path):
     env_dir = tmp_path / "from-env"
     done = subprocess.run(
@@ -199,6 +203,7 @@ def test_data_dir_from_environment(tmp_path):
         assert [r.id for r in store.list_runs()] == [_last_json(done.stdout)["run_id"]]
 
 
+@pytest.mark.slow
 def test_sweep_json(tmp_path):
     done = cli(
         tmp_path / "data",
@@ -262,6 +267,7 @@ def test_sweep_json(tmp_path):
     assert bad.returncode == 2 and "lambda_" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_without_lambda_axis_summarises_by_its_other_axis_in_numeric_order(tmp_path):
     # seeds are what each group's statistics run over: never the group, even when listed first
     from gae_core.cli.commands import study_group
@@ -285,6 +291,7 @@ def test_a_sweep_without_lambda_axis_summarises_by_its_other_axis_in_numeric_ord
     assert [line.split()[0] for line in table.stdout.splitlines()[2:4]] == ["8x8", "32x32"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
     proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY_FLAGS, "--json")
@@ -304,6 +311,7 @@ def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
         assert store.checkpoint_steps(run_id)[-1] == run.env_steps
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
     # frequent checkpoints: a kill lands near one, where a checkpoint written before the
     # run's step count would be ahead of it
@@ -384,6 +392,7 @@ def test_solved_flag_matches_the_stored_returns(tmp_path):
     assert line.split()[4] == "fell", line
 
 
+@pytest.mark.slow
 def test_train_algo_ppo_and_its_minibatch_check(tmp_path):
     """``--algo ppo`` starts from the env's PPO preset with the flags on top, trains, and the
     stored config and name say PPO; a minibatch larger than the rollout is refused before any

@@ -4,6 +4,7 @@ traceback) and loses nothing."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -18,6 +19,8 @@ import pandas as pd
 import pytest
 from conftest import TINY_FLAGS, cli, cli_env, cli_in_process, read_only_folder
 
+from gae_core.inert import CSV_FORMULA_PREFIXES
+from gae_core.runs.database import Database
 from gae_core.runs.store import DB_FILENAME, RunStore
 from gae_core.runs.table import RUN_COLUMNS
 
@@ -37,6 +40,7 @@ def tiny_run(data: Path, *extra: str) -> str:
     return json.loads(done.stdout.splitlines()[-1])["run_id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env_id", "expected"),
     [
@@ -93,6 +97,7 @@ def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
     assert not (tmp_path / DB_FILENAME).exists()
 
 
+@pytest.mark.slow
 def test_delete_force_stops_a_running_run_and_its_process_exits_0(tmp_path):
     proc = subprocess.Popen(
         [
@@ -128,6 +133,7 @@ def test_delete_force_stops_a_running_run_and_its_process_exits_0(tmp_path):
         assert store.metrics(run_id).empty and store.checkpoint_steps(run_id) == []
 
 
+@pytest.mark.slow
 def test_a_garbage_file_or_a_file_as_data_folder_gets_one_line_naming_the_path(tmp_path):
     garbage = tmp_path / "garbage"
     garbage.mkdir()
@@ -146,6 +152,7 @@ def test_a_garbage_file_or_a_file_as_data_folder_gets_one_line_naming_the_path(t
     assert f"{a_file} is a file, not a folder" in one_line_error(done)
 
 
+@pytest.mark.slow
 def test_corrupt_json_in_a_row_keeps_the_rest_readable(tmp_path):
     good, bad = tiny_run(tmp_path), tiny_run(tmp_path)
     raw = sqlite3.connect(tmp_path / DB_FILENAME)
@@ -161,6 +168,7 @@ def test_corrupt_json_in_a_row_keeps_the_rest_readable(tmp_path):
     assert exported.returncode == 0 and len(pd.read_csv(io.StringIO(exported.stdout))) > 0
 
 
+@pytest.mark.slow
 def test_a_damaged_database_is_refused_for_writing_and_left_untouched(tmp_path):
     tiny_run(tmp_path, "--total-steps", "3000")
     path = tmp_path / DB_FILENAME
@@ -179,6 +187,7 @@ def test_a_damaged_database_is_refused_for_writing_and_left_untouched(tmp_path):
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
 
+@pytest.mark.slow
 def test_read_only_folder_still_lists_and_exports(tmp_path):
     run_id = tiny_run(tmp_path)
     with read_only_folder(tmp_path):
@@ -194,6 +203,7 @@ def test_read_only_folder_still_lists_and_exports(tmp_path):
         assert f"{tmp_path} is read-only" in line and "`runs` and `export` still work" in line
 
 
+@pytest.mark.slow
 def test_names_are_inert_in_csv_and_terminal_output(tmp_path):
     formula = '=HYPERLINK("http://evil.example","click")'
     run_id = tiny_run(tmp_path, "--name", formula)
@@ -219,3 +229,185 @@ def test_names_are_inert_in_csv_and_terminal_output(tmp_path):
     assert "\x1b" not in table.stdout and "\x07" not in table.stdout and "red name" in table.stdout
     empty = cli(tmp_path, "rename", run_id, "\x1b\x07  ")
     assert empty.returncode == 2 and "run name cannot be empty" in one_line_error(empty)
+
+
+def _address_space_limited(gib: int):
+    """A ``preexec_fn`` capping the child's address space: a lab that tried to build what it
+    cannot hold fails fast with MemoryError instead of taking the machine's memory."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (gib * 2**30, gib * 2**30))
+
+    return limit
+
+
+@pytest.mark.slow
+def test_lab_settings_past_the_memory_limit_exit_2_with_one_line(tmp_path):
+    """16.7 M continuations (4,096 states × 4,096) with their 111 estimators each would need
+    about 15 GiB: refused before any work, one line naming the fields and the limit, nothing
+    stored. (The child's address space is capped, so a lab that tries fails fast.)"""
+    run_id = tiny_run(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "gae_core", "--data-dir", str(tmp_path), "lab", run_id,
+         "--states", "4096", "--continuations", "4096", "--segment", "2000"],
+        capture_output=True, text=True, timeout=300, env=cli_env(),
+        preexec_fn=_address_space_limited(6),
+    )  # fmt: skip
+    line = one_line_error(done)
+    assert done.returncode == 2, done.stderr
+    assert line.startswith("error: the lab would need about") and "GiB of memory" in line
+    from gae_core.lab.measure import MEMORY_LIMIT
+
+    assert f"limit of {MEMORY_LIMIT / 2**30:g} GiB" in line
+    assert "states 4,096" in line and "continuations 4,096" in line and "lower states" in line
+    with RunStore(tmp_path) as store:
+        assert store.lab_records(run_id) == []
+
+
+@pytest.mark.slow
+def test_a_garbage_checkpoint_blob_gets_one_line_naming_the_run_and_step(tmp_path):
+    """A checkpoint blob overwritten with garbage, straight in the database: the lab says which
+    run's checkpoint at which step cannot be read, in one line, never suggesting
+    ``weights_only=False`` (no code is ever run from a checkpoint)."""
+    run_id = tiny_run(tmp_path)
+    with RunStore(tmp_path) as store:
+        (step,) = store.checkpoint_steps(run_id)
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)
+    raw.execute(
+        "UPDATE checkpoints SET blob = ? WHERE run_id = ? AND env_step = ?",
+        (b"\x80\x04garbage, not a checkpoint" * 40, run_id, step),
+    )
+    raw.commit()
+    raw.close()
+    small = ["--states", "2", "--rollouts", "2", "--continuations", "2", "--segment", "3"]
+    done = cli(tmp_path, "lab", run_id, *small)  # with the progress bar: still one line
+    assert done.returncode == 1
+    line = one_line_error(done)
+    assert f"run {run_id}" in line and f"env step {step:,}" in line, line
+    assert "cannot be read" in line and "weights_only" not in line, line
+    with RunStore(tmp_path) as store:
+        assert store.lab_records(run_id) == []
+
+
+CONFIG = {"env_id": "CartPole-v1", "lambda_": 0.95, "gamma": 0.99, "seed": 0}
+
+
+def test_a_carriage_return_in_a_stored_name_never_starts_a_csv_row(tmp_path):
+    """`runs --csv` quotes or strips whatever is stored, such as a name written by an older
+    version or straight into the database."""
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(CONFIG, name="placeholder")
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)
+    raw.execute("UPDATE runs SET name = ? WHERE id = ?", ("abc\r=1+1", run_id))
+    raw.commit()
+    raw.close()
+    done = cli(tmp_path, "runs", "--csv", "-")
+    assert done.returncode == 0, done.stderr
+    written = cli_in_process(tmp_path, "runs", "--csv", str(tmp_path / "runs.csv"))
+    assert written.returncode == 0, written.stderr
+    with open(tmp_path / "runs.csv", newline="") as file:
+        written_text = file.read()
+    for text in (done.stdout, written_text):
+        header, *records = csv.reader(io.StringIO(text, newline=""))
+        assert len(records) == 1, repr(text)
+        assert len(records[0]) == len(header), repr(text)
+        assert not any(cell.startswith(CSV_FORMULA_PREFIXES) for cell in records[0]), records
+        name = records[0][header.index("name")]
+        assert name.startswith("abc") and "=1+1" in name, records
+
+
+class _FullOnCommit:
+    """A connection whose COMMIT fails as SQLite's does when the disk is full."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, *args):
+        if sql.strip().upper() == "COMMIT":
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+
+def test_a_full_disk_is_named_and_reads_go_on(tmp_path, monkeypatch):
+    """Every later command used to call the healthy store "damaged … move it away"."""
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(CONFIG, name="kept")
+    connect = Database._connect
+    monkeypatch.setattr(Database, "_connect", lambda self, t: _FullOnCommit(connect(self, t)))
+    listed = cli_in_process(tmp_path, "runs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["run_id"] for r in json.loads(listed.stdout.splitlines()[-1])] == [run_id]
+    exported = cli_in_process(tmp_path, "export", run_id, "--csv", "-")
+    assert exported.returncode == 0, exported.stderr
+    renamed = cli_in_process(tmp_path, "rename", run_id, "other")
+    assert renamed.returncode == 1
+    line = one_line_error(renamed)
+    assert f"the disk holding {tmp_path / DB_FILENAME} is full" in line, line
+    assert "damaged" not in line
+
+
+def test_a_full_disk_during_train_fails_the_run_with_one_line(tmp_path, monkeypatch):
+    RunStore(tmp_path).close()
+    connect = Database._connect
+
+    def no_room(self, timeout):  # the file may not grow: SQLite's own SQLITE_FULL
+        conn = connect(self, timeout)
+        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        return conn
+
+    monkeypatch.setattr(Database, "_connect", no_room)
+    done = cli_in_process(
+        tmp_path, "train", "--total-steps", "2000", *TINY_FLAGS, "--json", "--no-progress"
+    )
+    assert done.returncode == 1, done.stderr
+    full = f"the disk holding {tmp_path / DB_FILENAME} is full"
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "failed" and result["error"].startswith(full), result["error"]
+    assert "Traceback" not in result["error"] and "\n" not in result["error"]
+    assert "Traceback" not in done.stderr and full in done.stderr, done.stderr
+    monkeypatch.undo()
+    with RunStore(tmp_path) as store:
+        run = store.get_run(result["run_id"])
+        assert run.status == "failed" and run.error == result["error"]
+
+
+def test_a_name_that_is_not_utf8_is_refused_naming_the_field(tmp_path):
+    """`--name $'\\xff'`: Python hands the undecodable byte over as a lone surrogate."""
+    bad = "ab\udcff"
+    for args, field in [
+        (["train", "--name", bad, "--total-steps", "100", *TINY_FLAGS], "--name: run name"),
+        (["sweep", "--name", bad, "--seeds", "0", "--total-steps", "100"], "--name: sweep name"),
+    ]:
+        done = cli_in_process(tmp_path, *args)
+        assert done.returncode == 2, done.stderr
+        line = one_line_error(done)
+        assert line.startswith(f"error: {field} is not valid UTF-8"), line
+        assert "byte 0xff" in line and "codec" not in line, line
+    with RunStore(tmp_path) as store:
+        assert store.list_runs() == [] and store.list_sweeps() == []
+        run_id = store.create_run(CONFIG, name="fine")
+        with pytest.raises(ValueError, match="run name is not valid UTF-8"):
+            store.create_run(CONFIG, name=b"ab\xff")
+    renamed = cli_in_process(tmp_path, "rename", run_id, bad)
+    assert renamed.returncode == 2
+    assert "run name is not valid UTF-8" in one_line_error(renamed)
+
+
+def test_the_data_folder_path_is_shown_without_control_characters(tmp_path):
+    folder = tmp_path / "a\x1b[31mb\x07"
+    done = cli_in_process(folder, "train", "--total-steps", "100", *TINY_FLAGS, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr + done.stdout and "\x07" not in done.stderr
+    assert f"{tmp_path}/a[31mb/{DB_FILENAME}" in done.stderr, done.stderr
+    listed = cli_in_process(folder, "runs", "--csv", str(folder / "x.csv"))
+    assert listed.returncode == 0 and "\x1b" not in listed.stderr, listed.stderr
+    a_file = tmp_path / "f\x1b[2Jile"
+    a_file.write_text("x")
+    refused = cli_in_process(a_file, "runs")
+    assert refused.returncode == 1
+    line = one_line_error(refused)
+    assert "\x1b" not in line and "f[2Jile is a file, not a folder" in line, line

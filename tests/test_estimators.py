@@ -419,6 +419,7 @@ def test_large_cpu_tensors_take_the_compiled_kernels_and_agree():
     np.testing.assert_allclose(scan.numpy(), expected, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_small_torch_batches_do_not_load_numba():
     """A training process (torch rollouts) never pays numba's ~125 MB; numpy callers do."""
     code = (
@@ -748,6 +749,7 @@ def test_k_step_is_linear_in_t_for_any_k(backend):
     np.testing.assert_allclose(out[1][:1000], direct, rtol=1e-7, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_package_modules_do_not_import_streamlit():
     """Every module of the library (walked, not just gae_core/__init__) imports without
     Streamlit being loaded."""

@@ -4,16 +4,20 @@ links on the live pages; here the answers are checked cell by cell."""
 
 from __future__ import annotations
 
+import csv
 import io
+import sqlite3
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import read_only_folder
 
 from gae_core import metrics as M
+from gae_core.inert import CSV_FORMULA_PREFIXES
 from gae_core.insight import exports, figures
-from gae_core.runs.store import RunStore
+from gae_core.runs.store import DB_FILENAME, RunStore
 
 
 def get(store: RunStore, url: str) -> exports.Answer:
@@ -122,3 +126,89 @@ def test_urls_quote_what_they_carry():
     assert exports.run_metric_url("abc", M.EPISODIC_RETURN.key, smoothing=0.0).endswith(
         "/abc/episodic_return.csv"
     )
+
+
+def csv_records(text: str) -> list[list[str]]:
+    """The records of a CSV text as a spreadsheet reads them: a carriage return ends a row
+    as a line feed does, unless it is quoted."""
+    return list(csv.reader(io.StringIO(text, newline="")))
+
+
+def test_a_carriage_return_in_a_stored_name_never_starts_a_row(store):
+    """A name written by an older version or straight into the database (clean_name never let
+    a carriage return in) is still one cell, whatever is stored."""
+    a = add_run(store, "placeholder", "CartPole-v1", [1.0, 2.0])
+    raw = sqlite3.connect(store.path)
+    raw.execute("UPDATE runs SET name = ? WHERE id = ?", ("abc\r=1+1", a))
+    raw.commit()
+    raw.close()
+    for url, column, rows in [
+        (exports.runs_url(), "name", 1),
+        (exports.overlay_url([a], M.EPISODIC_RETURN.key), "run", 2),
+    ]:
+        answer = get(store, url)
+        assert answer.status == 200, answer.body
+        header, *records = csv_records(answer.body)
+        assert len(records) == rows, answer.body
+        for record in records:
+            assert len(record) == len(header), answer.body
+            assert not any(cell.startswith(CSV_FORMULA_PREFIXES) for cell in record), record
+            cell = record[header.index(column)]
+            assert cell.startswith("abc") and "=1+1" in cell, record
+        assert len(pd.read_csv(io.StringIO(answer.body))) == rows
+
+
+def _export_from_the_app(url: str):
+    """``GET url`` answered by the dashboard server's own route handler (app.py)."""
+    from starlette.requests import Request
+
+    import app
+
+    parts = urlsplit(url)
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "scheme": "http",
+        "server": ("localhost", 8501),
+        "path": parts.path,
+        "root_path": "",
+        "query_string": parts.query.encode(),
+        "headers": [],
+    }
+    response = app._export(Request(scope))
+    return response.status_code, response.body.decode()
+
+
+def test_the_server_exports_a_read_only_data_folder(tmp_path, monkeypatch):
+    """The CLI lists and exports a read-only folder; so does the dashboard's server."""
+    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path))
+    with RunStore(tmp_path) as store:
+        run_id = add_run(store, "kept", "CartPole-v1", [1.0, 2.0])
+    with read_only_folder(tmp_path):
+        status, body = _export_from_the_app(exports.runs_url())
+        assert status == 200, body
+        assert pd.read_csv(io.StringIO(body))["run_id"].tolist() == [run_id]
+        status, body = _export_from_the_app(exports.run_metric_url(run_id, M.EPISODIC_RETURN.key))
+        assert status == 200, body
+        assert pd.read_csv(io.StringIO(body))["episodic_return"].tolist() == [1.0, 2.0]
+
+
+def test_the_server_never_serves_a_store_that_was_moved_away(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    monkeypatch.setenv("GAE_CORE_DATA", str(data))
+    with RunStore(data) as store:
+        old = add_run(store, "old", "CartPole-v1", [1.0])
+    status, body = _export_from_the_app(exports.runs_url())
+    assert status == 200 and pd.read_csv(io.StringIO(body))["run_id"].tolist() == [old]
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for suffix in ("", "-wal", "-shm"):
+        if (data / f"{DB_FILENAME}{suffix}").exists():
+            (data / f"{DB_FILENAME}{suffix}").rename(moved / f"{DB_FILENAME}{suffix}")
+    status, body = _export_from_the_app(exports.runs_url())
+    assert status == 200, body
+    assert old not in body and pd.read_csv(io.StringIO(body)).empty, body
+    with RunStore(data) as store:  # a new store in its place is the one served
+        new = add_run(store, "new", "CartPole-v1", [2.0])
+    status, body = _export_from_the_app(exports.runs_url())
+    assert status == 200 and pd.read_csv(io.StringIO(body))["run_id"].tolist() == [new], body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import string
 import unicodedata
 
@@ -28,7 +29,9 @@ def test_csv_text_cells_never_start_a_formula(texts):
     safe = inert.csv_safe(frame)
     for original, cell in zip(texts, safe["name"], strict=True):
         assert not cell.startswith(inert.CSV_FORMULA_PREFIXES)
-        assert cell in (original, "'" + original)
+        assert "\r" not in cell  # the CSV writer would leave it unquoted: a new row
+        kept = original.replace("\r\n", "\n").replace("\r", "\n")
+        assert cell in (kept, "'" + kept)
     pd.testing.assert_series_equal(safe["final_return"], frame["final_return"])  # numbers stay
     assert inert.csv_safe(frame.iloc[:0]).empty
 
@@ -37,6 +40,13 @@ def test_to_csv_quotes_formulas_and_keeps_negative_numbers():
     frame = pd.DataFrame({"name": ["-cmd", "@SUM(A1)", "ok"], "final_return": [-1.5, 2.0, 3.0]})
     lines = inert.to_csv(frame).splitlines()
     assert lines == ["name,final_return", "'-cmd,-1.5", "'@SUM(A1),2.0", "ok,3.0"]
+
+
+def test_to_csv_quotes_a_carriage_return_inside_a_cell():
+    frame = pd.DataFrame({"name": ["abc\r=1+1", "\r=2", "x\r\ny"], "final_return": [1.0, 2.0, 3.0]})
+    text = inert.to_csv(frame)
+    assert text == 'name,final_return\n"abc\n=1+1",1.0\n"\'\n=2",2.0\n"x\ny",3.0\n', repr(text)
+    assert pd.read_csv(io.StringIO(text))["final_return"].tolist() == [1.0, 2.0, 3.0]
 
 
 @given(st.text(max_size=60))
@@ -58,6 +68,18 @@ def test_plotly_and_terminal_text_are_inert(text):
     assert "<" not in inert.plotly_text(text) and ">" not in inert.plotly_text(text)
     shown = inert.terminal_text(text)
     assert all(unicodedata.category(c) not in ("Cc", "Cf") or c == " " for c in shown), repr(shown)
+
+
+def test_a_name_that_is_not_utf8_is_refused_naming_the_field():
+    for name, what in [
+        ("ab\udcff", "byte 0xff at position 2"),
+        (b"\xffab", "byte 0xff at position 0"),
+        ("\ud800", "a lone surrogate at position 0"),
+    ]:
+        with pytest.raises(ValueError, match=f"^run name is not valid UTF-8 text \\({what}\\)$"):
+            inert.clean_name(name, field="run name")
+    assert inert.clean_name("λ = 0.95".encode(), field="run name") == "λ = 0.95"
+    assert inert.terminal_text("/tmp/a\x1b[31mb\udcff") == "/tmp/a[31mb\ufffd"
 
 
 def test_clean_name_drops_control_characters_and_checks_length():

@@ -49,6 +49,7 @@ def main_chart_gae(at, lambda_):
     return main_chart_trace(at, f"GAE λ = {lambda_:g}")
 
 
+@pytest.mark.slow
 def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir):
     at = app("pages/explorer.py")
     store = RunStore(data_dir)
@@ -77,6 +78,7 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
     assert len(at.get("plotly_chart")) == 3  # main plot, heat map, weights
 
 
+@pytest.mark.slow
 def test_explorer_starts_each_run_at_its_own_gamma_lambda_and_last_checkpoint(
     recorded_run, data_dir
 ):
@@ -100,6 +102,7 @@ def test_explorer_starts_each_run_at_its_own_gamma_lambda_and_last_checkpoint(
         assert at.selectbox(key="ex.policy").value == store.checkpoint_steps(run_id)[-1]
 
 
+@pytest.mark.slow
 def test_explorer_draws_each_estimator_once_and_keeps_chips_sorted(recorded_run):
     """By default δ is drawn once: Â^(1) and GAE λ = 0 are δ itself, so neither is on by
     default; pinned λ and k chips stay in value order (the order of the lines' colours)."""
@@ -118,6 +121,7 @@ def test_explorer_draws_each_estimator_once_and_keeps_chips_sorted(recorded_run)
     assert at.number_input(key="ex.gamma").value == 0.99731 and not at.exception
 
 
+@pytest.mark.slow
 def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     """The page draws the seed-7 episode of the chosen policy, and V(s_t) of the chosen critic:
     the early checkpoint's values, not the policy's own."""
@@ -149,6 +153,7 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     assert at.slider(key="ex.t").max == len(early) - 1
 
 
+@pytest.mark.slow
 def test_explorer_states_its_units_and_draws_values_in_reward_units(data_dir):
     """A run that scales rewards for learning: the page says so with the checkpoint's σ, and the
     V it draws is the critic's raw output times that σ (env reward units), like the rewards."""
@@ -185,6 +190,7 @@ def test_explorer_states_its_units_and_draws_values_in_reward_units(data_dir):
     assert "clipped" not in explorer.units_note({"normalize_rewards": True}, 2.0)
 
 
+@pytest.mark.slow
 def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):
     at = app("pages/compare.py")
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
@@ -301,6 +307,7 @@ def _array(value):
     return np.asarray(value, float)
 
 
+@pytest.mark.slow
 def test_compare_groups_picked_runs_by_any_field(data_dir):
     store = RunStore(data_dir)
     base = TrainConfig(**{**TINY, "total_steps": 800})
@@ -378,6 +385,7 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
     )
 
 
+@pytest.mark.slow
 def test_a_launched_sweep_takes_the_progress_panel_from_the_one_shown_before(data_dir):
     """With an earlier sweep in the progress panel, Launch shows the new sweep's progress (and
     its Cancel): the keyed box kept the earlier one, and the new sweep trained unseen."""
@@ -396,6 +404,7 @@ def test_a_launched_sweep_takes_the_progress_panel_from_the_one_shown_before(dat
     assert wait_until(lambda: store.get_sweep(launched).status == "finished", 120)
 
 
+@pytest.mark.slow
 def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_dir, monkeypatch):
     """From the explorer's link to a finished measurement: the page starts a job with the
     explorer's checkpoints, and after a reload draws the stored result, whose curves are the

@@ -92,6 +92,7 @@ def exact_rows(spec, policy, critic):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error_scale", [0.2, 0.0])
 def test_monte_carlo_figures_match_the_exact_ones(error_scale):
     spec, policy, critic = chain_setup(error_scale)
@@ -114,6 +115,7 @@ def test_monte_carlo_figures_match_the_exact_ones(error_scale):
         assert (mean_bias2.abs() <= 4 * se + 1e-12).all()
 
 
+@pytest.mark.slow
 def test_the_trade_off_shows_on_the_chain():
     """A critic with an error: δ is the most biased, λ = 1 the noisiest, and an intermediate λ
     has the least MSE — the exact figures say so, and the lab finds the same ordering."""
@@ -162,6 +164,7 @@ def test_deterministic_progress_and_cancel():
                 settings, cancel=stop)  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "env_id",
     ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
@@ -268,6 +271,7 @@ def test_the_lab_measures_a_trained_cartpole_checkpoint(algo):
     assert result.best_lambda() in (0.0, 0.5, 1.0)
 
 
+@pytest.mark.slow
 def test_the_lab_measures_a_mujoco_checkpoint_through_qpos_and_qvel():
     """End to end on Hopper-v5 (state restored through qpos/qvel, normalised observations and
     rewards frozen from the checkpoint): every figure finite, MSE = bias² + variance, within the
@@ -292,6 +296,7 @@ def test_the_lab_measures_a_mujoco_checkpoint_through_qpos_and_qvel():
     assert len(result.states) == 4 and result.env_steps <= settings.env_steps()
 
 
+@pytest.mark.slow
 def test_cli_lab_json_contract_and_stored_result(tmp_path):
     import json
 
@@ -343,6 +348,7 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
     """A gSDE run's rollouts held their noise for a rollout; the lab draws it per step, and
     the CLI (and the page, from the same GSDE_NOTE) says so."""
@@ -379,3 +385,217 @@ def _cli(data_dir):
         )  # fmt: skip
 
     return cli
+
+
+# ----------------------------------------------------------------------------- memory bound
+
+
+class RandomPolicy:
+    """Uniform actions of a discrete env (``sample(observations, rng)``), numpy only."""
+
+    def __init__(self, actions: int = 2) -> None:
+        self.actions = actions
+
+    def sample(self, observations: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(self.actions, size=len(observations))
+
+
+class ZeroCritic:
+    def values(self, observations: np.ndarray) -> np.ndarray:
+        return np.zeros(len(observations), np.float32)
+
+
+def traced_peak(work) -> int:
+    """Bytes ``work()`` allocated at its peak above what was held before (tracemalloc sees
+    numpy's buffers and every Python object)."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        work()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def chain_lab(segment: int, **fields):
+    """The lab on the chain from given starts (no sampling), the estimator grid fixed."""
+    _, policy, critic = chain_setup(0.2)
+    base = dict(gamma=GAMMA, states=2, rollouts=4, continuations=128, segment=segment,
+                lambdas=LAMBDAS, ks=(1, 5), seed=1)  # fmt: skip
+    settings = LabSettings(**{**base, **fields})
+    starts = [(s, chain.observation(s), a) for s, a in STARTS[:2]]
+    return lambda: measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic), settings,
+                           starts=starts)  # fmt: skip
+
+
+def test_the_lab_keeps_only_row_zero_so_its_memory_does_not_grow_with_the_segment():
+    """Only the estimates at row 0 of each continuation are kept: the longest segment the
+    settings allow (10,000, where every chain walk ends within a few dozen rows) takes no more
+    memory than a short one. (Before: [L+1, N·K, d] observations, [L, N·K] rewards and values,
+    and Â^(k) as [K, L, N·K], all built to keep row 0.)"""
+    chain_lab(10)()  # first calls allocate for good (caches, compiled kernels): not counted
+    short, long = traced_peak(chain_lab(10)), traced_peak(chain_lab(10_000))
+    assert long <= 1.5 * short + 2**20, (short, long)
+
+
+@pytest.mark.slow
+def test_the_memory_estimate_bounds_the_measured_peak():
+    """The estimate the lab refuses by is an upper bound of what a measurement allocates, and
+    not a wild one: CartPole (vectorised copies) with a numpy policy and critic, sized so the
+    lab's own arrays dominate."""
+    from gae_core.lab.measure import memory_estimate
+
+    settings = LabSettings(gamma=0.9, states=8, rollouts=256, continuations=2048, segment=30,
+                           seed=2)  # fmt: skip
+    peak = traced_peak(lambda: measure("CartPole-v1", RandomPolicy(), ZeroCritic(), settings))
+    estimate = memory_estimate("CartPole-v1", settings).bytes
+    assert peak <= estimate <= 3 * peak, (peak, estimate)
+    # the chain (an env object per copy): same bound
+    chain_settings = LabSettings(gamma=GAMMA, states=2, rollouts=1024, continuations=1024,
+                                 segment=20, lambdas=LAMBDAS, ks=(1, 5), seed=1)  # fmt: skip
+    peak = traced_peak(chain_lab(20, rollouts=1024, continuations=1024))
+    estimate = memory_estimate(chain.ENV_ID, chain_settings).bytes
+    assert peak <= estimate <= 3 * peak, (peak, estimate)
+
+
+def test_settings_past_the_memory_limit_are_refused_before_any_work(monkeypatch):
+    """N·K = 16.7 M continuations with 111 estimators each (15 GiB of estimates): refused at
+    once, in one line naming the fields to lower and the limit, with nothing allocated and no
+    env stepped."""
+    from gae_core.lab import measure as lab_measure
+    from gae_core.lab.states import Simulator
+
+    def started(*args, **kwargs):
+        raise AssertionError("the lab started work it cannot finish")
+
+    monkeypatch.setattr(lab_measure, "sample_starts", started)
+    monkeypatch.setattr(Simulator, "__init__", started)
+    settings = LabSettings(gamma=0.99, states=4096, continuations=4096, segment=2000)
+    caught = []
+
+    def refuse():
+        with pytest.raises(ValueError) as info:
+            measure("CartPole-v1", RandomPolicy(), ZeroCritic(), settings)
+        caught.append(info.value)
+
+    assert traced_peak(refuse) < 16 * 2**20  # nothing built
+    (error,) = caught
+    message = str(error)
+    limit = f"{lab_measure.MEMORY_LIMIT / 2**30:g} GiB"
+    assert "\n" not in message and limit in message, message
+    for part in ("states 4,096", "continuations 4,096", "111 estimators", "lower states"):
+        assert part in message, message
+    estimate = lab_measure.memory_estimate("CartPole-v1", settings)
+    assert estimate.bytes > lab_measure.MEMORY_LIMIT
+    assert f"about {estimate.bytes / 2**30:.1f} GiB" in message
+    # the issue's in-range example now fits: nothing of L·N·K size is built
+    fits = LabSettings(gamma=0.99, states=64, continuations=4096, segment=2000)
+    assert lab_measure.memory_estimate("CartPole-v1", fits).bytes < lab_measure.MEMORY_LIMIT
+
+
+def test_row_zero_sums_equal_gae_core_at_row_zero():
+    """The lab sums each estimator at row 0 as rows arrive (δ_l = 0 past a termination); on
+    random segments with terminations and a cut at L, that is what gae_core.estimators gives
+    at row 0."""
+    from gae_core.lab.rollouts import _RowZero
+
+    rng = np.random.default_rng(4)
+    length, width, gamma = 37, 50, 0.97
+    lambdas, ks = (0.0, 0.4, 0.95, 1.0), (1, 3, 36, 37, 80)
+    settings = LabSettings(gamma=gamma, segment=length, lambdas=lambdas, ks=ks)
+    rewards = rng.normal(size=(length, width))
+    values = rng.normal(size=(length + 1, width))
+    ends = rng.integers(1, 3 * length, size=width)  # the row each continuation terminates at
+    rows = np.arange(length)[:, None]
+    exists, terminated = rows <= ends, rows >= ends
+    truncated = np.zeros_like(exists)
+    truncated[-1] = exists[-1] & ~terminated[-1]
+    current = np.where(exists, values[:-1], 0.0)
+    following = np.where(exists & ~terminated, values[1:], 0.0)
+    rewards = np.where(exists, rewards, 0.0)
+    inputs = (rewards, current, following, terminated, truncated)
+    deltas = np.where(exists, rewards + gamma * following - current, 0.0)
+    summed = _RowZero(settings, critics=2, width=width, batch=16)
+    for start in range(0, width, 16):
+        cols = slice(start, min(start + 16, width))
+        summed.start(cols)
+        alive = exists[:, cols].any(axis=1)
+        for row in np.flatnonzero(alive):
+            summed.add(np.stack([deltas[row, cols], 2 * deltas[row, cols]]))
+        summed.finish()
+    expected = np.vstack([
+        estimators.td_residuals(*inputs[:3], terminated, gamma=gamma)[:1],
+        estimators.k_step_advantages(*inputs, gamma=gamma, k=list(ks))[:, 0],
+        estimators.gae_lambda_sweep(*inputs, gamma=gamma, lambdas=list(lambdas))[:, 0],
+    ])  # fmt: skip
+    np.testing.assert_allclose(summed.table[0], expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(summed.table[1], 2 * expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_the_lab_page_refuses_settings_past_the_memory_limit_with_the_same_message(data_dir):
+    """The page shows the lab's own refusal and its Measure button stays disabled."""
+    from conftest import TINY, app
+
+    from gae_core.runs.store import RunStore
+    from pages import _ui
+
+    manager = _ui.manager()
+    run_id = manager.start({**TINY, "total_steps": 800, "checkpoint_every": 400})
+    assert manager.wait(run_id, 60)
+    at = app("pages/lab.py")
+    at.number_input(key="lab.states").set_value(4096).run()
+    at.number_input(key="lab.k").set_value(4096).run()
+    assert not at.exception
+    assert len(at.error) == 1, "no refusal shown"
+    assert at.button(key="lab.start").disabled
+    from gae_core.lab.measure import check_memory
+
+    critics = len(at.multiselect(key="lab.critics").value)
+    settings = LabSettings(gamma=0.99, states=4096, continuations=4096)
+    with pytest.raises(ValueError) as info:
+        check_memory("CartPole-v1", settings, critics=critics)
+    assert [e.value for e in at.error] == [str(info.value)]
+    with RunStore(data_dir) as store:
+        assert store.lab_records(run_id) == []
+
+
+@pytest.mark.parametrize(
+    "blob",
+    ["garbage", "empty", "truncated", "a tensor", "another network"],
+)
+def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_the_run_and_step(blob):
+    """Garbage in a checkpoint blob is named in one line (a StoreError: the CLI and the pages
+    show it as is) with the run and the step, never torch's advice to load with
+    ``weights_only=False``."""
+    import io
+
+    import torch
+
+    from gae_core.errors import StoreError
+
+    def saved(obj) -> bytes:
+        out = io.BytesIO()
+        torch.save(obj, out)
+        return out.getvalue()
+
+    config = TrainConfig(hidden_sizes=(16,))
+    data = {
+        "garbage": b"\x80\x04garbage, not a checkpoint" * 40,
+        "empty": b"",
+        "truncated": saved({"model": {"w": torch.zeros(64)}})[:100],
+        "a tensor": saved(torch.zeros(3)),
+        "another network": saved({"model": {"w": torch.zeros(3)}}),
+    }[blob]
+    with pytest.raises(StoreError, match=r"^the checkpoint cannot be read"):
+        load_replay(config, data)  # no run named: the message still says what failed
+    with pytest.raises(StoreError) as info:
+        load_replay(config, data, run_id="abc123", step=2_000)
+    message = str(info.value)
+    assert "\n" not in message and "weights_only" not in message, message
+    assert message.startswith("run abc123's checkpoint at env step 2,000 cannot be read"), message

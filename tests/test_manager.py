@@ -257,6 +257,7 @@ print(run_id, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_interpreter_exit_stops_runs_cleanly(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)],
@@ -284,6 +285,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has exited
 
 
+@pytest.mark.slow
 def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
     """processes=True: each run trains in its own child process, which claims the run (so it is
     not this process's thread), writes the store, stops on request with its data, and a -9
@@ -326,6 +328,7 @@ def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_a_dead_spare_is_replaced_and_the_next_spare_waits_for_the_run_to_begin(tmp_path):
     store = RunStore(tmp_path)
     manager = RunManager(store, processes=True, spare_delay_s=1.0)
@@ -357,6 +360,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_server_killed_with_9_leaves_no_orphan_training(tmp_path):
     server = subprocess.Popen(
         [sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)],

@@ -69,6 +69,7 @@ def test_train_form_explains_invalid_values_before_start(data_dir):
     assert any("evaluated once" in w.value for w in at.warning)
 
 
+@pytest.mark.slow
 def test_start_puts_a_run_in_the_store_and_the_page_shows_it(data_dir):
     at = app("pages/train.py")
     set_fields(at, TINY)
@@ -82,6 +83,7 @@ def test_start_puts_a_run_in_the_store_and_the_page_shows_it(data_dir):
     assert any("Episodic return" in str(c.proto.spec) for c in at.get("plotly_chart"))
 
 
+@pytest.mark.slow
 def test_stop_button_stops_the_run(data_dir):
     at = app("pages/train.py")
     set_fields(at, {"total_steps": 10_000_000, "checkpoint_every": 0})
@@ -95,6 +97,7 @@ def test_stop_button_stops_the_run(data_dir):
     assert any("stopped at step" in m.value for m in at.markdown)
 
 
+@pytest.mark.slow
 def test_runs_page_lists_and_filters(data_dir):
     at = app("pages/runs.py")
     assert at.info[0].value.startswith("No runs in the store")
@@ -112,6 +115,7 @@ def test_runs_page_lists_and_filters(data_dir):
     assert at.dataframe[0].value.empty
 
 
+@pytest.mark.slow
 def test_a_second_start_switches_the_view_to_the_new_run(data_dir):
     at = app("pages/train.py")
     set_fields(at, TINY)
@@ -344,6 +348,7 @@ def test_rename_confirms_and_retention_thins_checkpoints(data_dir):
     assert "Removed 2 checkpoints" in at.success[0].value
 
 
+@pytest.mark.slow
 def test_home_quick_start_trains_the_cartpole_preset_and_lists_recent_runs(data_dir):
     from gae_core.agent.presets import preset_config
 

@@ -907,6 +907,7 @@ _PER_MEMBER_CHANGES = dict(
     normalize_observations=True, normalize_rewards=True, reward_norm_reset="termination",
     normalize_clip=0.0, critic_target="fixed_lambda", critic_lambda=0.5, clip_range=0.1,
     clip_range_schedule="linear", clip_range_vf=0.2, target_kl=0.01, log_std_init=-1.0,
+    sde_sample_freq=4,
     ortho_init=False, seed=7, checkpoint_every=100, eval_every=100, log_every=10,
 )  # fmt: skip
 #: A value other than a PPO Pendulum :func:`config`'s for every shared field (device: below).
@@ -1177,6 +1178,7 @@ class _CountedSink(StoreSink):
         return super().finish(status, error)
 
 
+@pytest.mark.slow
 def test_a_stopped_member_ends_stopped_and_the_others_finish(tmp_path):
     store = RunStore(tmp_path)
     configs = [config(**m, total_steps=20_000) for m in MEMBERS[:3]]

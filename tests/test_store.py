@@ -16,10 +16,12 @@ import pytest
 from conftest import trajectory_steps
 
 import gae_core
+from gae_core import errors
 from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.outcome import ReturnTracker, summarize_returns
 from gae_core.runs import ownership
+from gae_core.runs.database import Database
 from gae_core.runs.records import MetricRow
 from gae_core.runs.schema import SCHEMA_VERSION
 from gae_core.runs.store import DB_FILENAME, RunStore, resolve_data_dir, to_wide
@@ -307,6 +309,7 @@ def _writer(tmp_path, seed, mode):
     )
 
 
+@pytest.mark.slow
 def test_processes_write_concurrently(tmp_path):
     procs = [_writer(tmp_path, seed, "finish") for seed in range(3)]
     outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
@@ -434,3 +437,103 @@ def test_orphans_are_dropped_and_space_given_back(tmp_path):
         assert store.metrics(run_id).empty and store.checkpoint_steps(run_id) == []
         assert store.vacuum() > 200_000
         assert store.integrity_check() == "ok"
+
+
+class _FullOnCommit:
+    """A connection whose COMMIT fails as SQLite's does when the disk is full (the write-ahead
+    log cannot grow): the transaction is left open, nothing is written."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, *args):
+        if sql.strip().upper() == "COMMIT":
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+
+def _full_disk_message_names(error: BaseException, path) -> None:
+    message = str(error)
+    assert isinstance(error, errors.StoreFull), repr(error)
+    assert f"the disk holding {path} is full" in message, message
+    assert "damaged" not in message and "\n" not in message
+
+
+def test_a_full_disk_is_named_rolled_back_and_reads_go_on(tmp_path):
+    key = M.EPISODIC_RETURN.key
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(CONFIG, name="r")
+        store.flush(run_id, [(key, 10, 0.0, 1.0)], env_steps=10)
+        real = store._conn
+        store._conn = _FullOnCommit(real)  # the commit fails
+        with pytest.raises(StoreError) as caught:
+            store.flush(run_id, [(key, 20, 1.0, 2.0)], env_steps=20)
+        _full_disk_message_names(caught.value, store.path)
+        store._conn = real
+        assert store.metrics(run_id)["env_step"].tolist() == [10]  # rolled back
+        assert store.get_run(run_id).env_steps == 10
+        store.flush(run_id, [(key, 20, 1.0, 2.0)], env_steps=20)  # no transaction left open
+        # a real SQLITE_FULL: the database may not grow past the pages it has
+        pages = real.execute("PRAGMA page_count").fetchone()[0]
+        real.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(StoreError) as caught:
+            store.flush(run_id, [(key, 100 + i, 0.0, 1.0) for i in range(5000)])
+        _full_disk_message_names(caught.value, store.path)
+        assert store.metrics(run_id)["env_step"].tolist() == [10, 20]  # reads go on
+        # a run that failed on it keeps the store's one line, not the traceback around it
+        trace = (
+            f"Traceback (most recent call last):\n  …\ngae_core.errors.StoreFull: {caught.value}"
+        )
+        store.finish_run(run_id, "failed", trace)
+        assert store.get_run(run_id).error == str(caught.value)
+        store.finish_run(run_id, "failed", "Traceback ...\nValueError: something else")
+        assert store.get_run(run_id).error.endswith("ValueError: something else")
+
+
+def test_opening_on_a_full_disk_writes_nothing_and_is_not_called_damage(tmp_path, monkeypatch):
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run(CONFIG, name="kept")
+        boot = store.owner.token.partition(":")[0]
+    raw = sqlite3.connect(tmp_path / DB_FILENAME)  # owned by a process that is gone
+    raw.execute(
+        "UPDATE runs SET status = 'running', owner_token = ? WHERE id = ?", (f"{boot}:1", run_id)
+    )
+    raw.commit()
+    raw.close()
+    connect = Database._connect
+    monkeypatch.setattr(Database, "_connect", lambda self, t: _FullOnCommit(connect(self, t)))
+    with RunStore(tmp_path) as store:  # recovering the dead run fails: it waits for space
+        assert [r.name for r in store.list_runs()] == ["kept"]
+        assert store.get_run(run_id).status == "running"
+        with pytest.raises(StoreError) as caught:
+            store.create_run(CONFIG)
+        _full_disk_message_names(caught.value, store.path)
+    with pytest.raises(StoreError) as caught:  # a new store cannot be made on a full disk
+        RunStore(tmp_path / "new")
+    _full_disk_message_names(caught.value, tmp_path / "new" / DB_FILENAME)
+    monkeypatch.undo()
+    with RunStore(tmp_path) as store:  # space again: the dead run is recovered
+        assert store.get_run(run_id).status == "interrupted"
+
+
+def test_another_programs_database_is_refused_and_left_unchanged(tmp_path):
+    path = tmp_path / DB_FILENAME
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    raw.execute("INSERT INTO notes (text) VALUES ('mine')")
+    raw.commit()
+    raw.close()
+    before = path.read_bytes()
+    for read_only in (False, True):
+        with pytest.raises(StoreError) as caught:
+            RunStore(tmp_path, read_only=read_only)
+        message = str(caught.value)
+        assert str(path) in message and "not a run store" in message, message
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DB_FILENAME]  # no -wal, no -shm
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    raw.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import io
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -101,9 +102,17 @@ def checkpoint_bytes(model: ActorCritic, normalization: dict[str, np.ndarray]) -
     return out.getvalue()
 
 
-def load_replay(config: TrainConfig, blob: bytes) -> Replay:
+def load_replay(
+    config: TrainConfig, blob: bytes, *, run_id: str | None = None, step: int | None = None
+) -> Replay:
     """The checkpoint ``blob`` of a run with ``config``, on the CPU, in eval mode. Reads both the
-    current format and the plain state dicts of earlier versions (no normalisation)."""
+    current format and the plain state dicts of earlier versions (no normalisation).
+
+    A blob that is not such a checkpoint (garbage, truncated, or another network's weights) is a
+    ``StoreError`` in one line naming the run and step when given: nothing from it is ever run
+    (``weights_only``), so there is nothing to retry."""
+    from gae_core.errors import StoreError
+
     env = make_eval_env(config.env_id)
     try:
         model = ActorCritic(
@@ -116,12 +125,36 @@ def load_replay(config: TrainConfig, blob: bytes) -> Replay:
         )
     finally:
         env.close()
-    state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    what = "the checkpoint" if run_id is None else f"run {run_id}'s checkpoint"
+    if step is not None:
+        what += f" at env step {step:,}"
+    try:
+        with warnings.catch_warnings():  # torch warns about foreign pickle protocols
+            warnings.simplefilter("ignore")
+            state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        if not isinstance(state, dict):
+            raise TypeError(f"it holds a {type(state).__name__}, not a dict of weights")
+    except Exception as exc:  # torch's messages span lines and advise weights_only=False
+        reason = f"it is not a saved checkpoint ({type(exc).__name__})"
+        if not blob or isinstance(exc, TypeError):
+            reason = str(exc) if blob else "it is empty"
+        raise StoreError(
+            f"{what} cannot be read: {reason}; the store holds damaged or foreign data there"
+        ) from None
     extra = {}
-    if "model" in state:
-        extra = {k: v.numpy() for k, v in state.items() if k != "model"}
-        state = state["model"]
-    model.load_state_dict(state)
+    try:
+        if "model" in state:
+            extra = {k: v.numpy() for k, v in state.items() if k != "model"}
+            state = state["model"]
+        model.load_state_dict(state)
+    except Exception as exc:
+        detail = " ".join(str(exc).split())  # torch lists each key on a line of its own
+        detail = detail if len(detail) <= 200 else detail[:199] + "…"
+        raise StoreError(
+            f"{what} cannot be read: its weights do not fit the run's network "
+            f"({config.env_id}, hidden sizes {list(config.hidden_sizes)}): "
+            f"{detail or type(exc).__name__}"
+        ) from None
     return Replay(
         model.eval(),
         obs_mean=extra.get("obs_mean"),

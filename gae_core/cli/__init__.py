@@ -9,7 +9,8 @@ unusable: the message names the path), 2 bad usage or a bad config value (the me
 field and its range), 130 stopped with Ctrl-C or SIGTERM (the data so far is kept; a second
 Ctrl-C aborts at once). With ``--json`` the last line on stdout is one JSON object (``runs
 --json``: one JSON array); progress bars and messages go to stderr. Names typed by users are
-printed without control characters.
+printed without control characters, and so are paths (the data folder's among them) and error
+messages.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
 from gae_core.cli import commands, study
 from gae_core.errors import ConfigError, StoreError
+from gae_core.inert import terminal_text
 from gae_core.labels import label
 from gae_core.runs.backends import BACKENDS, DEFAULT_MEMBERS
 from gae_core.runs.records import STATUSES
@@ -236,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except (ConfigError, commands.UsageError, ValueError) as exc:
-        print(f"error: {commands.name_flag(str(exc))}", file=sys.stderr)
+        print(f"error: {terminal_text(commands.name_flag(str(exc)))}", file=sys.stderr)
         return commands.EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -245,5 +247,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return commands.EXIT_OK
     except (StoreError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_text(exc)}", file=sys.stderr)
         return commands.EXIT_FAILED

@@ -17,7 +17,7 @@ from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label
-from gae_core.runs.store import RunStore, folder_is_writable, resolve_data_dir
+from gae_core.runs.store import RunStore, open_for_reading
 from gae_core.runs.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -72,11 +72,9 @@ def open_store(args: argparse.Namespace) -> RunStore:
 
 
 def open_store_for_reading(args: argparse.Namespace) -> RunStore:
-    """The store, recovered if it can be written; read-only where the folder is read-only."""
-    folder = resolve_data_dir(getattr(args, "data_dir", None))
-    if folder.is_dir() and not folder_is_writable(folder):
-        return RunStore(folder, read_only=True)
-    return RunStore(folder)
+    """The store, recovered if it can be written; read-only where the folder is read-only or
+    the disk is full (:func:`~gae_core.runs.store.open_for_reading`)."""
+    return open_for_reading(getattr(args, "data_dir", None))
 
 
 def print_json(value: Any) -> None:
@@ -161,7 +159,7 @@ def train(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # a name with nothing printable in it
         raise UsageError(f"--name: {exc}") from None
-    print(f"run {run_id} in {store.path}", file=sys.stderr, flush=True)
+    print(f"run {run_id} in {terminal_text(store.path)}", file=sys.stderr, flush=True)
     stop = threading.Event()
     bar = progress_bar(config.total_steps, args.no_progress)
     shown = [0]
@@ -187,6 +185,12 @@ def train(args: argparse.Namespace) -> int:
         }
     else:
         result = run_row(store.get_run(run_id))
+    reason = outcome.error or ""
+    if store.last_refusal and reason.rstrip().endswith(store.last_refusal):
+        reason = store.last_refusal  # the store refused a write (a full disk): its one line
+    if outcome.status == "failed" and result["status"] in ("queued", "running"):
+        # its end could not be written either (the disk is still full): say how it ended
+        result.update(status=outcome.status, error=reason or None)
     store.close()
     result.update(
         wall_seconds=outcome.wall_seconds,
@@ -195,7 +199,8 @@ def train(args: argparse.Namespace) -> int:
         data_dir=str(store.data_dir),
     )
     if outcome.status == "failed":
-        print(f"run {run_id} failed: {terminal_text(outcome.error or '')}", file=sys.stderr)
+        shown = terminal_text(result.get("error") or reason)
+        print(f"run {run_id} failed: {shown}", file=sys.stderr)
     if args.json:
         print_json(result)
     else:
@@ -224,7 +229,7 @@ def runs(args: argparse.Namespace) -> int:
             to_csv(frame, sys.stdout)
             return EXIT_OK
         to_csv(frame, args.csv)
-        print(f"wrote {len(frame)} runs to {args.csv}", file=sys.stderr)
+        print(f"wrote {len(frame)} runs to {terminal_text(args.csv)}", file=sys.stderr)
     if args.json:
         print_json([run_row(r) for r in found])
         return EXIT_OK
@@ -249,7 +254,7 @@ def export(args: argparse.Namespace) -> int:
         to_csv(frame, sys.stdout)
     else:
         to_csv(frame, args.csv)
-        print(f"wrote {len(frame)} rows to {args.csv}", file=sys.stderr)
+        print(f"wrote {len(frame)} rows to {terminal_text(args.csv)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -295,7 +300,13 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
 def sweep(args: argparse.Namespace) -> int:
     from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
     from gae_core.runs.gather import population_capacity
-    from gae_core.runs.sweep import SweepProgress, expand_grid, hold_critic_target, start_sweep
+    from gae_core.runs.sweep import (
+        SweepProgress,
+        check_sweep_name,
+        expand_grid,
+        hold_critic_target,
+        start_sweep,
+    )
 
     grid = _grid(args)
     members = DEFAULT_MEMBERS if args.population is None else args.population
@@ -306,6 +317,11 @@ def sweep(args: argparse.Namespace) -> int:
     base = config_from_args(args)
     held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
     expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
+    if args.name:  # as start_sweep checks it, before a store, a bar or a sweep exists
+        try:
+            check_sweep_name(args.name, held, grid)
+        except ValueError as exc:  # empty, too long for the grid, not UTF-8
+            raise UsageError(f"--name: {exc}") from None
     if held != base:
         lam = label("lambda_")
         print(
@@ -344,7 +360,7 @@ def sweep(args: argparse.Namespace) -> int:
     print(
         f"sweep {handle.sweep_id}: {len(handle.run_ids)} trials on {handle.workers} "
         f"{args.backend} workers "
-        f"in {store.path}",
+        f"in {terminal_text(store.path)}",
         file=sys.stderr,
         flush=True,
     )

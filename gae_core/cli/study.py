@@ -23,7 +23,7 @@ from gae_core.labels import assignment, format_value, label
 
 def lab(args: argparse.Namespace) -> int:
     from gae_core.lab.jobs import measure_run
-    from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings
+    from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings, check_memory
 
     with open_store_for_reading(args) as probe:
         run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
@@ -40,16 +40,24 @@ def lab(args: argparse.Namespace) -> int:
     if args.ks is not None:
         options["ks"] = tuple(args.ks)
     settings = LabSettings(**options)  # ValueError naming the field (exit 2)
+    # settings past the lab's memory limit: LabTooLarge, one line naming the fields (exit 2)
+    check_memory(run.config["env_id"], settings, critics=len(args.critic_step or (None,)))
     if run.config.get("use_sde"):
         print(GSDE_NOTE, file=sys.stderr)
     store = open_store(args)
-    bar = progress_bar(100, args.no_progress, unit="%")
+    bars: list[Any] = []  # made at the first report: an error before it stays one line
     shown = [0]
 
     def progress(fraction: float) -> None:
+        if not bars:
+            bars.append(progress_bar(100, args.no_progress, unit="%"))
         percent = int(fraction * 100)
-        bar.update(percent - shown[0])
+        bars[0].update(percent - shown[0])
         shown[0] = percent
+
+    def close_bar() -> None:
+        for bar in bars:
+            bar.close()
 
     cancel = threading.Event()
     try:
@@ -64,12 +72,12 @@ def lab(args: argparse.Namespace) -> int:
                 cancel=cancel,
             )
     except LabCancelled:
-        bar.close()
+        close_bar()
         print("lab cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         store.close()
-    bar.close()
+    close_bar()
     reports = [lab_report(result_id, result) for result_id, result in saved]
     if args.json:
         # the first critic's figures at the top (one critic: the whole object), every

@@ -19,13 +19,20 @@ URLs (absolute; the dashboard serves them next to its pages):
   long, with a ``run`` column (:func:`~gae_core.insight.figures.overlay_figure`'s frame).
 
 ``<column>`` is the metric's CSV column (:attr:`gae_core.metrics.Metric.column`).
+
+The store is read through a :class:`StoreSource`: opened like the CLI's ``runs`` opens it (a
+read-only data folder is read read-only), and opened again when the file at its path is no
+longer the one it opened (moved away or replaced), so a moved store is never served.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote, urlencode
 
 from gae_core import metrics as M
@@ -33,10 +40,18 @@ from gae_core.errors import StoreError
 from gae_core.inert import to_csv
 from gae_core.insight import figures, views
 from gae_core.runs.records import STATUSES
-from gae_core.runs.store import RunStore
+from gae_core.runs.store import DB_FILENAME, RunStore, open_for_reading, resolve_data_dir
 from gae_core.runs.table import runs_frame
 
-__all__ = ["PREFIX", "Answer", "answer", "overlay_url", "run_metric_url", "runs_url"]
+__all__ = [
+    "PREFIX",
+    "Answer",
+    "StoreSource",
+    "answer",
+    "overlay_url",
+    "run_metric_url",
+    "runs_url",
+]
 
 PREFIX = "/export"
 _RUN_ID = re.compile(r"[0-9a-f]{1,32}")
@@ -79,6 +94,47 @@ def overlay_url(run_ids: Sequence[str], key: str, *, smoothing: float = 0.0) -> 
     return f"{PREFIX}/overlay/{column}.csv" + _query(
         {"run": list(run_ids), "smoothing": f"{smoothing:g}" if smoothing > 0 else None}
     )
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+class StoreSource:
+    """The store the exports read, as ``answer``'s ``store`` argument: one handle per process,
+    opened on first use (the dashboard may create the store after the server started) with
+    :func:`~gae_core.runs.store.open_for_reading` (recovery is the run manager's job), and
+    opened again when ``<data_dir>/runs.sqlite3`` is no longer the file it opened. A store that
+    cannot be opened raises ``StoreError`` and is tried again next time."""
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        self._data_dir = data_dir
+        self._lock = threading.Lock()
+        self._store: RunStore | None = None
+        self._identity: tuple[int, int] | None = None
+
+    def __call__(self) -> RunStore:
+        with self._lock:
+            path = resolve_data_dir(self._data_dir) / DB_FILENAME
+            store = self._store
+            if store is not None and (store.path != path or _file_identity(path) != self._identity):
+                self._store = None
+                store.close()  # moved away or replaced: the path's file is another one now
+                store = None
+            if store is None:
+                store = open_for_reading(self._data_dir, recover=False)
+                self._store, self._identity = store, _file_identity(store.path)
+            return store
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
 
 class _BadRequest(ValueError):

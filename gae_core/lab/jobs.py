@@ -12,8 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.recording import load_replay
-from gae_core.lab.measure import LabCancelled, LabResult, LabSettings, measure_critics
+from gae_core.agent.recording import Replay, load_replay
+from gae_core.lab.measure import (
+    LabCancelled,
+    LabResult,
+    LabSettings,
+    check_memory,
+    measure_critics,
+)
 from gae_core.lab.states import state_access
 from gae_core.runs.store import RunStore
 
@@ -42,7 +48,9 @@ def measure_run(
     """Measure ``run_id``'s policy at ``policy_step`` (default: its latest checkpoint) with the
     critic of each of ``critic_steps`` (None: the policy's own) on shared rollouts; store every
     result and return ``(result id, result)`` pairs. ``ValueError`` names a bad step, an env the
-    lab cannot restore gets ``UnsupportedEnvError`` before any work."""
+    lab cannot restore gets ``UnsupportedEnvError`` and settings past the memory limit
+    ``LabTooLarge`` before any work; a checkpoint that cannot be read is a ``StoreError`` naming
+    the run and step."""
     run = store.get_run(run_id)
     config = TrainConfig.from_stored(run.config)
     state_access(config.env_id)
@@ -52,8 +60,13 @@ def measure_run(
     policy_step = _step("policy_step", policy_step, available, available[-1])
     steps = [_step("critic_step", s, available, policy_step) for s in critic_steps]
     settings = settings or LabSettings(gamma=config.gamma)
-    policy = load_replay(config, store.load_checkpoint(run_id, policy_step))
-    critics = [load_replay(config, store.load_checkpoint(run_id, s)) for s in steps]
+    check_memory(config.env_id, settings, critics=len(steps))  # LabTooLarge before any work
+
+    def replay(step: int) -> Replay:  # a blob that cannot be read: StoreError naming it
+        return load_replay(config, store.load_checkpoint(run_id, step), run_id=run_id, step=step)
+
+    policy = replay(policy_step)
+    critics = [replay(s) for s in steps]
     results = measure_critics(
         config.env_id, policy, critics, settings, progress=progress, cancel=cancel
     )

@@ -13,9 +13,9 @@ For N states s sampled from the policy's own episodes, with the action a the pol
   within L steps; "bias" is exactly the error the critic injects by bootstrapping. The
   state-only offset V^π(s) − V̂(s), which does not bias the policy gradient, is reported apart.
 * **Estimators.** K continuations of (s, a), each a real on-policy segment of L steps (to
-  termination, or cut at L and bootstrapped there, marked truncated), give δ, Â^(k) and GAE(λ)
-  at their first row, computed by :mod:`gae_core.estimators` (``gae_lambda_sweep`` for the λ
-  grid) with the chosen critic V̂.
+  termination, or cut at L and bootstrapped there), give δ, Â^(k) and GAE(λ) at their first
+  row with the chosen critic V̂: the sums :mod:`gae_core.estimators` gives at row 0, added up as
+  the steps arrive (:mod:`gae_core.lab.rollouts`), so nothing is kept per step.
 * **Statistics per state.** With m the mean and s² the variance (ddof 1) of an estimator over
   the K continuations, and s²_Q the variance of the M truth returns,
 
@@ -26,39 +26,78 @@ For N states s sampled from the policy's own episodes, with the action a the pol
   biased by clipping it), variance = s², MSE = bias² + variance. Averages over states come with
   percentile-bootstrap confidence intervals across states.
 
-Rollouts of all states run as one batch (:class:`~gae_core.lab.states.Simulator`). Deterministic
-for a given seed; ``progress`` gets the fraction done; ``cancel`` stops it between steps.
+Rollouts run in batches of env copies stepped together (:class:`~gae_core.lab.states.Simulator`;
+as many as fit in a fixed budget). Before any work the memory the settings need is estimated
+(:mod:`gae_core.lab.memory`) and settings past :data:`MEMORY_LIMIT` are refused
+(:class:`LabTooLarge`, one line naming the fields to lower). Deterministic for a
+given seed; ``progress`` gets the fraction done; ``cancel`` stops it between steps.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from gae_core import estimators
-from gae_core.lab.states import Simulator, sample_starts
+from gae_core.lab.memory import (
+    MEMORY_LIMIT,
+    RESAMPLES,
+    LabTooLarge,
+    MemoryEstimate,
+    batch_size,
+    check_memory,
+    env_profile,
+    memory_estimate,
+    resamples_at_once,
+)
+from gae_core.lab.rollouts import (
+    Critic,
+    LabCancelled,
+    Policy,
+    Progress,
+    labels,
+    row_zero_estimates,
+    truth,
+)
+from gae_core.lab.settings import (
+    DEFAULT_KS,
+    DEFAULT_LAMBDAS,
+    HORIZON_TOLERANCE,
+    MAX_HORIZON,
+    LabSettings,
+    default_ks,
+)
+from gae_core.lab.states import sample_starts
 from gae_core.labels import assignment
 
 __all__ = [
+    "DEFAULT_KS",
+    "DEFAULT_LAMBDAS",
     "GSDE_NOTE",
+    "HORIZON_TOLERANCE",
+    "MAX_HORIZON",
+    "MEMORY_LIMIT",
+    "Critic",
     "LabCancelled",
     "LabResult",
     "LabSettings",
+    "LabTooLarge",
+    "MemoryEstimate",
+    "Policy",
+    "check_memory",
+    "default_ks",
     "measure",
     "measure_critics",
+    "memory_estimate",
     "sample_starts",
 ]
 
-HORIZON_TOLERANCE = 1e-3
-MAX_HORIZON = 5_000
 #: What the lab measures for a run that explored with gSDE (``use_sde``).
 GSDE_NOTE = (
     "This run explored with gSDE: its rollouts held one noise matrix per env for a whole "
@@ -67,93 +106,6 @@ GSDE_NOTE = (
     "(gae_core.agent.policy), so it measures the estimators under that policy, not under the "
     "trained rollouts' correlated exploration."
 )
-DEFAULT_LAMBDAS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
-DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-def default_ks(segment: int) -> tuple[int, ...]:
-    """:data:`DEFAULT_KS` below the segment length L, then L: a k past L reads the segment to
-    its end, the same estimator as k = L (a given ``ks`` may still name such k)."""
-    return tuple(sorted({min(k, segment) for k in DEFAULT_KS}))
-
-
-class Policy(Protocol):
-    def sample(self, observations: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
-
-
-class Critic(Protocol):
-    def values(self, observations: np.ndarray) -> np.ndarray: ...
-
-
-class LabCancelled(Exception):
-    """The measurement was cancelled; nothing was written."""
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | np.integer)
-        or not low <= value <= high
-    ):
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class LabSettings:
-    """What to measure; every field is validated (``ValueError`` naming it and its range)."""
-
-    gamma: float = 0.99
-    states: int = 64
-    rollouts: int = 32
-    continuations: int = 32
-    segment: int = 500
-    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
-    ks: tuple[int, ...] | None = None  # None: default_ks(segment)
-    horizon: int | None = None
-    seed: int = 0
-    confidence: float = 0.95
-
-    def __post_init__(self) -> None:
-        if isinstance(self.gamma, bool) or not 0.0 <= float(self.gamma) < 1.0:
-            raise ValueError(
-                f"gamma must be in [0, 1) (the truth is a discounted sum), got {self.gamma!r}"
-            )
-        _check_int("states", self.states, 1, 4096)
-        _check_int("rollouts", self.rollouts, 2, 4096)
-        _check_int("continuations", self.continuations, 2, 4096)
-        _check_int("segment", self.segment, 1, 10_000)
-        _check_int("seed", self.seed, 0, 2**31 - 1)
-        if self.horizon is not None:
-            _check_int("horizon", self.horizon, 1, 100_000)
-        lambdas = tuple(float(x) for x in self.lambdas)
-        if not lambdas or any(not 0.0 <= x <= 1.0 for x in lambdas):
-            raise ValueError(f"lambdas must be 1 or more values in [0, 1], got {self.lambdas!r}")
-        given = default_ks(self.segment) if self.ks is None else self.ks
-        ks = tuple(_check_int("ks", k, 1, 10**6) for k in given)
-        if len(set(lambdas)) != len(lambdas) or len(set(ks)) != len(ks):
-            raise ValueError("lambdas and ks may not repeat a value")
-        if not 0.5 <= float(self.confidence) < 1.0:
-            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
-        object.__setattr__(self, "lambdas", lambdas)
-        object.__setattr__(self, "ks", ks)
-        object.__setattr__(self, "gamma", float(self.gamma))
-
-    @property
-    def truth_horizon(self) -> int:
-        """H: the given horizon, else the smallest with γ^H ≤ 10⁻³ (at most 5,000)."""
-        if self.horizon is not None:
-            return self.horizon
-        if self.gamma == 0.0:
-            return 1
-        return min(
-            MAX_HORIZON, max(1, math.ceil(math.log(HORIZON_TOLERANCE) / math.log(self.gamma)))
-        )
-
-    def env_steps(self, states: int | None = None) -> int:
-        """Env steps the measurement takes at most (sampling the states not counted)."""
-        n = self.states if states is None else states
-        return n * (2 * self.rollouts * self.truth_horizon + self.continuations * self.segment)
 
 
 @dataclass
@@ -227,154 +179,21 @@ class LabResult:
         return float(gae.loc[gae["mse"].idxmin(), "param"])
 
 
-class _Progress:
-    def __init__(self, total: int, callback: Callable[[float], None] | None, cancel: Any) -> None:
-        self.total, self.done, self.callback, self.cancel = max(total, 1), 0, callback, cancel
-
-    def step(self, steps: int) -> None:
-        if self.cancel is not None and self.cancel.is_set():
-            raise LabCancelled("the lab was cancelled")
-        self.done += steps
-        if self.callback is not None:
-            self.callback(min(1.0, self.done / self.total))
-
-
-def _truth(
-    env_id: str,
-    policy: Policy,
-    starts: Sequence[tuple[Any, np.ndarray, Any]],
-    settings: LabSettings,
-    rng: np.random.Generator,
-    progress: _Progress,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``[N, M]`` discounted returns from (s, a) (for Q^π) and from s (for V^π)."""
-    m, gamma, horizon = settings.rollouts, settings.gamma, settings.truth_horizon
-    states = [s for s, _, _ in starts for _ in range(m)]
-    actions = [a for _, _, a in starts for _ in range(m)]
-    out = []
-    for first in (actions, None):
-        sim = Simulator(env_id, len(states), seed=settings.seed)
-        try:
-            obs = sim.set_states(states)
-            total = np.zeros(len(states))
-            alive = np.ones(len(states), bool)
-            discount = 1.0
-            for step in range(horizon):
-                chosen = np.asarray(first) if step == 0 and first is not None else None
-                obs, rewards, terminated = sim.step(
-                    chosen if chosen is not None else policy.sample(obs, rng)
-                )
-                total += np.where(alive, discount * rewards, 0.0)
-                alive &= ~terminated
-                discount *= gamma
-                progress.step(len(states))
-                if not alive.any():
-                    progress.step(len(states) * (horizon - step - 1))
-                    break
-        finally:
-            sim.close()
-        out.append(total.reshape(len(starts), m))
-    return out[0], out[1]
-
-
-def _continuations(
-    env_id: str,
-    policy: Policy,
-    starts: Sequence[tuple[Any, np.ndarray, Any]],
-    settings: LabSettings,
-    rng: np.random.Generator,
-    progress: _Progress,
-) -> tuple[np.ndarray, ...]:
-    """K segments of L steps from each (s, a): observations ``[L+1, N·K, d]`` and rewards,
-    terminated, exists ``[L, N·K]`` (column n·K + k is continuation k of state n). Rows after a
-    termination are padding: reward 0, marked terminated, so no estimator at row 0 reaches
-    them."""
-    k, length = settings.continuations, settings.segment
-    states = [s for s, _, _ in starts for _ in range(k)]
-    first = np.asarray([a for _, _, a in starts for _ in range(k)])
-    width = len(states)
-    sim = Simulator(env_id, width, seed=settings.seed + 1)
-    try:
-        obs = sim.set_states(states)
-        observations = np.zeros((length + 1, width, obs.shape[1]), np.float32)
-        observations[0] = obs
-        rewards = np.zeros((length, width))
-        terminated = np.ones((length, width), bool)
-        exists = np.zeros((length, width), bool)
-        alive = np.ones(width, bool)
-        for t in range(length):
-            obs, step_rewards, step_terminated = sim.step(
-                first if t == 0 else policy.sample(obs, rng)
-            )
-            exists[t] = alive
-            rewards[t] = np.where(alive, step_rewards, 0.0)
-            terminated[t] = ~alive | step_terminated
-            observations[t + 1] = obs
-            alive &= ~step_terminated
-            progress.step(width)
-            if not alive.any():
-                progress.step(width * (length - t - 1))
-                break
-    finally:
-        sim.close()
-    return observations, rewards, terminated, exists
-
-
-def _estimator_inputs(rollouts: tuple[np.ndarray, ...], critic: Critic) -> tuple[np.ndarray, ...]:
-    """The continuations valued by ``critic``: ``rewards, values, next_values, terminated,
-    truncated`` ``[L, N·K]``; padding rows get values 0."""
-    observations, rewards, terminated, exists = rollouts
-    length, width = rewards.shape
-    flat = observations.reshape(-1, observations.shape[-1])
-    values = np.concatenate(
-        [critic.values(flat[i : i + 65_536]) for i in range(0, len(flat), 65_536)]
-    ).reshape(length + 1, width)
-    current = np.where(exists, values[:-1], 0.0)
-    following = np.where(exists, values[1:], 0.0)
-    truncated = np.zeros((length, width), bool)
-    truncated[-1] = exists[-1] & ~terminated[-1]  # cut at L: bootstrapped, marked truncated
-    return rewards, current, following, terminated, truncated
-
-
-def _first_row_estimates(
-    inputs: tuple[np.ndarray, ...], settings: LabSettings
-) -> tuple[np.ndarray, list[tuple[str, float]]]:
-    """``[E, N·K]`` estimates at row 0 of every continuation, and the (kind, param) of each
-    row: δ, Â^(k) for each k, GAE(λ) for each λ — all from :mod:`gae_core.estimators`."""
-    gamma = settings.gamma
-    rewards, current, following, terminated, _ = inputs
-    delta = estimators.td_residuals(
-        rewards[:1], current[:1], following[:1], terminated[:1], gamma=gamma
-    )[0]
-    k_step = estimators.k_step_advantages(*inputs, gamma=gamma, k=list(settings.ks))[:, 0, :]
-    width = rewards.shape[1]
-    gae = np.empty((len(settings.lambdas), width))
-    chunk = max(1, 20_000_000 // (len(settings.lambdas) * rewards.shape[0]))
-    for start in range(0, width, chunk):
-        cols = slice(start, start + chunk)
-        sweep = estimators.gae_lambda_sweep(
-            *(x[:, cols] for x in inputs), gamma=gamma, lambdas=list(settings.lambdas)
-        )
-        gae[:, cols] = sweep[:, 0, :]
-    labels = [("delta", 1.0)]
-    labels += [("k_step", float(k)) for k in settings.ks]
-    labels += [("gae", lam) for lam in settings.lambdas]
-    return np.vstack([delta[None], k_step, gae]), labels
-
-
 def _mean_ci(values: np.ndarray, settings: LabSettings) -> tuple[np.ndarray, ...]:
     """Mean over states (last axis) of each row, with a percentile-bootstrap interval across
     states (one vectorised scipy bootstrap for every estimator at once)."""
     point = values.mean(axis=-1)
     if values.shape[-1] < 2:
         return point, point.copy(), point.copy()
+    at_once = resamples_at_once(*values.shape)
     result = scipy_stats.bootstrap(
         (values,),
         np.mean,
         axis=-1,
         vectorized=True,
         confidence_level=settings.confidence,
-        n_resamples=2000,
+        n_resamples=RESAMPLES,
+        batch=None if at_once == RESAMPLES else at_once,
         method="percentile",
         rng=np.random.default_rng(settings.seed),
     )
@@ -412,19 +231,22 @@ def measure_critics(
     """:func:`measure` for several critics on the *same* states, truth rollouts and
     continuations (common random numbers: the critics' differences are not sampling noise)."""
     started = time.perf_counter()
+    n = settings.states if starts is None else len(starts)
+    check_memory(env_id, settings, critics=len(critics), states=n)  # before any work
+    batch = batch_size(env_profile(env_id).kind)
     rng = np.random.default_rng(settings.seed)
     if starts is None:
         starts = sample_starts(env_id, policy, settings.states, rng, settings.seed)
     n = len(starts)
-    tracker = _Progress(settings.env_steps(n), progress, cancel)
-    q_returns, v_returns = _truth(env_id, policy, starts, settings, rng, tracker)
-    rollouts = _continuations(env_id, policy, starts, settings, rng, tracker)
+    tracker = Progress(settings.env_steps(n), progress, cancel)
+    q_returns, v_returns = truth(env_id, policy, starts, settings, rng, tracker, batch)
+    table = row_zero_estimates(env_id, policy, critics, starts, settings, rng, tracker, batch)
     observations = np.stack([obs for _, obs, _ in starts])
+    names = labels(settings)
     results = []
-    for critic in critics:
-        estimates, labels = _first_row_estimates(_estimator_inputs(rollouts, critic), settings)
+    for critic, estimates in zip(critics, table, strict=True):
         v_hat = np.asarray(critic.values(observations), float)
-        results.append(_summarise(env_id, settings, estimates, labels, q_returns, v_returns, v_hat))
+        results.append(_summarise(env_id, settings, estimates, names, q_returns, v_returns, v_hat))
     for result in results:
         result.env_steps = tracker.done
         result.seconds = time.perf_counter() - started

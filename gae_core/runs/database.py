@@ -6,9 +6,12 @@ block the writer and several processes can share it. ``data_dir`` is the argumen
 ``$GAE_CORE_DATA``, else ``./runs``.
 
 A damaged store is refused, never written into: opening one for writing runs
-``PRAGMA quick_check``; a file that is not a database, a data folder that is a file or a folder
-that cannot be written gets a :class:`~gae_core.errors.StoreError` naming the path. A read-only
-folder can still be read (``read_only=True``).
+``PRAGMA quick_check``; a file that is not a database, another program's database (tables but
+no run store's), a data folder that is a file or a folder that cannot be written gets a
+:class:`~gae_core.errors.StoreError` naming the path, and the file is left as it was. A
+read-only folder can still be read (``read_only=True``). A full disk is named as such
+(:class:`~gae_core.errors.StoreFull`): the write is rolled back, and opening an up-to-date store
+writes nothing, so reads go on.
 
 Crash safety: active runs record their owner process (:mod:`gae_core.runs.ownership`) and a
 heartbeat; :meth:`Database.recover` marks runs whose owner is gone as ``interrupted``. Reads never
@@ -30,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from gae_core.errors import StoreError
+from gae_core.errors import StoreError, StoreFull
 from gae_core.runs.ownership import Owner, owner_alive
 from gae_core.runs.schema import SCHEMA_VERSION, migrate
 
@@ -63,6 +66,12 @@ def folder_is_writable(folder: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a SQLite error says the disk (or the database's page limit) is full."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
 
 
 def new_id() -> str:
@@ -121,6 +130,8 @@ class Database:
         self.read_only = read_only
         self.owner = Owner.current()
         self._lock = threading.RLock()
+        #: the message of the last write this handle refused (a full disk, an I/O error)
+        self.last_refusal: str | None = None
         self._conn = self._connect(busy_timeout_s)
         try:
             self._prepare()
@@ -128,7 +139,10 @@ class Database:
             self._conn.close()
             raise
         if recover and not read_only:
-            self.recover()
+            try:
+                self.recover()
+            except StoreFull:  # the runs are marked once there is space; reads go on
+                pass
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -183,6 +197,7 @@ class Database:
                         f"{SCHEMA_VERSION}"
                     )
             else:
+                self._refuse_foreign()  # before anything in the file is changed
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode.lower() != "wal":
                     raise StoreError(f"could not switch {self.path} to WAL mode (got {mode!r})")
@@ -197,10 +212,13 @@ class Database:
                 # drop the last commits), and much faster than FULL.
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("PRAGMA foreign_keys = ON")
-                with self._write() as tx:
-                    migrate(tx, self.path)
+                if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                    with self._write() as tx:  # an up-to-date store is opened without a write
+                        migrate(tx, self.path)
             names = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
         except sqlite3.DatabaseError as exc:
+            if is_disk_full(exc):
+                raise self._refused(exc) from None
             if self.read_only:
                 raise StoreError(f"{self.path} cannot be read as a run store: {exc}") from None
             raise StoreError(
@@ -211,6 +229,26 @@ class Database:
             raise StoreError(f"{self.path} holds no runs table: not a run store")
         # an older store opened read-only lacks the newer columns: read them as NULL
         self._run_select = ", ".join(c if c in names else f"NULL AS {c}" for c in RUN_COLUMNS)
+
+    def _refuse_foreign(self) -> None:
+        """``StoreError`` for another program's database: tables, but not a run store's (no
+        ``runs`` table, or no schema version)."""
+        conn = self._conn
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' "
+                "ESCAPE '!' ORDER BY name"
+            )
+        ]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if tables and ("runs" not in tables or version == 0):
+            shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+            raise StoreError(
+                f"{self.path} is not a run store: it holds another program's tables ({shown}); "
+                f"refusing to change it. Choose another data folder (--data-dir or "
+                f"${DATA_ENV_VAR})."
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -224,24 +262,48 @@ class Database:
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def _refused(self, exc: sqlite3.Error, message: str | None = None) -> StoreError:
+        """The error for a write SQLite refused (``message``, else a full disk's or SQLite's
+        own); remembered as :attr:`last_refusal`."""
+        if is_disk_full(exc):
+            error: StoreError = StoreFull(
+                f"the disk holding {self.path} is full (SQLite: {exc}): nothing more was "
+                "written; free some space and try again (what is stored is intact and can "
+                "still be read)"
+            )
+        else:
+            error = StoreError(message or f"{self.path}: {exc}")
+        self.last_refusal = str(error)
+        return error
+
+    def _rollback(self) -> None:
+        # SQLite rolls back by itself on some errors (a full disk); ROLLBACK would then fail
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` … ``COMMIT`` transaction; anything that fails in it or in
+        its commit rolls it back and, for SQLite, raises ``StoreError`` (``StoreFull`` for a
+        full disk)."""
         if self.read_only:
             raise StoreError(f"{self.path} is open read-only")
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot write to {self.path}: {exc}") from None
+                raise self._refused(exc, f"cannot write to {self.path}: {exc}") from None
             try:
                 yield self._conn
-            except BaseException as exc:
-                self._conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"{self.path}: {exc}") from exc
-                raise
-            else:
                 self._conn.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error):
+                    raise self._refused(exc) from exc
+                raise
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:

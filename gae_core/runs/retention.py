@@ -8,6 +8,8 @@ early, a middle and the final policy; active runs are never touched.
 
 from __future__ import annotations
 
+import sqlite3
+
 from gae_core.runs.database import Database
 
 __all__ = ["RetentionTable"]
@@ -63,6 +65,9 @@ class RetentionTable(Database):
         """Give deleted space back to the file system; returns the bytes saved."""
         before = self.size_bytes()
         with self._lock:
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            self._conn.execute("VACUUM")
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._conn.execute("VACUUM")
+            except sqlite3.Error as exc:  # VACUUM needs room for a copy of the database
+                raise self._refused(exc, f"cannot vacuum {self.path}: {exc}") from None
         return before - self.size_bytes()

@@ -131,5 +131,6 @@ def migrate(conn: sqlite3.Connection, path: object) -> int:
     while version < SCHEMA_VERSION:
         _run_script(conn, _MIGRATIONS[version])
         version += 1
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    if found != SCHEMA_VERSION:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return found

@@ -11,6 +11,7 @@ the keys of :mod:`gae_core.metrics`; ``wall_time`` is seconds since the run star
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from gae_core.errors import StoreError
+from gae_core.errors import StoreError, StoreFull
 from gae_core.inert import clean_name
 from gae_core.outcome import RunSummary
 from gae_core.runs.database import (
@@ -44,6 +45,7 @@ __all__ = [
     "RunStore",
     "folder_is_writable",
     "new_id",
+    "open_for_reading",
     "resolve_data_dir",
     "to_wide",
 ]
@@ -173,9 +175,14 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         return bool(row[0])
 
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
-        """Close a run: ``finished``, ``stopped``, ``failed`` or ``interrupted``."""
+        """Close a run: ``finished``, ``stopped``, ``failed`` or ``interrupted``. A run that
+        failed because this store refused its write (a full disk) keeps the store's one-line
+        reason, not the traceback that carried it."""
         if status not in STATUSES or status in ACTIVE_STATUSES:
             raise ValueError(f"status must be one of stopped/finished/failed/interrupted: {status}")
+        refusal = self.last_refusal
+        if status == "failed" and error and refusal and error.rstrip().endswith(refusal):
+            error = refusal
         now = time.time()
         with self._write() as conn:
             conn.execute(
@@ -433,6 +440,21 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
     def runs_with_trajectories(self) -> set[str]:
         """Ids of the runs that have at least one recorded trajectory (one query)."""
         return {row[0] for row in self._read("SELECT DISTINCT run_id FROM trajectories")}
+
+
+def open_for_reading(data_dir: str | os.PathLike[str] | None = None, *, recover=True) -> RunStore:
+    """The store at ``data_dir`` for what only reads it (``runs``, ``export``, the dashboard's
+    CSV exports): opened for writing where it can be (a live store is read with its latest
+    writes; recovered when ``recover``), read-only where the folder refuses new files or the
+    disk is full."""
+    folder = resolve_data_dir(data_dir)
+    try:
+        if not folder.is_dir() or folder_is_writable(folder):
+            return RunStore(folder, recover=recover)
+    except StoreFull:
+        if not (folder / DB_FILENAME).is_file():
+            raise
+    return RunStore(folder, read_only=True)
 
 
 def _empty_metrics() -> pd.DataFrame:

@@ -1,0 +1,98 @@
+"""What the estimator lab measures: :class:`LabSettings`, every field validated, and the defaults
+of the estimator grid (λ from 0 to 1 by 0.01, k by powers of two up to the segment)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_KS",
+    "DEFAULT_LAMBDAS",
+    "HORIZON_TOLERANCE",
+    "MAX_HORIZON",
+    "LabSettings",
+    "default_ks",
+]
+
+#: The truth runs until γ^H is at most this, for at most MAX_HORIZON steps.
+HORIZON_TOLERANCE = 1e-3
+MAX_HORIZON = 5_000
+DEFAULT_LAMBDAS = tuple(float(x) for x in np.round(np.linspace(0.0, 1.0, 101), 2))
+DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def default_ks(segment: int) -> tuple[int, ...]:
+    """:data:`DEFAULT_KS` below the segment length L, then L: a k past L reads the segment to
+    its end, the same estimator as k = L (a given ``ks`` may still name such k)."""
+    return tuple(sorted({min(k, segment) for k in DEFAULT_KS}))
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not low <= value <= high
+    ):
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    """What to measure; every field is validated (``ValueError`` naming it and its range)."""
+
+    gamma: float = 0.99
+    states: int = 64
+    rollouts: int = 32
+    continuations: int = 32
+    segment: int = 500
+    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
+    ks: tuple[int, ...] | None = None  # None: default_ks(segment)
+    horizon: int | None = None
+    seed: int = 0
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gamma, bool) or not 0.0 <= float(self.gamma) < 1.0:
+            raise ValueError(
+                f"gamma must be in [0, 1) (the truth is a discounted sum), got {self.gamma!r}"
+            )
+        _check_int("states", self.states, 1, 4096)
+        _check_int("rollouts", self.rollouts, 2, 4096)
+        _check_int("continuations", self.continuations, 2, 4096)
+        _check_int("segment", self.segment, 1, 10_000)
+        _check_int("seed", self.seed, 0, 2**31 - 1)
+        if self.horizon is not None:
+            _check_int("horizon", self.horizon, 1, 100_000)
+        lambdas = tuple(float(x) for x in self.lambdas)
+        if not lambdas or any(not 0.0 <= x <= 1.0 for x in lambdas):
+            raise ValueError(f"lambdas must be 1 or more values in [0, 1], got {self.lambdas!r}")
+        given = default_ks(self.segment) if self.ks is None else self.ks
+        ks = tuple(_check_int("ks", k, 1, 10**6) for k in given)
+        if len(set(lambdas)) != len(lambdas) or len(set(ks)) != len(ks):
+            raise ValueError("lambdas and ks may not repeat a value")
+        if not 0.5 <= float(self.confidence) < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
+        object.__setattr__(self, "lambdas", lambdas)
+        object.__setattr__(self, "ks", ks)
+        object.__setattr__(self, "gamma", float(self.gamma))
+
+    @property
+    def truth_horizon(self) -> int:
+        """H: the given horizon, else the smallest with γ^H ≤ 10⁻³ (at most 5,000)."""
+        if self.horizon is not None:
+            return self.horizon
+        if self.gamma == 0.0:
+            return 1
+        return min(
+            MAX_HORIZON, max(1, math.ceil(math.log(HORIZON_TOLERANCE) / math.log(self.gamma)))
+        )
+
+    def env_steps(self, states: int | None = None) -> int:
+        """Env steps the measurement takes at most (sampling the states not counted)."""
+        n = self.states if states is None else states
+        return n * (2 * self.rollouts * self.truth_horizon + self.continuations * self.segment)
