@@ -254,14 +254,16 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: since the one trainer "trainer" (stacked networks, autograd); trajectories differ in float
 #: rounding and in how a run's actions are drawn, so each engine's rows are its own.
 #: ``normalize_clip``: rows run before it existed never clipped (0.0); ``reward_norm_reset``:
-#: their return restarted at termination only. Each is left out of the fingerprint of a preset
-#: whose normalisation it does not touch.
+#: their return restarted at termination only; ``sde_sample_freq``: gSDE's matrices were drawn
+#: once per rollout. Each is left out of the fingerprint of a preset whose normalisation it does
+#: not touch.
 ADDED_LATER = {
     "use_sde": False,
     "ortho_init": True,
     "engine": "autograd",
     "normalize_clip": 0.0,
     "reward_norm_reset": "termination",
+    "sde_sample_freq": -1,
 }
 
 

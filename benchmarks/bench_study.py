@@ -55,8 +55,8 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.presets import preset_config
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
 from gae_core.runs.gather import population_capacity
-from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, hold_critic_target, run_sweep
+from gae_core.storage.store import RunStore
 
 TARGET_S = 30.0
 RESULTS = Path(__file__).resolve().parent / "results" / "study.jsonl"

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gae_core.agent.config import TrainConfig
-from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, run_sweep
+from gae_core.storage.store import RunStore
 
 TARGET = 0.6
 

@@ -19,7 +19,7 @@ from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import views
 from gae_core.labels import algorithm_name
 from gae_core.runs.manager import RunManager
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 
 NAVIGATION_FLAG = "gae.navigation"
 WANTED_PAGE = "gae.wanted_page"

@@ -25,7 +25,7 @@ from gae_core.runs.sweep import (
     start_sweep,
     sweep_progress,
 )
-from gae_core.runs.table import runs_frame
+from gae_core.storage.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/compare.py")

@@ -10,8 +10,8 @@ from gae_core.errors import StoreError
 from gae_core.inert import markdown_text
 from gae_core.insight import exports, figures, views
 from gae_core.labels import label
-from gae_core.runs.records import STATUSES
-from gae_core.runs.table import runs_frame
+from gae_core.storage.records import STATUSES
+from gae_core.storage.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/runs.py")

@@ -279,7 +279,7 @@ def stored_and_stepped(tmp_path, config) -> tuple:
     from."""
     from gae_core.agent.trainer import Trainer
     from gae_core.runs.execute import StoreSink, execute_run
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
 
     store = RunStore(tmp_path)
     run_id = store.create_run(config.to_dict())

@@ -30,8 +30,8 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.insight import figures
 from gae_core.runs.manager import RunManager
-from gae_core.runs.store import DB_FILENAME, RunStore
 from gae_core.runs.sweep import grid_of, run_sweep
+from gae_core.storage.store import DB_FILENAME, RunStore
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

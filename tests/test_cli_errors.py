@@ -20,9 +20,9 @@ import pytest
 from conftest import TINY_FLAGS, cli, cli_env, cli_in_process, read_only_folder
 
 from gae_core.inert import CSV_FORMULA_PREFIXES
-from gae_core.runs.database import Database
-from gae_core.runs.store import DB_FILENAME, RunStore
-from gae_core.runs.table import RUN_COLUMNS
+from gae_core.storage.database import Database
+from gae_core.storage.store import DB_FILENAME, RunStore
+from gae_core.storage.table import RUN_COLUMNS
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:

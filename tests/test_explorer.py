@@ -11,7 +11,7 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.recording import checkpoint_bytes
 from gae_core.agent.trainer import Trainer
 from gae_core.insight import explorer
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 
 
 @pytest.fixture(scope="module")

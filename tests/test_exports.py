@@ -17,7 +17,7 @@ from conftest import read_only_folder
 from gae_core import metrics as M
 from gae_core.inert import CSV_FORMULA_PREFIXES
 from gae_core.insight import exports, figures
-from gae_core.runs.store import DB_FILENAME, RunStore
+from gae_core.storage.store import DB_FILENAME, RunStore
 
 
 def get(store: RunStore, url: str) -> exports.Answer:

@@ -17,8 +17,8 @@ from gae_core import metrics as M
 from gae_core.cli.commands import _solved_words
 from gae_core.insight import compare, compare_figures, figures, views
 from gae_core.outcome import RunSummary
-from gae_core.runs.records import RunRecord
-from gae_core.runs.table import run_row
+from gae_core.storage.records import RunRecord
+from gae_core.storage.table import run_row
 
 EVIL = '=HYPERLINK("http://x","y") **b** [l](javascript:alert(1)) ![i](x.png) <b>h</b> :red[r] $x$'
 

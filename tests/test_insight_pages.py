@@ -17,8 +17,8 @@ import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, TrainConfig
 from gae_core.insight import compare, explorer
-from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, run_sweep
+from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
 from pages import _ui
 

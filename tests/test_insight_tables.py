@@ -219,7 +219,7 @@ def test_episodes_frame_groups_runs_stored_before_a_field_by_the_behaviour_they_
     # with clip 0, next to a run stored with the field; pandas would drop a None group.
     from gae_core import metrics as M
     from gae_core.agent.config import TrainConfig
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
 
     store = RunStore(tmp_path)
     new = TrainConfig(seed=1).to_dict()
@@ -235,7 +235,7 @@ def test_a_list_field_groups_whole_and_in_numeric_order(tmp_path):
     # A list stored in a config (hidden_sizes) is one group value: pandas would spread a list
     # over the rows (or fail), and its text would put 128x128 before 16x16.
     from gae_core.insight import compare_figures, provenance, stats
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
 
     store = RunStore(tmp_path)
     ids = runs_of_three_widths(store)

@@ -300,7 +300,7 @@ def test_the_lab_measures_a_mujoco_checkpoint_through_qpos_and_qvel():
 def test_cli_lab_json_contract_and_stored_result(tmp_path):
     import json
 
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
 
     cli = _cli(tmp_path)
     trained = cli(
@@ -542,7 +542,7 @@ def test_the_lab_page_refuses_settings_past_the_memory_limit_with_the_same_messa
     """The page shows the lab's own refusal and its Measure button stays disabled."""
     from conftest import TINY, app
 
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
     from pages import _ui
 
     manager = _ui.manager()

@@ -19,7 +19,7 @@ from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer, TrainingDiverged
 from gae_core.runs.execute import StoreSink, execute_run
 from gae_core.runs.manager import RunManager
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
 
 SMALL = {"num_envs": 4, "rollout_steps": 16, "total_steps": 2000, "hidden_sizes": (16,)}
@@ -246,7 +246,7 @@ _EXIT_SCRIPT = """
 import sys, time
 from gae_core.agent.config import TrainConfig
 from gae_core.runs.manager import RunManager
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 store = RunStore(sys.argv[1])
 manager = RunManager(store)
 run_id = manager.start(TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8))
@@ -350,7 +350,7 @@ def test_a_dead_spare_is_replaced_and_the_next_spare_waits_for_the_run_to_begin(
 _ORPHAN_SCRIPT = """
 import sys, time
 from gae_core.runs.manager import RunManager
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 manager = RunManager(RunStore(sys.argv[1]), processes=True)
 run_id = manager.start({"num_envs": 4, "rollout_steps": 16, "total_steps": 10**8})
 while manager.store.get_run(run_id).env_steps == 0:

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.inert import markdown_text
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from pages import _ui
 
 

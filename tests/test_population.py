@@ -36,7 +36,7 @@ from gae_core.agent.together import evaluate_replays, record_replays_together
 from gae_core.agent.trainer import SHARED, Rollout, Trainer, population_key
 from gae_core.runs.execute import StoreSink, execute_run
 from gae_core.runs.member_run import eval_seed, record_seed
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
 
 

@@ -20,8 +20,8 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.errors import ConfigError
 from gae_core.runs.backends import backend_factory
-from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import grid_of, run_sweep, start_sweep
+from gae_core.storage.store import RunStore
 
 if os.environ.get("CI", "").strip().lower() == "true":
     import ray  # a missing ray is a failure in CI, not a skip
@@ -135,7 +135,7 @@ import os, signal, sys, time
 import ray
 from gae_core.runs.ray_pool import RUNTIME_ENV
 from gae_core.agent.config import TrainConfig
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from gae_core.runs.backends import backend_factory
 from gae_core.runs.sweep import grid_of, start_sweep
 store = RunStore(sys.argv[1])

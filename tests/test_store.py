@@ -20,12 +20,12 @@ from gae_core import errors
 from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.outcome import ReturnTracker, summarize_returns
-from gae_core.runs import ownership
-from gae_core.runs.database import Database
-from gae_core.runs.records import MetricRow
-from gae_core.runs.schema import SCHEMA_VERSION
-from gae_core.runs.store import DB_FILENAME, RunStore, resolve_data_dir, to_wide
-from gae_core.runs.table import RUN_COLUMNS, runs_frame
+from gae_core.storage import ownership
+from gae_core.storage.database import Database
+from gae_core.storage.records import MetricRow
+from gae_core.storage.schema import SCHEMA_VERSION
+from gae_core.storage.store import DB_FILENAME, RunStore, resolve_data_dir, to_wide
+from gae_core.storage.table import RUN_COLUMNS, runs_frame
 from gae_core.version import source_version
 
 CONFIG = {"env_id": "CartPole-v1", "seed": 3, "lambda_": 0.95, "gamma": 0.99}
@@ -285,7 +285,7 @@ def test_threads_share_one_store(store):
 _WRITER = textwrap.dedent(
     """
     import sys, time
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
     store = RunStore(sys.argv[1])
     run_id = store.create_run({"seed": int(sys.argv[2])})
     store.claim_run(run_id)
@@ -397,7 +397,7 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     """A store written by the first release (schema 1) opens: its runs keep their data and the
     newer columns and tables appear (v2: stayed-solved columns, v3: lab results, v4: the code a
     run was created with)."""
-    from gae_core.runs import schema
+    from gae_core.storage import schema
 
     raw = sqlite3.connect(tmp_path / DB_FILENAME)
     for statement in schema._SCHEMA_V1.split(";"):

@@ -17,8 +17,8 @@ from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer
 from gae_core.inert import MAX_NAME_LENGTH
 from gae_core.runs.sinks import Lost, Report
-from gae_core.runs.store import RunStore
 from gae_core.runs.sweep import check_sweep_name, expand_grid, grid_of, run_sweep, start_sweep
+from gae_core.storage.store import RunStore
 
 BASE = TrainConfig(num_envs=4, rollout_steps=16, total_steps=2000, hidden_sizes=(16,))
 
@@ -245,7 +245,7 @@ _EXIT_SCRIPT = (
     + """
 import sys
 from gae_core.agent.config import TrainConfig
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from gae_core.runs.sweep import grid_of, start_sweep
 store = RunStore(sys.argv[1])
 long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))
@@ -279,7 +279,7 @@ _ORPHAN_SCRIPT = (
     + """
 import os, signal, sys
 from gae_core.agent.config import TrainConfig
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from gae_core.runs.sweep import grid_of, start_sweep
 store = RunStore(sys.argv[1])
 long = TrainConfig(num_envs=4, rollout_steps=16, total_steps=10**8, hidden_sizes=(16,))

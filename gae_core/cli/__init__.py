@@ -25,8 +25,8 @@ from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text
 from gae_core.labels import label
 from gae_core.runs.backends import BACKENDS, DEFAULT_MEMBERS
-from gae_core.runs.records import STATUSES
-from gae_core.runs.store import DATA_ENV_VAR
+from gae_core.storage.records import STATUSES
+from gae_core.storage.store import DATA_ENV_VAR
 
 __all__ = ["build_parser", "main"]
 

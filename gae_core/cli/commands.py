@@ -17,8 +17,8 @@ from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label
-from gae_core.runs.store import RunStore, open_for_reading
-from gae_core.runs.table import RUN_COLUMNS, run_row, runs_frame
+from gae_core.storage.store import RunStore, open_for_reading
+from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -73,7 +73,7 @@ def open_store(args: argparse.Namespace) -> RunStore:
 
 def open_store_for_reading(args: argparse.Namespace) -> RunStore:
     """The store, recovered if it can be written; read-only where the folder is read-only or
-    the disk is full (:func:`~gae_core.runs.store.open_for_reading`)."""
+    the disk is full (:func:`~gae_core.storage.store.open_for_reading`)."""
     return open_for_reading(getattr(args, "data_dir", None))
 
 

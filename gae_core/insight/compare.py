@@ -22,7 +22,7 @@ from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.labels import assignment, format_value
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 
 #: The common env-step grid every run's curve is put on, and the AUC is taken over.
 CURVE_POINTS = 200
@@ -310,7 +310,7 @@ def idle_in(runs: Sequence[Any], field: str) -> tuple[int, str | None]:
 
 
 def distinct_runs(runs: Sequence[Any], group: str) -> tuple[list[Any], dict[str, str]]:
-    """``(kept, repeats)`` of stored runs (:class:`~gae_core.runs.records.RunRecord`\\ s): runs
+    """``(kept, repeats)`` of stored runs (:class:`~gae_core.storage.records.RunRecord`\\ s): runs
     whose configs agree on every field that changes learning, the seed included
     (:func:`effective_config`; :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` aside), and
     that were created by the same code (version, commit, uncommitted changes) are one run

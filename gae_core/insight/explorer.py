@@ -19,7 +19,7 @@ from gae_core import estimators
 from gae_core.agent.config import TrainConfig, with_stored_defaults
 from gae_core.agent.envs import make_eval_env
 from gae_core.agent.recording import load_replay, record_episode
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
 
 

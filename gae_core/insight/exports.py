@@ -10,7 +10,7 @@ nothing (the CI failure this replaced).
 URLs (absolute; the dashboard serves them next to its pages):
 
 * ``/export/runs.csv?status=…&env=…&text=…``: the runs table (the columns of
-  :func:`~gae_core.runs.table.runs_frame`) filtered like the Runs page (``status`` and ``env``
+  :func:`~gae_core.storage.table.runs_frame`) filtered like the Runs page (``status`` and ``env``
   may repeat).
 * ``/export/runs/<run_id>/<column>.csv?smoothing=w``: one metric of one run, every logged point,
   with the TensorBoard-smoothed column when ``w > 0``
@@ -39,9 +39,9 @@ from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.inert import to_csv
 from gae_core.insight import figures, views
-from gae_core.runs.records import STATUSES
-from gae_core.runs.store import DB_FILENAME, RunStore, open_for_reading, resolve_data_dir
-from gae_core.runs.table import runs_frame
+from gae_core.storage.records import STATUSES
+from gae_core.storage.store import DB_FILENAME, RunStore, open_for_reading, resolve_data_dir
+from gae_core.storage.table import runs_frame
 
 __all__ = [
     "PREFIX",
@@ -107,7 +107,7 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 class StoreSource:
     """The store the exports read, as ``answer``'s ``store`` argument: one handle per process,
     opened on first use (the dashboard may create the store after the server started) with
-    :func:`~gae_core.runs.store.open_for_reading` (recovery is the run manager's job), and
+    :func:`~gae_core.storage.store.open_for_reading` (recovery is the run manager's job), and
     opened again when ``<data_dir>/runs.sqlite3`` is no longer the file it opened. A store that
     cannot be opened raises ``StoreError`` and is tried again next time."""
 

@@ -70,7 +70,7 @@ def methods_record(
     window: int | None = None,
     repeats: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What a comparison of ``runs`` (stored :class:`~gae_core.runs.records.RunRecord`\\ s:
+    """What a comparison of ``runs`` (stored :class:`~gae_core.storage.records.RunRecord`\\ s:
     those its figures use) grouped by ``group`` was made from: the code that computed it, each
     group's seeds and its number of runs, the runs (id, group value, seed, env steps, status),
     the runs left out as ``repeats`` of another (:func:`gae_core.insight.compare.distinct_runs`:

@@ -18,7 +18,7 @@ from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
-from gae_core.runs.records import RunRecord
+from gae_core.storage.records import RunRecord
 
 __all__ = [
     "MAIN_FIELDS",
@@ -211,7 +211,7 @@ def filter_runs(
     envs: list[str] | None = None,
     text: str = "",
 ) -> pd.DataFrame:
-    """Rows of a :func:`~gae_core.runs.table.runs_frame` whose status and env are among those
+    """Rows of a :func:`~gae_core.storage.table.runs_frame` whose status and env are among those
     given (all when None) and whose name or id contains ``text`` (case-insensitive)."""
     keep = pd.Series(True, index=table.index)
     if statuses:

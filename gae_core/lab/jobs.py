@@ -21,7 +21,7 @@ from gae_core.lab.measure import (
     measure_critics,
 )
 from gae_core.lab.states import state_access
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 
 __all__ = ["LabJob", "measure_run"]
 

@@ -1,2 +1,4 @@
-"""Runs as data and as work: the SQLite run store (schema, records, ownership and recovery), a
-run as a table row, the shared training loop, background runs and sweeps."""
+"""Runs as work: the one run loop (``execute``), what a run reports and the sinks that carry it
+(``sinks``), background runs for the dashboard (``manager``, ``child``) and sweeps on their
+backends (``sweep``, ``pool``, ``ray_pool``, ``gather``, ``backends``). What is stored lives in
+``gae_core.storage``."""

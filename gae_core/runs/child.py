@@ -68,7 +68,7 @@ def _child_main(
     from gae_core.agent.config import TrainConfig  # imports torch and gymnasium: the warm-up
     from gae_core.errors import StoreError
     from gae_core.runs.execute import StoreSink, execute_run
-    from gae_core.runs.store import RunStore
+    from gae_core.storage.store import RunStore
 
     try:
         if not conn.poll(SPARE_IDLE_S):

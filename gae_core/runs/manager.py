@@ -26,7 +26,7 @@ from gae_core.runs.execute import (
     default_run_name,
     execute_run,
 )
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 
 __all__ = ["RunManager"]
 

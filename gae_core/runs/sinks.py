@@ -13,7 +13,7 @@ from typing import Protocol
 
 from gae_core.errors import StoreError
 from gae_core.outcome import RunSummary
-from gae_core.runs.store import RunStore
+from gae_core.storage.store import RunStore
 
 __all__ = [
     "Lost",

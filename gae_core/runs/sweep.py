@@ -44,9 +44,9 @@ from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
 from gae_core.runs.execute import call_before_thread_shutdown
 from gae_core.runs.pool import LocalPool
-from gae_core.runs.records import ENDED_STATUSES
 from gae_core.runs.sinks import Lost, Report, RunDeleted, apply
-from gae_core.runs.store import RunStore
+from gae_core.storage.records import ENDED_STATUSES
+from gae_core.storage.store import RunStore
 
 __all__ = [
     "Sweep",

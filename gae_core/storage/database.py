@@ -1,5 +1,5 @@
 """The run store's database: opening (and refusing) the SQLite file, transactions, crash
-recovery. :class:`~gae_core.runs.store.RunStore` builds its tables' reads and writes on this.
+recovery. :class:`~gae_core.storage.store.RunStore` builds its tables' reads and writes on this.
 
 One database file, ``<data_dir>/runs.sqlite3``, in WAL mode so that readers (the dashboard) never
 block the writer and several processes can share it. ``data_dir`` is the argument, else
@@ -13,7 +13,7 @@ read-only folder can still be read (``read_only=True``). A full disk is named as
 (:class:`~gae_core.errors.StoreFull`): the write is rolled back, and opening an up-to-date store
 writes nothing, so reads go on.
 
-Crash safety: active runs record their owner process (:mod:`gae_core.runs.ownership`) and a
+Crash safety: active runs record their owner process (:mod:`gae_core.storage.ownership`) and a
 heartbeat; :meth:`Database.recover` marks runs whose owner is gone as ``interrupted``. Reads never
 recover: a long-lived process (the dashboard's run manager) calls it on its own schedule.
 """
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from gae_core.errors import StoreError, StoreFull
-from gae_core.runs.ownership import Owner, owner_alive
-from gae_core.runs.schema import SCHEMA_VERSION, migrate
+from gae_core.storage.ownership import Owner, owner_alive
+from gae_core.storage.schema import SCHEMA_VERSION, migrate
 
 __all__ = [
     "DATA_ENV_VAR",

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from gae_core.runs.database import finite_or_none
-from gae_core.runs.records import RunRecord
+from gae_core.storage.database import finite_or_none
+from gae_core.storage.records import RunRecord
 
 __all__ = ["RUN_COLUMNS", "run_row", "runs_frame"]
 

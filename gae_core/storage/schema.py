@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from gae_core.errors import StoreError
-from gae_core.runs.records import STATUSES, SWEEP_STATUSES
+from gae_core.storage.records import STATUSES, SWEEP_STATUSES
 
 __all__ = ["SCHEMA_VERSION", "migrate"]
 

@@ -1,5 +1,5 @@
 """The run store: every run's config, status, metrics, checkpoints and trajectories, and the
-sweeps they belong to, as reads and writes of the SQLite tables (:mod:`gae_core.runs.database`
+sweeps they belong to, as reads and writes of the SQLite tables (:mod:`gae_core.storage.database`
 opens the file, refuses a damaged one and recovers runs of dead processes).
 
 Everything flushed before a crash stays readable: each flush is one committed transaction, and a
@@ -22,7 +22,7 @@ import pandas as pd
 from gae_core.errors import StoreError, StoreFull
 from gae_core.inert import clean_name
 from gae_core.outcome import RunSummary
-from gae_core.runs.database import (
+from gae_core.storage.database import (
     DATA_ENV_VAR,
     DB_FILENAME,
     Database,
@@ -33,10 +33,10 @@ from gae_core.runs.database import (
     new_id,
     resolve_data_dir,
 )
-from gae_core.runs.lab_table import LabTable
-from gae_core.runs.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
-from gae_core.runs.retention import RetentionTable
-from gae_core.runs.sweep_table import SweepTable
+from gae_core.storage.lab_table import LabTable
+from gae_core.storage.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
+from gae_core.storage.retention import RetentionTable
+from gae_core.storage.sweep_table import SweepTable
 from gae_core.version import source_version
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Keeping the run store small: thin out old checkpoints, drop orphaned rows, give the space back
-(a part of :class:`~gae_core.runs.store.RunStore`).
+(a part of :class:`~gae_core.storage.store.RunStore`).
 
 Checkpoints (with their recorded trajectories) are most of a store's size. Thinning keeps every
 N-th checkpoint of each ended run and always its last one, so the explorer and the lab keep an
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from gae_core.runs.database import Database
+from gae_core.storage.database import Database
 
 __all__ = ["RetentionTable"]
 

@@ -1,5 +1,5 @@
 """The ``lab_results`` table: the estimator lab's measurements, kept with the run they measured
-(a part of :class:`~gae_core.runs.store.RunStore`). The result itself is JSON written by
+(a part of :class:`~gae_core.storage.store.RunStore`). The result itself is JSON written by
 :meth:`gae_core.lab.measure.LabResult.to_json`; the store keeps it as text, so storage never
 imports the lab."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gae_core.errors import StoreError
-from gae_core.runs.database import Database, dumps, new_id
+from gae_core.storage.database import Database, dumps, new_id
 
 __all__ = ["LabRecord", "LabTable"]
 

@@ -1,4 +1,4 @@
-"""The ``sweeps`` table's reads and writes, a part of :class:`~gae_core.runs.store.RunStore`."""
+"""The ``sweeps`` table's reads and writes, a part of :class:`~gae_core.storage.store.RunStore`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from gae_core.errors import StoreError
 from gae_core.inert import clean_name
-from gae_core.runs.database import Database, dumps, new_id
-from gae_core.runs.records import STATUSES, SWEEP_STATUSES, SweepRecord
+from gae_core.storage.database import Database, dumps, new_id
+from gae_core.storage.records import STATUSES, SWEEP_STATUSES, SweepRecord
 
 __all__ = ["SweepTable"]
 
