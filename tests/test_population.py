@@ -22,6 +22,7 @@ from gae_core import metrics as M
 from gae_core.agent import update as update_module
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.normalize import NORMALIZATION_EPSILON, Normalizers, RunningMoments
+from gae_core.agent.played_together import evaluate_replays, record_replays_together
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.recording import evaluate_replay, load_replay, record_replay
 from gae_core.agent.stacked import (
@@ -32,7 +33,6 @@ from gae_core.agent.stacked import (
     stacked_linear,
     stacked_tanh,
 )
-from gae_core.agent.together import evaluate_replays, record_replays_together
 from gae_core.agent.trainer import SHARED, Rollout, Trainer, population_key
 from gae_core.runs.execute import StoreSink, execute_run
 from gae_core.runs.member_run import eval_seed, record_seed

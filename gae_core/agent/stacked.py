@@ -3,7 +3,7 @@ the trainer (:mod:`gae_core.agent.trainer`) needs: the forward pass (one batched
 layer for all members, fast for narrow layers too), tanh fast on large activations, each
 member's gradient-norm clipping and each member's explained variance over its own valid
 rows. The trainer (:mod:`gae_core.agent.trainer`) runs its passes on these stacks, M ≥ 1, and
-the stacked evaluations and recordings (:mod:`gae_core.agent.together`) too."""
+the stacked evaluations and recordings (:mod:`gae_core.agent.played_together`) too."""
 
 from __future__ import annotations
 

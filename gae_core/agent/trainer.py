@@ -51,11 +51,11 @@ from gae_core.agent.envs import make_vector_env
 from gae_core.agent.memory import keep_freed_memory
 from gae_core.agent.normalize import Normalizers
 from gae_core.agent.optim import Optimizer
+from gae_core.agent.played_together import evaluate_replays, record_replays_together
 from gae_core.agent.policy import ActorCritic, sample_actions
 from gae_core.agent.recording import Replay, checkpoint_bytes
 from gae_core.agent.rollout import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.agent.stacked import StackedMLP
-from gae_core.agent.together import evaluate_replays, record_replays_together
 from gae_core.agent.update import Batch, Learner
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory

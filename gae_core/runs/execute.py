@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gae_core.agent.config import TrainConfig
+from gae_core.agent.played_together import evaluate_replays, record_replays_together
 from gae_core.agent.rollout import StepResult, TrainingDiverged
-from gae_core.agent.together import evaluate_replays, record_replays_together
 from gae_core.agent.trainer import Member, Trainer
 from gae_core.labels import assignment
 from gae_core.runs.member_run import MemberRun, Owed, eval_seed, flush_quietly, record_seed
@@ -164,12 +164,12 @@ def execute_run(
 
 
 def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], started, on_step):
-    """The loop: step, book each member's update, take what each owes, settle it once every
+    """The loop: step, book each member's update, take what each owes, play it once every
     member still training has passed its step (:class:`~gae_core.runs.member_run.Owed`)."""
     pending: list[Owed] = []
     shared = runs[0].config  # env, episodes: the same for every member (population_key)
 
-    def settle(force: bool) -> None:
+    def play_owed(force: bool) -> None:
         nonlocal pending
         if not pending:
             return
@@ -215,9 +215,9 @@ def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], start
         for i in stopping:  # a stop on a budget's last update ends a finished run
             status = "finished" if members[i].done else "stopped"
             pending.append(runs[i].end(i, members[i], trainer, wall, status))
-        settle(force=bool(stopping))
+        play_owed(force=bool(stopping))
         if trainer.done:
-            settle(force=True)
+            play_owed(force=True)
             break
         results = trainer.step()
         wall = time.monotonic() - started
@@ -241,13 +241,13 @@ def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], start
                 error = traceback.format_exc()
             if error is not None and run.status is None:
                 trainer.deactivate(i)
-                settle(force=any(o.index == i for o in pending))  # what it owes, first
+                play_owed(force=any(o.index == i for o in pending))  # what it owes, first
                 if run.status is None:  # (settling may have ended it already)
                     run.close("failed", error, wall)
         for i, run in enumerate(runs):
             if run.training and members[i].done and not run.stop.is_set():
                 pending.append(run.end(i, members[i], trainer, wall, "finished"))
-        settle(force=False)
+        play_owed(force=False)
     for i, run in enumerate(runs):
         if run.status is None:  # deactivated without an end (cannot happen; be safe)
             run.close("finished" if members[i].done else "stopped", None, wall)

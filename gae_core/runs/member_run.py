@@ -5,7 +5,7 @@ Members reach an evaluation or checkpoint step at different updates (their reset
 count no step, differ), so what a member owes is taken when it is due, as an :class:`Owed`
 holding a frozen copy of the member then (weights and normalisation statistics), and played
 once every member still training has passed the same step; the members owing at one point
-play together (:mod:`gae_core.agent.together`), each exactly as alone.
+play together (:mod:`gae_core.agent.played_together`), each exactly as alone.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class MemberRun:
         self.env_steps = 0
         self.last_checkpoint = self.last_evaluation = -1
         self.episode_flushed = False
-        self.closing = False  # its end is owed (settled with the others', see Owed)
+        self.closing = False  # its end is owed (played with the others', see Owed)
         self.status: str | None = None  # set once the run has ended
         self.error: str | None = None
 
