@@ -415,3 +415,46 @@ def test_train_algo_ppo_and_its_minibatch_check(tmp_path):
     )
     with RunStore(tmp_path / "data") as store:
         assert len(store.list_runs()) == 1
+
+
+def test_sweep_with_one_trial_stopped_by_the_user_exits_0(tmp_path, monkeypatch):
+    """``stop RUN_ID`` on one trial of a sweep ends that trial ``stopped`` while the others
+    finish: ``sweep`` reports ``finished`` and exits 0 (130 is for a cancel of the whole
+    sweep)."""
+    from test_sweep import _StopOneBackend
+
+    from gae_core.runs import backends
+
+    data = tmp_path / "data"
+    monkeypatch.setattr(
+        backends,
+        "backend_factory",
+        lambda *a, **k: lambda workers, trials, flush: _StopOneBackend(data),
+    )
+    done = cli_in_process(data, "sweep", "--seeds", "0", "1", "--total-steps", "100", "--json")
+    assert done.returncode == 0, done.stderr
+    result = _last_json(done.stdout)
+    assert result["status"] == "finished"
+    assert result["counts"]["stopped"] == 1 and result["counts"]["finished"] == 1
+    assert result["error"] == "1 of 2 trials stopped by request"
+
+
+def test_sweep_on_a_full_disk_exits_1_with_one_line_and_not_running(tmp_path, monkeypatch):
+    """A sweep whose store refuses writes for a full disk ends ``failed`` (not ``running``)
+    with one line naming the full disk, and exits 1."""
+    from test_sweep import _CheckpointBackend, fill_the_disk_on_first_report
+
+    from gae_core.runs import backends
+
+    data = tmp_path / "data"
+    monkeypatch.setattr(
+        backends,
+        "backend_factory",
+        lambda *a, **k: lambda workers, trials, flush: _CheckpointBackend(data),
+    )
+    fill_the_disk_on_first_report(monkeypatch)
+    done = cli_in_process(data, "sweep", "--seeds", "0", "1", "--total-steps", "100", "--json")
+    assert done.returncode == 1, done.stderr
+    result = _last_json(done.stdout)
+    assert result["status"] == "failed" and "is full" in result["error"]
+    assert "\n" not in result["error"] and "Traceback" not in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import stored_update_metric, wait_until
+from conftest import cli_in_process, stored_update_metric, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer
 from gae_core.inert import MAX_NAME_LENGTH
+from gae_core.outcome import RunSummary
 from gae_core.runs.sinks import Lost, Report
 from gae_core.runs.sweep import check_sweep_name, expand_grid, grid_of, run_sweep, start_sweep
 from gae_core.storage.store import RunStore
@@ -607,3 +609,137 @@ def test_the_coordinator_submits_in_the_backends_dispatch_order(tmp_path):
     (backend,) = backends
     # 3 and 2 lost together, queued again in their order, ahead of 1 and 0
     assert backend.submitted == [3, 2, 3, 2, 1, 0]
+
+
+class _StopOneBackend:
+    """A backend whose trials each flush once and then finish, as fast as the coordinator
+    asks; on trial 0's submit a user stops its run through the store (the Runs page's Stop,
+    ``stop RUN_ID``), so its flush is answered "stop" and it ends ``stopped``."""
+
+    name = "scripted"
+
+    def __init__(self, store_dir: Path) -> None:
+        self.store_dir = store_dir
+        self.running: dict[int, str] = {}  # index → what it sends next: flush, finish
+        self.stopped: set[int] = set()
+
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        return list(range(len(configs)))
+
+    def can_take(self, config: dict, index: int | None = None) -> bool:
+        return True
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        if index == 0:
+            with RunStore(self.store_dir) as other:
+                assert other.request_stop(run_id) == "running"
+        self.running[index] = "flush"
+
+    def stop(self, index: int) -> None:
+        self.stopped.add(index)
+
+    def events(self, timeout: float) -> list:
+        out = []
+        for index, next_kind in list(self.running.items()):
+            if next_kind == "flush":
+                out.append(Report.flush(index, [("x", 8, 0.1, 1.0)], 8, RunSummary()))
+                self.running[index] = "finish"
+            else:
+                status = "stopped" if index in self.stopped else "finished"
+                out.append(Report.finish(index, status, None))
+                del self.running[index]
+        return out
+
+    def trial_pids(self) -> dict[int, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_stopping_one_trial_ends_it_stopped_and_the_sweep_finished(tmp_path):
+    """A user stopping one trial of a sweep stops that trial alone: the others finish, and the
+    sweep ends ``finished`` (not ``cancelled``, which is for a cancel of the whole sweep) with
+    the stopped trial counted in its error."""
+    with RunStore(tmp_path) as store:
+        progress = run_sweep(
+            store,
+            TrainConfig(total_steps=100),
+            grid_of(seeds=[0, 1, 2]),
+            backend=lambda workers, trials, flush: _StopOneBackend(tmp_path),
+        )
+        assert progress.counts["stopped"] == 1 and progress.counts["finished"] == 2
+        assert progress.status == "finished"
+        error = store.get_sweep(progress.sweep_id).error
+        assert error == "1 of 3 trials stopped by request"
+
+
+def test_a_retried_trial_keeps_the_record_of_its_lost_attempt_when_it_finishes(tmp_path):
+    """A trial whose worker died is run again; when the retry finishes, its ``error`` still
+    says that the first attempt was lost (and ``runs --json`` shows it); a trial that was
+    never lost finishes with no error."""
+    with RunStore(tmp_path) as store:
+        progress = run_sweep(
+            store, TrainConfig(total_steps=100), grid_of(seeds=[0, 1, 2, 3]),
+            backend=_ScriptedBackend,
+        )  # fmt: skip
+        assert progress.status == "finished" and progress.counts["finished"] == 4
+        runs = {r.config["seed"]: r for r in store.list_runs(sweep_id=progress.sweep_id)}
+    note = "attempt 2: the previous scripted worker died"
+    assert runs[3].error == runs[2].error == note  # lost together, then finished
+    assert runs[1].error is None and runs[0].error is None
+    listed = cli_in_process(tmp_path, "runs", "--sweep", progress.sweep_id, "--json")
+    rows = {row["seed"]: row for row in json.loads(listed.stdout)}
+    assert rows[3]["status"] == "finished" and rows[3]["error"] == note
+
+
+class _CheckpointBackend(_StopOneBackend):
+    """Each trial sends one 256 KiB checkpoint, then finishes (nobody stops one)."""
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        self.running[index] = "flush"
+
+    def events(self, timeout: float) -> list:
+        out = []
+        for index, next_kind in list(self.running.items()):
+            if next_kind == "flush":
+                out.append(Report.checkpoint(index, 8, os.urandom(256 * 1024), ()))
+                self.running[index] = "finish"
+            else:
+                out.append(Report.finish(index, "finished", None))
+                del self.running[index]
+        return out
+
+
+def fill_the_disk_on_first_report(monkeypatch) -> None:
+    """From the coordinator's first report on, its store's file cannot grow: SQLite answers
+    "database or disk is full", as on a full disk."""
+    from gae_core.runs import sweep as sweep_module
+
+    real = sweep_module.apply
+
+    def apply(store: RunStore, run_id: str, report: Report) -> bool:
+        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages}")
+        return real(store, run_id, report)
+
+    monkeypatch.setattr(sweep_module, "apply", apply)
+
+
+def test_a_full_disk_ends_the_sweep_failed_with_one_line(tmp_path, monkeypatch):
+    """The store refusing a sweep's writes for a full disk (StoreFull) ends the sweep: its
+    coordinator does not die leaving it ``running``; it ends ``failed`` with one line naming
+    the full disk, its trials are no longer active, and the store stays readable."""
+    fill_the_disk_on_first_report(monkeypatch)
+    with RunStore(tmp_path) as store:
+        sweep = start_sweep(
+            store, TrainConfig(total_steps=100), grid_of(seeds=[0, 1]),
+            backend=lambda workers, trials, flush: _CheckpointBackend(tmp_path),
+        )  # fmt: skip
+        assert sweep.wait(timeout=30)
+        assert sweep.status == "failed"
+        assert sweep.error is not None and "\n" not in sweep.error and "is full" in sweep.error
+        assert store.get_sweep(sweep.sweep_id).status == "failed"  # this update still fit
+        runs = store.list_runs(sweep_id=sweep.sweep_id)
+        assert [r.status for r in runs] == ["failed", "failed"]
+        assert all("is full" in r.error and "\n" not in r.error for r in runs)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -373,6 +374,9 @@ def sweep(args: argparse.Namespace) -> int:
     wall = time.monotonic() - started
     progress = handle.progress()
     record = store.get_sweep(handle.sweep_id)
+    if progress.status == "running":  # the store could not record the end (a full disk)
+        progress = dataclasses.replace(progress, status=handle.status or "failed")
+        record = dataclasses.replace(record, error=handle.error)
     found = [store.get_run(r) for r in handle.run_ids if store.run_exists(r)]
     result = {
         "sweep_id": handle.sweep_id,
@@ -402,9 +406,12 @@ def sweep(args: argparse.Namespace) -> int:
         print(f"sweep {handle.sweep_id} {progress.status} in {wall:.1f} s: {progress.counts}")
         if record.error:
             print(terminal_text(record.error), file=sys.stderr)
+    # 130 for a cancel of the whole sweep (Ctrl-C); a trial stopped alone is no failure
     if progress.status == "cancelled" or cancel.is_set():
         return EXIT_INTERRUPTED
-    return EXIT_OK if progress.counts["finished"] == progress.total else EXIT_FAILED
+    counts = progress.counts
+    clean = progress.status == "finished" and counts["failed"] == counts["interrupted"] == 0
+    return EXIT_OK if clean else EXIT_FAILED
 
 
 # -- stop, rename, delete -------------------------------------------------------------------

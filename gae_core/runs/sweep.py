@@ -23,6 +23,7 @@ close.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -38,7 +39,7 @@ from typing import Any
 
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
-from gae_core.errors import ConfigError
+from gae_core.errors import ConfigError, StoreError, StoreFull
 from gae_core.inert import MAX_NAME_LENGTH, clean_name
 from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
@@ -194,7 +195,9 @@ def sweep_progress(store: RunStore, sweep_id: str) -> SweepProgress:
 
 def cancel_sweep(store: RunStore, sweep_id: str) -> None:
     """Stop a sweep's trials, from any process: queued ones at once, running ones on their next
-    flush (the coordinator relays the store's stop flag to the worker)."""
+    flush (its coordinator relays the stop flag); a sweep run in this process is cancelled."""
+    for live in [sweep for sweep in _LIVE_SWEEPS if sweep.sweep_id == sweep_id]:
+        live.cancel()
     for run in store.list_runs(sweep_id=sweep_id, status=("queued", "running")):
         store.request_stop(run.id)
 
@@ -253,6 +256,8 @@ class Sweep:
         self._cancel = threading.Event()
         self._cancelled = False
         self._error: str | None = None
+        self.status: str | None = None  # how it ended, as decided (stored unless the disk is full)
+        self.error: str | None = None
         self._thread = threading.Thread(
             target=self._coordinate, name=f"gae-sweep-{sweep_id}", daemon=True
         )
@@ -295,21 +300,24 @@ class Sweep:
         return progress
 
     def _coordinate(self) -> None:
-        status = "failed"
+        status, full = "failed", False
         try:
             status = self._drive()
-        except Exception:
-            self._error = traceback.format_exc()
+        except Exception as exc:  # a full disk: one line naming it, no traceback
+            full = isinstance(exc, StoreFull)
+            self._error = f"the sweep stopped: {exc}" if full else traceback.format_exc()
             log.error("sweep %s failed: %s", self.sweep_id, self._error)
         finally:
-            # Whatever did not run (the coordinator broke) must not stay queued or running.
+            # Nothing stays queued or running (on a full disk, recovery marks them once it can)
             for trial in self._trials:
                 if trial.status in ("queued", "running") and not trial.deleted:
-                    trial.status = "interrupted"
-                    self.store.finish_run(
-                        trial.run_id, "interrupted", "the sweep ended before this trial did"
-                    )
-            self.store.finish_sweep(self.sweep_id, status, self._error)
+                    trial.status = "failed" if full else "interrupted"
+                    with contextlib.suppress(StoreError):
+                        self.store.finish_run(trial.run_id, trial.status, self._error if full else
+                                              "the sweep ended before this trial did")  # fmt: skip
+            self.status, self.error = status, self._error
+            with contextlib.suppress(StoreError):
+                self.store.finish_sweep(self.sweep_id, status, self._error)
             self._report(None)
 
     def _drive(self) -> str:
@@ -403,17 +411,21 @@ class Sweep:
                 backend.stop(index)
 
     def _final_status(self) -> str:
+        """``cancelled`` if the sweep itself was cancelled (:meth:`cancel`) or every trial was
+        stopped; else ``failed`` if none finished and some failed, else ``finished``. A trial
+        stopped alone (``stop RUN_ID``) is no failure: ``self._error`` counts the stopped ones."""
         live = [t for t in self._trials if not t.deleted]
-        if self._cancelled or any(t.status == "stopped" for t in live):
+        stopped = [t for t in live if t.status == "stopped"]
+        if self._cancelled or (live and len(stopped) == len(live)):
             return "cancelled"
-        broken = [t for t in live if t.status != "finished"]
-        if not broken:
-            return "finished"
-        names = ", ".join(f"{t.run_id} ({_describe(t.config)}): {t.status}" for t in broken[:5]) + (
-            f" and {len(broken) - 5} more" if len(broken) > 5 else ""
-        )
-        self._error = f"{len(broken)} of {len(live)} trials did not finish: {names}"
-        return "failed" if len(broken) == len(live) else "finished"
+        broken = [t for t in live if t.status not in ("finished", "stopped")]
+        parts = [f"{len(stopped)} of {len(live)} trials stopped by request"] if stopped else []
+        if broken:
+            names = ", ".join(f"{t.run_id} ({_describe(t.config)}): {t.status}" for t in broken[:5])
+            names += f" and {len(broken) - 5} more" if len(broken) > 5 else ""
+            parts.insert(0, f"{len(broken)} of {len(live)} trials did not finish: {names}")
+        self._error = "; ".join(parts) or None
+        return "failed" if broken and not any(t.status == "finished" for t in live) else "finished"
 
 
 def _describe(config: TrainConfig) -> str:

@@ -175,9 +175,9 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         return bool(row[0])
 
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
-        """Close a run: ``finished``, ``stopped``, ``failed`` or ``interrupted``. A run that
-        failed because this store refused its write (a full disk) keeps the store's one-line
-        reason, not the traceback that carried it."""
+        """Close a run: ``finished``, ``stopped``, ``failed`` or ``interrupted``. A full disk's
+        refusal is kept as its one-line reason, not the traceback that carried it; a retried run
+        keeps :meth:`reset_run`'s note of its lost attempt as the first line of ``error``."""
         if status not in STATUSES or status in ACTIVE_STATUSES:
             raise ValueError(f"status must be one of stopped/finished/failed/interrupted: {status}")
         refusal = self.last_refusal
@@ -185,10 +185,11 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
             error = refusal
         now = time.time()
         with self._write() as conn:
-            conn.execute(
-                "UPDATE runs SET status = ?, error = ?, ended_at = ?, heartbeat_at = ? "
-                "WHERE id = ?",
-                (status, error, now, now, run_id),
+            conn.execute(  # SET reads the row as it was: an active run keeps reset_run's note
+                "UPDATE runs SET status = ?1, ended_at = ?3, heartbeat_at = ?3, error = CASE WHEN"
+                " status IN ('queued', 'running') AND error IS NOT NULL THEN error || "
+                "COALESCE(char(10) || ?2, '') ELSE ?2 END WHERE id = ?4",
+                (status, error, now, run_id),
             )
 
     def reset_run(self, run_id: str, note: str) -> None:
