@@ -369,3 +369,19 @@ def read_only_folder(folder: Path):
             yield
         finally:
             folder.chmod(0o755)
+
+
+class FullOnCommit:
+    """A connection whose COMMIT fails as SQLite's does when the disk is full (the write-ahead
+    log cannot grow): the transaction is left open, nothing is written."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, *args):
+        if sql.strip().upper() == "COMMIT":
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)

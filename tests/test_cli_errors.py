@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_FLAGS, cli, cli_env, cli_in_process, read_only_folder
+from conftest import (
+    TINY_FLAGS,
+    FullOnCommit,
+    cli,
+    cli_env,
+    cli_in_process,
+    read_only_folder,
+)
 
 from gae_core.inert import CSV_FORMULA_PREFIXES
 from gae_core.storage.database import Database
@@ -317,27 +324,12 @@ def test_a_carriage_return_in_a_stored_name_never_starts_a_csv_row(tmp_path):
         assert name.startswith("abc") and "=1+1" in name, records
 
 
-class _FullOnCommit:
-    """A connection whose COMMIT fails as SQLite's does when the disk is full."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def execute(self, sql: str, *args):
-        if sql.strip().upper() == "COMMIT":
-            raise sqlite3.OperationalError("database or disk is full")
-        return self._conn.execute(sql, *args)
-
-    def __getattr__(self, name: str):
-        return getattr(self._conn, name)
-
-
 def test_a_full_disk_is_named_and_reads_go_on(tmp_path, monkeypatch):
     """Every later command used to call the healthy store "damaged … move it away"."""
     with RunStore(tmp_path) as store:
         run_id = store.create_run(CONFIG, name="kept")
     connect = Database._connect
-    monkeypatch.setattr(Database, "_connect", lambda self, t: _FullOnCommit(connect(self, t)))
+    monkeypatch.setattr(Database, "_connect", lambda self, t: FullOnCommit(connect(self, t)))
     listed = cli_in_process(tmp_path, "runs", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [r["run_id"] for r in json.loads(listed.stdout.splitlines()[-1])] == [run_id]

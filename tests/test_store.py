@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import trajectory_steps
+from conftest import FullOnCommit, trajectory_steps
 
 import gae_core
 from gae_core import errors
@@ -439,22 +439,6 @@ def test_orphans_are_dropped_and_space_given_back(tmp_path):
         assert store.integrity_check() == "ok"
 
 
-class _FullOnCommit:
-    """A connection whose COMMIT fails as SQLite's does when the disk is full (the write-ahead
-    log cannot grow): the transaction is left open, nothing is written."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def execute(self, sql: str, *args):
-        if sql.strip().upper() == "COMMIT":
-            raise sqlite3.OperationalError("database or disk is full")
-        return self._conn.execute(sql, *args)
-
-    def __getattr__(self, name: str):
-        return getattr(self._conn, name)
-
-
 def _full_disk_message_names(error: BaseException, path) -> None:
     message = str(error)
     assert isinstance(error, errors.StoreFull), repr(error)
@@ -468,7 +452,7 @@ def test_a_full_disk_is_named_rolled_back_and_reads_go_on(tmp_path):
         run_id = store.create_run(CONFIG, name="r")
         store.flush(run_id, [(key, 10, 0.0, 1.0)], env_steps=10)
         real = store._conn
-        store._conn = _FullOnCommit(real)  # the commit fails
+        store._conn = FullOnCommit(real)  # the commit fails
         with pytest.raises(StoreError) as caught:
             store.flush(run_id, [(key, 20, 1.0, 2.0)], env_steps=20)
         _full_disk_message_names(caught.value, store.path)
@@ -504,7 +488,7 @@ def test_opening_on_a_full_disk_writes_nothing_and_is_not_called_damage(tmp_path
     raw.commit()
     raw.close()
     connect = Database._connect
-    monkeypatch.setattr(Database, "_connect", lambda self, t: _FullOnCommit(connect(self, t)))
+    monkeypatch.setattr(Database, "_connect", lambda self, t: FullOnCommit(connect(self, t)))
     with RunStore(tmp_path) as store:  # recovering the dead run fails: it waits for space
         assert [r.name for r in store.list_runs()] == ["kept"]
         assert store.get_run(run_id).status == "running"
