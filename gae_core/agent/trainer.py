@@ -372,7 +372,7 @@ class Trainer:
         detached = all_values.detach()
         finite = torch.isfinite(detached).all(1).cpu()
         finite_list = finite.tolist()
-        self._fail([i for i in active if not finite_list[i]], "critic values")
+        self._fail({i: "critic values" for i in active if not finite_list[i]})
         # a blown-up member's columns enter GAE as zeros: its results are never used
         advantages, returns = self.estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
         mask = self.by_member(rollout.valid).to(advantages.dtype)
@@ -389,7 +389,7 @@ class Trainer:
         self.optimizer.learning_rate = self._rates(spent)
         learning = training & finite & (mask.sum(1).cpu() > 0)
         result = self.learner.learn(batch, learning, training, spent)
-        self._fail([i for i, what in result.failures.items() if i in active], None, result.failures)
+        self._fail({i: what for i, what in result.failures.items() if i in active})
         rates = np.broadcast_to(self.optimizer.learning_rate, self.size)
         out = {}
         for i in active:
@@ -398,15 +398,15 @@ class Trainer:
             out[i] = row
         return out
 
-    def _fail(self, members: list[int], what: str | None, whats: dict | None = None) -> None:
-        for i in members:
+    def _fail(self, failures: dict[int, str]) -> None:
+        """End the members ``{index: what became non-finite}`` (each keeps its first reason)."""
+        for i, what in failures.items():
             state = self._members[i]
             if state.error is not None:
                 continue
             state.active = False
-            reason = what or whats[i]
             state.error = (
-                f"{TrainingDiverged.__name__}: {reason} became non-finite at update {self.updates}"
+                f"{TrainingDiverged.__name__}: {what} became non-finite at update {self.updates}"
             )
 
     def _rates(self, spent: Sequence[int]) -> float | np.ndarray:

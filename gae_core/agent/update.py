@@ -210,7 +210,8 @@ class Learner:
                 stopped |= over
                 now &= ~over
                 now = self._gradient_step(terms, now, training, sums, failures)
-                learning &= ~torch.tensor([i in failures for i in range(members)])
+                if failures:  # a member that blew up takes no more steps on this rollout
+                    learning[list(failures)] = False
                 stepped |= now
         return stepped
 
