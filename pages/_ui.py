@@ -121,9 +121,11 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
     names the field and its range and keeps Start disabled.
     """
     if spec.kind == "choice":
+        shown = algorithm_name if spec.name == "algo" else str  # "ppo" reads as PPO
         return st.selectbox(
-            spec.label, list(spec.choices or ()), help=spec.help, key=key, on_change=on_change
-        )
+            spec.label, list(spec.choices or ()), help=spec.help, key=key, on_change=on_change,
+            format_func=shown,
+        )  # fmt: skip
     if spec.kind == "bool":
         return st.checkbox(spec.label, help=spec.help, key=key)
     if spec.kind == "int":
