@@ -13,7 +13,7 @@ import streamlit as st
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
-from gae_core.insight import compare, compare_figures, provenance, stats, views
+from gae_core.insight import compare, compare_figures, grid, provenance, stats, views
 from gae_core.labels import assignment, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
@@ -58,6 +58,14 @@ if view == "Launch a sweep":
             key="cmp.lambdas",
             help=f"Comma-separated, each {LAMBDA_SPEC.allowed}, each once; every {LAMBDA} trains "
             "with every seed.",
+        )
+        gammas_text = st.text_input(
+            f"γ values (optional: a γ × {LAMBDA} study)",
+            "",
+            key="cmp.gammas",
+            help=f"Comma-separated, each {FIELD_SPECS['gamma'].allowed}: every γ trains with "
+            f"every {LAMBDA} and seed, and the comparison draws the grid as a heat map (the GAE "
+            "paper's figure 2). Empty: the γ below for every trial.",
         )
         count_column, first_column = st.columns(2)
         seeds = count_column.number_input(
@@ -108,10 +116,10 @@ if view == "Launch a sweep":
             "one batched "
             "network pass for all of them, several times faster on small networks. Every "
             "trial is still its own run, identical in distribution to training it alone but "
-            "not bit for bit. Off: each trial trains alone. Trials with normalisation or "
-            "gSDE always train alone.",
+            "not bit for bit. Off: each trial trains alone.",
         )  # fmt: skip
         values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
+        gammas: list[float] = []
         errors = []
         try:
             members = DEFAULT_MEMBERS if batched else 1
@@ -125,6 +133,12 @@ if view == "Launch a sweep":
         except ConfigError as error:
             lambdas = []
             errors.append(str(error))
+        if gammas_text.strip():
+            try:
+                spec = FIELD_SPECS["gamma"]
+                gammas = views.parse_float_list(gammas_text, "γ values", spec.min, spec.max)
+            except ConfigError as error:
+                errors.append(str(error))
         hold = st.checkbox(
             f"Hold the critic's target fixed across {LAMBDA}",
             value=True,
@@ -149,7 +163,7 @@ if view == "Launch a sweep":
                 f"first seed + seeds per {LAMBDA} − 1 must be at most {SEED_SPEC.max:,} (the "
                 f"largest seed), got {seed_values[-1]:,}"
             )
-        grid = grid_of(lambdas=lambdas, seeds=seed_values)
+        grid = grid_of(lambdas=lambdas, seeds=seed_values, **({"gamma": gammas} if gammas else {}))
         name = st.text_input(
             "sweep name (optional)", key="cmp.name", max_chars=80,
             help="Names the sweep and prefixes its trials' names; empty: sweep-<id>.",
@@ -160,9 +174,10 @@ if view == "Launch a sweep":
             except ValueError as error:  # nothing printable in it, or too long for the grid
                 errors.append(str(error))
         _ui.show_problems(errors + form_errors, warnings)
-        trials = len(lambdas) * int(seeds)
+        trials = len(lambdas) * max(len(gammas), 1) * int(seeds)
         plural = "seed" if int(seeds) == 1 else "seeds"
-        launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA} × {int(seeds)} {plural})"
+        axes = f"{len(gammas)} γ × " if gammas else ""
+        launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {int(seeds)} {plural})"
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
             sweep = start_sweep(
@@ -240,14 +255,24 @@ if source == "a sweep":
         st.session_state["cmp.sweep_pick"] = ids[0]
     sweep_id = st.selectbox("sweep", ids, format_func=sweep_name, key="cmp.sweep_pick")
     run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
+    _, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
 else:
+    sweep_id, other_axis = "runs", None
     all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
     run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
 fields = [name for name in FIELD_SPECS if name != "seed"]
-options = st.columns([2, 2, 2, 1])
+options = st.columns([2, 2, 2, 2, 1])
 group = options[0].selectbox(
     "group curves by", fields, index=fields.index("lambda_"), format_func=label, key="cmp.group"
 )
+seconds = [None, *(f for f in fields if f != group)]
+second = options[4].selectbox(
+    "heat map: second axis", seconds, index=seconds.index(other_axis if other_axis in seconds
+                                                        else None),
+    format_func=lambda f: "none" if f is None else label(f), key=f"cmp.second.{sweep_id}",
+    help=f"A two-axis study (γ × {LAMBDA}, as in the GAE paper's figure 2): one score per cell "
+    f"of {label(group)} × this field, drawn as a heat map below the summary.",
+)  # fmt: skip
 center = options[1].segmented_control(
     "curve", ["iqm", "mean"], default="iqm", format_func=str.upper, key="cmp.center",
     help="IQM: the mean of the middle 50 % of seeds (robust to one failed seed); mean: all.",
@@ -265,7 +290,8 @@ if unfinished_ids and st.checkbox(
     "early; left out, the statistics compare whole budgets only.",
 ):
     picked = [r for r in picked if r.id not in unfinished_ids]
-episodes = compare.episodes_frame(store, [r.id for r in picked], group)
+also = (second,) if second else ()
+episodes = compare.episodes_frame(store, [r.id for r in picked], group, also=also)
 if episodes.empty:
     st.info("No finished episodes in these runs yet.")
     st.stop()
@@ -390,6 +416,24 @@ st.caption(
 )
 with downloads[2]:
     _ui.csv_button("Summary CSV", summary, "summary.csv", "cmp.summary_csv")
+if second:
+    st.subheader(f"{label(second)} × {label(group)}")
+    choices = [s for s in grid.SCORES if threshold is not None or s != "steps_to_threshold"]
+    grid_score = st.segmented_control(
+        "score of each cell", choices, default="final_return", key="cmp.grid_score",
+        format_func=lambda s: grid.SCORES[s][0].split(" (")[0],
+        help=" · ".join(f"{s}: {what}" for s, (what, _) in grid.SCORES.items()),
+    ) or "final_return"  # fmt: skip
+    cells = grid.cell_table(episodes, group, second, score=grid_score, threshold=threshold)
+    figure, drawn = compare_figures.grid_figure(cells, group, second)
+    st.plotly_chart(figure, key="cmp.grid", config={"displaylogo": False})
+    st.markdown(grid.best_cell_sentence(cells, group, second, assignment) + ".")
+    st.caption(
+        f"Each cell: the IQM across its seeds of {grid.SCORES[grid_score][0]}, with its "
+        f"{stats.INTERVAL_DEFINITION} interval and the mean on hover. "
+        + " ".join(grid.MARKS.values())
+    )
+    _ui.csv_button("Grid CSV (the cells drawn)", drawn, "grid.csv", "cmp.grid_csv")
 with st.expander("Methods and provenance (to cite these figures)"):
     st.code(provenance.methods_text(record), language=None, wrap_lines=True)
     _ui.download_button(

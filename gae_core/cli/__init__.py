@@ -119,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C cancels: pending trials are skipped, running ones stop; data is kept.",
     )
     sweep.add_argument("--lambdas", type=float, nargs="+", metavar="L", help=f"{lam} values")
+    sweep.add_argument(
+        "--gammas",
+        type=float,
+        nargs="+",
+        metavar="G",
+        help=f"γ values: with --lambdas, a γ × {lam} study (summary and the compare page draw "
+        "it as a heat map)",
+    )
     sweep.add_argument("--seeds", type=_flag_type(FIELD_SPECS["seed"]), nargs="+", metavar="S")
     sweep.add_argument(
         "--grid",
@@ -154,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train up to N trials per worker process (or Ray task) as one batched population "
         f"(default {DEFAULT_MEMBERS}; consecutive batches of trials / workers). Each trial is "
         "still its own run, identical in distribution to training it alone but not bit for "
-        "bit; 1 trains each trial alone. Trials with normalisation or gSDE always train alone.",
+        "bit; 1 trains each trial alone. Trials share a population when they share the env, the "
+        "algorithm and the network's shape (gae_core.agent.trainer.SHARED).",
     )
     sweep.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -203,10 +212,23 @@ def build_parser() -> argparse.ArgumentParser:
         "summary",
         parents=[data_dir],
         help="a sweep's statistics per group: IQM and mean of final return and AUC with CIs, "
-        "and the methods that made them",
+        f"the two-axis grid of a γ × {lam} study, and the methods that made them",
     )
     summary.add_argument("sweep_id")
     summary.add_argument("--group", help=f"config field to group by (default: {lam})")
+    summary.add_argument(
+        "--second",
+        metavar="FIELD",
+        help="a second grid axis: print the two-axis grid, each cell's IQM with its interval, "
+        "the best cell and those not distinguishable from it (default: the sweep's other "
+        "axis, if it has two)",
+    )
+    summary.add_argument(
+        "--score",
+        choices=("final_return", "auc", "steps_to_threshold"),
+        default="final_return",
+        help="the two-axis grid's score (default final_return)",
+    )
     summary.add_argument("--json", action="store_true", help="print one JSON object")
     summary.set_defaults(handler=study.summary)
 

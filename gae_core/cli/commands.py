@@ -27,19 +27,12 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DELETE_STOP_WAIT_S = 30.0
 
 
-def study_group(grid: dict) -> str:
-    """What a sweep's statistics group by: λ when it is a grid axis, else the first axis other
-    than the seed (seeds are what each group's statistics are taken over), else λ (one group)."""
-    if "lambda_" in grid:
-        return "lambda_"
-    return next((axis for axis in grid if axis != "seed"), "lambda_")
-
-
 def _summary(store: RunStore, sweep_id: str, grid: dict) -> list[dict]:
     # scipy.stats (0.9 s to import) only for the commands that print statistics
     from gae_core.insight.compare import summary_records, sweep_summary
+    from gae_core.insight.grid import study_axes
 
-    group = study_group(grid)
+    group, _ = study_axes(grid)
     return summary_records(sweep_summary(store, sweep_id, group), group)
 
 
@@ -278,6 +271,8 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
 
     if args.lambdas is not None:
         add("lambda_", list(args.lambdas), "--lambdas")
+    if args.gammas is not None:
+        add("gamma", list(args.gammas), "--gammas")
     if args.seeds is not None:
         add("seed", list(args.seeds), "--seeds")
     for axis in args.grid:
@@ -294,7 +289,7 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
             raise UsageError(f"--grid {spec.name}: {exc}") from None
         add(spec.name, values, f"--grid {spec.name}")
     if not grid:
-        raise UsageError("a sweep needs at least one of --lambdas, --seeds, --grid")
+        raise UsageError("a sweep needs at least one of --lambdas, --gammas, --seeds, --grid")
     return grid
 
 

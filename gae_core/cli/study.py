@@ -7,15 +7,16 @@ import sys
 import threading
 from typing import Any
 
+from gae_core.agent.config import FIELD_SPECS
 from gae_core.cli.commands import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     StopOnSignal,
+    UsageError,
     open_store,
     open_store_for_reading,
     print_json,
     progress_bar,
-    study_group,
 )
 from gae_core.inert import terminal_text
 from gae_core.labels import assignment, format_value, label
@@ -152,32 +153,54 @@ def lab_report(result_id: str, result: Any) -> dict[str, Any]:
 
 def summary(args: argparse.Namespace) -> int:
     """A sweep's per-group statistics (the λ comparison's numbers) as a table or JSON, with
-    what they were made from (:mod:`gae_core.insight.provenance`)."""
+    what they were made from (:mod:`gae_core.insight.provenance`); for a two-axis study (or
+    with ``--second``) also the grid of one score (:mod:`gae_core.insight.grid`)."""
     with open_store_for_reading(args) as store:
         sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
-        group = args.group or study_group(sweep.grid)
         # scipy.stats (0.9 s to import) only for the commands that print statistics
         from gae_core.insight import stats
         from gae_core.insight.compare import (
             distinct_runs,
             episodes_frame,
             summary_records,
-            sweep_summary,
+            summary_table,
         )
+        from gae_core.insight.grid import cell_records, cell_table, check_axes, study_axes
         from gae_core.insight.provenance import methods_record, methods_text
 
-        table = sweep_summary(store, args.sweep_id, group)
+        first, other = study_axes(sweep.grid)
+        group = args.group or first
+        second = args.second or (other if other != group else None)
+        for flag, value in (("--group", args.group), ("--second", args.second)):
+            if value is not None and value not in FIELD_SPECS:
+                raise UsageError(f"{flag}: unknown config field {value!r}")
+        if second is not None:
+            try:
+                check_axes(group, second)
+            except ValueError as exc:
+                raise UsageError(f"--{exc}") from None
         runs, repeats = distinct_runs(store.list_runs(sweep_id=args.sweep_id), group)
-        used = set(episodes_frame(store, [r.id for r in runs], group)["run_id"])
+        also = (second,) if second else ()
+        episodes = episodes_frame(store, [r.id for r in runs], group, also=also)
+        used = set(episodes["run_id"])
         methods = methods_record([r for r in runs if r.id in used], group, repeats=repeats)
-    if table.empty:
+    if episodes.empty:
         print(f"sweep {args.sweep_id} has no finished episode yet", file=sys.stderr)
         return EXIT_OK
-    records = summary_records(table, group)
+    threshold = runs[0].summary.reward_threshold if runs else None
+    records = summary_records(summary_table(episodes, group=group, threshold=threshold), group)
+    cells = None
+    if second is not None:
+        try:
+            cells = cell_table(episodes, group, second, score=args.score, threshold=threshold)
+        except ValueError as exc:  # steps_to_threshold on an env without a threshold
+            raise UsageError(f"--score: {exc}") from None
     if args.json:
-        print_json(
-            {"sweep_id": args.sweep_id, "group": group, "summary": records, "methods": methods}
-        )
+        report: dict[str, Any] = {"sweep_id": args.sweep_id, "group": group, "summary": records}
+        if cells is not None:
+            report["grid"] = {"x": group, "y": second, "score": args.score,
+                              "cells": cell_records(cells, group, second)}  # fmt: skip
+        print_json(report | {"methods": methods})
         return EXIT_OK
     name = terminal_text(sweep.name)
     print(f"sweep {args.sweep_id} ({name}): {stats.INTERVAL_DEFINITION}")
@@ -188,12 +211,37 @@ def summary(args: argparse.Namespace) -> int:
     print(head.rstrip())
     for entry in records:
         final, auc = entry["final_return"], entry["auc"]
-        cells = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
+        cells_ = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
         counts = f"{entry['seeds']:>6}" + (f"{entry['runs']:>6}" if several else "")
         row = f"{format_value(entry['value']):>10}{counts}  "
-        print((row + "".join(f"{c:<27}" for c in cells)).rstrip())
+        print((row + "".join(f"{c:<27}" for c in cells_)).rstrip())
+    if cells is not None:
+        _print_grid(cells, group, second, args.score)
     print(f"\nmethods: {terminal_text(methods_text(methods))}")
     return EXIT_OK
+
+
+def _print_grid(cells: Any, x: str, y: str, score: str) -> None:
+    """The two-axis grid: rows ``y``, columns ``x``, each cell ``IQM [low, high]`` marked."""
+    from gae_core.insight.grid import MARKS, SCORES, axis_values, best_cell_sentence
+
+    xs, ys = axis_values(cells, x), axis_values(cells, y)
+    by = {(r[x], r[y]): r for r in cells.to_dict("records")}
+    print(f"\n{label(y)} × {label(x)}: IQM of {SCORES[score][0]} [CI]")
+    print(f"{label(y) + ' / ' + label(x):>10}  " + "".join(f"{format_value(v):<26}" for v in xs))
+    for yv in ys:
+        row = []
+        for xv in xs:
+            r = by.get((xv, yv))
+            if r is None:
+                row.append("–")
+                continue
+            mark = "★" if r["best"] else "≈" if r["not_distinguishable"] else ""
+            low, high = _number(r["iqm_ci_low"]), _number(r["iqm_ci_high"])
+            row.append(f"{mark}{_number(r['iqm'])} [{low}, {high}]")
+        print((f"{format_value(yv):>10}  " + "".join(f"{c:<26}" for c in row)).rstrip())
+    print(best_cell_sentence(cells, x, y, assignment) + ".")
+    print(" ".join(MARKS.values()))
 
 
 def _number(value: float | None) -> str:

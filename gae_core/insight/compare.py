@@ -389,30 +389,31 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     return text + "."
 
 
-def episodes_frame(store: RunStore, run_ids: Sequence[str], group: str) -> pd.DataFrame:
-    """Long frame ``<group>, seed, run_id, env_step, return`` of finished episodes of the runs,
-    ``group`` being a config field (``lambda_`` for the λ comparison)."""
+def episodes_frame(
+    store: RunStore, run_ids: Sequence[str], group: str, also: Sequence[str] = ()
+) -> pd.DataFrame:
+    """Long frame ``<group>, <also…>, seed, run_id, env_step, return`` of finished episodes of
+    the runs, ``group`` (and each of ``also``) being a config field (``lambda_`` for the λ
+    comparison; ``also=("gamma",)`` for a λ × γ study)."""
+    fields = [group, *[f for f in also if f != group]]
     parts = []
     for run_id in run_ids:
         config = with_stored_defaults(store.get_run(run_id).config)
         metrics = store.metrics(run_id, [M.EPISODIC_RETURN.key])
         if metrics.empty:
             continue
-        value = config.get(group)
-        parts.append(
-            pd.DataFrame(
-                {
-                    group: ListValue(tuple(value)) if isinstance(value, list | tuple) else value,
-                    "seed": config.get("seed"),
-                    "run_id": run_id,
-                    "env_step": metrics["env_step"].to_numpy(),
-                    "return": metrics["value"].to_numpy(),
-                }
-            )
-        )
+        columns: dict[str, Any] = {field: _groupable(config.get(field)) for field in fields}
+        columns |= {"seed": config.get("seed"), "run_id": run_id}
+        columns["env_step"] = metrics["env_step"].to_numpy()
+        columns["return"] = metrics["value"].to_numpy()
+        parts.append(pd.DataFrame(columns))
     if not parts:
-        return pd.DataFrame(columns=[group, "seed", "run_id", "env_step", "return"])
+        return pd.DataFrame(columns=[*fields, "seed", "run_id", "env_step", "return"])
     return pd.concat(parts, ignore_index=True)
+
+
+def _groupable(value: Any) -> Any:
+    return ListValue(tuple(value)) if isinstance(value, list | tuple) else value
 
 
 def sweep_summary(

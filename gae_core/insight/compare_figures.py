@@ -10,10 +10,12 @@ import plotly.graph_objects as go
 
 from gae_core.inert import plotly_text
 from gae_core.insight.compare import BAND_METHODS
+from gae_core.insight.grid import MARKS as GRID_MARKS
+from gae_core.insight.grid import SCORES as GRID_SCORES
 from gae_core.insight.stats import CONFIDENCE_TEXT
-from gae_core.labels import assignment, label
+from gae_core.labels import assignment, format_value, label
 
-__all__ = ["PALETTE", "comparison_figure", "improvement_figure", "profile_figure"]
+__all__ = ["PALETTE", "comparison_figure", "grid_figure", "improvement_figure", "profile_figure"]
 
 PALETTE = (
     "#1f77b4",
@@ -202,3 +204,56 @@ def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Fi
     figure.update_yaxes(range=[-0.02, 1.02])
     frame = profile.rename(columns={"group": group}).assign(score=score)
     return figure, frame
+
+
+def grid_figure(cells: pd.DataFrame, x: str, y: str) -> tuple[go.Figure, pd.DataFrame]:
+    """A two-axis study as the GAE paper draws it: a heat map of one score's IQM across seeds
+    over the grid (x: ``x``'s values, rows: ``y``'s), each cell's interval, mean and seeds on
+    hover and in its text, the best cell starred and every cell not distinguishable from it
+    marked ≈ (:func:`gae_core.insight.grid.cell_table`, whose rows are the frame returned).
+    Bright is better whichever way the score points."""
+    score = str(cells["score"].iloc[0]) if len(cells) else "final_return"
+    what, higher = GRID_SCORES[score]
+    xs = sorted(cells[x].unique())
+    ys = sorted(cells[y].unique())
+    z = np.full((len(ys), len(xs)), np.nan)
+    text = np.full(z.shape, "", dtype=object)
+    hover = np.full(z.shape, "no scores", dtype=object)
+    for row in cells.to_dict("records"):
+        i, j = ys.index(row[y]), xs.index(row[x])
+        z[i, j] = row["iqm"]
+        mark = "★ " if row["best"] else "≈ " if row["not_distinguishable"] else ""
+        text[i, j] = f"{mark}{row['iqm']:,.4g}"
+        hover[i, j] = (
+            f"{assignment(x, row[x])}, {assignment(y, row[y])}<br>IQM {row['iqm']:,.1f} "
+            f"[{row['iqm_ci_low']:,.1f}, {row['iqm_ci_high']:,.1f}]<br>mean "
+            f"{row['mean']:,.1f} [{row['mean_ci_low']:,.1f}, {row['mean_ci_high']:,.1f}]<br>"
+            f"{row['seeds']} seeds"
+            + (f"<br>{GRID_MARKS['best']}" if row["best"] else "")
+            + (f"<br>{GRID_MARKS['not_distinguishable']}" if row["not_distinguishable"] else "")
+        )
+    figure = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[format_value(v) for v in xs],
+            y=[format_value(v) for v in ys],
+            text=text,
+            texttemplate="%{text}",
+            textfont={"size": 12},
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            colorscale="Viridis",
+            reversescale=not higher,
+            colorbar={"title": "IQM"},
+        )
+    )
+    _layout(
+        figure,
+        f"IQM of {what.split(' (')[0]} across seeds, {CONFIDENCE_TEXT} CI on hover",
+        label(x),
+        label(y),
+        height=max(360, 140 + 48 * len(ys)),
+    )
+    figure.update_xaxes(type="category")
+    figure.update_yaxes(type="category")
+    return figure, cells
