@@ -263,3 +263,20 @@ def test_improvement_cells_with_one_seed_say_there_is_no_interval():
     matrix = stats.improvement_matrix({0.9: [1.0, 2.0, 3.0], 1.0: [5.0, 6.0]})
     figure, _ = compare_figures.improvement_figure(matrix, "lambda_", "final return")
     assert all("[" in t for row in figure.data[0].text for t in row if t)
+
+
+def test_the_lab_trade_off_csv_names_each_critic_in_its_critic_column():
+    from gae_core.insight.lab_figures import trade_off_figure
+
+    def estimators(shift: float) -> pd.DataFrame:
+        params = [0.0, 0.5, 1.0]
+        values = {q: [shift + p for p in params] for q in ("bias2", "variance", "mse")}
+        bounds = {f"{q}_ci_{e}": v for q, v in values.items() for e in ("low", "high")}
+        return pd.DataFrame({"kind": "gae", "param": params, **values, **bounds})
+
+    frames = {"critic at step 10,000": estimators(0.0), "critic at step 50,000": estimators(1.0)}
+    _, frame = trade_off_figure(frames)
+    assert sorted(frame["critic"].unique()) == sorted(frames)  # labels, not a function's repr
+    for critic, part in frame.groupby("critic"):
+        mse = part[part["quantity"] == "mse"]["value"].to_numpy()
+        assert list(mse) == list(frames[critic]["mse"])

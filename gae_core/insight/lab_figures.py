@@ -76,7 +76,7 @@ def trade_off_figure(
             parts.append(
                 pd.DataFrame(
                     {
-                        "critic": label,
+                        "critic": critic,
                         "kind": kind,
                         "param": x,
                         "quantity": quantity,
