@@ -1,13 +1,13 @@
 """Adam and RMSprop with ``torch.optim``'s update rules, on foreach kernels.
 
-Why not ``torch.optim`` itself: its first ``step`` goes through ``torch._disable_dynamo``, which
-imports ``torch._dynamo`` and sympy. ``python benchmarks/bench_optimizer.py`` measures both side
-by side on this project's 2-core machine: 1.55 s from construction to the end of the first step
-(against 0.005 s) and +69 MB peak (303 MB against 234 MB, ratio 0.7724). The memory alone would
-not break the "one run ≤ SB3's peak memory" target (SB3's run peaks at about 406 MB), but the
-1.5 s lands on every Start (whose target is the first reward point on the page within 5 s,
-measured at 5.25 s already) and on every sweep worker's first trial. ``tests/test_trainer.py``
-checks that the parameters match ``torch.optim`` step for step, for both algorithms.
+Why not ``torch.optim`` itself: it cannot step some members of a stacked parameter and leave the
+others as they were (a population's members step as their single runs would, see
+:class:`Optimizer`), and its first ``step`` goes through ``torch._disable_dynamo``, which imports
+``torch._dynamo`` and sympy: seconds on every Start and on every sweep worker's first trial, and
+tens of MB of peak memory (``python benchmarks/bench_optimizer.py`` measures both side by side;
+figures in docs/PERFORMANCE.md, section "Hand-written forms and the measurements behind them").
+``tests/test_trainer.py`` checks that the parameters match ``torch.optim`` step for step, for
+both algorithms.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Optimizer:
         if rows is None:
             self._step(index, self.steps)
             return
-        rows = rows.numpy()  # the bookkeeping in NumPy: about a µs an op, against 5–36 in torch
+        rows = rows.numpy()  # the bookkeeping in NumPy: small ops without torch's dispatch cost
         if self.row_steps is None:
             self.row_steps = np.zeros(len(rows), np.int64)
         self.row_steps += rows

@@ -55,17 +55,13 @@ def _tanh_via_sigmoid(x: torch.Tensor) -> torch.Tensor:
 def stacked_tanh(x: torch.Tensor) -> torch.Tensor:
     """``torch.tanh`` for a population's stacked activations, faster on large tensors.
 
-    Written because it measured faster: on this project's 2-core AVX2 machine with torch 2.13
-    (one thread) ``torch.tanh`` takes 3.3 ns per float32 element and ``torch.sigmoid`` 1.0 ns,
-    so 2·σ(2x) − 1 in one buffer takes 0.40–0.59 of ``torch.tanh``'s time on a CartPole
-    population's activations, and a whole population update runs 1.08× (the preset's 8 × 5
-    rollouts) to 1.13× (16 × 64) faster (``benchmarks/bench_population.py``). The two agree
-    to within 4e-7 (a few float32 ulps of 1; ``tests/test_population.py``). Tensors under
-    :data:`TANH_VIA_SIGMOID_MIN` elements keep ``torch.tanh``: there the custom autograd node's
-    overhead outweighs the gain. Without a gradient (a rollout's forward pass) the threshold
-    is :data:`TANH_VIA_SIGMOID_MIN_NO_GRAD`: measured, in inference mode, 17,920 elements (the
-    preset population's rollout activations) take 31 µs against ``torch.tanh``'s 58 µs, 8,192
-    take 20 against 27, and 4,096 take 16 against 14."""
+    Computes tanh(x) = 2·σ(2x) − 1 in one buffer, because ``torch.sigmoid`` is much cheaper
+    per element than ``torch.tanh`` on the CPUs this project runs on (measured in
+    docs/PERFORMANCE.md, section "Hand-written forms and the measurements behind them"). The
+    two agree to within 4e-7 (a few float32 ulps of 1; ``tests/test_population.py``). Tensors
+    under :data:`TANH_VIA_SIGMOID_MIN` elements keep ``torch.tanh``: there the custom autograd
+    node's overhead outweighs the gain. Without a gradient (a rollout's forward pass) there is
+    no node to pay for, so the threshold is the lower :data:`TANH_VIA_SIGMOID_MIN_NO_GRAD`."""
     if x.requires_grad and torch.is_grad_enabled():
         if x.numel() < TANH_VIA_SIGMOID_MIN:
             return torch.tanh(x)
@@ -82,7 +78,7 @@ NARROW_MAX = 8
 
 class _NarrowLinear(torch.autograd.Function):
     """``bias + x @ weight`` for ``x [M, B, K]``, ``weight [M, K, N]`` with N ≤ NARROW_MAX, in
-    the forms that measured fast (see :func:`stacked_linear`)."""
+    the transposed forms :func:`stacked_linear` explains."""
 
     @staticmethod
     def forward(ctx, bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -112,14 +108,12 @@ def stacked_linear(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     """``torch.baddbmm(bias, x, weight)``: one linear layer of every member, ``x [M, B, K]`` →
     ``[M, B, N]``.
 
-    Written because it measured faster: MKL's batched product is slow when the output is
-    narrow. On this project's 2-core AVX2 machine with torch 2.13 (one thread), for 35
-    members: ``[1024, 64] @ [64, 2]`` per member takes 2.9 ms, and 0.55 ms computed as
-    ``(weightᵀ @ xᵀ)ᵀ``; its weight gradient ``xᵀ @ grad`` 3.3 ms, and 0.48 ms as
-    ``(gradᵀ @ x)ᵀ``; with one output (the critic) the input gradient ``grad @ weightᵀ`` takes
-    3.2 ms as a product and 0.45 ms as a broadcast multiply. At the CartPole preset's 40 rows
-    the same forms take 27 instead of 116 µs. Wider layers keep ``baddbmm`` (at 64 outputs the
-    transposed forms are no faster). ``tests/test_population.py`` checks values and gradients
+    MKL's batched product is slow when the output is narrow, so layers of at most
+    :data:`NARROW_MAX` outputs compute the product as ``(weightᵀ @ xᵀ)ᵀ``, the weight gradient
+    as ``(gradᵀ @ x)ᵀ`` and, with one output (the critic), the input gradient as a broadcast
+    multiply: several times faster for a population's rows (docs/PERFORMANCE.md, section
+    "Hand-written forms and the measurements behind them"). Wider layers keep ``baddbmm``, where
+    the transposed forms gain nothing. ``tests/test_population.py`` checks values and gradients
     against ``baddbmm``'s."""
     if weight.shape[2] > NARROW_MAX or bias.dim() != 3 or bias.shape[1] != 1:
         return torch.baddbmm(bias, x, weight)  # (the narrow forms take one bias row each)

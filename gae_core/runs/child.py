@@ -1,20 +1,20 @@
 """A dashboard run in a child process of its own, so training never holds the server's GIL.
 
 Training is CPU-bound Python between small torch calls; in a thread of the Streamlit server it
-competes for the interpreter lock with every page script, and with two runs training a click on
-a chart control took up to 1.6 s to redraw (``tests/test_browser.py`` measures it). A
+competes for the interpreter lock with every page script, so the pages answer slowly while runs
+train (``tests/test_browser.py`` measures click → redraw with two runs training; figures in
+docs/PERFORMANCE.md, section "Hand-written forms and the measurements behind them"). A
 :class:`RunProcess` trains the run in a spawned process instead, which writes the run store
 itself (the store takes writers from several processes, as the CLI's ``train`` does) and claims
 the run under its own pid, so the store's recovery marks the run ``interrupted`` if the process
 is killed.
 
-The process is started *before* it has a run: it imports torch and the trainer (about 1–2 s)
-and waits, so the :class:`~gae_core.runs.manager.RunManager` keeps one such warm spare and a
-Start costs no import time. A stop request is a ``multiprocessing`` event the trainer reads
-between updates; the process also stops when its parent disappears (a server killed with -9
-leaves no orphan training on; it watches the parent's sentinel, which works on every
-platform), ignores SIGINT (the server turns Ctrl-C into stops) and runs niced, below the
-server's priority.
+The process is started *before* it has a run: it imports torch and the trainer and waits, so
+the :class:`~gae_core.runs.manager.RunManager` keeps one such warm spare and a Start costs no
+import time. A stop request is a ``multiprocessing`` event the trainer reads between updates;
+the process also stops when its parent disappears (a server killed with -9 leaves no orphan
+training on; it watches the parent's sentinel, which works on every platform), ignores SIGINT
+(the server turns Ctrl-C into stops) and runs niced, below the server's priority.
 """
 
 from __future__ import annotations
@@ -112,19 +112,17 @@ class RunProcess:
         with main_module_hidden():
             self.process.start()
         child.close()
-        self._pid: int | None = self.process.pid
-        self._exitcode: int | None = None
+        self.pid: int | None = self.process.pid
+        self.exitcode: int | None = None  # known once :meth:`close` has joined the process
 
     def train(self, run_id: str, config: dict[str, Any]) -> None:
         """Hand the process its run (it claims the run in the store when it begins)."""
         self.conn.send(("run", run_id, config))
 
-    def stop(self) -> None:
-        """Ask the run to stop; it ends within one update, as ``stopped``, with its data."""
+    def set(self) -> None:
+        """Ask the run to stop (the manager holds the process as the run's stop event); it ends
+        within one update, as ``stopped``, with its data."""
         self._stop.set()
-
-    def set(self) -> None:  # the manager treats it as the run's stop event
-        self.stop()
 
     def result(self, timeout: float | None = None) -> RunOutcome | None:
         """Wait for the run's outcome; None if the process died without one (or on timeout)."""
@@ -137,14 +135,6 @@ class RunProcess:
             pass
         return None
 
-    @property
-    def pid(self) -> int | None:
-        return self._pid
-
-    @property
-    def exitcode(self) -> int | None:
-        return self._exitcode
-
     def close(self, timeout: float = 5.0) -> None:
         """Let the process go and release its pipe and handles (a spare that never trained
         exits when its pipe closes; one that does not within ``timeout`` is killed)."""
@@ -153,6 +143,6 @@ class RunProcess:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(1.0)
-        self._exitcode = self.process.exitcode
+        self.exitcode = self.process.exitcode
         with contextlib.suppress(ValueError):  # still running after a kill: leave it be
             self.process.close()

@@ -18,8 +18,8 @@ in, and the same sweep gives the same per-trial metrics locally and on Ray
   lets it join, so the coordinator never stops inside a population (it stops only where the
   next trial needs a slot of its own) and planned populations are never merged: a trial
   stopped before it started, or a population lost in part, only leaves a smaller one. (In
-  index order, a sweep that mixes kinds — hidden sizes × seeds — sent a population out half
-  gathered whenever the next trial was of the other kind and no second slot was free.)
+  index order, a sweep that mixes kinds — hidden sizes × seeds — would send a population out
+  half gathered whenever the next trial is of the other kind and no second slot is free.)
 """
 
 from __future__ import annotations
@@ -70,9 +70,6 @@ class Gathering:
         self.capacity = capacity
         self.trials: list[tuple[tuple, Trial]] = []  # (group, trial), in order
         self.planned: dict[int, tuple] = {}  # trial index → its group in the plan
-
-    def __len__(self) -> int:
-        return len(self.trials)
 
     def kind(self, config: dict) -> tuple:
         """The trial's population key, or :data:`ALONE` (always, at capacity 1)."""
@@ -140,18 +137,17 @@ class Gathering:
 
     def can_take(self, config: dict, free: int, index: int | None = None) -> bool:
         """Whether trial ``index`` with ``config`` would start at the next :meth:`take` with
-        ``free`` slots: every gathered batch, with it added, finds one. (Counting slots instead
-        claimed trials that then waited "running" at step 0.)"""
+        ``free`` slots: every gathered batch, with it added, finds one (batches, not trials,
+        take slots, so a claimed trial never waits "running" at step 0)."""
         return self.batches(self.group(config, index))[0] <= free
 
     def take(self, free: int) -> list[list[Trial]]:
         """Up to ``free`` batches, removed from the gathered trials: each key's trials in
         consecutive batches of ``capacity`` (the last one smaller); what finds no slot waits
-        for the next call. Consecutive, not spread evenly over the slots free now: which trials
-        share a population then does not depend on how many slots were free at a given moment
-        (one worker ready before the other at the start gave another split than both at once,
-        and other final returns); with :meth:`dispatch_order`, the batches are the planned
-        populations."""
+        for the next call. Consecutive, not spread evenly over the slots free now, so which
+        trials share a population (and so their final returns) does not depend on how many
+        slots are free at a given moment; with :meth:`dispatch_order`, the batches are the
+        planned populations."""
         if free <= 0 or not self.trials:
             return []
         groups: dict[tuple, list[Trial]] = {}

@@ -100,23 +100,6 @@ class UpdateLog:
         return rows
 
 
-class _Buffer:
-    """Metric rows waiting for the next flush, and when that flush is due."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self.rows: MetricRows = []
-        self.last = time.monotonic()
-
-    def due(self) -> bool:
-        return time.monotonic() - self.last >= self.interval
-
-    def take(self) -> MetricRows:
-        rows, self.rows = self.rows, []
-        self.last = time.monotonic()
-        return rows
-
-
 def flush_quietly(flush: Callable[[], bool], run_id: str) -> None:
     """Flush what was measured after a failure; a flush that fails too is only logged."""
     try:
@@ -147,7 +130,8 @@ class MemberRun:
     def __init__(self, sink: RunSink, run_id: str, config: TrainConfig, stop, flush_s: float):
         self.sink, self.run_id, self.config, self.stop = sink, run_id, config, stop
         self.tracker = ReturnTracker(reward_threshold(config.env_id))
-        self.buffer = _Buffer(flush_s)
+        self.rows: MetricRows = []  # waiting for the next flush, due every flush_s seconds
+        self.flush_s, self.flushed_at = flush_s, time.monotonic()
         self.updates = UpdateLog(config.log_every)
         self.env_steps = 0
         self.last_checkpoint = self.last_evaluation = -1
@@ -164,20 +148,21 @@ class MemberRun:
         """Store the rows so far (``window``: the update metrics' open window too); whether a
         stop was requested."""
         if window:
-            self.buffer.rows.extend(self.updates.close())
-        return self.sink.flush(self.buffer.take(), self.env_steps, self.tracker.summary())
+            self.rows.extend(self.updates.close())
+        rows, self.rows, self.flushed_at = self.rows, [], time.monotonic()
+        return self.sink.flush(rows, self.env_steps, self.tracker.summary())
 
     def evaluated(self, returns: list[float], env_steps: int, wall: float) -> None:
         """One evaluation row: the mean of the deterministic episodes' returns."""
         mean = float(sum(returns) / len(returns))
-        self.buffer.rows.append((M.EVAL_RETURN.key, env_steps, wall, mean))
+        self.rows.append((M.EVAL_RETURN.key, env_steps, wall, mean))
 
     def record(self, result: StepResult, wall: float) -> None:
         """The bookkeeping after one update: its metric rows, its episodes, a flush when one
         is due (the first episode's return goes out at once, so a live chart is not blank for
         a whole flush interval)."""
         steps_before, self.env_steps = self.env_steps, int(result.env_steps)
-        rows = self.buffer.rows
+        rows = self.rows
         rows.extend(self.updates.add(steps_before, self.env_steps, wall, result.metrics))
         for episode in result.episodes:
             step = int(episode.env_step)
@@ -185,7 +170,8 @@ class MemberRun:
             rows.append((M.EPISODIC_LENGTH.key, step, wall, float(episode.length)))
             self.tracker.add(step, float(episode.return_))
         first_episode = bool(result.episodes) and not self.episode_flushed
-        if (self.buffer.due() or first_episode) and self.flush():
+        due = time.monotonic() - self.flushed_at >= self.flush_s
+        if (due or first_episode) and self.flush():
             self.stop.set()
         self.episode_flushed = self.episode_flushed or first_episode
 
@@ -210,7 +196,7 @@ class MemberRun:
             self.last_evaluation = step
         if save:
             self.last_checkpoint = step
-            self.buffer.rows.extend(self.updates.close())  # the curve reaches the checkpoint
+            self.rows.extend(self.updates.close())  # the curve reaches the checkpoint
         return Owed(
             i, step, wall, horizon, trainer.replay(i), evaluate,
             trainer.checkpoint_bytes(i) if save else None,
@@ -221,7 +207,7 @@ class MemberRun:
         run's evaluation at its last step, and a checkpoint there (unless it just had them)."""
         trainer.deactivate(i)
         self.closing = True
-        self.buffer.rows.extend(self.updates.close())
+        self.rows.extend(self.updates.close())
         step = self.env_steps = member.env_steps
         evaluate = status == "finished" and self.config.eval_every > 0
         evaluate = evaluate and self.last_evaluation != step

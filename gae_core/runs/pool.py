@@ -194,17 +194,10 @@ class LocalPool:
         """Messages from the workers (waiting up to ``timeout`` for the first), and a ``lost``
         event for each trial whose worker died."""
         self._send_gathered()
-        by_key: dict[Any, WorkerHandle] = {}
-        for worker in self.workers:
-            by_key[worker.conn] = worker
-            by_key[worker.process.sentinel] = worker
-        ready = multiprocessing.connection.wait(list(by_key), timeout)
-        out: list[tuple] = []
-        seen: list[WorkerHandle] = []
-        for key in ready:
-            if by_key[key] not in seen:
-                seen.append(by_key[key])
-        for worker in seen:
+        keys = [key for w in self.workers for key in (w.conn, w.process.sentinel)]
+        ready = set(multiprocessing.connection.wait(keys, timeout))
+        out: list[Report | Lost] = []
+        for worker in [w for w in self.workers if {w.conn, w.process.sentinel} & ready]:
             if not self._drain(worker, out):
                 self._bury(worker, out)
         return out
@@ -223,11 +216,10 @@ class LocalPool:
                 worker.ready, worker.pid = True, message[1]
                 self._start_failures = 0
             elif kind == "idle":
-                # the trials it names are over; "finish" may have freed the worker already and
-                # the coordinator sent it the next trials since: those are not named here, so a
-                # late "idle" never frees them (it did once: trials piled up in one worker's
-                # pipe, shown "running" at step 0). A named trial still held had no "finish"
-                # (a bug in the worker): it ends failed rather than leaving the sweep waiting
+                # only the trials it names are over: "finish" may have freed the worker and the
+                # coordinator sent it the next trials since, which a late "idle" must not free.
+                # A named trial still held had no "finish" (a bug in the worker): it ends failed
+                # rather than leaving the sweep waiting
                 for index in message[1]:
                     if worker.trials.pop(index, None) is not None:
                         out.append(Report.finish(index, "failed", _NO_END))
@@ -260,10 +252,8 @@ class LocalPool:
 
     def close(self, timeout: float = 5.0) -> None:
         for worker in self.workers:
-            try:
+            with contextlib.suppress(OSError):  # a worker already gone
                 worker.conn.send(("exit",))
-            except OSError:
-                pass
         for worker in self.workers:
             worker.process.join(timeout)
             if worker.process.is_alive():
@@ -276,6 +266,10 @@ class LocalPool:
 _NO_END = "the worker finished this trial without reporting how it ended (see the worker's log)"
 
 
+#: The run manager and sweep coordinators may spawn at once.
+_MAIN_MODULE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def main_module_hidden() -> Iterator[None]:
     """Start a spawned worker without re-importing the parent's ``__main__``.
@@ -285,22 +279,13 @@ def main_module_hidden() -> Iterator[None]:
     module is Streamlit's own launcher, whose import in a bare child logs "missing
     ScriptRunContext" warnings, so hide it for the moment of the start.
     """
-    with _MAIN_MODULE_LOCK:  # the run manager and sweep coordinators may spawn at once
-        yield from _hide_main_module()
-
-
-_MAIN_MODULE_LOCK = threading.Lock()
-
-
-def _hide_main_module() -> Iterator[None]:
     main = sys.modules.get("__main__")
-    saved = {}
-    for name in ("__file__", "__spec__"):
-        if main is not None and hasattr(main, name):
-            saved[name] = getattr(main, name)
+    with _MAIN_MODULE_LOCK:
+        saved = {n: getattr(main, n) for n in ("__file__", "__spec__") if hasattr(main, n)}
+        for name in saved:
             setattr(main, name, None) if name == "__spec__" else delattr(main, name)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(main, name, value)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(main, name, value)

@@ -101,12 +101,12 @@ def flag(value: bool | None) -> int | None:
     return None if value is None else int(value)
 
 
+#: The ``runs`` columns a :class:`~gae_core.storage.records.RunRecord` is read from.
 RUN_COLUMNS = (
     "id", "name", "config", "status", "error", "created_at", "started_at", "ended_at",
     "env_steps", "sweep_id", "stop_requested", "episodes", "best_return", "final_return",
     "reward_threshold", "solved_at_step", "fell_below_at_step", "stayed_solved", "code",
 )  # fmt: skip
-_SWEEP_COLUMNS = "id, name, grid, base_config, status, error, created_at, ended_at"
 
 
 class Database:

@@ -38,14 +38,9 @@ class RetentionTable(Database):
                 ]
                 drop = [s for i, s in enumerate(steps[:-1]) if i % keep_every != 0]
                 for step in drop:
-                    conn.execute(
-                        "DELETE FROM trajectories WHERE run_id = ? AND env_step = ?",
-                        (run_id, step),
-                    )
-                    conn.execute(
-                        "DELETE FROM checkpoints WHERE run_id = ? AND env_step = ?",
-                        (run_id, step),
-                    )
+                    for table in ("trajectories", "checkpoints"):
+                        sql = f"DELETE FROM {table} WHERE run_id = ? AND env_step = ?"
+                        conn.execute(sql, (run_id, step))
                 removed += len(drop)
         return removed
 

@@ -10,6 +10,7 @@ the keys of :mod:`gae_core.metrics`; ``wall_time`` is seconds since the run star
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -25,6 +26,7 @@ from gae_core.outcome import RunSummary
 from gae_core.storage.database import (
     DATA_ENV_VAR,
     DB_FILENAME,
+    RUN_COLUMNS,
     Database,
     dumps,
     finite_or_none,
@@ -197,9 +199,8 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         checkpoints and progress are dropped; ``note`` is kept in ``error`` so the retry shows."""
         now = time.time()
         with self._write() as conn:
-            conn.execute("DELETE FROM trajectories WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+            for table in ("trajectories", "checkpoints", "metrics"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             conn.execute(
                 "UPDATE runs SET status = 'queued', error = ?, started_at = NULL, ended_at = NULL,"
                 " env_steps = 0, episodes = 0, best_return = NULL, final_return = NULL,"
@@ -227,47 +228,23 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
             raise StoreError(f"no run {run_id!r} in {self.path}")
         return row[0]
 
-    def stop_requested(self, run_id: str) -> bool:
-        rows = self._read("SELECT stop_requested FROM runs WHERE id = ?", (run_id,))
-        return bool(rows and rows[0][0])
-
     @staticmethod
     def _run_from_row(row: Sequence[Any]) -> RunRecord:
-        (rid, name, config, status, error, created, started, ended, steps, sweep_id, stop) = row[
-            :11
-        ]
-        episodes, best, final, threshold, solved_at, fell_below, stayed, code = row[11:]
+        """A row of :data:`~gae_core.storage.database.RUN_COLUMNS` as a record: the summary's
+        columns become its :class:`RunSummary`, the rest its fields of the same names."""
+        run = dict(zip(RUN_COLUMNS, row, strict=True))
+        summary = {f.name: run.pop(f.name) for f in dataclasses.fields(RunSummary)}
+        stayed = summary["stayed_solved"]
+        summary["stayed_solved"] = None if stayed is None else bool(stayed)
         damaged = None
         try:
-            config = json.loads(config)
-            if not isinstance(config, dict):
+            run["config"] = json.loads(run["config"])
+            if not isinstance(run["config"], dict):
                 raise ValueError("not an object")
         except (TypeError, ValueError) as exc:
-            config, damaged = {}, f"its config is not a valid JSON object ({exc})"
-        return RunRecord(
-            id=rid,
-            name=name,
-            config=config,
-            status=status,
-            error=error,
-            created_at=created,
-            started_at=started,
-            ended_at=ended,
-            env_steps=steps,
-            sweep_id=sweep_id,
-            stop_requested=bool(stop),
-            summary=RunSummary(
-                episodes=episodes,
-                best_return=best,
-                final_return=final,
-                reward_threshold=threshold,
-                solved_at_step=solved_at,
-                fell_below_at_step=fell_below,
-                stayed_solved=None if stayed is None else bool(stayed),
-            ),
-            damaged=damaged,
-            code=_code(code),
-        )
+            run["config"], damaged = {}, f"its config is not a valid JSON object ({exc})"
+        run.update(stop_requested=bool(run["stop_requested"]), code=_code(run["code"]))
+        return RunRecord(**run, summary=RunSummary(**summary), damaged=damaged)
 
     def get_run(self, run_id: str) -> RunRecord:
         """The run's record (a pure read; see :meth:`recover`)."""
@@ -319,10 +296,8 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         with self._write() as conn:
             # Explicit deletes in dependency order: cascades do it too, but this keeps working
             # on a connection where foreign keys were left off.
-            conn.execute("DELETE FROM trajectories WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM checkpoints WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
-            conn.execute("DELETE FROM lab_results WHERE run_id = ?", (run_id,))
+            for table in ("trajectories", "checkpoints", "metrics", "lab_results"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
     def run_exists(self, run_id: str) -> bool:
@@ -345,9 +320,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         where, params = ["run_id = ?"], [run_id]
         if keys is not None:
             keys = list(keys)
-            if not keys:
-                return _empty_metrics()
-            where.append(f"key IN ({', '.join('?' * len(keys))})")
+            where.append(f"key IN ({', '.join('?' * len(keys))})")  # (none: SQLite finds no row)
             params += keys
         if since_step is not None:
             where.append("env_step > ?")
@@ -357,13 +330,8 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
             f"WHERE {' AND '.join(where)} ORDER BY rowid",
             params,
         )
-        if not rows:
-            return _empty_metrics()
         frame = pd.DataFrame(rows, columns=["env_step", "wall_time", "key", "value"])
-        frame["env_step"] = frame["env_step"].astype("int64")
-        frame["wall_time"] = frame["wall_time"].astype("float64")
-        frame["value"] = frame["value"].astype("float64")
-        return frame
+        return frame.astype(_NUMBERS)
 
     def metrics_wide(self, run_id: str, keys: Sequence[str] | None = None) -> pd.DataFrame:
         """One row per env step and one column per key: ``env_step, wall_time, <keys...>``."""
@@ -409,16 +377,12 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
 
     def load_checkpoint(self, run_id: str, env_step: int | None = None) -> bytes:
         """The checkpoint at ``env_step``, or the latest one."""
-        if env_step is None:
-            rows = self._read(
-                "SELECT blob FROM checkpoints WHERE run_id = ? ORDER BY env_step DESC LIMIT 1",
-                (run_id,),
-            )
-        else:
-            rows = self._read(
-                "SELECT blob FROM checkpoints WHERE run_id = ? AND env_step = ?",
-                (run_id, int(env_step)),
-            )
+        exact = "" if env_step is None else " AND env_step = ?"
+        params = (run_id,) if env_step is None else (run_id, int(env_step))
+        rows = self._read(
+            f"SELECT blob FROM checkpoints WHERE run_id = ?{exact} ORDER BY env_step DESC LIMIT 1",
+            params,
+        )
         if not rows:
             at = "" if env_step is None else f" at env step {env_step}"
             raise StoreError(f"run {run_id} has no checkpoint{at}")
@@ -458,15 +422,8 @@ def open_for_reading(data_dir: str | os.PathLike[str] | None = None, *, recover=
     return RunStore(folder, read_only=True)
 
 
-def _empty_metrics() -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "env_step": pd.Series(dtype="int64"),
-            "wall_time": pd.Series(dtype="float64"),
-            "key": pd.Series(dtype="object"),
-            "value": pd.Series(dtype="float64"),
-        }
-    )
+#: The types of the metrics frame's number columns (typed even when the frame is empty).
+_NUMBERS = {"env_step": "int64", "wall_time": "float64", "value": "float64"}
 
 
 def to_wide(long: pd.DataFrame) -> pd.DataFrame:

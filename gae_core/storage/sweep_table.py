@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -14,7 +15,8 @@ from gae_core.storage.records import STATUSES, SWEEP_STATUSES, SweepRecord
 
 __all__ = ["SweepTable"]
 
-_SWEEP_COLUMNS = "id, name, grid, base_config, status, error, created_at, ended_at"
+#: The ``sweeps`` columns a :class:`SweepRecord` holds, in the order of its fields.
+_SWEEP_COLUMNS = ", ".join(f.name for f in dataclasses.fields(SweepRecord))
 
 
 class SweepTable(Database):
@@ -73,21 +75,12 @@ class SweepTable(Database):
 
     @staticmethod
     def _sweep_from_row(row: Sequence[Any]) -> SweepRecord:
-        sid, name, grid, base, status, error, created, ended = row
+        sweep_id, name, grid, base_config, *rest = row
         try:
-            grid, base = json.loads(grid), json.loads(base)
+            grid, base_config = json.loads(grid), json.loads(base_config)
         except (TypeError, ValueError):
-            grid, base = {}, {}
-        return SweepRecord(
-            id=sid,
-            name=name,
-            grid=grid,
-            base_config=base,
-            status=status,
-            error=error,
-            created_at=created,
-            ended_at=ended,
-        )
+            grid, base_config = {}, {}
+        return SweepRecord(sweep_id, name, grid, base_config, *rest)
 
     def get_sweep(self, sweep_id: str) -> SweepRecord:
         rows = self._read(f"SELECT {_SWEEP_COLUMNS} FROM sweeps WHERE id = ?", (sweep_id,))
