@@ -215,7 +215,8 @@ def progress() -> None:
 
 progress()
 
-records = store.lab_records(run_id)
+# the per-state measurements (the gradient lens's results are stored beside them)
+records = [r for r in store.lab_records(run_id) if r.summary.get("kind") != "gradient"]
 if not records:
     st.info("No measurement of this run yet: choose checkpoints and press Measure.")
     st.stop()

@@ -204,6 +204,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="k-step horizons (default 1, 2, 4, … 256, those past L as L)",
     )
     lab.add_argument("--seed", type=int, default=0)
+    lab.add_argument(
+        "--gradient",
+        action="store_true",
+        help="the gradient lens instead of the per-state view: per estimator, the batch "
+        "policy gradient's cosine to a Monte-Carlo reference gradient, pairwise cosine between "
+        "batches, bias², variance, MSE and SNR, with bootstrap intervals over batches",
+    )
+    lab.add_argument(
+        "--batches", type=int, default=32, help="--gradient: independent batches, K (default 32)"
+    )
+    lab.add_argument(
+        "--batch-size",
+        type=int,
+        help="--gradient: samples per batch (default: the run's num_envs × rollout_steps)",
+    )
+    lab.add_argument(
+        "--reference",
+        type=int,
+        default=500_000,
+        help="--gradient: samples of the reference gradient (default 500,000)",
+    )
     lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     lab.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     lab.set_defaults(handler=study.lab)

@@ -23,6 +23,8 @@ from gae_core.labels import assignment, format_value, label
 
 
 def lab(args: argparse.Namespace) -> int:
+    if args.gradient:
+        return _gradient(args)
     from gae_core.lab.jobs import measure_run
     from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings, check_memory
 
@@ -108,6 +110,123 @@ def lab(args: argparse.Namespace) -> int:
         if report["horizon_note"]:
             print(report["horizon_note"])
     return EXIT_OK
+
+
+def _gradient(args: argparse.Namespace) -> int:
+    """``lab RUN --gradient``: :func:`gae_core.lab.jobs.measure_gradient_run`."""
+    from gae_core.lab.gradient import GradientSettings
+    from gae_core.lab.jobs import measure_gradient_run
+    from gae_core.lab.measure import LabCancelled
+
+    with open_store_for_reading(args) as probe:
+        run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
+    options: dict[str, Any] = {
+        "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
+        "batches": args.batches,
+        "batch_size": args.batch_size,
+        "reference": args.reference,
+        "seed": args.seed,
+    }
+    if args.lambdas is not None:
+        options["lambdas"] = tuple(args.lambdas)
+    if args.ks is not None:
+        options["ks"] = tuple(args.ks)
+    try:
+        settings = GradientSettings(**options)
+    except ValueError as exc:
+        raise UsageError(f"--{str(exc).replace('_', '-', 1)}") from None
+    store = open_store(args)
+    bars: list[Any] = []
+    shown = [0]
+
+    def progress(fraction: float) -> None:
+        if not bars:
+            bars.append(progress_bar(100, args.no_progress, unit="%"))
+        percent = int(fraction * 100)
+        bars[0].update(percent - shown[0])
+        shown[0] = percent
+
+    cancel = threading.Event()
+    try:
+        with StopOnSignal(cancel, "cancelling the lab (nothing is stored)…"):
+            result_id, result = measure_gradient_run(
+                store, args.run_id, policy_step=args.policy_step,
+                critic_steps=args.critic_step or (None,), settings=settings,
+                progress=progress, cancel=cancel,
+            )  # fmt: skip
+    except LabCancelled:
+        print("lab cancelled", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ValueError as exc:  # a bad step or size, naming its field
+        raise UsageError(f"--{str(exc).replace('_', '-', 1)}") from None
+    finally:
+        for bar in bars:
+            bar.close()
+        store.close()
+    report = gradient_report(result_id, result)
+    if args.json:
+        print_json(report)
+        return EXIT_OK
+    ref = report["reference"]
+    print(
+        f"gradient lens {result_id}: policy step {report['policy_step']:,}, "
+        f"{report['batches']} batches of {report['batch_size']:,} samples, reference of "
+        f"{ref['samples']:,} samples (standard error {ref['standard_error']:.4g}, norm "
+        f"{ref['norm']:.4g}), {report['seconds']:.1f} s"
+    )
+    for critic in report["critics"]:
+        print(f"\n{critic['critic']}")
+        print(f"{'estimator':<14}{'cosine [CI]':<26}{'pairwise':>10}{'bias²':>12}"
+              f"{'variance':>12}{'MSE':>12}{'SNR':>9}")  # fmt: skip
+        rows = [(f"GAE {assignment('lambda_', r['lambda'])}", r) for r in critic["lambdas"]]
+        rows += [(f"Â^({r['k']})", r) for r in critic["ks"]]
+        for name, r in rows:
+            cosine = f"{r['cosine']:.3f} [{r['cosine_ci_low']:.3f}, {r['cosine_ci_high']:.3f}]"
+            print(f"{name:<14}{cosine:<26}{r['pairwise_cosine']:>10.3f}{r['bias2']:>12.4g}"
+                  f"{r['variance']:>12.4g}{r['mse']:>12.4g}{r['snr']:>9.3g}")  # fmt: skip
+        print(f"least gradient MSE at {assignment('lambda_', critic['best_lambda'])}")
+    return EXIT_OK
+
+
+def gradient_report(result_id: str, result: Any) -> dict[str, Any]:
+    """The ``lab --gradient --json`` object: the first critic's ``lambdas`` and ``ks`` rows at
+    the top (``cosine``, ``cosine_ci_low``, ``cosine_ci_high``, ``pairwise_cosine``, ``bias2``,
+    ``variance``, ``mse``, ``snr``, each with its interval), every critic's under ``critics``,
+    and ``reference`` (its samples, noise, standard error and norm)."""
+    from gae_core.lab.gradient import QUANTITIES
+
+    def rows(frame: Any, kind: str, key: str) -> list[dict[str, Any]]:
+        part = frame[frame["kind"] == kind]
+        out = []
+        for r in part.to_dict("records"):
+            row: dict[str, Any] = {key: int(r["param"]) if key == "k" else float(r["param"])}
+            for q in QUANTITIES:
+                for suffix in ("", "_ci_low", "_ci_high"):
+                    value = float(r[q + suffix])
+                    row[q + suffix] = value if value == value else None  # NaN → null
+            out.append(row)
+        return out
+
+    critics = []
+    for name, frame in result.table.groupby("critic", sort=False):
+        critics.append({"critic": name, "best_lambda": result.best_lambda(name),
+                        "lambdas": rows(frame, "gae", "lambda"),
+                        "ks": rows(frame, "k_step", "k")})  # fmt: skip
+    return {
+        "result_id": result_id,
+        **result.meta,
+        "env_id": result.env_id,
+        "batches": result.settings.batches,
+        "batch_size": result.batch["envs"] * result.batch["steps"],
+        "samples_per_batch": result.batch["samples"],
+        "confidence": result.settings.confidence,
+        "seconds": result.seconds,
+        "reference": result.reference,
+        "best_lambda": critics[0]["best_lambda"],
+        "lambdas": critics[0]["lambdas"],
+        "ks": critics[0]["ks"],
+        "critics": critics,
+    }
 
 
 def lab_report(result_id: str, result: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.recording import Replay, load_replay
+from gae_core.lab.gradient import GradientResult, GradientSettings, measure_gradient
 from gae_core.lab.measure import (
     LabCancelled,
     LabResult,
@@ -23,7 +24,7 @@ from gae_core.lab.measure import (
 from gae_core.lab.states import state_access
 from gae_core.storage.store import RunStore
 
-__all__ = ["LabJob", "measure_run"]
+__all__ = ["LabJob", "measure_gradient_run", "measure_run"]
 
 
 def _step(name: str, step: int | None, available: list[int], default: int) -> int:
@@ -33,6 +34,61 @@ def _step(name: str, step: int | None, available: list[int], default: int) -> in
         shown = ", ".join(f"{s:,}" for s in available)
         raise ValueError(f"{name} must be one of the run's checkpoints ({shown}), got {step}")
     return int(step)
+
+
+def _checkpoints(store: RunStore, run_id: str) -> tuple[TrainConfig, list[int]]:
+    """The run's config and checkpoint steps; ValueError when it has none."""
+    config = TrainConfig.from_stored(store.get_run(run_id).config)
+    available = store.checkpoint_steps(run_id)
+    if not available:
+        raise ValueError(f"run {run_id} has no checkpoint yet: the lab replays checkpoints")
+    return config, available
+
+
+def measure_gradient_run(
+    store: RunStore,
+    run_id: str,
+    *,
+    policy_step: int | None = None,
+    critic_steps: Sequence[int | None] = (None,),
+    settings: GradientSettings | None = None,
+    progress: Callable[[float], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[str, GradientResult]:
+    """The gradient lens (:mod:`gae_core.lab.gradient`) on ``run_id``'s policy at
+    ``policy_step`` (default: its latest checkpoint) with each critic of ``critic_steps``
+    (None: the policy's own), on batches of the run's ``num_envs × rollout_steps`` unless
+    ``settings.batch_size`` says otherwise (a multiple of its env count); stored with the run
+    (``summary["kind"] == "gradient"``). ``ValueError`` names a bad step or size."""
+    config, available = _checkpoints(store, run_id)
+    state_access(config.env_id)  # the reference restarts episodes in simulator copies
+    policy_step = _step("policy_step", policy_step, available, available[-1])
+    steps = [_step("critic_step", s, available, policy_step) for s in critic_steps]
+    settings = settings or GradientSettings(gamma=config.gamma)
+    envs = config.num_envs
+    size = settings.batch_size or envs * config.rollout_steps
+    if size % envs:
+        raise ValueError(
+            f"batch_size must be a multiple of the run's num_envs ({envs}), got {size:,}"
+        )
+    if settings.reference < size:
+        raise ValueError(f"reference must be at least the batch size ({size:,})")
+
+    def replay(step: int) -> Replay:
+        return load_replay(config, store.load_checkpoint(run_id, step), run_id=run_id, step=step)
+
+    result = measure_gradient(
+        config.env_id, replay(policy_step), [replay(s) for s in steps], settings,
+        envs=envs, steps=size // envs, critic_names=[f"critic {s:,}" for s in steps],
+        progress=progress, cancel=cancel,
+    )  # fmt: skip
+    meta = {"run_id": run_id, "run_name": store.get_run(run_id).name,
+            "policy_step": policy_step, "critic_steps": steps}  # fmt: skip
+    result = replace(result, meta=meta)
+    summary = {"kind": "gradient", "best_lambda": result.best_lambda(), "gamma": settings.gamma,
+               "batches": settings.batches, "batch_size": size,
+               "seconds": result.seconds}  # fmt: skip
+    return store.save_lab_result(run_id, policy_step, steps[0], summary, result.to_json()), result
 
 
 def measure_run(
@@ -52,11 +108,8 @@ def measure_run(
     ``LabTooLarge`` before any work; a checkpoint that cannot be read is a ``StoreError`` naming
     the run and step."""
     run = store.get_run(run_id)
-    config = TrainConfig.from_stored(run.config)
+    config, available = _checkpoints(store, run_id)
     state_access(config.env_id)
-    available = store.checkpoint_steps(run_id)
-    if not available:
-        raise ValueError(f"run {run_id} has no checkpoint yet: the lab replays checkpoints")
     policy_step = _step("policy_step", policy_step, available, available[-1])
     steps = [_step("critic_step", s, available, policy_step) for s in critic_steps]
     settings = settings or LabSettings(gamma=config.gamma)

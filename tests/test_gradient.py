@@ -1,0 +1,224 @@
+"""The gradient lens (gae_core.lab.gradient): per-sample scores against autograd, the statistics
+by hand, the exact chain anchor (Monte-Carlo batches against the exact mean and covariance of
+the batch estimator), determinism, and the CLI's contract and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import cli, cli_in_process
+
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.policy import ActorCritic
+from gae_core.agent.recording import Replay
+from gae_core.estimators import gae_lambda_sweep, k_step_advantages
+from gae_core.lab import chain
+from gae_core.lab.gradient import (
+    GradientResult,
+    GradientSettings,
+    actor_parameters,
+    batch_gradients,
+    gradient_statistics,
+    measure_gradient,
+    per_sample_scores,
+)
+from gae_core.storage.store import RunStore
+
+
+@pytest.mark.parametrize(
+    ("env_id", "sde"), [("CartPole-v1", False), ("Pendulum-v1", False), ("Pendulum-v1", True)]
+)
+def test_per_sample_scores_give_autograd_of_the_batch_loss(env_id, sde):
+    env = gym.make(env_id)
+    model = ActorCritic(env.observation_space, env.action_space, (16, 8), seed=3, sde=sde,
+                        log_std_init=-0.3)  # fmt: skip
+    rng = np.random.default_rng(0)
+    n = 37
+    obs = torch.as_tensor(
+        rng.standard_normal((n, env.observation_space.shape[0])), dtype=torch.float32
+    )
+    with torch.no_grad():
+        actions = torch.as_tensor(model.sample(obs, rng))
+    advantages = rng.standard_normal((3, n))
+    got = batch_gradients(per_sample_scores(model, obs, actions), advantages)
+    params = {k.removeprefix("model."): v for k, v in actor_parameters(model).items()}
+    for e in range(3):
+        model.zero_grad()
+        log_probs, _ = model.log_probs_and_entropy(obs, actions)
+        (log_probs * torch.as_tensor(advantages[e], dtype=torch.float32)).mean().backward()
+        named = dict(model.named_parameters())
+        expected = torch.cat([named[k].grad.reshape(-1) for k in params]).double().numpy()
+        np.testing.assert_allclose(got[e], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_statistics_by_hand_on_a_small_case():
+    rng = np.random.default_rng(1)
+    K, E, P = 5, 2, 4
+    G = rng.standard_normal((K, E, P)) + 0.5
+    g = rng.standard_normal(P)
+    noise = 0.01
+    out = gradient_statistics(G, g, noise, resamples=50)
+    for e in range(E):
+        X = G[:, e]
+        mean = X.mean(0)
+        variance = ((X - mean) ** 2).sum() / (K - 1)
+        cos = [x @ g / np.linalg.norm(x) / np.linalg.norm(g) for x in X]
+        pairs = [X[i] @ X[j] / np.linalg.norm(X[i]) / np.linalg.norm(X[j])
+                 for i in range(K) for j in range(K) if i != j]  # fmt: skip
+        bias2 = ((mean - g) ** 2).sum() - variance / K - noise
+        expected = {
+            "cosine": np.mean(cos),
+            "pairwise_cosine": np.mean(pairs),
+            "bias2": bias2,
+            "variance": variance,
+            "mse": bias2 + variance,
+            "snr": ((mean**2).sum() - variance / K) / variance,
+        }
+        for name, value in expected.items():
+            point, low, high = (v[e] for v in out[name])
+            assert point == pytest.approx(value, rel=1e-9, abs=1e-12), name
+            assert low <= high
+    with pytest.raises(ValueError, match="batches must be ≥ 2"):
+        gradient_statistics(G[:1], g)
+
+
+def _chain_batches(spec, logits, critic, gamma, segment, lambdas, ks, d, batches, n, seed):
+    """K Monte-Carlo batches of n iid samples on the chain: s ~ d, a ~ π, a continuation drawn
+    from its exact path distribution, advantages by gae_core.estimators."""
+    rng = np.random.default_rng(seed)
+    pi = chain.softmax_policy(logits)
+    psi = chain.score_vectors(pi)
+    table = {}  # (s, a) → (path probabilities, advantages [paths, E])
+    for s in range(1, spec.n_states - 1):
+        for a in (0, 1):
+            paths = chain.enumerate_paths(spec, pi, s, a, segment)
+            v = np.asarray(critic, float)
+            args = (paths.rewards.T, v[paths.states[:, :-1]].T, v[paths.states[:, 1:]].T,
+                    paths.terminated.T, np.zeros_like(paths.terminated.T))  # fmt: skip
+            gae = gae_lambda_sweep(*args, gamma=gamma, lambdas=list(lambdas))[:, 0, :]
+            kst = [k_step_advantages(*args, gamma=gamma, k=int(k))[0] for k in ks]
+            table[(s, a)] = (paths.prob, np.concatenate([gae, np.stack(kst)]).T)
+    states = np.arange(spec.n_states)
+    G = np.zeros((batches, len(lambdas) + len(ks), psi.shape[-1]))
+    for k in range(batches):
+        for s in rng.choice(states, size=n, p=d):
+            a = int(rng.random() < pi[s, 1])
+            prob, adv = table[(s, a)]
+            G[k] += adv[rng.choice(len(prob), p=prob)][:, None] * psi[s, a] / n
+    return G
+
+
+@pytest.mark.slow
+def test_chain_monte_carlo_gradients_agree_with_the_exact_moments():
+    spec = chain.ChainSpec(n_states=5)
+    gamma, segment, n, batches = 0.9, 8, 16, 400
+    lambdas, ks = (0.0, 0.5, 0.9, 1.0), (1, 3)
+    logits = np.array([[0.0, 0.0], [0.2, -0.1], [-0.3, 0.4], [0.1, 0.5], [0.0, 0.0]])
+    pi = chain.softmax_policy(logits)
+    V, _ = chain.exact_values(spec, pi, gamma)
+    critic = chain.critic_with_error(V, 0.3, seed=2)
+    d = np.array([0.0, 0.3, 0.5, 0.2, 0.0])
+    exact = chain.exact_gradient_moments(spec, logits, critic, gamma, segment, lambdas, ks, d)
+    G = _chain_batches(spec, logits, critic, gamma, segment, lambdas, ks, d, batches, n, seed=5)
+    out = gradient_statistics(G, exact.true, 0.0, confidence=0.99, resamples=2000)
+    cov = exact.batch_covariance(n)
+    for e in range(len(lambdas) + len(ks)):
+        bias2 = float(((exact.mean[e] - exact.true) ** 2).sum())
+        variance = float(np.trace(cov[e]))
+        _, low, high = (v[e] for v in out["bias2"])
+        assert low <= bias2 <= high, (e, bias2, low, high)
+        _, low, high = (v[e] for v in out["variance"])
+        assert low <= variance <= high, (e, variance, low, high)
+        # the mean gradient, coordinate by coordinate, within 4 standard errors
+        se = np.sqrt(np.diag(cov[e]) / batches)
+        assert np.all(np.abs(G[:, e].mean(0) - exact.mean[e]) <= 4 * se + 1e-12)
+    # a critic with an error biases every estimator but λ = 1 over a long enough segment
+    biased = ((exact.mean[: len(lambdas)] - exact.true) ** 2).sum(1)
+    assert biased[0] > 100 * biased[-1] and biased[-1] < 1e-3 * (exact.true**2).sum()
+
+
+def test_with_an_exact_critic_every_estimator_is_unbiased_exactly():
+    spec = chain.ChainSpec(n_states=5)
+    gamma, segment = 0.9, 6
+    logits = np.array([[0.0, 0.0], [0.4, -0.2], [0.0, 0.3], [-0.5, 0.1], [0.0, 0.0]])
+    V, _ = chain.exact_values(spec, chain.softmax_policy(logits), gamma)
+    d = np.array([0.0, 1.0, 2.0, 1.0, 0.0])
+    exact = chain.exact_gradient_moments(
+        spec, logits, V, gamma, segment, (0.0, 0.3, 1.0), (1, 2), d
+    )
+    np.testing.assert_allclose(
+        exact.mean, np.broadcast_to(exact.true, exact.mean.shape), atol=1e-12
+    )
+    assert np.linalg.norm(exact.true) > 0.01  # not trivially zero
+
+
+def _replay(env_id: str = "CartPole-v1") -> Replay:
+    env = gym.make(env_id)
+    return Replay(ActorCritic(env.observation_space, env.action_space, (16,), seed=0).eval())
+
+
+def test_measure_gradient_is_deterministic_for_a_seed_and_round_trips():
+    settings = GradientSettings(gamma=0.95, lambdas=(0.0, 0.9, 1.0), ks=(1,), batches=3,
+                                reference=1500, resamples=100, seed=4)  # fmt: skip
+    replay = _replay()
+    first = measure_gradient("CartPole-v1", replay, [replay], settings, envs=2, steps=16)
+    again = measure_gradient("CartPole-v1", replay, [replay], settings, envs=2, steps=16)
+    assert first.table.equals(again.table) and first.reference == again.reference
+    assert list(first.table["param"]) == [0.0, 0.9, 1.0, 1.0] and first.batch["envs"] == 2
+    assert first.reference["samples"] >= 1500
+    restored = GradientResult.from_json(json.loads(json.dumps(first.to_json())))
+    assert restored.table.equals(first.table) and restored.settings == settings
+    # δ and Â^(1) are the same estimator: the same gradient, the same figures
+    for quantity in ("cosine", "variance", "bias2"):
+        assert first.table.loc[0, quantity] == pytest.approx(first.table.loc[3, quantity])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batches": 1}, "batches must be an integer in [2, 10,000], got 1"),
+        ({"lambdas": (0.5, 1.2)}, "lambdas must be values in [0, 1]"),
+        ({"batch_size": 4096, "reference": 1000}, "reference must be at least batch_size"),
+        ({"ks": (0,)}, "ks must be integers ≥ 1"),
+    ],
+)
+def test_bad_settings_name_the_field(options, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        GradientSettings(**options)
+
+
+@pytest.mark.slow
+def test_cli_gradient_json_and_one_line_errors(tmp_path):
+    data = tmp_path / "data"
+    trained = cli(data, "train", "--env", "CartPole-v1", "--total-steps", "2000", "--num-envs",
+                  "2", "--rollout-steps", "8", "--checkpoint-every", "1000", "--json")  # fmt: skip
+    run_id = json.loads(trained.stdout.strip().splitlines()[-1])["run_id"]
+    done = cli(data, "lab", run_id, "--gradient", "--batches", "3", "--batch-size", "32",
+               "--reference", "2000", "--lambdas", "0", "0.95", "1", "--ks", "1", "--json",
+               "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r["lambda"] for r in report["lambdas"]] == [0.0, 0.95, 1.0]
+    keys = {"cosine", "cosine_ci_low", "cosine_ci_high", "pairwise_cosine", "bias2", "variance",
+            "mse", "snr"}  # fmt: skip
+    assert keys <= set(report["lambdas"][0]) and report["ks"][0]["k"] == 1
+    assert report["reference"]["samples"] >= 2000 and report["batch_size"] == 32
+    # δ = Â^(1) = GAE(λ = 0): one gradient, reported alike
+    assert report["ks"][0]["variance"] == pytest.approx(report["lambdas"][0]["variance"])
+    for args, words in (
+        (["--batches", "1"], "--batches must be an integer in [2, 10,000], got 1"),
+        (["--batch-size", "33"], "--batch-size must be a multiple of the run's num_envs (2)"),
+        (["--lambdas", "1.5"], "--lambdas must be values in [0, 1]"),
+    ):
+        bad = cli_in_process(data, "lab", run_id, "--gradient", *args)
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
+    with RunStore(data) as store:  # a run stored without any checkpoint
+        bare_id = store.create_run(TrainConfig(env_id="CartPole-v1").to_dict())
+        store.finish_run(bare_id, "stopped")
+    none = cli_in_process(data, "lab", bare_id, "--gradient")
+    assert none.returncode == 2 and "has no checkpoint yet" in none.stderr
