@@ -366,11 +366,12 @@ def _reference(env_id: str, policy: Replay, critic: Replay, settings: GradientSe
                 part = slice(start, start + SCORE_CHUNK)
                 scores = per_sample_scores(
                     policy.model, policy.policy_input(o[part]), _action_tensor(a[part])
-                ).double()
-                weighted = scores * torch.as_tensor(advantage[part])[:, None]
-                sums = torch.zeros((REFERENCE_BLOCKS, scores.shape[1]), dtype=torch.float64)
-                sums.index_add_(0, torch.as_tensor(block[part]), weighted)
-                blocks = sums.numpy() if blocks is None else blocks + sums.numpy()
+                )
+                scores.mul_(torch.as_tensor(advantage[part], dtype=torch.float32)[:, None])
+                sums = torch.zeros((REFERENCE_BLOCKS, scores.shape[1]))
+                sums.index_add_(0, torch.as_tensor(block[part]), scores)
+                sums = sums.double().numpy()  # chunks add up in float64
+                blocks = sums if blocks is None else blocks + sums
             counts += np.bincount(block, minlength=REFERENCE_BLOCKS)
             samples += len(o)
             progress.step(len(o))
@@ -455,19 +456,22 @@ def measure_gradient(
     # the reference's samples
     ticker = Progress(envs * K * (2 * cap + steps) + settings.reference, progress, cancel)
     windows = _windows(env_id, policy, K, envs, steps, settings.seed, ticker)
-    score_sets = []
+    # each batch's scores are used for every critic at once and then dropped: K batches of
+    # [n, P] scores held together would be most of the memory
+    gradients = np.zeros((len(critics), K, len(settings.estimators()), 0))
     for k in range(K):
         keep = windows.valid[k]
         o = policy.policy_input(windows.obs[k][keep])
-        actions = _action_tensor(windows.actions[k][keep])
-        score_sets.append(per_sample_scores(policy.model, o, actions))
+        scores = per_sample_scores(policy.model, o, _action_tensor(windows.actions[k][keep]))
+        each = [batch_gradients(scores, _advantages(windows, c, k, settings)) for c in critics]
+        if not gradients.size:
+            gradients = np.zeros((len(critics), K, *each[0].shape))
+        gradients[:, k] = each
         if cancel is not None and cancel.is_set():
             raise LabCancelled("the lab was cancelled")
     g_star, noise, samples = _reference(env_id, policy, critics[0], settings, ticker)
     frames = []
-    for name, critic in zip(names, critics, strict=True):
-        G = np.stack([batch_gradients(score_sets[k], _advantages(windows, critic, k, settings))
-                      for k in range(K)])  # fmt: skip
+    for name, G in zip(names, gradients, strict=True):
         stats = gradient_statistics(G, g_star, noise, confidence=settings.confidence,
                                     resamples=settings.resamples, seed=settings.seed)  # fmt: skip
         kinds = settings.estimators()
