@@ -34,7 +34,7 @@ from bench_study import _cpu_model
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.presets import preset_config
 from gae_core.agent.recording import Replay, load_replay
-from gae_core.lab import gradient
+from gae_core.lab import gradient, gradient_samples
 from gae_core.lab.rollouts import Progress
 from gae_core.runs.sweep import grid_of, run_sweep
 from gae_core.storage.store import RunStore
@@ -66,7 +66,7 @@ def _naive(windows, policy: Replay, advantages: list[np.ndarray]) -> float:
     for k, adv in enumerate(advantages):
         keep = windows.valid[k]
         obs = policy.policy_input(windows.obs[k][keep])
-        actions = gradient._action_tensor(windows.actions[k][keep])
+        actions = gradient_samples.action_tensor(windows.actions[k][keep])
         for e in range(adv.shape[0]):
             log_probs, _ = model.log_probs_and_entropy(obs, actions)
             loss = (log_probs * torch.as_tensor(adv[e], dtype=torch.float32)).mean()
@@ -107,17 +107,20 @@ def main() -> int:
     if args.skip_naive:
         return 0
     # the gradients alone, both ways, on the same batches and advantages
-    windows = gradient._windows(args.env, policy, args.batches, envs, steps, 0,
+    windows = gradient_samples.sample_windows(args.env, policy, args.batches, envs, steps, 0,
                                 Progress(1, None, None))  # fmt: skip
-    advantages = [gradient._advantages(windows, policy, k, settings) for k in range(args.batches)]
+    advantages = [
+        gradient_samples.window_advantages(windows, policy, k, settings)
+        for k in range(args.batches)
+    ]
     began = time.perf_counter()
     for k, adv in enumerate(advantages):
         keep = windows.valid[k]
-        scores = gradient.per_sample_scores(
+        scores = gradient_samples.per_sample_scores(
             policy.model, policy.policy_input(windows.obs[k][keep]),
-            gradient._action_tensor(windows.actions[k][keep]),
+            gradient_samples.action_tensor(windows.actions[k][keep]),
         )  # fmt: skip
-        gradient.batch_gradients(scores, adv)
+        gradient_samples.batch_gradients(scores, adv)
     lens = time.perf_counter() - began
     naive = _naive(windows, policy, advantages)
     ratio = naive / lens

@@ -10,7 +10,8 @@ from gae_core.inert import markdown_text
 from gae_core.insight import lab_figures
 from gae_core.insight.views import format_duration
 from gae_core.lab import chain
-from gae_core.lab.jobs import LabJob
+from gae_core.lab.gradient import GradientResult, GradientSettings, gradient_sentence
+from gae_core.lab.jobs import LabJob, measure_gradient_run
 from gae_core.lab.measure import GSDE_NOTE, LabResult, LabSettings, check_memory
 from gae_core.lab.states import STATE_FAMILIES, state_access
 from gae_core.labels import assignment, label
@@ -91,6 +92,101 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
         _ui.csv_button("States CSV (every critic)", states, "lab_states.csv", f"{prefix}.st")
 
 
+def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
+    """The policy-gradient view: measure (in the background) and show stored measurements."""
+    st.caption(
+        f"What {LAMBDA} does to the policy-gradient estimate itself. K independent batches, each "
+        f"the size the run trains on, give ĝ = mean ∇log π(a|s)·Â for every {LAMBDA} with the "
+        "chosen critic; a reference g* from many whole episodes with Monte-Carlo advantages is "
+        f"the truth. Cosine to g*, cosine between batches, bias², variance and MSE per {LAMBDA}, "
+        "with bootstrap intervals over batches."
+    )
+    envs = int(run.config.get("num_envs", 8))
+    default_size = envs * int(run.config.get("rollout_steps", 5))
+    knobs = st.columns(4)
+    batches = knobs[0].number_input("batches K", 2, 1000, 32, key="lab.g_batches")
+    size = knobs[1].number_input(f"batch size (multiple of {envs})", envs, 1_000_000,
+                                 max(default_size, 2048 // envs * envs), step=envs,
+                                 key="lab.g_size")  # fmt: skip
+    reference = knobs[2].number_input("reference samples", 1000, 10_000_000, 500_000,
+                                      step=50_000, key="lab.g_reference")  # fmt: skip
+    seed = knobs[3].number_input("seed", 0, 2**31 - 1, 0, key="lab.g_seed")
+    problem = None if critic_steps else "Choose at least one critic checkpoint."
+    try:
+        settings = GradientSettings(gamma=float(run.config.get("gamma", 0.99)),
+                                    batches=int(batches), batch_size=int(size),
+                                    reference=int(reference), seed=int(seed))  # fmt: skip
+        if int(size) % envs:
+            problem = f"batch size must be a multiple of the run's num_envs ({envs}), got {size:,}"
+    except ValueError as error:
+        settings, problem = None, str(error)
+    if problem:
+        st.error(problem)
+    else:
+        st.caption(f"About {int(batches) * int(size) + int(reference):,} samples; on CartPole "
+                   "the defaults take about 30 s, on HalfCheetah a few minutes.")  # fmt: skip
+    if st.button("Measure the gradient", type="primary", disabled=bool(problem),
+                 key="lab.g_start"):  # fmt: skip
+        jobs()[f"gradient {run.id}"] = LabJob(
+            store, run.id, measure=measure_gradient_run, policy_step=policy_step,
+            critic_steps=critic_steps, settings=settings,
+        )  # fmt: skip
+    job = jobs().get(f"gradient {run.id}")
+
+    @st.fragment(run_every=0.5 if job is not None and not job.done else None)
+    def progress() -> None:
+        if job is None:
+            return
+        if not job.done:
+            st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
+            if st.button("Cancel", key="lab.g_cancel"):
+                job.cancel()
+            return
+        if job.error:
+            st.error(job.error.splitlines()[0])
+        elif job.cancelled:
+            st.warning("Cancelled: nothing was stored.")
+        if not st.session_state.get(f"lab.g_shown.{id(job)}"):
+            st.session_state[f"lab.g_shown.{id(job)}"] = True
+            st.rerun()
+
+    progress()
+    records = [r for r in store.lab_records(run.id) if r.summary.get("kind") == "gradient"]
+    if not records:
+        st.info("No gradient measurement of this run yet.")
+        return
+
+    def name(i: int) -> str:
+        record = records[i]
+        summary = record.summary
+        best = summary.get("best_lambda")
+        return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
+                f"{summary.get('batch_size'):,} · {LAMBDA}* = {best:g}")  # fmt: skip
+
+    index = st.selectbox("stored gradient measurements (newest first)", range(len(records)),
+                         format_func=name, key="lab.g_stored")  # fmt: skip
+    result = GradientResult.from_json(store.load_lab_result(records[index].id))
+    for critic in result.table["critic"].unique():
+        st.markdown(markdown_text(gradient_sentence(result.table, critic)) + ".")
+    st.subheader(f"Over {LAMBDA}")
+    figure, frame = lab_figures.gradient_figure(result.table)
+    st.plotly_chart(figure, key="lab.g_lambda", config={"displaylogo": False})
+    _ui.csv_button(f"Gradient over {LAMBDA} CSV", frame, "gradient_lambda.csv", "lab.g_l_csv")
+    st.subheader("Over k (Â^(k))")
+    figure, frame = lab_figures.gradient_figure(result.table, kind="k_step")
+    st.plotly_chart(figure, key="lab.g_k", config={"displaylogo": False})
+    _ui.csv_button("Gradient over k CSV", frame, "gradient_k.csv", "lab.g_k_csv")
+    ref = result.reference
+    st.caption(
+        f"Reference g*: {ref['samples']:,} samples, norm {ref['norm']:.4g}, standard error "
+        f"{ref['standard_error']:.3g} (its noise is subtracted from bias²). Batches: "
+        f"{result.settings.batches} × {result.batch['envs'] * result.batch['steps']:,} "
+        f"({result.batch['samples']:,} samples each after the reset rows); bands: "
+        f"{result.settings.confidence * 100:g} % percentile bootstrap over batches. "
+        f"{result.seconds:.0f} s."
+    )
+
+
 mode = st.radio(
     "measure", ["a run's checkpoints", "the exact chain"], horizontal=True, key="lab.mode"
 )
@@ -158,6 +254,14 @@ critic_steps = pick[1].multiselect(
     key="lab.critics",
     format_func=lambda s: f"{s:,}",
 )
+view = st.segmented_control(
+    "view", ["per state", "policy gradient"], default="per state", key="lab.view",
+    help="Per state: bias², variance and MSE of each advantage against Monte-Carlo truth. "
+    "Policy gradient: the same estimators' batch gradients against a reference gradient.",
+) or "per state"  # fmt: skip
+if view == "policy gradient":
+    gradient_lens(run, policy_step, critic_steps)
+    st.stop()
 knobs = st.columns(6)
 gamma = knobs[0].number_input(label("gamma"), 0.0, 0.9999, float(run.config.get("gamma", 0.99)),
                               format="%.4g", key="lab.gamma")  # fmt: skip

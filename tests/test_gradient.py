@@ -222,3 +222,45 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
         store.finish_run(bare_id, "stopped")
     none = cli_in_process(data, "lab", bare_id, "--gradient")
     assert none.returncode == 2 and "has no checkpoint yet" in none.stderr
+
+
+@pytest.mark.slow
+def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir, monkeypatch):
+    from conftest import TINY, app, wait_until
+
+    from pages import _ui
+
+    handed: dict[str, object] = {}
+    monkeypatch.setattr(_ui, "csv_button", lambda _l, frame, name, _k: handed.update({name: frame}))
+    manager = _ui.manager()
+    run_id = manager.start({**TINY, "total_steps": 1200, "checkpoint_every": 600})
+    assert manager.wait(run_id, 60)
+    store = RunStore(data_dir)
+    at = app("pages/lab.py")
+    at.segmented_control(key="lab.view").set_value("policy gradient").run()
+    assert not at.exception
+    for key, value in {"lab.g_batches": 3, "lab.g_size": 16, "lab.g_reference": 1000}.items():
+        at.number_input(key=key).set_value(value).run()
+    at.number_input(key="lab.g_size").set_value(15).run()  # not a multiple of the 2 envs
+    assert "batch size must be a multiple of the run's num_envs (2)" in at.error[0].value
+    assert at.button(key="lab.g_start").disabled
+    at.number_input(key="lab.g_size").set_value(16).run()
+    at.button(key="lab.g_start").click().run()
+    gradient_records = lambda: [r for r in store.lab_records(run_id)  # noqa: E731
+                                if r.summary.get("kind") == "gradient"]  # fmt: skip
+    assert wait_until(lambda: len(gradient_records()) == 1, 120)
+    at.run()
+    assert not at.exception
+    result = GradientResult.from_json(store.load_lab_result(gradient_records()[0].id))
+    assert result.settings.batches == 3
+    assert (result.batch["envs"], result.batch["steps"]) == (2, 8)
+    sentences = [m.value for m in at.markdown if "least gradient MSE" in m.value]
+    assert len(sentences) == result.table["critic"].nunique() >= 1
+    frame = handed["gradient_lambda.csv"]
+    mse = frame[frame["quantity"] == "mse"].sort_values("param")["value"].to_numpy()
+    expected = result.table[result.table["kind"] == "gae"].sort_values("param")["mse"].to_numpy()
+    np.testing.assert_allclose(mse, expected)
+    assert set(frame["critic"]) == set(result.table["critic"])
+    # the per-state view does not list the gradient measurement
+    at.segmented_control(key="lab.view").set_value("per state").run()
+    assert not at.exception and any("No measurement of this run yet" in i.value for i in at.info)

@@ -188,3 +188,60 @@ def exact_figure(lambdas: np.ndarray, moments: object) -> tuple[go.Figure, pd.Da
         legend={"orientation": "h", "y": -0.3},
     )
     return figure, frame
+
+
+#: The gradient lens's panels: quantity and title (cosine panels share a 0–1 scale).
+GRADIENT_PANELS = (
+    ("cosine", "cosine to g*"),
+    ("pairwise_cosine", "cosine between batches"),
+    ("bias2", "bias² ‖E ĝ − g*‖²"),
+    ("variance", "variance tr Cov(ĝ)"),
+    ("mse", "MSE E‖ĝ − g*‖²"),
+)
+
+
+def gradient_figure(table: pd.DataFrame, *, kind: str = "gae") -> tuple[go.Figure, pd.DataFrame]:
+    """The gradient lens over λ (``kind="gae"``) or k (``"k_step"``): per critic, one line
+    with its bootstrap band in each of :data:`GRADIENT_PANELS`, a star at each critic's least
+    MSE (``table``: :attr:`gae_core.lab.gradient.GradientResult.table`). The frame holds every
+    drawn point with its interval, labelled by critic."""
+    figure = make_subplots(rows=1, cols=len(GRADIENT_PANELS),
+                           subplot_titles=[t for _, t in GRADIENT_PANELS])  # fmt: skip
+    parts = []
+    for i, (critic, rows) in enumerate(table[table["kind"] == kind].groupby("critic", sort=False)):
+        color = _PALETTE[i % len(_PALETTE)]
+        rows = rows.sort_values("param")
+        x = rows["param"].to_numpy()
+        for col, (quantity, _) in enumerate(GRADIENT_PANELS, start=1):
+            low, high = (
+                rows[f"{quantity}_ci_low"].to_numpy(),
+                rows[f"{quantity}_ci_high"].to_numpy(),
+            )
+            figure.add_trace(go.Scatter(
+                x=np.concatenate([x, x[::-1]]), y=np.concatenate([high, low[::-1]]),
+                mode="lines", fill="toself", fillcolor=_rgba(color, 0.18), line={"width": 0},
+                hoverinfo="skip", showlegend=False, legendgroup=critic,
+            ), row=1, col=col)  # fmt: skip
+            figure.add_trace(go.Scatter(
+                x=x, y=rows[quantity], mode=line_mode(len(x)), line={"color": color, "width": 2},
+                name=plotly_text(critic), legendgroup=critic, showlegend=col == 1,
+            ), row=1, col=col)  # fmt: skip
+            parts.append(pd.DataFrame({"critic": critic, "kind": kind, "param": x,
+                                       "quantity": quantity, "value": rows[quantity].to_numpy(),
+                                       "ci_low": low, "ci_high": high}))  # fmt: skip
+        best = rows.loc[rows["mse"].idxmin()]
+        figure.add_trace(go.Scatter(
+            x=[best["param"]], y=[best["mse"]], mode="markers",
+            marker={"symbol": "star", "size": 14, "color": color},
+            name=plotly_text(f"{critic}: least MSE at {best['param']:g}"), legendgroup=critic,
+        ), row=1, col=len(GRADIENT_PANELS))  # fmt: skip
+    if kind == "k_step":
+        ks = sorted(set(table.loc[table["kind"] == kind, "param"]))
+        figure.update_xaxes(type="log", tickvals=ks, ticktext=[f"{k:g}" for k in ks])
+    figure.update_xaxes(title_text=label("lambda_") if kind == "gae" else "k")
+    figure.update_yaxes(range=[-1.02, 1.02], row=1, col=1)
+    figure.update_yaxes(range=[-1.02, 1.02], row=1, col=2)
+    figure.update_layout(height=380, margin={"l": 40, "r": 10, "t": 40, "b": 40},
+                         legend={"orientation": "h", "y": -0.3})  # fmt: skip
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return figure, frame

@@ -45,18 +45,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import pandas as pd
-import torch
-from torch import nn
 
-from gae_core.agent.envs import episode_cap, make_eval_env, make_vector_env
+from gae_core.agent.envs import episode_cap, make_eval_env
 from gae_core.agent.recording import Replay
-from gae_core.estimators import gae_lambda_sweep, k_step_advantages
+from gae_core.lab.gradient_samples import (
+    action_tensor,
+    actor_parameters,
+    batch_gradients,
+    per_sample_scores,
+    reference_gradient,
+    sample_windows,
+    window_advantages,
+)
 from gae_core.lab.rollouts import LabCancelled, Progress
 from gae_core.lab.settings import HORIZON_TOLERANCE, MAX_HORIZON
-from gae_core.lab.states import Simulator
+from gae_core.labels import assignment, label
 
 __all__ = [
     "GradientResult",
@@ -70,10 +75,6 @@ __all__ = [
 
 #: The quantities measured per estimator, in the order tables and JSON give them.
 QUANTITIES = ("cosine", "pairwise_cosine", "bias2", "variance", "mse", "snr")
-#: Blocks of reference episodes whose spread gives the reference's own noise.
-REFERENCE_BLOCKS = 32
-#: Samples whose scores are held at once (a [chunk, parameters] float32 block).
-SCORE_CHUNK = 8192
 
 
 def _default_lambdas() -> tuple[float, ...]:
@@ -133,54 +134,6 @@ class GradientSettings:
         return [("gae", float(x)) for x in self.lambdas] + [("k_step", float(k)) for k in self.ks]
 
 
-# ----------------------------------------------------------------------------- scores
-
-
-class _LogProb(nn.Module):
-    """log π(a|s) of an :class:`~gae_core.agent.policy.ActorCritic` as a module's forward, for
-    ``torch.func.functional_call``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return self.model.log_probs_and_entropy(obs, actions)[0]
-
-
-def actor_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters log π depends on (the actor's layers and the log-std), detached."""
-    return {
-        f"model.{name}": p.detach()
-        for name, p in model.named_parameters()
-        if name.startswith("actor.") or name == "log_std"
-    }
-
-
-def per_sample_scores(model: nn.Module, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """Ψ ``[n, P]``: row i is ∇_θ log π(a_i|s_i) over :func:`actor_parameters` (flattened in
-    their order), by ``torch.func.vmap(grad(…))`` in chunks of :data:`SCORE_CHUNK`."""
-    wrapper = _LogProb(model)
-    params = actor_parameters(model)
-
-    def log_prob(p: dict[str, torch.Tensor], o: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(wrapper, p, (o.unsqueeze(0), a.unsqueeze(0)))[0]
-
-    scores = torch.func.vmap(torch.func.grad(log_prob), in_dims=(None, 0, 0))
-    parts = []
-    for start in range(0, len(obs), SCORE_CHUNK):
-        part = slice(start, start + SCORE_CHUNK)
-        rows = scores(params, obs[part], actions[part])
-        parts.append(torch.cat([g.reshape(g.shape[0], -1) for g in rows.values()], dim=1))
-    return torch.cat(parts) if parts else torch.zeros((0, sum(p.numel() for p in params.values())))
-
-
-def batch_gradients(scores: torch.Tensor, advantages: np.ndarray) -> np.ndarray:
-    """``[E, P]``: each estimator's gradient (1/n) Σ_i ψ_i Â_i, ``advantages [E, n]``."""
-    weights = torch.as_tensor(np.asarray(advantages, np.float32))
-    return (weights @ scores).double().numpy() / max(scores.shape[0], 1)
-
-
 # ----------------------------------------------------------------------------- statistics
 
 
@@ -237,159 +190,6 @@ def gradient_statistics(
         low, high = np.nanquantile(v[:, 1:], [alpha, 1.0 - alpha], axis=1)
         out[name] = (v[:, 0], low, high)
     return out
-
-
-# ----------------------------------------------------------------------------- rollouts
-
-
-@dataclass
-class _Windows:
-    """K windows of ``envs × steps`` samples: network inputs, actions, advantages per
-    estimator ``[E, n]`` per critic (filled later) and which rows are real samples."""
-
-    obs: np.ndarray  # [K, steps, envs, obs_dim] raw observations
-    next_obs: np.ndarray  # [K, steps, envs, obs_dim]
-    actions: np.ndarray  # [K, steps, envs, ...]
-    rewards: np.ndarray  # [K, steps, envs]
-    terminated: np.ndarray
-    truncated: np.ndarray
-    valid: np.ndarray  # False on a copy's reset row (NEXT_STEP autoreset)
-
-
-def _clip(space: gym.Space, actions: np.ndarray) -> np.ndarray:
-    return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
-
-
-def _windows(env_id: str, policy: Replay, batches: int, envs: int, steps: int, seed: int,
-             progress: Progress) -> _Windows:  # fmt: skip
-    """Each batch's envs copies run a burn-in of one time limit plus a random offset of up to
-    another, then record ``steps`` steps (one vector env of ``batches × envs`` copies)."""
-    rng = np.random.default_rng([seed, 1])
-    probe = make_eval_env(env_id)
-    cap = episode_cap(probe)
-    probe.close()
-    copies = batches * envs
-    start = cap + rng.integers(0, cap, size=batches).repeat(envs)  # per batch
-    env = make_vector_env(env_id, copies)
-    obs, _ = env.reset(seed=seed)
-    space = env.single_action_space
-    shape = (steps, copies)
-    rec_obs = np.zeros((*shape, *obs.shape[1:]), np.float32)
-    rec_next = np.zeros_like(rec_obs)
-    rec_act = np.zeros((*shape, *space.shape), space.dtype if space.shape else np.int64)
-    rewards, terminated, truncated = (np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool))
-    valid = np.zeros(shape, bool)
-    done = np.zeros(copies, bool)  # the copy's last step ended an episode: this one resets it
-    total = int(start.max()) + steps
-    columns = np.arange(copies)
-    try:
-        for t in range(total):
-            actions = policy.sample(obs, rng)
-            next_obs, reward, term, trunc, _ = env.step(_clip(space, actions))
-            row = t - start
-            inside = (row >= 0) & (row < steps)
-            if inside.any():
-                r, c = row[inside], columns[inside]
-                rec_obs[r, c], rec_next[r, c], rec_act[r, c] = obs[c], next_obs[c], actions[c]
-                rewards[r, c], terminated[r, c], truncated[r, c] = reward[c], term[c], trunc[c]
-                valid[r, c] = ~done[c]
-            done = term | trunc
-            obs = next_obs
-            progress.step(copies)
-    finally:
-        env.close()
-    truncated |= ~valid  # a reset row is its own segment; its sample is left out
-
-    def split(a: np.ndarray) -> np.ndarray:  # [steps, K·envs, …] → [K, steps, envs, …]
-        return np.moveaxis(a.reshape(steps, batches, envs, *a.shape[2:]), 1, 0)
-
-    return _Windows(*(split(a) for a in (rec_obs, rec_next, rec_act, rewards, terminated,
-                                         truncated, valid)))  # fmt: skip
-
-
-def _advantages(w: _Windows, critic: Replay, k: int, settings: GradientSettings) -> np.ndarray:
-    """``[E, n]`` advantages of batch k's valid samples, every estimator, with ``critic``."""
-    steps, envs = w.rewards.shape[1:]
-    obs = w.obs[k].reshape(steps * envs, -1)
-    values = critic.values(obs).astype(np.float64).reshape(steps, envs)
-    next_values = critic.values(w.next_obs[k].reshape(steps * envs, -1)).astype(np.float64)
-    args = (w.rewards[k], values, next_values.reshape(steps, envs), w.terminated[k],
-            w.truncated[k])  # fmt: skip
-    parts = [gae_lambda_sweep(*args, gamma=settings.gamma, lambdas=list(settings.lambdas))]
-    parts += [k_step_advantages(*args, gamma=settings.gamma, k=int(x))[None] for x in settings.ks]
-    out = np.concatenate(parts)  # [E, steps, envs]
-    return out[:, w.valid[k]]
-
-
-def _reference(env_id: str, policy: Replay, critic: Replay, settings: GradientSettings,
-               progress: Progress, copies: int = 256) -> tuple[np.ndarray, float, int]:  # fmt: skip
-    """(g*, tr Cov(ĝ*), samples): whole episodes from the env's start distribution, every step
-    up to the time limit a sample, Monte-Carlo advantages past the limit (module docstring)."""
-    rng = np.random.default_rng([settings.seed, 2])
-    probe = make_eval_env(env_id)
-    cap = episode_cap(probe)
-    probe.close()
-    horizon = cap + settings.horizon
-    sim = Simulator(env_id, copies, seed=settings.seed)
-    discounts = settings.gamma ** np.arange(horizon)
-    total, blocks, counts = None, None, np.zeros(REFERENCE_BLOCKS)
-    samples, round_ = 0, 0
-    try:
-        while samples < settings.reference:
-            obs = sim.reset(seed=settings.seed + 7919 * (round_ + 1))
-            rec_obs, rec_act, rec_rew, alive_rows = [], [], [], []
-            alive = np.ones(copies, bool)
-            for _ in range(horizon):
-                actions = policy.sample(obs, rng)
-                rec_obs.append(obs)
-                rec_act.append(actions)
-                alive_rows.append(alive.copy())
-                obs, reward, term = sim.step(actions)
-                rec_rew.append(np.where(alive, reward, 0.0))
-                alive &= ~term
-                progress.step(0)  # a cancel takes effect within one step
-                if not alive.any():
-                    break
-            rows = len(rec_rew)
-            rew = np.stack(rec_rew)  # [rows, copies]
-            # G_t = Σ_{l ≥ t} γ^{l−t} r_l, by one reversed cumulative sum per copy
-            scaled = rew * discounts[:rows, None]
-            returns = np.flip(np.cumsum(np.flip(scaled, 0), 0), 0) / discounts[:rows, None]
-            alive_at = np.stack(alive_rows)
-            sample = alive_at & (np.arange(rows)[:, None] < cap)
-            t_idx, c_idx = np.nonzero(sample)
-            o = np.stack(rec_obs)[t_idx, c_idx]
-            a = np.stack(rec_act)[t_idx, c_idx]
-            advantage = returns[t_idx, c_idx] - critic.values(o).astype(np.float64)
-            block = (c_idx + round_ * copies) % REFERENCE_BLOCKS
-            for start in range(0, len(o), SCORE_CHUNK):
-                part = slice(start, start + SCORE_CHUNK)
-                scores = per_sample_scores(
-                    policy.model, policy.policy_input(o[part]), _action_tensor(a[part])
-                )
-                scores.mul_(torch.as_tensor(advantage[part], dtype=torch.float32)[:, None])
-                sums = torch.zeros((REFERENCE_BLOCKS, scores.shape[1]))
-                sums.index_add_(0, torch.as_tensor(block[part]), scores)
-                sums = sums.double().numpy()  # chunks add up in float64
-                blocks = sums if blocks is None else blocks + sums
-            counts += np.bincount(block, minlength=REFERENCE_BLOCKS)
-            samples += len(o)
-            progress.step(len(o))
-            round_ += 1
-    finally:
-        sim.close()
-    total = blocks.sum(0) / samples
-    used = counts > 0
-    means = blocks[used] / counts[used, None]
-    share = counts[used] / samples
-    r = int(used.sum())
-    noise = float((share**2 * ((means - total) ** 2).sum(1)).sum() * r / max(r - 1, 1))
-    return total, noise, samples
-
-
-def _action_tensor(actions: np.ndarray) -> torch.Tensor:
-    actions = np.asarray(actions)
-    return torch.as_tensor(actions if actions.dtype.kind in "iu" else actions.astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- the result
@@ -455,21 +255,23 @@ def measure_gradient(
     # progress: the windows' env steps (at most two time limits and the window per copy), then
     # the reference's samples
     ticker = Progress(envs * K * (2 * cap + steps) + settings.reference, progress, cancel)
-    windows = _windows(env_id, policy, K, envs, steps, settings.seed, ticker)
+    windows = sample_windows(env_id, policy, K, envs, steps, settings.seed, ticker)
     # each batch's scores are used for every critic at once and then dropped: K batches of
     # [n, P] scores held together would be most of the memory
     gradients = np.zeros((len(critics), K, len(settings.estimators()), 0))
     for k in range(K):
         keep = windows.valid[k]
         o = policy.policy_input(windows.obs[k][keep])
-        scores = per_sample_scores(policy.model, o, _action_tensor(windows.actions[k][keep]))
-        each = [batch_gradients(scores, _advantages(windows, c, k, settings)) for c in critics]
+        scores = per_sample_scores(policy.model, o, action_tensor(windows.actions[k][keep]))
+        each = [
+            batch_gradients(scores, window_advantages(windows, c, k, settings)) for c in critics
+        ]
         if not gradients.size:
             gradients = np.zeros((len(critics), K, *each[0].shape))
         gradients[:, k] = each
         if cancel is not None and cancel.is_set():
             raise LabCancelled("the lab was cancelled")
-    g_star, noise, samples = _reference(env_id, policy, critics[0], settings, ticker)
+    g_star, noise, samples = reference_gradient(env_id, policy, critics[0], settings, ticker)
     frames = []
     for name, G in zip(names, gradients, strict=True):
         stats = gradient_statistics(G, g_star, noise, confidence=settings.confidence,
@@ -495,4 +297,21 @@ def measure_gradient(
         },
         batch={"envs": envs, "steps": steps, "samples": n},
         seconds=time.perf_counter() - began,
+    )
+
+
+def gradient_sentence(table: pd.DataFrame, critic: str) -> str:
+    """Which λ gives ``critic``'s most reliable gradient (least MSE against g*), how sure that
+    is (the λ whose MSE interval overlaps the best one's), and its cosine to g*."""
+    rows = table[(table["kind"] == "gae") & (table["critic"] == critic)].sort_values("param")
+    best = rows.loc[rows["mse"].idxmin()]
+    tied = rows[(rows["mse_ci_low"] <= best["mse_ci_high"])
+                & (rows["mse_ci_high"] >= best["mse_ci_low"])]["param"]  # fmt: skip
+    lam = label("lambda_")
+    span = (f"{lam} from {tied.min():g} to {tied.max():g} cannot be told apart from it"
+            if len(tied) > 1 else f"no other {lam}'s interval overlaps it")  # fmt: skip
+    return (
+        f"{critic}: the least gradient MSE is at {assignment('lambda_', best['param'])} "
+        f"(MSE {best['mse']:.4g} [{best['mse_ci_low']:.4g}, {best['mse_ci_high']:.4g}], cosine "
+        f"to g* {best['cosine']:.3f}); {span} at this number of batches"
     )

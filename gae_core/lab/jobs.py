@@ -150,15 +150,19 @@ def measure_run(
 
 
 class LabJob:
-    """:func:`measure_run` in a daemon thread; read ``fraction``, ``eta``, ``error`` and
-    ``results`` from any thread; :meth:`cancel` stops it within one rollout step."""
+    """:func:`measure_run` (or ``measure``, e.g. :func:`measure_gradient_run`) in a daemon
+    thread; read ``fraction``, ``eta``, ``error`` and ``results`` from any thread;
+    :meth:`cancel` stops it within one rollout step."""
 
-    def __init__(self, store: RunStore, run_id: str, **options: object) -> None:
+    def __init__(
+        self, store: RunStore, run_id: str, measure: Callable | None = None, **options: object
+    ) -> None:
         self.run_id = run_id
+        self.measure = measure or measure_run
         self.fraction = 0.0
         self.error: str | None = None
         self.cancelled = False
-        self.results: list[tuple[str, LabResult]] = []
+        self.results: list[tuple[str, LabResult | GradientResult]] = []
         self.started = time.monotonic()
         self._cancel = threading.Event()
         self._thread = threading.Thread(
@@ -171,9 +175,10 @@ class LabJob:
 
     def _work(self, store: RunStore, options: dict) -> None:
         try:
-            self.results = measure_run(
+            results = self.measure(
                 store, self.run_id, progress=self._progress, cancel=self._cancel, **options
             )
+            self.results = results if isinstance(results, list) else [results]
             self.fraction = 1.0
         except LabCancelled:
             self.cancelled = True
