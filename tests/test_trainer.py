@@ -8,12 +8,14 @@ import copy
 import io
 import itertools
 import math
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import stored_and_stepped, stored_update_metric
+from conftest import cli_env, stored_and_stepped, stored_update_metric
 from gymnasium.wrappers.utils import RunningMeanStd
 
 import gae_core
@@ -803,3 +805,23 @@ def test_ortho_init_off_is_pytorchs_linear_init_from_the_runs_seed():
     hidden = orthogonal.actor[2].weight.detach()  # 64 × 64, gain √2
     torch.testing.assert_close(hidden @ hidden.T, 2.0 * torch.eye(64), atol=1e-4, rtol=0)
     assert all(not m.bias.any() for m in orthogonal.actor if isinstance(m, torch.nn.Linear))
+
+
+def test_mujoco_envs_build_without_warnings_a_user_cannot_act_on():
+    # MuJoCo's "settotalmass is deprecated" and gymnasium's float32 Box notes, printed dozens of
+    # times by a MuJoCo run before, are silenced once at the env boundary; other warnings pass
+    code = (
+        "import warnings\n"
+        "from gae_core.agent.envs import make_eval_env, make_vector_env\n"
+        "from gae_core.lab.states import Simulator\n"
+        "make_eval_env('HalfCheetah-v5').reset(seed=0)\n"
+        "make_vector_env('Hopper-v5', 2).reset(seed=0)\n"
+        "Simulator('Walker2d-v5', 2)\n"
+        "warnings.warn('another warning still shows')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=cli_env())  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert "settotalmass" not in output and "precision lowered" not in output
+    assert "another warning still shows" in output

@@ -24,6 +24,7 @@ always in the env's units.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -41,6 +42,7 @@ __all__ = [
     "env_id_problem",
     "make_eval_env",
     "make_vector_env",
+    "quiet_env_warnings",
     "reward_threshold",
 ]
 
@@ -67,6 +69,29 @@ SUPPORTED_ENVS: Mapping[str, float | None] = MappingProxyType(
 )
 
 _DEFAULT_EPISODE_CAP = 1000
+#: Warnings from inside an env that a user cannot act on, silenced once at the env boundary
+#: (:func:`quiet_env_warnings`): gymnasium's note that a MuJoCo env's float64 Box bounds are
+#: cast to float32, and MuJoCo's notice that a bundled model uses a deprecated compiler
+#: attribute. Every other warning still shows.
+_QUIET_GYM = r".*precision lowered by casting to float32.*"
+_QUIET_MUJOCO = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+@functools.cache
+def quiet_env_warnings() -> None:
+    """Silence :data:`_QUIET_GYM` and :data:`_QUIET_MUJOCO` in this process (idempotent); other
+    MuJoCo warnings go on to Python's ``warnings``."""
+    warnings.filterwarnings("ignore", message=_QUIET_GYM)
+    try:
+        import mujoco
+    except ImportError:  # no MuJoCo envs here: nothing to quiet
+        return
+
+    def forward(message: str) -> None:
+        if not message.startswith(_QUIET_MUJOCO):
+            warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
+
+    mujoco.set_mju_user_warning(forward)
 
 
 def reward_threshold(env_id: str) -> float | None:
@@ -109,6 +134,7 @@ def discrete_actions(env_id: str) -> bool | None:
 @functools.lru_cache(maxsize=64)
 def _built(env_id: str) -> tuple[str | None, bool | None]:
     """``(problem, discrete actions)`` of building ``env_id`` once."""
+    quiet_env_warnings()
     try:
         env = gym.make(env_id)
     except gym.error.DependencyNotInstalled as exc:
@@ -165,6 +191,7 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """A vector env in NEXT_STEP autoreset mode (the native one where gymnasium has it) with
     float32 observations."""
     check_env_id(env_id)
+    quiet_env_warnings()
     spec = gym.spec(env_id)
     if spec.vector_entry_point is not None:
         env = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
@@ -195,6 +222,7 @@ def make_eval_env(env_id: str) -> gym.Env:
     """One plain env (with the spec's TimeLimit) for recording trajectories; float32
     observations."""
     check_env_id(env_id)
+    quiet_env_warnings()
     env = gym.make(env_id)
     if env.observation_space.dtype != np.float32:
         env = gym.wrappers.DtypeObservation(env, np.float32)

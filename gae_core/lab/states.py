@@ -27,6 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from gae_core.agent.envs import quiet_env_warnings
 from gae_core.errors import UnsupportedEnvError
 from gae_core.lab import chain
 
@@ -89,6 +90,7 @@ STATE_FAMILIES = ("classic control", "MuJoCo", "the lab's chain")
 def state_access(env_id: str) -> StateAccess:
     """The state access of ``env_id``'s family; ``UnsupportedEnvError`` naming the id and the
     families the lab supports otherwise."""
+    quiet_env_warnings()
     env = gym.make(env_id).unwrapped
     try:
         name = type(env).__name__
