@@ -4,6 +4,7 @@ sidebar's runs in progress. Thin: all logic lives in gae_core; pages/ hold one f
 import streamlit as st
 
 from gae_core.agent.presets import preset_config
+from gae_core.env_modules import ENV_MODULES_VAR, EnvModuleError, import_named_modules
 from gae_core.inert import markdown_text
 from gae_core.insight import views
 from gae_core.labels import label
@@ -11,6 +12,10 @@ from pages import _ui
 
 LAMBDA = label("lambda_")
 st.set_page_config(page_title="GAE Lab", page_icon=LAMBDA, layout="wide")
+try:  # the env modules the server was started with (GAE_CORE_ENV_MODULES) register their envs
+    import_named_modules()
+except EnvModuleError as error:
+    st.error(f"{error}. Fix {ENV_MODULES_VAR} and restart the server.", icon=":material/error:")
 
 
 def home() -> None:

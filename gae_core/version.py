@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gae_core.env_modules import named_modules
+
 __version__ = "0.2.0"
 
 #: The source tree whose uncommitted changes would change what is computed.
@@ -24,14 +26,15 @@ _lock = threading.Lock()
 
 
 def source_version() -> dict[str, Any]:
-    """``{"package", "version", "commit", "local_changes"}``: gae_core's version, the git commit
-    of its checkout and whether that checkout's code (the package, the pages, the app) has
-    changes not committed, untracked files included; both None where it does not run from a
-    git checkout or git cannot tell. Two git commands (tens of ms), reused for 10 s: a running
+    """``{"package", "version", "commit", "local_changes", "env_modules"}``: gae_core's version,
+    the git commit of its checkout and whether that checkout's code (the package, the pages, the
+    app) has changes not committed, untracked files included (both None where it does not run
+    from a git checkout or git cannot tell), and the env modules named for this process
+    (:mod:`gae_core.env_modules`). Two git commands (tens of ms), reused for 10 s: a running
     dashboard may run code edited since it started."""
     with _lock:
         if _cache and time.monotonic() - _cache["at"] < _REUSE_S:
-            return dict(_cache["answer"])
+            return {**_cache["answer"], "env_modules": list(named_modules())}
         root = Path(__file__).resolve().parents[1]
         commit = changed = None
         git = shutil.which("git")
@@ -45,7 +48,7 @@ def source_version() -> dict[str, Any]:
         answer = {"package": "gae_core", "version": __version__, "commit": commit,
                   "local_changes": changed}  # fmt: skip
         _cache.update(at=time.monotonic(), answer=answer)
-        return dict(answer)
+        return {**answer, "env_modules": list(named_modules())}
 
 
 def _git(git: str, root: Path, *args: str) -> str:

@@ -14,6 +14,7 @@ import streamlit as st
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
 from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
+from gae_core.env_modules import registered_env_ids
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import views
@@ -122,9 +123,11 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
     """
     if spec.kind == "choice":
         shown = algorithm_name if spec.name == "algo" else str  # "ppo" reads as PPO
+        choices = list(spec.choices or ())
+        if spec.name == "env_id":  # beside the built-in ids, those the server's modules register
+            choices += [i for i in registered_env_ids() if i not in choices]
         return st.selectbox(
-            spec.label, list(spec.choices or ()), help=spec.help, key=key, on_change=on_change,
-            format_func=shown,
+            spec.label, choices, help=spec.help, key=key, on_change=on_change, format_func=shown,
         )  # fmt: skip
     if spec.kind == "bool":
         return st.checkbox(spec.label, help=spec.help, key=key)

@@ -21,7 +21,8 @@ from gae_core import metrics as M
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gae_core"
 
-VOCABULARY = {"errors", "metrics", "outcome", "labels", "trajectory", "inert", "version"}
+VOCABULARY = {"errors", "metrics", "outcome", "labels", "trajectory", "inert", "version",
+              "env_modules"}  # fmt: skip
 #: What each part may import from gae_core (besides itself and the vocabulary).
 ALLOWED = {
     "vocabulary": set(),

@@ -31,6 +31,12 @@ from types import MappingProxyType
 import gymnasium as gym
 import numpy as np
 
+from gae_core.env_modules import (
+    ENV_MODULES_VAR,
+    EnvModuleError,
+    import_named_modules,
+    registered_env_ids,
+)
 from gae_core.errors import UnsupportedEnvError
 
 __all__ = [
@@ -106,19 +112,28 @@ def reward_threshold(env_id: str) -> float | None:
 def env_id_problem(env_id: object) -> str | None:
     """Why ``env_id`` cannot be trained, in one line, or None if it can.
 
-    Accepted: registered gymnasium ids (the ones in :data:`SUPPORTED_ENVS` are tested) that build
+    Accepted: registered gymnasium ids (the ones in :data:`SUPPORTED_ENVS` are tested, and those
+    the env modules named for this process register, :mod:`gae_core.env_modules`) that build
     here and whose spaces the trainer handles. Rejected: ``module:Class`` strings and any id with
     a ':' (``gym.make`` would import the module, i.e. run code named by user input), ids gymnasium
     does not know, ids whose package is missing (the message says what to install) and ids with
     spaces the trainer cannot handle. The env is built once per id and process to find out.
     """
-    supported = ", ".join(SUPPORTED_ENVS)
+    try:  # the modules named for this process register their envs first
+        import_named_modules()
+    except EnvModuleError as exc:
+        return f"cannot be looked up: {exc}"
+    supported = ", ".join([*SUPPORTED_ENVS, *registered_env_ids()])
     if not isinstance(env_id, str) or not env_id:
         return f"must be a non-empty string, one of: {supported}"
     if ":" in env_id:
         return f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported}"
     if env_id not in gym.envs.registry:
-        return f"unknown environment {env_id!r}; supported: {supported}"
+        return (
+            f"unknown environment {env_id!r}; supported: {supported} (an env your own module "
+            f"registers: name the module with --env-module, or {ENV_MODULES_VAR} for the "
+            "dashboard)"
+        )
     return _built(env_id)[0]
 
 

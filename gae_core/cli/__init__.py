@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
 from gae_core.cli import commands, study
+from gae_core.env_modules import ENV_MODULES_VAR, use_env_modules
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text
 from gae_core.labels import label
@@ -68,6 +69,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     lam, gam = label("lambda_"), label("gamma")
     data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument(
+        "--env-module",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="PKG",
+        help="import PKG first: a module that registers gymnasium envs (repeatable; workers "
+        f"import it too). The dashboard reads ${ENV_MODULES_VAR}=pkg1,pkg2 instead",
+    )
     data_dir.add_argument(
         "--data-dir",
         default=argparse.SUPPRESS,
@@ -279,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return commands.EXIT_USAGE
     try:
+        if getattr(args, "env_module", None):
+            use_env_modules(args.env_module)  # EnvModuleError (a ValueError): one line, exit 2
         return handler(args)
     except (ConfigError, commands.UsageError, ValueError) as exc:
         print(f"error: {terminal_text(commands.name_flag(str(exc)))}", file=sys.stderr)
