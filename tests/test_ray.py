@@ -6,6 +6,7 @@ skip, except under ``CI=true`` where they fail (CI must exercise the Ray backend
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import app, wait_until
+from conftest import TINY_FLAGS, app, cli, cli_env, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
@@ -284,3 +285,49 @@ def test_a_tasks_messages_reach_the_inbox_together_in_order(local_ray):
     assert not _inbox_sink(lone, 5).flush([], 1, None)
     assert drained() == [("flush", 5)]
     ray.kill(inbox)
+
+
+#: What a C++ failure-signal handler or an abort leaves on stderr.
+_DUMP_MARKS = ("*** SIG", "Aborted", "logging.cc", "StackTrace", "PC: @", "Traceback")
+
+
+def test_sigterm_stops_a_ray_sweep_as_ctrl_c_does(tmp_path):
+    """The CLI's Ray sweep (its own local Ray) gets SIGTERM while trials train: as with Ctrl-C
+    (and as the local backend does), the sweep is cancelled, every trial ends stopped with its
+    data, and the exit status is 130. Before, Ray's C++ failure-signal handler in the driver
+    printed a stack dump and aborted the process 3 s later (exit 134)."""
+    data = tmp_path / "data"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "gae_core", "--data-dir", str(data), "sweep", "--backend", "ray",
+         "--lambdas", "0.9", "0.95", "--seeds", "0", "1", "--total-steps", "200000",
+         *TINY_FLAGS, "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={k: v for k, v in cli_env().items() if k != "RAY_ADDRESS"},
+    )  # fmt: skip
+
+    def training() -> bool:
+        listed = cli(data, "runs", "--json", timeout=60)
+        if listed.returncode != 0 or not listed.stdout.strip():
+            return False
+        return any(r["status"] == "running" and r["env_steps"] > 0
+                   for r in json.loads(listed.stdout.splitlines()[-1]))  # fmt: skip
+
+    try:
+        assert wait_until(training, timeout=150, interval=1.0), "no trial started training"
+        start = time.monotonic()
+        sweep.send_signal(signal.SIGTERM)
+        _, err = sweep.communicate(timeout=90)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.communicate()
+    print(f"\nRay sweep: SIGTERM → exit {sweep.returncode} in {time.monotonic() - start:.1f} s")
+    assert sweep.returncode == 130, err[-3000:]
+    assert not [line for line in err.splitlines() if any(m in line for m in _DUMP_MARKS)], err
+    with RunStore(data) as store:
+        (record,) = store.list_sweeps()
+        runs = store.list_runs(sweep_id=record.id)
+        assert record.status == "cancelled"
+        assert {r.status for r in runs} == {"stopped"}  # as Ctrl-C leaves them
+        assert any(r.env_steps > 0 for r in runs)  # data kept
+        assert store.integrity_check() == "ok"

@@ -83,7 +83,10 @@ def backend_factory(
     the Ray already running in this process, or a new local one); ``members``: how many trials
     a local worker or a Ray task may train at once as one batched population
     (one :class:`~gae_core.agent.trainer.Trainer`). ``ConfigError`` names the field for an unknown
-    backend, Ray missing, an address given to the local backend, or members out of range."""
+    backend, Ray missing, an address given to the local backend, members out of range, or a Ray
+    address that cannot be joined: malformed, nothing answering, ``auto`` with no cluster here,
+    a token the cluster wants or refuses (:func:`~gae_core.runs.ray_pool.check_address`, a few
+    seconds at most, before a caller stores anything)."""
     if name not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if (
@@ -98,7 +101,8 @@ def backend_factory(
         return functools.partial(LocalPool, members=members) if members > 1 else LocalPool
     if not ray_installed():
         raise ConfigError("backend ray: ray is not installed (pip install -r requirements-ray.txt)")
-    from gae_core.runs.ray_pool import RayPool, check_address
+    from gae_core.runs.ray_address import check_address
+    from gae_core.runs.ray_pool import RayPool
 
     check_address(address)
 

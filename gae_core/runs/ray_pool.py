@@ -22,19 +22,29 @@ requirements installed, not this checkout. Code that calls ``ray.init`` itself p
 checkout on one machine, where Ray's workers start in the driver's folder. ``ray`` is an
 optional dependency (``requirements-ray.txt``); importing this module without it raises a clear
 ``ImportError``.
+
+An address is checked before a sweep exists (:func:`check_address`, in bounded time): a bad one
+made ``ray.init`` retry for minutes, deaf to SIGTERM, inside a sweep already stored. A sweep
+that starts Ray keeps SIGTERM for Python: Ray's C++ failure-signal handler (Abseil) in the
+driver took SIGTERM for a crash, printed a stack dump and aborted the process 3 s later (exit
+134), wherever the sweep's clean stop had got to (:func:`_python_keeps_sigterm`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gae_core.errors import ConfigError
+from gae_core.env_modules import named_modules
 from gae_core.runs.gather import Gathering, population_capacity
+from gae_core.runs.ray_address import _JOINED, check_address
 from gae_core.runs.sinks import Lost, ProxySink, Report
 
 try:
@@ -46,9 +56,6 @@ __all__ = ["RUNTIME_ENV", "RayPool", "check_address"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])
 RUNTIME_ENV = {"py_modules": [_PACKAGE], "excludes": ["__pycache__", "*.pyc"]}
-#: The address this process passed to ``ray.init`` → the GCS address that connection reported
-#: (its own form of the same address; a later connection to another Ray does not match it).
-_JOINED: dict[str, str] = {}
 #: The error of a trial whose task returned without reporting how the trial ended.
 _NO_END = "its Ray task returned without reporting how this trial ended (see the task's log)"
 #: How often an idle coordinator asks the inbox for news.
@@ -122,14 +129,15 @@ def _inbox_sink(outbox: _Outbox, index: int) -> ProxySink:
 
 
 @ray.remote(num_cpus=1, max_retries=0)
-def _train(inbox: Any, trials: list, flush: float) -> None:
+def _train(inbox: Any, trials: list, flush: float, env_modules: tuple[str, ...] = ()) -> None:
     """One task: a trial alone, or several as one population (``trials``: ``[(index, run id,
     config dict)]``, a :class:`~gae_core.runs.gather.Gathering` batch), as a local worker
-    trains what it is sent."""
-    import threading
+    trains what it is sent, after importing the coordinator's ``env_modules``
+    (:mod:`gae_core.env_modules`: the node needs them installed)."""
 
     import torch
 
+    from gae_core.env_modules import use_env_modules
     from gae_core.runs.execute import execute_trials
 
     torch.set_num_threads(1)  # one CPU per task: the tasks are the parallelism
@@ -139,6 +147,7 @@ def _train(inbox: Any, trials: list, flush: float) -> None:
     started = ("started", indices, os.getpid(), ray.util.get_node_ip_address())
     outbox.post(started, now=True)
     try:
+        use_env_modules(env_modules)
         stops = [threading.Event() for _ in trials]  # set by a flush's reply (_inbox_sink)
         execute_trials(sinks, trials, stops, flush_interval=flush)
     except Exception:  # the config cannot be built on this node (an env it lacks)
@@ -168,8 +177,9 @@ class RayPool:
         members: int = 1,
     ) -> None:
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     runtime_env=RUNTIME_ENV)  # fmt: skip
+            with _python_keeps_sigterm():
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         runtime_env=RUNTIME_ENV)  # fmt: skip
             if address is not None:
                 _JOINED[address] = ray.get_runtime_context().gcs_address
         else:
@@ -204,7 +214,7 @@ class RayPool:
 
     def _send_gathered(self) -> None:
         for batch in self.gathering.take(self._free()):
-            ref = _train.remote(self.inbox, batch, self.flush_interval)
+            ref = _train.remote(self.inbox, batch, self.flush_interval, named_modules())
             self._refs[ref] = [index for index, _, _ in batch]
 
     def stop(self, index: int) -> None:
@@ -260,30 +270,26 @@ class RayPool:
         ray.kill(self.inbox)
 
 
-def check_address(address: str | None) -> None:
-    """One Ray per process: when this process is already connected to a Ray, a sweep that names
-    another cluster's address must not quietly run on this one (``ConfigError`` naming both).
+@contextlib.contextmanager
+def _python_keeps_sigterm() -> Iterator[None]:
+    """``ray.init`` in here gives the driver no C++ failure-signal handler.
 
-    The address is compared as Ray itself resolves it (``localhost:6379`` and
-    ``127.0.0.1:6379`` are this node's IP, which the connection reports), and the address this
-    process joined with is always accepted. A ``ray://`` client address cannot be compared with
-    the connection's GCS address and counts as another unless it is the one joined with."""
-    if address is None or address == "auto" or not ray.is_initialized():
+    Ray's handler (Abseil's, call-previous mode) counts SIGTERM as a crash: it printed
+    ``*** SIGTERM received`` and a stack dump, and armed a 3 s alarm that aborts the process
+    (exit 134) while the sweep stopped cleanly through Python's handler. Ray decides when it
+    creates the driver's core worker, from ``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``
+    (what the environment variable of that name set at import; Ray's documented way out),
+    changed here for this one ``ray.init``: the Ray processes it starts keep theirs. A native
+    crash in this process still prints a Python traceback (``ray.init`` turns faulthandler on).
+    Without the flag (another Ray), nothing changes."""
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    name = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+    if constants is None or not hasattr(constants, name):
+        yield
         return
-    current = ray.get_runtime_context().gcs_address
-    if _JOINED.get(address) != current and _canonical(address) != _canonical(current):
-        raise ConfigError(
-            f"address: this process is already connected to the Ray at {current}; a sweep on "
-            f"{address} needs a new process (or no address, to use the one it has)"
-        )
-
-
-def _canonical(address: str) -> str:
-    """``host:port`` with a local host name resolved to this node's IP, as ``ray.init`` does
-    (Ray's own helper; a private module, so any failure leaves the address as given)."""
+    before = getattr(constants, name)
+    setattr(constants, name, True)
     try:
-        from ray._private.services import canonicalize_bootstrap_address
-
-        return canonicalize_bootstrap_address(address) or address
-    except Exception:
-        return address
+        yield
+    finally:
+        setattr(constants, name, before)
