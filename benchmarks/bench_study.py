@@ -125,6 +125,9 @@ def physics_ceiling(env_id: str, num_envs: int, workers: int, seconds: float = 5
 def _random_steps(job: tuple[str, int, float]) -> float:
     import gymnasium as gym
 
+    from gae_core.agent.envs import quiet_env_warnings
+
+    quiet_env_warnings()
     env_id, num_envs, seconds = job
     env = gym.make_vec(env_id, num_envs, vectorization_mode="sync")
     env.reset(seed=0)

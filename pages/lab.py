@@ -166,6 +166,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     index = st.selectbox("stored gradient measurements (newest first)", range(len(records)),
                          format_func=name, key="lab.g_stored")  # fmt: skip
     result = GradientResult.from_json(store.load_lab_result(records[index].id))
+    if note := result.reference_note():
+        st.warning(note, icon=":material/warning:")
     for critic in result.table["critic"].unique():
         st.markdown(markdown_text(gradient_sentence(result.table, critic)) + ".")
     st.subheader(f"Over {LAMBDA}")

@@ -185,6 +185,8 @@ def _gradient(args: argparse.Namespace) -> int:
             print(f"{name:<14}{cosine:<26}{r['pairwise_cosine']:>10.3f}{r['bias2']:>12.4g}"
                   f"{r['variance']:>12.4g}{r['mse']:>12.4g}{r['snr']:>9.3g}")  # fmt: skip
         print(f"least gradient MSE at {assignment('lambda_', critic['best_lambda'])}")
+    if report["reference_note"]:
+        print(f"\n{report['reference_note']}")
     return EXIT_OK
 
 
@@ -222,6 +224,7 @@ def gradient_report(result_id: str, result: Any) -> dict[str, Any]:
         "confidence": result.settings.confidence,
         "seconds": result.seconds,
         "reference": result.reference,
+        "reference_note": result.reference_note(),
         "best_lambda": critics[0]["best_lambda"],
         "lambdas": critics[0]["lambdas"],
         "ks": critics[0]["ks"],

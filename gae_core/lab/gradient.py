@@ -15,9 +15,12 @@ For a policy checkpoint π_θ and a critic V̂:
   (a burn-in of one time limit, then a random offset up to another).
 * **The reference.** g* is the same average over ≥ ``reference`` samples from whole episodes
   (each step of an episode up to the time limit counts once: the stream's state distribution),
-  with Monte-Carlo advantages G_t − V̂(s_t), G_t the discounted return followed past the time
-  limit until γ^H ≤ 10⁻³ (time limits are not part of the state, as the lab's truth). Its noise
-  ``reference_noise`` = tr Cov(ĝ*) is estimated from 32 blocks of episodes.
+  with Monte-Carlo advantages G_t − V(s_t), G_t the discounted return followed past the time
+  limit until γ^H ≤ 10⁻³ (time limits are not part of the state, as the lab's truth), and V the
+  policy checkpoint's own critic as the baseline (any baseline leaves g* unbiased; the best one
+  available keeps it least noisy). Its noise ``reference_noise`` = tr Cov(ĝ*) is estimated
+  from 32 blocks of episodes; where its standard error is not small against ‖g*‖ the result
+  says so (:meth:`GradientResult.reference_note`): then bias² cannot be read.
 * **Per-sample scores once.** ψ_i = ∇_θ log π(a_i|s_i) for every sample of a batch come from
   one ``torch.func.vmap(grad(…))``; every estimator's gradient is then one product
   ``G = Aᵀ Ψ / n`` with the advantages of all λ (:func:`gae_core.estimators.gae_lambda_sweep`),
@@ -209,6 +212,19 @@ class GradientResult:
     seconds: float
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def reference_note(self) -> str | None:
+        """A warning when the reference is too noisy to measure bias against (its standard
+        error above a third of its norm), else None."""
+        se, norm = self.reference["standard_error"], self.reference["norm"]
+        if se <= norm / 3:
+            return None
+        return (
+            f"The reference gradient is noisy: its standard error {se:.3g} is "
+            f"{se / max(norm, 1e-300):.2g}× its norm {norm:.3g}, so bias², MSE and the cosine "
+            "to g* mostly measure the reference's own noise (bias² can come out below 0). Raise "
+            "the reference's samples; the pairwise cosine and the variance do not need g*."
+        )
+
     def best_lambda(self, critic: str | None = None) -> float:
         """The λ whose gradient has the least MSE against g* (for ``critic``, else the first)."""
         rows = self.table[self.table["kind"] == "gae"]
@@ -271,7 +287,7 @@ def measure_gradient(
         gradients[:, k] = each
         if cancel is not None and cancel.is_set():
             raise LabCancelled("the lab was cancelled")
-    g_star, noise, samples = reference_gradient(env_id, policy, critics[0], settings, ticker)
+    g_star, noise, samples = reference_gradient(env_id, policy, policy, settings, ticker)
     frames = []
     for name, G in zip(names, gradients, strict=True):
         stats = gradient_statistics(G, g_star, noise, confidence=settings.confidence,
