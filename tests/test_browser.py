@@ -699,3 +699,68 @@ def test_a_direct_link_on_a_fresh_server_gets_the_apps_navigation(
         assert page.get_by_text("No runs in the store yet").is_visible()
     finally:
         context.close()
+
+
+# The heat map's title and its first trace's z (decoded, row by row) on the compare page.
+HEATMAP_JS = """() => {
+  const g = document.querySelector('.st-key-cmp-grid .js-plotly-plot');
+  if (!g || !g._fullData || !g._fullData.length) return null;
+  const l = g._fullLayout || {};
+  const d = g._fullData[0];
+  return {title: String((l.title && (l.title.text ?? l.title)) || '').replace(/<[^>]+>/g, ''),
+          x: Array.from(d.x, String), y: Array.from(d.y, String),
+          z: Array.from(d.z, row => Array.from(row, v => (v === null ? NaN : Number(v))))};
+}"""
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(app_server):
+    """A 5 λ × 4 γ study of one seed each (20 cells), the newest sweep on the server."""
+    store = RunStore(app_server.data_dir, recover=False)
+    base = TrainConfig(**{**TINY, "total_steps": 800, "checkpoint_every": 0})
+    grid = grid_of(lambdas=[0.8, 0.9, 0.96, 0.99, 1.0], seeds=[0], gamma=[0.96, 0.98, 0.99, 0.995])
+    return run_sweep(store, base, grid, workers=2)
+
+
+def test_compare_draws_a_gamma_by_lambda_study_as_a_heat_map(app_page, app_server, grid_sweep):
+    from gae_core.insight import compare
+    from gae_core.insight.grid import cell_table
+    from gae_core.labels import format_value
+
+    page = app_page
+    open_page(page, app_server, "compare")
+    page.locator(".st-key-cmp-grid .js-plotly-plot").wait_for(timeout=60_000)
+    wait_idle(page)
+    drawn = page.evaluate(HEATMAP_JS)
+    store = store_of(app_server)
+    runs = store.list_runs(sweep_id=grid_sweep.sweep_id)
+    episodes = compare.episodes_frame(store, [r.id for r in runs], "lambda_", also=("gamma",))
+    threshold = runs[0].summary.reward_threshold
+    expected = cell_table(episodes, "lambda_", "gamma", threshold=threshold)
+    assert drawn["x"] == [format_value(v) for v in (0.8, 0.9, 0.96, 0.99, 1.0)]
+    assert drawn["y"] == [format_value(v) for v in (0.96, 0.98, 0.99, 0.995)]
+    z = np.array(drawn["z"])
+    for row in expected.itertuples():
+        i = [0.96, 0.98, 0.99, 0.995].index(row.gamma)
+        j = [0.8, 0.9, 0.96, 0.99, 1.0].index(row.lambda_)
+        assert z[i, j] == pytest.approx(row.iqm, rel=1e-6)
+    # the CSV holds the cells drawn, as the store gives them
+    name, frame = download_csv(page, page.locator(".st-key-cmp-grid_csv button"))
+    assert name == "grid.csv" and len(frame) == 20
+    order = ["gamma", "lambda_"]
+    np.testing.assert_allclose(
+        frame.sort_values(order)["iqm"], expected.sort_values(order)["iqm"], rtol=1e-9
+    )
+    # a click on the score redraws the heat map from the AUC: time it
+    before = drawn["title"]
+    button = page.locator(".st-key-cmp-grid_score").get_by_text("AUC", exact=True)
+    start = time.monotonic()
+    button.click()
+    page.wait_for_function(
+        f"() => {{ const d = ({HEATMAP_JS})(); return d && d.title !== {json.dumps(before)}; }}",
+        polling=20, timeout=30_000,
+    )  # fmt: skip
+    TIMINGS["compare_heatmap_click_to_redraw_s"] = round(time.monotonic() - start, 2)
+    assert "AUC" in page.evaluate(HEATMAP_JS)["title"]
+    assert page.locator('[data-testid="stException"]').count() == 0
+    screenshot(page, "compare_grid")
