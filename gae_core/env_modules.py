@@ -49,7 +49,7 @@ def import_env_modules(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name is not None and name.startswith(exc.name):
+            if exc.name is not None and (exc.name == name or name.startswith(exc.name + ".")):
                 raise EnvModuleError(
                     f"env module {name!r} not found (is it installed, or on PYTHONPATH?)"
                 ) from None

@@ -106,8 +106,11 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     knobs = st.columns(4)
     batches = knobs[0].number_input("batches K", 2, 1000, 32, key="lab.g_batches")
     size = knobs[1].number_input(f"batch size (multiple of {envs})", envs, 1_000_000,
-                                 max(default_size, 2048 // envs * envs), step=envs,
-                                 key="lab.g_size")  # fmt: skip
+                                 default_size, step=envs, key="lab.g_size",
+                                 help=f"Default: the run's own batch, {default_size:,} samples "
+                                 "(num_envs × rollout_steps), the gradient one update takes. "
+                                 f"Larger batches show where {LAMBDA} matters once the "
+                                 "noise averages out.")  # fmt: skip
     reference = knobs[2].number_input("reference samples", 1000, 10_000_000, 500_000,
                                       step=50_000, key="lab.g_reference")  # fmt: skip
     seed = knobs[3].number_input("seed", 0, 2**31 - 1, 0, key="lab.g_seed")

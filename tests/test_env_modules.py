@@ -85,3 +85,16 @@ def test_the_dashboard_lists_and_explores_a_module_env(data_dir, monkeypatch):
     at = app("pages/explorer.py")
     assert at.selectbox(key="ex.run").value == run_id and not at.exception
     assert len(at.get("plotly_chart")) == 3  # the main plot, the heat map, the weights
+
+
+def test_env_module_before_and_after_the_command_both_count(tmp_path, monkeypatch):
+    from gae_core.cli import build_parser
+
+    args = build_parser().parse_args(["--env-module", "a", "runs", "--env-module", "b"])
+    assert (args.env_module_first, args.env_module) == (["a"], ["b"])
+    # a module whose own dependency is missing is not reported as itself missing
+    # (its name starts with the missing one's: gae_dep_envs needs gae_dep)
+    (tmp_path / "gae_dep_envs.py").write_text("import gae_dep\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvModuleError, match="'gae_dep_envs' failed to import: ModuleNotFound"):
+        import_env_modules(["gae_dep_envs"])

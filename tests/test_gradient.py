@@ -86,6 +86,27 @@ def test_statistics_by_hand_on_a_small_case():
         gradient_statistics(G[:1], g)
 
 
+def test_intervals_cover_the_truth_where_the_plug_in_bootstrap_would_not():
+    # K = 32 batches of P = 500 coordinates, isotropic noise: bias² = 1, variance = P σ², and a
+    # known SNR. A resample that paired a batch with itself would sit tr S/K (here 7.8) above
+    # the point estimate and cover none of the 20 truths.
+    K, P, sigma = 32, 500, 0.5
+    g = np.zeros(P)
+    mean = np.zeros(P)
+    mean[0] = 1.0  # ‖E ĝ − g*‖² = 1
+    truth = {"bias2": 1.0, "variance": P * sigma**2, "snr": 1.0 / (P * sigma**2)}
+    covered = dict.fromkeys(truth, 0)
+    for rep in range(20):
+        rng = np.random.default_rng(rep)
+        G = (mean + sigma * rng.standard_normal((K, P)))[:, None, :]
+        out = gradient_statistics(G, g, 0.0, resamples=400, seed=rep)
+        for name, value in truth.items():
+            point, low, high = (float(v[0]) for v in out[name])
+            assert low <= point <= high, (name, point, low, high)
+            covered[name] += low <= value <= high
+    assert all(n >= 16 for n in covered.values()), covered
+
+
 def _chain_batches(spec, logits, critic, gamma, segment, lambdas, ks, d, batches, n, seed):
     """K Monte-Carlo batches of n iid samples on the chain: s ~ d, a ~ π, a continuation drawn
     from its exact path distribution, advantages by gae_core.estimators."""

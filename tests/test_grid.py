@@ -14,7 +14,13 @@ from conftest import cli, cli_in_process
 
 from gae_core.insight import compare, stats
 from gae_core.insight.compare_figures import grid_figure
-from gae_core.insight.grid import MARKS, cell_records, cell_table, study_axes
+from gae_core.insight.grid import (
+    MARKS,
+    best_cell_sentence,
+    cell_records,
+    cell_table,
+    study_axes,
+)
 from gae_core.labels import format_value
 from gae_core.storage.store import RunStore
 
@@ -71,6 +77,15 @@ def test_one_clearly_best_cell_and_two_tied_with_it_are_marked():
         assert row.iqm_ci_high < top.iqm_ci_low or row.iqm_ci_low > top.iqm_ci_high
 
 
+def test_one_seed_per_cell_marks_no_cell_as_distinguishable_or_not():
+    levels = {(lam, 0.99): 100.0 for lam in (0.0, 0.5, 0.9, 1.0)}
+    table = cell_table(_study(levels, seeds=1, noise=1.0), "lambda_", "gamma")
+    assert table["best"].sum() == 1 and not table["not_distinguishable"].any()
+    sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
+    assert "one seed in a cell gives no interval" in sentence
+    assert "lies apart" not in sentence
+
+
 def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():
     levels = {(lam, g): 10.0 * lam + g for lam in (0.5, 1.0) for g in (0.9, 0.99)}
     episodes = _study(levels, seeds=5, noise=3.0)
@@ -86,9 +101,10 @@ def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():
 
 def test_steps_to_threshold_is_lower_is_better_and_censors_never_solved_seeds():
     rows = []
-    for lam, solve_at in ((0.9, 5), (1.0, None)):  # λ = 1 never reaches the threshold
+    # λ = 1 never reaches the threshold; λ = 0.5's runs stop after 3 episodes without it
+    for lam, solve_at, length in ((0.5, None, 3), (0.9, 5, 12), (1.0, None, 12)):
         for s in range(4):
-            for e in range(12):
+            for e in range(length):
                 high = solve_at is not None and e >= solve_at + s % 2
                 rows.append({"lambda_": lam, "gamma": 0.99, "seed": s, "run_id": f"{lam}-{s}",
                              "env_step": (e + 1) * 10, "return": 50.0 * high})  # fmt: skip
@@ -97,11 +113,15 @@ def test_steps_to_threshold_is_lower_is_better_and_censors_never_solved_seeds():
                        threshold=40.0, final_window=2)  # fmt: skip
     figure, _ = grid_figure(table, "lambda_", "gamma")
     assert figure.data[0].reversescale is True  # lower is better: still bright is better
-    fast, never = table.iloc[0], table.iloc[1]
+    stopped, fast, never = table.iloc[0], table.iloc[1], table.iloc[2]
     # solved when the last 2 episodes average ≥ 40: episode index solve_at + 1 (+1 odd seeds)
     assert fast["iqm"] == pytest.approx(np.mean([70, 80, 70, 80]))
-    assert never["iqm"] == 120.0 and never["solved_fraction"] == 0.0  # censored: last step
-    assert fast["best"] and not never["best"] and not never["not_distinguishable"]
+    # never solved: counted at the study's end (step 120), a run stopped at 30 included, so
+    # stopping early cannot look fast
+    assert never["iqm"] == 120.0 and never["solved_fraction"] == 0.0
+    assert stopped["iqm"] == 120.0 and stopped["solved_fraction"] == 0.0
+    assert fast["best"] and not never["best"] and not stopped["best"]
+    assert not never["not_distinguishable"]
     with pytest.raises(ValueError, match="needs the env's reward threshold"):
         cell_table(episodes, "lambda_", "gamma", score="steps_to_threshold")
     with pytest.raises(ValueError, match="score must be one of"):
@@ -134,8 +154,6 @@ def test_sweep_gammas_flag_expands_and_rejects_clearly(tmp_path):
     bad = cli_in_process(tmp_path / "d", "sweep", "--lambdas", "0.9", "--gammas", "0.9", "1.5")
     assert bad.returncode == 2 and "gamma" in bad.stderr and "1.5" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "d").exists()
-    unknown = cli_in_process(tmp_path / "d", "summary", "nope", "--second", "nope_field")
-    assert unknown.returncode != 0
 
 
 @pytest.mark.slow
@@ -170,6 +188,10 @@ def test_a_gamma_by_lambda_sweep_summarises_as_a_grid(tmp_path, env, extra):
     text = cli(data, "summary", sweep_id)
     assert text.returncode == 0 and "γ × λ" in text.stdout and "★" in text.stdout
     assert MARKS["best"] in text.stdout
+    unknown = cli(data, "summary", sweep_id, "--second", "nope_field")
+    assert (
+        unknown.returncode == 2 and "--second: unknown config field 'nope_field'" in unknown.stderr
+    )
 
 
 @pytest.mark.slow

@@ -69,14 +69,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     lam, gam = label("lambda_"), label("gamma")
     data_dir = argparse.ArgumentParser(add_help=False)
-    data_dir.add_argument(
-        "--env-module",
-        action="append",
-        default=argparse.SUPPRESS,
-        metavar="PKG",
-        help="import PKG first: a module that registers gymnasium envs (repeatable; workers "
-        f"import it too). The dashboard reads ${ENV_MODULES_VAR}=pkg1,pkg2 instead",
+    modules = argparse.ArgumentParser(add_help=False)
+    env_module_help = (
+        "import PKG first: a module that registers gymnasium envs (repeatable; workers import "
+        f"it too). The dashboard reads ${ENV_MODULES_VAR}=pkg1,pkg2 instead"
     )
+    # before the command and after it: two lists (a subcommand's namespace would overwrite one)
+    modules.add_argument("--env-module", action="append", default=[], metavar="PKG",
+                         help=env_module_help)  # fmt: skip
     data_dir.add_argument(
         "--data-dir",
         default=argparse.SUPPRESS,
@@ -87,11 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Train A2C or PPO agents with GAE, list and export runs, {lam} × seed sweeps.",
         parents=[data_dir],
     )
+    parser.add_argument("--env-module", dest="env_module_first", action="append", default=[],
+                        metavar="PKG", help=env_module_help)  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     train = sub.add_parser(
         "train",
-        parents=[data_dir],
+        parents=[data_dir, modules],
         help="train one run in the foreground",
         description="Train one A2C or PPO run headless; Ctrl-C stops it and keeps its data.",
     )
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(train)
     train.set_defaults(handler=commands.train)
 
-    runs = sub.add_parser("runs", parents=[data_dir], help="list runs with their status")
+    runs = sub.add_parser("runs", parents=[data_dir, modules], help="list runs with their status")
     runs.add_argument("--status", nargs="+", choices=STATUSES, help="only runs with these statuses")
     runs.add_argument("--sweep", help="only the trials of this sweep id")
     runs.add_argument("--json", action="store_true", help="print one JSON array")
@@ -112,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs.set_defaults(handler=commands.runs)
 
-    export = sub.add_parser("export", parents=[data_dir], help="export a run's metrics as CSV")
+    export = sub.add_parser(
+        "export", parents=[data_dir, modules], help="export a run's metrics as CSV"
+    )
     export.add_argument("run_id")
     export.add_argument("--csv", required=True, metavar="PATH", help="output file ('-' for stdout)")
     export.add_argument(
@@ -122,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser(
         "sweep",
-        parents=[data_dir],
+        parents=[data_dir, modules],
         help=f"run a {lam} × seed grid in worker processes",
         description="Run every combination of the grid as its own run, in worker processes. "
         "Ctrl-C cancels: pending trials are skipped, running ones stop; data is kept.",
@@ -181,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lab = sub.add_parser(
         "lab",
-        parents=[data_dir],
+        parents=[data_dir, modules],
         help=f"measure bias², variance and MSE of δ, Â^(k) and GAE({lam}) on a run's checkpoint",
         description="The estimator lab: Monte-Carlo truth Q^π(s,a) − V̂(s) for states sampled "
         "from the policy, K continuations per state, every estimator at their first row. The "
@@ -240,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     summary = sub.add_parser(
         "summary",
-        parents=[data_dir],
+        parents=[data_dir, modules],
         help="a sweep's statistics per group: IQM and mean of final return and AUC with CIs, "
         f"the two-axis grid of a γ × {lam} study, and the methods that made them",
     )
@@ -262,16 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--json", action="store_true", help="print one JSON object")
     summary.set_defaults(handler=study.summary)
 
-    stop = sub.add_parser("stop", parents=[data_dir], help="ask a running run to stop")
+    stop = sub.add_parser("stop", parents=[data_dir, modules], help="ask a running run to stop")
     stop.add_argument("run_id")
     stop.set_defaults(handler=commands.stop)
 
-    rename = sub.add_parser("rename", parents=[data_dir], help="rename a run")
+    rename = sub.add_parser("rename", parents=[data_dir, modules], help="rename a run")
     rename.add_argument("run_id")
     rename.add_argument("name")
     rename.set_defaults(handler=commands.rename)
 
-    delete = sub.add_parser("delete", parents=[data_dir], help="delete a run and its data")
+    delete = sub.add_parser("delete", parents=[data_dir, modules], help="delete a run and its data")
     delete.add_argument("run_id")
     delete.add_argument(
         "--force", action="store_true", help="even if it is active: stop it first, then delete"
@@ -288,8 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return commands.EXIT_USAGE
     try:
-        if getattr(args, "env_module", None):
-            use_env_modules(args.env_module)  # EnvModuleError (a ValueError): one line, exit 2
+        named = [*getattr(args, "env_module_first", []), *getattr(args, "env_module", [])]
+        if named:
+            use_env_modules(named)  # EnvModuleError (a ValueError): one line, exit 2
         return handler(args)
     except (ConfigError, commands.UsageError, ValueError) as exc:
         print(f"error: {terminal_text(commands.name_flag(str(exc)))}", file=sys.stderr)

@@ -135,6 +135,10 @@ def _gradient(args: argparse.Namespace) -> int:
         settings = GradientSettings(**options)
     except ValueError as exc:
         raise UsageError(f"--{str(exc).replace('_', '-', 1)}") from None
+    if run.config.get("use_sde"):
+        from gae_core.lab.measure import GSDE_NOTE
+
+        print(GSDE_NOTE, file=sys.stderr)
     store = open_store(args)
     bars: list[Any] = []
     shown = [0]

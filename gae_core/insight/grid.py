@@ -33,8 +33,9 @@ SCORES: dict[str, tuple[str, bool]] = {
     "final_return": (f"final return (mean of the last {SOLVED_WINDOW} episodes)", True),
     "auc": ("AUC (average return over training: how fast it learned)", True),
     "steps_to_threshold": (
-        "env steps to the env's threshold (a seed that never reached it counts at its last "
-        "episode's step, a lower bound; the solved share says how often that happened)",
+        "env steps to the env's threshold (a run that never reached it counts at the study's "
+        "last episode, the longest run's end: a run stopped early cannot look fast; the "
+        "solved share says how often that happened)",
         False,
     ),
 }
@@ -101,9 +102,8 @@ def cell_table(
         **{CELL: [Cell(a, b) for a, b in zip(episodes[x], episodes[y], strict=True)]}
     )
     runs = run_scores(frame, group=CELL, threshold=threshold, final_window=final_window)
-    if threshold is not None:  # never solved: censored at the run's last finished episode
-        last = frame.groupby("run_id")["env_step"].max()
-        runs["steps_to_threshold"] = runs["solved_at_step"].fillna(runs["run_id"].map(last))
+    if threshold is not None:  # never solved: censored at the study's end (its last episode)
+        runs["steps_to_threshold"] = runs["solved_at_step"].fillna(float(frame["env_step"].max()))
     scores = seed_scores(frame, group=CELL, points=points, runs=runs)
     if score == "steps_to_threshold":
         scores = scores.merge(
@@ -137,7 +137,10 @@ def _mark(table: pd.DataFrame, *, higher: bool) -> None:
     low, high = table["iqm_ci_low"].iloc[first], table["iqm_ci_high"].iloc[first]
     overlaps = (table["iqm_ci_low"] <= high) & (table["iqm_ci_high"] >= low)
     table["best"] = best
-    table["not_distinguishable"] = (~best) & finite & overlaps.to_numpy()
+    if table["seeds"].iloc[first] < 2:  # one seed: no interval, nothing can be told apart
+        return
+    with_interval = (table["seeds"] >= 2).to_numpy()
+    table["not_distinguishable"] = (~best) & finite & with_interval & overlaps.to_numpy()
 
 
 def cell_records(table: pd.DataFrame, x: str, y: str) -> list[dict[str, Any]]:
@@ -170,6 +173,11 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
     )
     tied = int(table["not_distinguishable"].sum())
     others = len(table) - len(best)
+    if int(table["seeds"].min()) < 2:
+        return text + (
+            "; one seed in a cell gives no interval, so which cells it beats cannot be told: "
+            "run more seeds"
+        )
     if tied:
         return text + (
             f"; {tied} of the other {others} cells are not distinguishable from it "

@@ -20,7 +20,11 @@ For a policy checkpoint π_θ and a critic V̂:
   policy checkpoint's own critic as the baseline (any baseline leaves g* unbiased; the best one
   available keeps it least noisy). Its noise ``reference_noise`` = tr Cov(ĝ*) is estimated
   from 32 blocks of episodes; where its standard error is not small against ‖g*‖ the result
-  says so (:meth:`GradientResult.reference_note`): then bias² cannot be read.
+  says so (:meth:`GradientResult.reference_note`): then bias² cannot be read. Besides a
+  window's end, the batches bootstrap V̂ at every time-limit truncation where g* follows the
+  real return past it, so part of what is measured as bias is the critic's error at those
+  states (on CartPole and HalfCheetah every good episode truncates); and with gSDE the batches
+  draw fresh noise every step (as the lab does), not one matrix per rollout as training does.
 * **Per-sample scores once.** ψ_i = ∇_θ log π(a_i|s_i) for every sample of a batch come from
   one ``torch.func.vmap(grad(…))``; every estimator's gradient is then one product
   ``G = Aᵀ Ψ / n`` with the advantages of all λ (:func:`gae_core.estimators.gae_lambda_sweep`),
@@ -44,6 +48,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -127,6 +132,8 @@ class GradientSettings:
     @property
     def horizon(self) -> int:
         """H past the time limit for the reference's returns: γ^H ≤ 10⁻³ (≤ 5,000 steps)."""
+        if self.gamma <= 0.0:
+            return 1
         if self.gamma < 1.0:
             steps = math.ceil(math.log(HORIZON_TOLERANCE) / math.log(self.gamma))
             return min(MAX_HORIZON, max(1, steps))
@@ -171,26 +178,41 @@ def gradient_statistics(
     counts = rng.multinomial(K, np.full(K, 1.0 / K), size=resamples).astype(np.float64)
     W = np.vstack([np.ones(K), counts])  # row 0: the point estimate
 
-    def quadratic(M: np.ndarray) -> np.ndarray:  # [E, B]: cᵀ M c per resample
-        return np.einsum("bk,ekl,bl->eb", W, M, W, optimize=True)
+    # Every quantity is a mean over pairs of *distinct* batches (a U-statistic): ‖E ĝ − g*‖² is
+    # estimated without bias by the mean of ⟨ĝ_k − g*, ĝ_l − g*⟩ over k ≠ l, which equals
+    # ‖ḡ − g*‖² − tr S/K. A resample weighs pair (k, l) by c_k c_l and leaves out a batch
+    # paired with itself (drawn twice or not), so its bootstrap mean is the point estimate; the
+    # plug-in ‖ḡ_c − g*‖² − v_c/K would sit tr S/K above it in every resample.
+    own = np.sum(W**2, axis=1)  # Σ c_k²: the weight of same-batch pairs
+    pairs = K**2 - own  # [B]: the weight of distinct pairs (0 when one batch was drawn K times)
 
-    squared_mean = quadratic(H) / K**2  # ‖ḡ‖²
-    distance = quadratic(D) / K**2  # ‖ḡ − g*‖²
-    variance = (np.einsum("bk,ek->eb", W, np.einsum("ekk->ek", H)) - K * squared_mean) / (K - 1)
+    def pair_mean(M: np.ndarray) -> np.ndarray:  # [E, B]: mean of M_kl over distinct pairs
+        quadratic = np.einsum("bk,ekl,bl->eb", W, M, W, optimize=True)
+        diagonal = np.einsum("bk,ek->eb", W**2, np.einsum("ekk->ek", M))
+        return (quadratic - diagonal) / pairs
+
+    diag_h = np.einsum("ekk->ek", H)
     with np.errstate(divide="ignore", invalid="ignore"):
+        signal = pair_mean(H)  # ‖E ĝ‖²
+        # tr Cov = mean over distinct pairs of ½‖ĝ_k − ĝ_l‖² = ½(H_kk + H_ll) − H_kl
+        spread = np.einsum("bk,ek->eb", W * (K - W), diag_h) / pairs
+        variance = spread - signal
+        bias2 = pair_mean(D) - reference_noise
         values = {
             "cosine": np.einsum("bk,ek->eb", W, to_reference) / K,
-            "pairwise_cosine": (quadratic(pairwise) - K) / (K * (K - 1)),
-            "bias2": distance - variance / K - reference_noise,
+            "pairwise_cosine": pair_mean(pairwise),
+            "bias2": bias2,
             "variance": variance,
-            "mse": distance - variance / K - reference_noise + variance,
-            "snr": (squared_mean - variance / K) / variance,
+            "mse": bias2 + variance,
+            "snr": signal / variance,
         }
     alpha = (1.0 - confidence) / 2.0
     out = {}
     for name, v in values.items():
         v = np.where(np.isfinite(v), v, np.nan)
-        low, high = np.nanquantile(v[:, 1:], [alpha, 1.0 - alpha], axis=1)
+        with warnings.catch_warnings():  # a quantity undefined in every resample stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            low, high = np.nanquantile(v[:, 1:], [alpha, 1.0 - alpha], axis=1)
         out[name] = (v[:, 0], low, high)
     return out
 

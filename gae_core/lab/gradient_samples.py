@@ -165,7 +165,6 @@ def reference_gradient(env_id: str, policy: Replay, critic: Replay, settings: An
     probe.close()
     horizon = cap + settings.horizon
     sim = Simulator(env_id, copies, seed=settings.seed)
-    discounts = settings.gamma ** np.arange(horizon)
     total, blocks, counts = None, None, np.zeros(REFERENCE_BLOCKS)
     samples, round_ = 0, 0
     try:
@@ -186,9 +185,11 @@ def reference_gradient(env_id: str, policy: Replay, critic: Replay, settings: An
                     break
             rows = len(rec_rew)
             rew = np.stack(rec_rew)  # [rows, copies]
-            # G_t = Σ_{l ≥ t} γ^{l−t} r_l, by one reversed cumulative sum per copy
-            scaled = rew * discounts[:rows, None]
-            returns = np.flip(np.cumsum(np.flip(scaled, 0), 0), 0) / discounts[:rows, None]
+            returns = np.zeros_like(rew)  # G_t = r_t + γ G_{t+1}, backwards (any γ, no underflow)
+            following = np.zeros(copies)
+            for t in range(rows - 1, -1, -1):
+                following = rew[t] + settings.gamma * following
+                returns[t] = following
             alive_at = np.stack(alive_rows)
             sample = alive_at & (np.arange(rows)[:, None] < cap)
             t_idx, c_idx = np.nonzero(sample)
