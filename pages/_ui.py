@@ -4,9 +4,12 @@ buttons. No estimator math and no training logic here: that is gae_core's."""
 from __future__ import annotations
 
 import html
+import json
 import sys
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import streamlit as st
@@ -68,6 +71,67 @@ def manager() -> RunManager:
 
 def store() -> RunStore:
     return manager().store
+
+
+#: Clicks of Start or Launch this close together (seconds) are one click burst.
+REPEAT_WINDOW_S = 3.0
+_STARTS = "gae.starts"
+_starts_lock = threading.Lock()  # held only to read and mark a record, never across a start
+_clock = time.monotonic  # read at each call: the tests move it on instead of sleeping
+_T = TypeVar("_T")
+
+
+def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -> _T | None:
+    """Call ``start()`` once per click burst of the button ``action``; for a repeat, say so
+    ("Already starting …") and return ``None``.
+
+    A repeat is a click with the same ``identity`` (what ``start`` would start, as JSON-able
+    data) while the previous start of ``action`` has not returned, or within
+    :data:`REPEAT_WINDOW_S` of its return or of the last repeat. A double click reaches the
+    page as two reruns with the button True once each; the second either follows a first run
+    that has returned, or (Streamlit's fast reruns) begins in a new script thread while the
+    first is still inside ``start()``, which it cannot leave before it returns. A click after
+    a quiet window, or with other settings, starts again: identical runs on purpose stay
+    possible. The record lives in the browser session's state; a ``start`` that raises leaves
+    none behind, so the next click retries at once.
+    """
+    key = json.dumps(identity, sort_keys=True, default=str)
+    # One dict per session, changed in place: a write to session state from a script thread
+    # that another thread's rerun is compacting can be lost, a change inside this dict cannot.
+    records = st.session_state.setdefault(_STARTS, {})
+    with _starts_lock:
+        now = _clock()
+        before = records.get(action)
+        repeat = (
+            before is not None
+            and before["identity"] == key
+            and (before["in_flight"] or now - before["at"] < REPEAT_WINDOW_S)
+        )
+        if repeat and not before["in_flight"]:
+            before["at"] = now  # the burst goes on while the clicks keep coming
+        elif not repeat:
+            mine = records[action] = {"identity": key, "in_flight": True, "at": now}
+    if repeat:
+        st.info(
+            f"Already starting {what}: a click within {REPEAT_WINDOW_S:g} s of the last one "
+            f"does nothing. To start another identical one, wait {REPEAT_WINDOW_S:g} s and "
+            "click again.",
+            icon=":material/hourglass_top:",
+        )
+        return None
+    try:
+        result = start()
+    except BaseException:
+        with _starts_lock:
+            if records.get(action) is mine:
+                if before is None:
+                    del records[action]
+                else:
+                    records[action] = before
+        raise
+    with _starts_lock:
+        mine["in_flight"], mine["at"] = False, _clock()
+    return result
 
 
 def csv_button(label: str, frame: pd.DataFrame, file_name: str, key: str) -> None:

@@ -180,13 +180,18 @@ if view == "Launch a sweep":
         launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {int(seeds)} {plural})"
         if st.button(launch, type="primary", disabled=bool(errors or form_errors),
                      key="cmp.launch"):  # fmt: skip
-            sweep = start_sweep(
-                store, base, grid, workers=int(workers), backend=backend, name=name
+            study = {"base": base.to_dict(), "grid": grid, "name": name, "workers": int(workers),
+                     "backend": [backend_name, address, batched]}  # fmt: skip
+            sweep = _ui.start_once(  # a double click launches one sweep
+                "cmp.launch", study, lambda: start_sweep(
+                    store, base, grid, workers=int(workers), backend=backend, name=name
+                ), "this sweep",
             )  # fmt: skip
-            _ui.sweeps()[sweep.sweep_id] = sweep
-            # the progress box is keyed: once drawn, it keeps its own choice over `index`
-            st.session_state["cmp.sweep"] = sweep.sweep_id
-            st.session_state["cmp.progress_sweep"] = sweep.sweep_id
+            if sweep is not None:
+                _ui.sweeps()[sweep.sweep_id] = sweep
+                # the progress box is keyed: once drawn, it keeps its own choice over `index`
+                st.session_state["cmp.sweep"] = sweep.sweep_id
+                st.session_state["cmp.progress_sweep"] = sweep.sweep_id
     with right:
         sweep_list = store.list_sweeps()
         if not sweep_list:

@@ -30,13 +30,18 @@ with form_column:
         name = left.text_input("run name (optional)", key="train.name", max_chars=80)
         config, errors, warnings = views.build_config(values)
         if right.button("Start", type="primary", disabled=config is None, key="train.start"):
-            try:
-                run_id = manager.start(config, name=name if name.strip() else None)
+            run_name = name if name.strip() else None
+            try:  # a double click starts one run (None: the second click of the burst)
+                run_id = _ui.start_once(
+                    "train.start", {"config": config.to_dict(), "name": run_name},
+                    lambda: manager.start(config, name=run_name), "this run",
+                )  # fmt: skip
             except ValueError as error:  # a name with nothing printable in it
                 errors = [str(error)]
             else:
-                # the run selectbox below is keyed: set its state, or it keeps the old run
-                st.session_state["train.view"] = run_id
+                if run_id is not None:
+                    # the run selectbox below is keyed: set its state, or it keeps the old run
+                    st.session_state["train.view"] = run_id
         _ui.show_problems(errors, warnings)
 
 with live_column:

@@ -116,11 +116,14 @@ def test_runs_page_lists_and_filters(data_dir):
 
 
 @pytest.mark.slow
-def test_a_second_start_switches_the_view_to_the_new_run(data_dir):
+def test_a_second_start_switches_the_view_to_the_new_run(data_dir, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(_ui, "_clock", lambda: now[0])
     at = app("pages/train.py")
     set_fields(at, TINY)
     at.button(key="train.start").click().run()
     first = at.selectbox(key="train.view").value
+    now[0] += _ui.REPEAT_WINDOW_S + 0.1  # a second start on purpose, not a double click
     at.button(key="train.start").click().run()
     second = at.selectbox(key="train.view").value
     assert first != second
