@@ -127,8 +127,8 @@ def _random_steps(job: tuple[str, int, float]) -> float:
 
     from gae_core.agent.envs import quiet_env_warnings
 
-    quiet_env_warnings()
     env_id, num_envs, seconds = job
+    quiet_env_warnings(env_id)
     env = gym.make_vec(env_id, num_envs, vectorization_mode="sync")
     env.reset(seed=0)
     env.action_space.seed(0)

@@ -83,14 +83,24 @@ _QUIET_GYM = r".*precision lowered by casting to float32.*"
 _QUIET_MUJOCO = ("compiler attribute 'settotalmass' is deprecated",)
 
 
-@functools.cache
-def quiet_env_warnings() -> None:
-    """Silence :data:`_QUIET_GYM` and :data:`_QUIET_MUJOCO` in this process (idempotent); other
-    MuJoCo warnings go on to Python's ``warnings``."""
+def quiet_env_warnings(env_id: str | None = None) -> None:
+    """Silence :data:`_QUIET_GYM` (a filter, added again on every call: a test framework may
+    reset the filters) and, for a MuJoCo env, :data:`_QUIET_MUJOCO` (MuJoCo imported only
+    then); other MuJoCo warnings go on to Python's ``warnings``."""
     warnings.filterwarnings("ignore", message=_QUIET_GYM)
     try:
+        entry = str(gym.spec(env_id).entry_point) if env_id else ""
+    except gym.error.Error:
+        return
+    if "mujoco" in entry:
+        _forward_mujoco_warnings()
+
+
+@functools.cache
+def _forward_mujoco_warnings() -> None:
+    try:
         import mujoco
-    except ImportError:  # no MuJoCo envs here: nothing to quiet
+    except ImportError:  # the env will say what to install
         return
 
     def forward(message: str) -> None:
@@ -149,7 +159,7 @@ def discrete_actions(env_id: str) -> bool | None:
 @functools.lru_cache(maxsize=64)
 def _built(env_id: str) -> tuple[str | None, bool | None]:
     """``(problem, discrete actions)`` of building ``env_id`` once."""
-    quiet_env_warnings()
+    quiet_env_warnings(env_id)
     try:
         env = gym.make(env_id)
     except gym.error.DependencyNotInstalled as exc:
@@ -206,7 +216,7 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """A vector env in NEXT_STEP autoreset mode (the native one where gymnasium has it) with
     float32 observations."""
     check_env_id(env_id)
-    quiet_env_warnings()
+    quiet_env_warnings(env_id)
     spec = gym.spec(env_id)
     if spec.vector_entry_point is not None:
         env = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
@@ -237,7 +247,7 @@ def make_eval_env(env_id: str) -> gym.Env:
     """One plain env (with the spec's TimeLimit) for recording trajectories; float32
     observations."""
     check_env_id(env_id)
-    quiet_env_warnings()
+    quiet_env_warnings(env_id)
     env = gym.make(env_id)
     if env.observation_space.dtype != np.float32:
         env = gym.wrappers.DtypeObservation(env, np.float32)

@@ -90,7 +90,7 @@ STATE_FAMILIES = ("classic control", "MuJoCo", "the lab's chain")
 def state_access(env_id: str) -> StateAccess:
     """The state access of ``env_id``'s family; ``UnsupportedEnvError`` naming the id and the
     families the lab supports otherwise."""
-    quiet_env_warnings()
+    quiet_env_warnings(env_id)
     env = gym.make(env_id).unwrapped
     try:
         name = type(env).__name__
