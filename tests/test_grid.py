@@ -188,6 +188,8 @@ def test_a_gamma_by_lambda_sweep_summarises_as_a_grid(tmp_path, env, extra):
     text = cli(data, "summary", sweep_id)
     assert text.returncode == 0 and "γ × λ" in text.stdout and "★" in text.stdout
     assert MARKS["best"] in text.stdout
+    swapped = json.loads(cli(data, "summary", sweep_id, "--group", "gamma", "--json").stdout)
+    assert (swapped["grid"]["x"], swapped["grid"]["y"]) == ("gamma", "lambda_")
     unknown = cli(data, "summary", sweep_id, "--second", "nope_field")
     assert (
         unknown.returncode == 2 and "--second: unknown config field 'nope_field'" in unknown.stderr

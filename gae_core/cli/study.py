@@ -296,7 +296,10 @@ def summary(args: argparse.Namespace) -> int:
 
         first, other = study_axes(sweep.grid)
         group = args.group or first
-        second = args.second or (other if other != group else None)
+        # the sweep's other axis: with --group naming one of its two, the remaining one
+        second = args.second or next((a for a in (first, other) if a and a != group), None)
+        if second is not None and second not in sweep.grid and args.second is None:
+            second = None
         for flag, value in (("--group", args.group), ("--second", args.second)):
             if value is not None and value not in FIELD_SPECS:
                 raise UsageError(f"{flag}: unknown config field {value!r}")
