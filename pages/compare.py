@@ -420,7 +420,9 @@ st.caption(
     )
 )
 with downloads[2]:
-    _ui.csv_button("Summary CSV", summary, "summary.csv", "cmp.summary_csv")
+    # "not reached" (inf in the table) is an empty cell in the CSV, as a spreadsheet expects
+    exported = summary.replace([math.inf, -math.inf], math.nan)
+    _ui.csv_button("Summary CSV", exported, "summary.csv", "cmp.summary_csv")
 if second:
     st.subheader(f"{label(second)} × {label(group)}")
     choices = [s for s in grid.SCORES if threshold is not None or s != "steps_to_threshold"]

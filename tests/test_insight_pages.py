@@ -308,7 +308,9 @@ def _array(value):
 
 
 @pytest.mark.slow
-def test_compare_groups_picked_runs_by_any_field(data_dir):
+def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
+    handed: dict[str, object] = {}
+    monkeypatch.setattr(_ui, "csv_button", lambda _l, frame, name, _k: handed.update({name: frame}))
     store = RunStore(data_dir)
     base = TrainConfig(**{**TINY, "total_steps": 800})
     run_sweep(store, base, grid_of(seeds=[0, 1], gamma=[0.9, 0.99]), workers=1)
@@ -322,6 +324,10 @@ def test_compare_groups_picked_runs_by_any_field(data_dir):
     # 800 steps do not reach CartPole's 475: no median step to solve, and the cell says so
     assert summary["solved"].tolist() == ["0%"] * 2
     assert summary["median steps to solve"].tolist() == ["not reached"] * 2
+    # … and in the CSV an empty cell, not "inf"
+    exported = handed["summary.csv"]
+    assert exported["median_steps_to_solve"].isna().all()
+    assert "inf" not in gae_core.inert.to_csv(exported)
     assert not any("also differ" in w.value for w in at.warning) and not at.info
     # grouped by λ (one value here), γ varies alike within it: pooled, a seed's two runs (one
     # per γ, the same initial weights and env seeds) one replicate, their mean
