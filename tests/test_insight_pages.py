@@ -16,6 +16,7 @@ from conftest import TINY, app, runs_of_three_widths, wait_until
 import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, TrainConfig
+from gae_core.inert import to_csv
 from gae_core.insight import compare, explorer
 from gae_core.runs.sweep import grid_of, run_sweep
 from gae_core.storage.store import RunStore
@@ -327,7 +328,7 @@ def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     # … and in the CSV an empty cell, not "inf"
     exported = handed["summary.csv"]
     assert exported["median_steps_to_solve"].isna().all()
-    assert "inf" not in gae_core.inert.to_csv(exported)
+    assert "inf" not in to_csv(exported)
     assert not any("also differ" in w.value for w in at.warning) and not at.info
     # grouped by λ (one value here), γ varies alike within it: pooled, a seed's two runs (one
     # per γ, the same initial weights and env seeds) one replicate, their mean
