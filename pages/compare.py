@@ -118,7 +118,18 @@ if view == "Launch a sweep":
             "trial is still its own run, identical in distribution to training it alone but "
             "not bit for bit. Off: each trial trains alone.",
         )  # fmt: skip
-        values = _ui.config_form("cmp", exclude=("lambda_", "seed"))
+        hold = st.checkbox(
+            f"Hold the critic's target fixed across {LAMBDA}",
+            value=True,
+            key="cmp.hold_critic",
+            help=f"The critic regresses on {LAMBDA}-returns with one {LAMBDA} for every trial, "
+            f"so the study varies the advantages' {LAMBDA} and nothing else. Unchecked, each "
+            f"trial's critic follows its own {LAMBDA} (SB3 and CleanRL), which changes two "
+            "things at once.",
+        )
+        # held, the critic's target is the checkbox's: its own fields would contradict it
+        held_fields = ("critic_target", "critic_lambda") if hold else ()
+        values = _ui.config_form("cmp", exclude=("lambda_", "seed", *held_fields))
         gammas: list[float] = []
         errors = []
         try:
@@ -139,15 +150,6 @@ if view == "Launch a sweep":
                 gammas = views.parse_float_list(gammas_text, "γ values", spec.min, spec.max)
             except ConfigError as error:
                 errors.append(str(error))
-        hold = st.checkbox(
-            f"Hold the critic's target fixed across {LAMBDA}",
-            value=True,
-            key="cmp.hold_critic",
-            help=f"The critic regresses on {LAMBDA}-returns with one {LAMBDA} for every trial, "
-            f"so the study varies the advantages' {LAMBDA} and nothing else. Unchecked, each "
-            f"trial's critic follows its own {LAMBDA} (SB3 and CleanRL), which changes two "
-            "things at once.",
-        )
         base, form_errors, warnings = views.build_config(values)
         if base is not None and hold:
             base = hold_critic_target(base, {"lambda_": lambdas})

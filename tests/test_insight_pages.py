@@ -200,6 +200,14 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "in [0, 1]" in at.text_input(key="cmp.lambdas").help
     assert "about 10 seeds" in at.number_input(key="cmp.seeds").help
     assert "retried once" in at.number_input(key="cmp.workers").help
+    # held (the default), the critic's target is the checkbox's: the form shows no field of its
+    # own for it that would say otherwise; unchecked, the fields are back
+    keys = lambda: {w.key for w in at.selectbox} | {w.key for w in at.number_input}  # noqa: E731
+    assert at.checkbox(key="cmp.hold_critic").value
+    assert not {"cmp.critic_target", "cmp.critic_lambda"} & keys()
+    at.checkbox(key="cmp.hold_critic").uncheck().run()
+    assert {"cmp.critic_target", "cmp.critic_lambda"} <= keys()
+    at.checkbox(key="cmp.hold_critic").check().run()
     at.text_input(key="cmp.lambdas").set_value("0.5, 0.5, 1").run()
     assert "λ values: 0.5 given twice" in at.error[0].value  # duplicates reported
     at.text_input(key="cmp.lambdas").set_value("0.5, 1.5").run()
