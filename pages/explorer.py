@@ -183,7 +183,8 @@ with weight_column:
     figure, weights = figures.weights_figure(explorer.weights_table(lambda_, horizon), lambda_)
     st.plotly_chart(figure, key="ex.weights", config={"displaylogo": False})
     st.caption(
-        f"At t = {t}, {horizon} steps are left in the segment: Â^({horizon}) carries the tail "
+        f"At t = {t}, {horizon} {'step is' if horizon == 1 else 'steps are'} left in the "
+        f"segment: Â^({horizon}) carries the tail "
         f"{LAMBDA}^{horizon - 1} = {lambda_ ** (horizon - 1):.3g} of the weight (red)."
     )
     _ui.csv_button("Weights CSV", weights, f"{run_id}_weights.csv", "ex.weights_csv")
