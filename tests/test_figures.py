@@ -57,6 +57,18 @@ def test_metric_figure_draws_a_downsample_and_exports_every_point():
         figures.metric_figure(metrics, M.VALUE_LOSS.key, x="episodes")
 
 
+def test_a_curve_of_few_points_is_not_smoothed():
+    # 4 evaluations ending at 500: a moving average ended at 372 beside them
+    metrics = long_metrics(4, M.EVAL_RETURN.key)
+    figure, frame = figures.metric_figure(metrics, M.EVAL_RETURN.key, smoothing=0.6)
+    assert len(figure.data) == 1 and not any(c.endswith("_smoothed") for c in frame.columns)
+    _, overlay = figures.overlay_figure({"a": metrics}, M.EVAL_RETURN.key, smoothing=0.6)
+    assert not any(c.endswith("_smoothed") for c in overlay.columns)
+    many = long_metrics(figures.MIN_SMOOTHED_POINTS, M.EVAL_RETURN.key)
+    figure, frame = figures.metric_figure(many, M.EVAL_RETURN.key, smoothing=0.6)
+    assert len(figure.data) == 2 and "eval_return_smoothed" in frame.columns
+
+
 def test_a_line_of_few_points_marks_them_so_one_evaluation_shows():
     """A run evaluated once (eval_every past its budget) has one point: a plain line draws
     nothing there, so lines of up to MARKED_POINTS points carry markers; long ones do not

@@ -59,6 +59,11 @@ def downsample_indices(length: int, max_points: int = MAX_POINTS) -> np.ndarray:
     return np.unique(np.linspace(0, length - 1, max_points).round().astype(np.int64))
 
 
+#: Curves with fewer points are drawn unsmoothed (an average of 4 evaluations ended at 372
+#: beside a last point of 500).
+MIN_SMOOTHED_POINTS = 20
+
+
 def smooth(values: np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's smoothing: a debiased exponential moving average, weight in [0, 1)."""
     if not 0.0 <= weight < 1.0:
@@ -78,8 +83,10 @@ def metric_frame(
 ) -> pd.DataFrame:
     """One metric of one run from the store's long frame (``env_step, wall_time, key, value``):
     ``env_step``, ``wall_time_s``, the value column and, with smoothing, ``<name>_smoothed``
-    (computed on every point). Downsampled to :data:`MAX_POINTS` for drawing unless
-    ``every_point`` (the CSV exports: every logged point)."""
+    (computed on every point; not for a curve of fewer than :data:`MIN_SMOOTHED_POINTS`, such
+    as a handful of evaluations, which a moving average would only drag). Downsampled to
+    :data:`MAX_POINTS` for drawing unless ``every_point`` (the CSV exports: every logged
+    point)."""
     name = M.get(key).column
     rows = metrics[metrics["key"] == key].sort_values(["env_step", "wall_time"], kind="stable")
     frame = pd.DataFrame(
@@ -89,7 +96,7 @@ def metric_frame(
             name: rows["value"].to_numpy(),
         }
     )
-    if smoothing > 0:
+    if smoothing > 0 and len(frame) >= MIN_SMOOTHED_POINTS:
         frame[f"{name}_smoothed"] = smooth(frame[name].to_numpy(), smoothing)
     if every_point:
         return frame
@@ -193,10 +200,11 @@ def overlay_figure(
     metric = M.get(key)
     name = metric.column
     x_column = "env_step" if x == "env_step" else "wall_time_s"
-    value_column = f"{name}_smoothed" if smoothing > 0 else name
     figure, parts = go.Figure(), []
     for i, (run_name, metrics) in enumerate(runs.items()):
         frame = metric_frame(metrics, key, smoothing=smoothing, every_point=True)
+        smoothed = f"{name}_smoothed"
+        value_column = smoothed if smoothed in frame else name  # few points: unsmoothed
         frame.insert(0, "run", run_name)
         parts.append(frame)
         drawn = frame.iloc[downsample_indices(len(frame))]
