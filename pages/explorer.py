@@ -152,18 +152,19 @@ if row[2].button(
     st.switch_page("pages/lab.py")
 st.caption(explorer.units_note(run.config, value_scale))
 with st.expander("What the lines are", expanded=False):
-    formulas = st.columns(3)
-    formulas[0].markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
-    formulas[0].latex(r"\delta_t = r_t + \gamma\,(1-\text{term}_t)\,V(s_{t+1}) - V(s_t)")
-    formulas[1].markdown("k-step — k real rewards, then the critic (stops at the episode end):")
-    formulas[1].latex(r"\hat A^{(k)}_t = \sum_{l=0}^{k-1} \gamma^l \delta_{t+l}")
-    formulas[2].markdown("GAE — every k-step estimator, weighted geometrically:")
-    formulas[2].latex(
+    # one formula per row: three side by side were cut off at 1400 px
+    st.markdown("TD residual — the one-step advantage, biased wherever V is wrong:")
+    st.latex(r"\delta_t = r_t + \gamma\,(1-\text{term}_t)\,V(s_{t+1}) - V(s_t)")
+    st.markdown("k-step — k real rewards, then the critic (stops at the episode end):")
+    st.latex(r"\hat A^{(k)}_t = \sum_{l=0}^{k-1} \gamma^l \delta_{t+l}")
+    st.markdown("GAE — every k-step estimator, weighted geometrically:")
+    st.latex(
         r"\begin{aligned}\hat A^{\mathrm{GAE}}_t &= \sum_{l=0}^{L_t-1}(\gamma\lambda)^l"
         r"\,\delta_{t+l} \\ &= (1-\lambda)\sum_{k=1}^{L_t-1}\lambda^{k-1}\hat A^{(k)}_t"
         r" + \lambda^{L_t-1}\hat A^{(L_t)}_t\end{aligned}"
     )
     st.markdown(
+        f"Three of the lines coincide: δ_t = Â^(1)_t = GAE({assignment('lambda_', 0)}). "
         f"{assignment('lambda_', 0)} is δ_t: low variance, biased by critic error. "
         f"{assignment('lambda_', 1)} is the discounted return minus V(s_t): unbiased for the "
         f"{GAMMA}-discounted objective, but it carries the noise of "
