@@ -43,6 +43,7 @@ from bench_study import _cpu_model, physics_ceiling
 from gae_core.agent.presets import preset_config
 from gae_core.insight import compare, grid, stats
 from gae_core.labels import assignment
+from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
 from gae_core.runs.sweep import grid_of, hold_critic_target, run_sweep
 from gae_core.storage.store import RunStore
 
@@ -67,8 +68,10 @@ def _run_or_load(args, base, axes: dict) -> tuple[RunStore, str, float]:
             raise SystemExit(f"sweep {args.from_sweep} has not ended ({sweep.status})")
         return store, sweep.id, sweep.ended_at - sweep.created_at
     held = hold_critic_target(base, axes)
+    # populations, as `sweep` and the compare page run a study (run_sweep alone: one per worker)
+    backend = backend_factory("local", None, members=DEFAULT_MEMBERS)
     start = time.perf_counter()
-    progress = run_sweep(store, held, axes, workers=args.workers, name=args.name)
+    progress = run_sweep(store, held, axes, workers=args.workers, name=args.name, backend=backend)
     return store, progress.sweep_id, time.perf_counter() - start
 
 
