@@ -22,8 +22,10 @@ from gae_core.lab.states import Simulator
 
 #: Blocks of reference episodes whose spread gives the reference's own noise.
 REFERENCE_BLOCKS = 32
-#: Samples whose scores are held at once (a [chunk, parameters] float32 block).
-SCORE_CHUNK = 8192
+#: Samples whose scores are held at once (a [chunk, parameters] float32 block, with vmap's
+#: per-layer gradients beside it): 2,048 keeps HalfCheetah's lens at 1.53 GB peak where 8,192
+#: took 2.14 GB, at the same speed (docs/PERFORMANCE.md).
+SCORE_CHUNK = 2048
 
 # ----------------------------------------------------------------------------- scores
 
