@@ -92,6 +92,23 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
         _ui.csv_button("States CSV (every critic)", states, "lab_states.csv", f"{prefix}.st")
 
 
+def job_status(job: LabJob, cancel_key: str) -> bool:
+    """A lab job's progress, ETA and Cancel while it runs; its error or cancellation once it
+    ended. True when it has ended."""
+    if not job.done:
+        st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
+        if st.button("Cancel", key=cancel_key):
+            job.cancel()
+        return False
+    if job.error:
+        st.error(job.error.splitlines()[0])
+        with st.expander("Error details"):
+            st.code(job.error)
+    elif job.cancelled:
+        st.warning("Cancelled: nothing was stored.")
+    return True
+
+
 def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     """The policy-gradient view: measure (in the background) and show stored measurements."""
     st.caption(
@@ -138,17 +155,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
 
     @st.fragment(run_every=0.5 if job is not None and not job.done else None)
     def progress() -> None:
-        if job is None:
+        if job is None or not job_status(job, "lab.g_cancel"):
             return
-        if not job.done:
-            st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
-            if st.button("Cancel", key="lab.g_cancel"):
-                job.cancel()
-            return
-        if job.error:
-            st.error(job.error.splitlines()[0])
-        elif job.cancelled:
-            st.warning("Cancelled: nothing was stored.")
         if not st.session_state.get(f"lab.g_shown.{id(job)}"):
             st.session_state[f"lab.g_shown.{id(job)}"] = True
             st.rerun()
@@ -305,19 +313,8 @@ job = jobs().get(st.session_state.get("lab.job", ""))
 
 @st.fragment(run_every=0.5 if job is not None and not job.done else None)
 def progress() -> None:
-    if job is None:
+    if job is None or not job_status(job, "lab.cancel"):
         return
-    if not job.done:
-        st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
-        if st.button("Cancel", key="lab.cancel"):
-            job.cancel()
-        return
-    if job.error:
-        st.error(job.error.splitlines()[0])
-        with st.expander("Error details"):
-            st.code(job.error)
-    elif job.cancelled:
-        st.warning("Cancelled: nothing was stored.")
     if st.session_state.pop("lab.job", None) is not None and not job.error:
         st.rerun()
 

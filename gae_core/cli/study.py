@@ -22,46 +22,57 @@ from gae_core.inert import terminal_text
 from gae_core.labels import assignment, format_value, label
 
 
-def lab(args: argparse.Namespace) -> int:
-    if args.gradient:
-        return _gradient(args)
-    from gae_core.lab.jobs import measure_run
-    from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings, check_memory
-
+def _lab_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The run (StoreError, exit 1, for an unknown id) and the settings both lab views share:
+    γ (default: the run's), seed, and the λ and k grids when given."""
     with open_store_for_reading(args) as probe:
-        run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
+        run = probe.get_run(args.run_id)
     options: dict[str, Any] = {
         "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
-        "states": args.states,
-        "rollouts": args.rollouts,
-        "continuations": args.continuations,
-        "segment": args.segment,
         "seed": args.seed,
     }
     if args.lambdas is not None:
         options["lambdas"] = tuple(args.lambdas)
     if args.ks is not None:
         options["ks"] = tuple(args.ks)
+    return run, options
+
+
+class _PercentBar:
+    """A lab's progress on stderr in whole percent, the bar made at the first report (an error
+    before it stays one line)."""
+
+    def __init__(self, hidden: bool) -> None:
+        self.hidden, self.bar, self.shown = hidden, None, 0
+
+    def __call__(self, fraction: float) -> None:
+        if self.bar is None:
+            self.bar = progress_bar(100, self.hidden, unit="%")
+        percent = int(fraction * 100)
+        self.bar.update(percent - self.shown)
+        self.shown = percent
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def lab(args: argparse.Namespace) -> int:
+    if args.gradient:
+        return _gradient(args)
+    from gae_core.lab.jobs import measure_run
+    from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings, check_memory
+
+    run, options = _lab_options(args)
+    options |= {"states": args.states, "rollouts": args.rollouts,
+                "continuations": args.continuations, "segment": args.segment}  # fmt: skip
     settings = LabSettings(**options)  # ValueError naming the field (exit 2)
     # settings past the lab's memory limit: LabTooLarge, one line naming the fields (exit 2)
     check_memory(run.config["env_id"], settings, critics=len(args.critic_step or (None,)))
     if run.config.get("use_sde"):
         print(GSDE_NOTE, file=sys.stderr)
     store = open_store(args)
-    bars: list[Any] = []  # made at the first report: an error before it stays one line
-    shown = [0]
-
-    def progress(fraction: float) -> None:
-        if not bars:
-            bars.append(progress_bar(100, args.no_progress, unit="%"))
-        percent = int(fraction * 100)
-        bars[0].update(percent - shown[0])
-        shown[0] = percent
-
-    def close_bar() -> None:
-        for bar in bars:
-            bar.close()
-
+    progress = _PercentBar(args.no_progress)
     cancel = threading.Event()
     try:
         with StopOnSignal(cancel, "cancelling the lab (nothing is stored)…"):
@@ -75,12 +86,11 @@ def lab(args: argparse.Namespace) -> int:
                 cancel=cancel,
             )
     except LabCancelled:
-        close_bar()
         print("lab cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
+        progress.close()
         store.close()
-    close_bar()
     reports = [lab_report(result_id, result) for result_id, result in saved]
     if args.json:
         # the first critic's figures at the top (one critic: the whole object), every
@@ -118,19 +128,9 @@ def _gradient(args: argparse.Namespace) -> int:
     from gae_core.lab.jobs import measure_gradient_run
     from gae_core.lab.measure import LabCancelled
 
-    with open_store_for_reading(args) as probe:
-        run = probe.get_run(args.run_id)  # StoreError (exit 1) for an unknown id
-    options: dict[str, Any] = {
-        "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
-        "batches": args.batches,
-        "batch_size": args.batch_size,
-        "reference": args.reference,
-        "seed": args.seed,
-    }
-    if args.lambdas is not None:
-        options["lambdas"] = tuple(args.lambdas)
-    if args.ks is not None:
-        options["ks"] = tuple(args.ks)
+    run, options = _lab_options(args)
+    options |= {"batches": args.batches, "batch_size": args.batch_size,
+                "reference": args.reference}  # fmt: skip
     try:
         settings = GradientSettings(**options)
     except ValueError as exc:
@@ -140,16 +140,7 @@ def _gradient(args: argparse.Namespace) -> int:
 
         print(GSDE_NOTE, file=sys.stderr)
     store = open_store(args)
-    bars: list[Any] = []
-    shown = [0]
-
-    def progress(fraction: float) -> None:
-        if not bars:
-            bars.append(progress_bar(100, args.no_progress, unit="%"))
-        percent = int(fraction * 100)
-        bars[0].update(percent - shown[0])
-        shown[0] = percent
-
+    progress = _PercentBar(args.no_progress)
     cancel = threading.Event()
     try:
         with StopOnSignal(cancel, "cancelling the lab (nothing is stored)…"):
@@ -164,8 +155,7 @@ def _gradient(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad step or size, naming its field
         raise UsageError(f"--{str(exc).replace('_', '-', 1)}") from None
     finally:
-        for bar in bars:
-            bar.close()
+        progress.close()
         store.close()
     report = gradient_report(result_id, result)
     if args.json:
