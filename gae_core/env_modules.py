@@ -3,7 +3,7 @@ RL-Zoo's ``--gym-packages``), named by whoever starts the command or the server,
 
 ``python -m gae_core --env-module PKG …`` (repeatable) and ``GAE_CORE_ENV_MODULES=pkg1,pkg2`` for
 the dashboard both end up in the :data:`ENV_MODULES_VAR` environment variable of the process, so
-every process it starts (local workers, child runs, Ray tasks, which get it passed on) imports
+every process it starts (local workers, Ray tasks, which get it passed on) imports
 the same modules before it builds an env (:func:`import_named_modules`), and a run stores the
 modules it needed with its code's provenance (:func:`gae_core.version.source_version`).
 """

@@ -46,10 +46,11 @@ def require_navigation(page_file: str) -> None:
 def _manager() -> RunManager:
     """One RunManager per server process, shared by every session.
 
-    Each run trains in a child process of its own (a warm spare waits for the next Start), so
-    training never holds this server's interpreter lock: with runs training in threads, a click
-    on a chart control took up to 1.6 s to redraw. A 1 ms GIL switch interval (default 5 ms)
-    still helps the sweep coordinators' threads share the server with the page scripts.
+    Each run is a sweep of one on the local pool: it trains in a worker process (a warm spare
+    waits for the next Start), so training never holds this server's interpreter lock: with
+    runs training in threads, a click on a chart control took up to 1.6 s to redraw. A 1 ms GIL
+    switch interval (default 5 ms) helps the coordinators' threads share the server with the
+    page scripts.
     """
     sys.setswitchinterval(0.001)
     manager = RunManager(RunStore(), processes=True)

@@ -274,7 +274,7 @@ def test_interpreter_exit_stops_runs_cleanly(tmp_path):
         assert store.checkpoint_steps(run_id)[-1] == run.env_steps
 
 
-# ----------------------------------------------------------------------- runs in child processes
+# ----------------------------------------------------------------------- runs in worker processes
 
 
 def _alive(pid: int) -> bool:
@@ -287,33 +287,36 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
-    """processes=True: each run trains in its own child process, which claims the run (so it is
-    not this process's thread), writes the store, stops on request with its data, and a -9
-    leaves the run ``interrupted`` while the other run trains on."""
+    """processes=True: each run is a sweep of one on the local pool: it trains in a worker
+    process (the warm spare first), this process applies its reports to the store, a stop
+    ends it ``stopped`` with its data, and a -9 leaves the run ``interrupted`` with the
+    worker's exit code while the other run trains on."""
     store = RunStore(tmp_path)
     manager = RunManager(store, processes=True)
     manager.warm_up()
     spare = manager._spare.process.pid
     finished = manager.start(TrainConfig(**SMALL, checkpoint_every=1000, seed=1))
-    assert manager._events[finished].process.pid == spare  # the warm spare took the run
+    assert wait_until(lambda: manager.pid(finished) is not None, timeout=30)
+    assert manager.pid(finished) == spare  # the warm spare took the run
     assert manager.wait(finished, timeout=60)
     run = store.get_run(finished)
     assert run.status == "finished" and run.env_steps >= SMALL["total_steps"]
     assert manager.outcome(finished).status == "finished"
     assert store.checkpoint_steps(finished)[-1] == run.env_steps
-    assert _run_threads() == []  # the supervising thread is gone too
+    assert wait_until(lambda: not _alive(spare), timeout=10)  # its worker exits with the run
+    assert _run_threads() == []  # no training thread in this process
 
     stopped = manager.start(TrainConfig(**LONG, seed=2))
     killed = manager.start(TrainConfig(**LONG, seed=3))
     assert wait_until(
         lambda: store.get_run(stopped).env_steps > 0 < store.get_run(killed).env_steps
     )
-    child = manager._events[killed].process.pid
+    child = manager.pid(killed)
     assert child != os.getpid() and _alive(child)
     os.kill(child, signal.SIGKILL)
     assert manager.wait(killed, timeout=30)
     assert store.get_run(killed).status == "interrupted"
-    assert "exited with code -9" in manager.outcome(killed).error
+    assert "exit code -9" in manager.outcome(killed).error
     steps = store.get_run(stopped).env_steps
     assert wait_until(lambda: store.get_run(stopped).env_steps > steps)  # the other run goes on
     start = time.monotonic()
@@ -322,7 +325,7 @@ def test_process_runs_finish_stop_and_survive_a_kill(tmp_path):
     print(f"process run: stop → ended in {time.monotonic() - start:.2f} s")
     assert store.get_run(stopped).status == "stopped"
     assert wait_until(lambda: manager._spare is not None)  # the next spare, a little after a Start
-    spare = manager._spare.pid
+    spare = manager._spare.process.pid
     assert manager.shutdown(timeout=10)
     assert wait_until(lambda: not _alive(spare), timeout=10)  # the unused spare goes too
     store.close()
@@ -333,15 +336,16 @@ def test_a_dead_spare_is_replaced_and_the_next_spare_waits_for_the_run_to_begin(
     store = RunStore(tmp_path)
     manager = RunManager(store, processes=True, spare_delay_s=1.0)
     manager.warm_up()
-    dead = manager._spare.pid
+    dead = manager._spare.process.pid
     os.kill(dead, signal.SIGKILL)
     assert wait_until(lambda: not _alive(dead), timeout=10)
     run_id = manager.start(TrainConfig(**SMALL, seed=4))
-    assert manager._events[run_id].pid != dead  # a cold process took the run
     assert manager._spare is None  # no torch import competing with the run's first second
+    assert wait_until(lambda: manager.pid(run_id) is not None, timeout=30)
+    assert manager.pid(run_id) != dead  # a cold process took the run
     assert manager.wait(run_id, timeout=60) and store.get_run(run_id).status == "finished"
     assert wait_until(lambda: manager._spare is not None, timeout=10)
-    spare = manager._spare.pid
+    spare = manager._spare.process.pid
     assert manager.shutdown(timeout=10)
     assert wait_until(lambda: not _alive(spare), timeout=10)
     store.close()
@@ -355,7 +359,7 @@ manager = RunManager(RunStore(sys.argv[1]), processes=True)
 run_id = manager.start({"num_envs": 4, "rollout_steps": 16, "total_steps": 10**8})
 while manager.store.get_run(run_id).env_steps == 0:
     time.sleep(0.05)
-print(run_id, manager._events[run_id].process.pid, flush=True)
+print(run_id, manager.pid(run_id), flush=True)
 time.sleep(600)
 """
 
@@ -375,6 +379,7 @@ def test_a_server_killed_with_9_leaves_no_orphan_training(tmp_path):
         assert wait_until(lambda: not _alive(int(child)), timeout=15)
     finally:
         server.kill()
-    with RunStore(tmp_path) as store:  # the child saw its parent go and closed the run
+    with RunStore(tmp_path) as store:  # opening recovers: the server's claim died with it
         run = store.get_run(run_id)
-        assert run.status == "stopped" and run.env_steps > 0
+        assert run.status == "interrupted" and run.env_steps > 0
+        assert len(store.metrics(run_id)) > 0  # what was flushed before the kill is kept

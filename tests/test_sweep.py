@@ -342,10 +342,11 @@ def _fake_pool(capacity: int, workers: int):
             return True
 
     pool = object.__new__(LocalPool)
-    pool.flags, pool.gathering, pool._start_failures = bytearray(16), Gathering(capacity), 0
+    pool.gathering, pool._start_failures, pool._stopped = Gathering(capacity), 0, set()
     ends = [multiprocessing.Pipe(duplex=True) for _ in range(workers)]
     pool.workers = [
-        WorkerHandle(Alive(), mine, ready=True, pid=i) for i, (mine, _) in enumerate(ends)
+        WorkerHandle(Alive(), mine, bytearray(64), ready=True, pid=i)
+        for i, (mine, _) in enumerate(ends)
     ]
     return pool, [theirs for _, theirs in ends]
 
@@ -433,7 +434,8 @@ def _split(configs, capacity, workers, one_at_a_time, skip=()):
     nobody: stopped before it started). Workers free up all at once every round, or one at a
     time (one more ready each round, then the busy ones in turn)."""
     pool, ends = _fake_pool(capacity=capacity, workers=workers)
-    pool.flags = bytearray(len(configs))
+    for worker in pool.workers:
+        worker.flags = bytearray(len(configs))
     got = []
     try:
         pending = pool.dispatch_order(configs)

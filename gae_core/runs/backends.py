@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import queue
+import threading
+import traceback
 from collections.abc import Callable
 from typing import Protocol
 
 from gae_core.errors import ConfigError
 from gae_core.runs.pool import LocalPool
-from gae_core.runs.sinks import Lost, Report
+from gae_core.runs.sinks import Lost, ProxySink, Report
 
 __all__ = [
     "BACKENDS",
@@ -24,6 +28,7 @@ __all__ = [
     "MAX_MEMBERS",
     "Backend",
     "BackendFactory",
+    "ThreadBackend",
     "backend_factory",
     "ray_installed",
 ]
@@ -59,6 +64,66 @@ class Backend(Protocol):
 
 
 BackendFactory = Callable[[int, int, float], Backend]
+
+
+class ThreadBackend:
+    """Each trial trains in a thread of this process, the moment it is submitted: the run
+    manager's default where nothing else shares the process (tests inject fake trainers here;
+    the dashboard uses worker processes, so training never holds its server's GIL). Reports
+    reach the coordinator through a queue, as they would through a pipe."""
+
+    name = "threads"
+
+    def __init__(self, workers: int, trials: int, flush_interval: float) -> None:
+        self.flush_interval = flush_interval
+        self._inbox: queue.SimpleQueue[Report] = queue.SimpleQueue()
+        self._stops: dict[int, threading.Event] = {}
+        self._threads: dict[int, threading.Thread] = {}
+
+    def can_take(self, config: dict, index: int | None = None) -> bool:
+        return True
+
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        return list(range(len(configs)))
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        stop = self._stops[index] = threading.Event()
+        sink = ProxySink(index, lambda report, _: self._inbox.put(report), stop.is_set)
+        thread = threading.Thread(
+            target=self._train, args=(sink, (index, run_id, config), stop),
+            name=f"gae-run-{run_id}", daemon=True,
+        )  # fmt: skip
+        self._threads[index] = thread
+        thread.start()
+
+    def _train(self, sink: ProxySink, trial: tuple, stop: threading.Event) -> None:
+        from gae_core.runs.execute import execute_trials  # the trainer, once a run needs it
+
+        try:
+            execute_trials([sink], [trial], [stop], flush_interval=self.flush_interval)
+        except Exception:  # the config cannot be built here
+            self._inbox.put(Report.finish(trial[0], "failed", traceback.format_exc()))
+
+    def stop(self, index: int) -> None:
+        self._stops[index].set()
+
+    def events(self, timeout: float) -> list[Report | Lost]:
+        try:
+            out: list[Report | Lost] = [self._inbox.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while not self._inbox.empty():
+            out.append(self._inbox.get())
+        return out
+
+    def trial_pids(self) -> dict[int, int]:
+        return {i: os.getpid() for i, t in list(self._threads.items()) if t.is_alive()}
+
+    def close(self) -> None:
+        for index, thread in list(self._threads.items()):
+            self._stops[index].set()
+            thread.join(5.0)
+
 
 #: The sweep backends by name: ``local`` (worker processes here) and ``ray`` (optional extra).
 BACKENDS = ("local", "ray")

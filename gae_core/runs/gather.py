@@ -24,7 +24,7 @@ in, and the same sweep gives the same per-trial metrics locally and on Ray
 
 from __future__ import annotations
 
-__all__ = ["ALONE", "Gathering", "population_capacity"]
+__all__ = ["ALONE", "Gathered", "Gathering", "population_capacity"]
 
 #: The group of every trial when each trains alone (capacity 1).
 ALONE = ("alone",)
@@ -160,3 +160,24 @@ class Gathering:
         sent = {index for batch in taken for index, _, _ in batch}
         self.trials = [(k, t) for k, t in self.trials if t[0] not in sent]
         return taken
+
+
+class Gathered:
+    """What both pool backends answer from their :class:`Gathering` and their free slots
+    (``_free()``: local worker processes, Ray tasks)."""
+
+    gathering: Gathering
+
+    def _free(self) -> int:
+        raise NotImplementedError
+
+    def idle_slots(self) -> int:
+        """How many more trials could start now."""
+        return self.gathering.idle_slots(self._free())
+
+    def can_take(self, config: dict, index: int | None = None) -> bool:
+        """Whether trial ``index`` with ``config`` would start at the next ``events()``."""
+        return self.gathering.can_take(config, self._free(), index)
+
+    def dispatch_order(self, configs: list[dict]) -> list[int]:
+        return self.gathering.dispatch_order(configs)

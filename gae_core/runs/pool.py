@@ -12,9 +12,12 @@ a lock, and a worker killed with -9 while holding it would block every other wor
 pipe only ever affects its own worker. Stop requests travel through a shared byte array (no
 lock either), read by the worker between updates, so a stop reaches a trial within one update.
 
-Workers ignore SIGINT (the coordinator turns Ctrl-C into a cancel) and exit when the
+Workers ignore SIGINT (the coordinator turns Ctrl-C into a cancel), run niced below the process
+that coordinates them (the dashboard's server, whose pages come first), and exit when the
 coordinator's end of the pipe goes away, so a coordinator killed with -9 leaves no orphan
-training on.
+training on. A worker imports torch before it is given anything, so a pool can adopt a *spare*
+started earlier (:func:`spawn_worker`; the run manager keeps one) and its first trial starts
+without that import.
 """
 
 from __future__ import annotations
@@ -31,13 +34,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gae_core.runs.gather import Gathering, population_capacity
+from gae_core.runs.gather import Gathered, Gathering, population_capacity
 from gae_core.runs.sinks import Lost, ProxySink, Report
 
-__all__ = ["LocalPool", "main_module_hidden", "pipe_sink"]
+__all__ = ["LocalPool", "WorkerHandle", "main_module_hidden", "pipe_sink", "spawn_worker"]
 
 #: Workers that die before they are ready this many times in a row fail the sweep.
 MAX_START_FAILURES = 3
+#: How much lower than their coordinator workers are scheduled. On a machine with as many busy
+#: workers as cores the dashboard's server (and a browser on the same machine) would otherwise
+#: wait for CPU behind them; niced workers lose only the time the coordinator actually uses.
+NICENESS = 10
 
 
 class _FlagEvent:
@@ -64,6 +71,9 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
     """A worker process: import the trainer once (warm), then train the trials it is sent: one
     (``("trial", [(index, run_id, config)])``) or a population (several in that list)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(os, "nice"):  # POSIX
+        with contextlib.suppress(OSError):
+            os.nice(NICENESS)
     try:
         import torch
 
@@ -93,10 +103,12 @@ def _worker_main(conn: multiprocessing.connection.Connection, flags: Any, flush:
 
 @dataclass
 class WorkerHandle:
-    """The pool's view of one worker."""
+    """The pool's view of one worker: its process, its pipe, and its trials' stop bytes (one
+    per trial index of the pool it serves, shared with the process)."""
 
     process: multiprocessing.process.BaseProcess
     conn: multiprocessing.connection.Connection
+    flags: Any
     # the trials it is training (trial index → env steps at its last flush)
     trials: dict[int, int] = field(default_factory=dict)
     ready: bool = False
@@ -106,8 +118,33 @@ class WorkerHandle:
     def free(self) -> bool:
         return self.ready and not self.trials
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit (it is killed if it has not within ``timeout``)."""
+        with contextlib.suppress(OSError):  # a worker already gone
+            self.conn.send(("exit",))
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+        self.conn.close()
 
-class LocalPool:
+
+def spawn_worker(trials: int, flush_interval: float) -> WorkerHandle:
+    """Start one worker for a pool of up to ``trials`` trial indices; it warms up (imports
+    torch) at once and then waits for its first trial."""
+    context = multiprocessing.get_context("spawn")
+    flags = context.Array("b", max(trials, 1), lock=False)
+    parent, child = context.Pipe(duplex=True)
+    process = context.Process(
+        target=_worker_main, args=(child, flags, flush_interval), name="gae-worker", daemon=True
+    )
+    with main_module_hidden():
+        process.start()
+    child.close()
+    return WorkerHandle(process, parent, flags)
+
+
+class LocalPool(Gathered):
     r"""``workers`` spawned processes on this machine: a sweep backend (see the module docstring).
 
     The coordinator submits trials (:meth:`submit`) while :meth:`can_take` says the next one
@@ -128,48 +165,38 @@ class LocalPool:
     name = "local"
 
     def __init__(
-        self, workers: int, trials: int, flush_interval: float, *, members: int = 1
+        self,
+        workers: int,
+        trials: int,
+        flush_interval: float,
+        *,
+        members: int = 1,
+        spare: WorkerHandle | None = None,
     ) -> None:
-        self._context = multiprocessing.get_context("spawn")
-        self.flags = self._context.Array("b", max(trials, 1), lock=False)
-        self.flush_interval = flush_interval
+        self.trials, self.flush_interval = max(trials, 1), flush_interval
         self.gathering = Gathering(population_capacity(members, trials, workers))
         self._start_failures = 0
-        self.workers: list[WorkerHandle] = [self._spawn() for _ in range(workers)]
+        self._stopped: set[int] = set()  # trial indices asked to stop
+        adopted = [spare] if spare is not None and self._fits(spare) else []
+        if spare is not None and not adopted:
+            spare.close(timeout=0.0)
+        self.workers: list[WorkerHandle] = adopted + [
+            self._spawn() for _ in range(workers - len(adopted))
+        ]
+
+    def _fits(self, worker: WorkerHandle) -> bool:
+        return worker.process.is_alive() and len(worker.flags) >= self.trials
 
     def _spawn(self) -> WorkerHandle:
-        parent, child = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=_worker_main,
-            args=(child, self.flags, self.flush_interval),
-            name="gae-sweep-worker",
-            daemon=True,
-        )
-        with main_module_hidden():
-            process.start()
-        child.close()
-        return WorkerHandle(process, parent)
+        return spawn_worker(self.trials, self.flush_interval)
 
     def _free(self) -> int:
         return sum(1 for w in self.workers if w.free)
 
-    def idle_slots(self) -> int:
-        """How many more trials could start now (:meth:`Gathering.idle_slots` over the free
-        workers)."""
-        return self.gathering.idle_slots(self._free())
-
-    def can_take(self, config: dict, index: int | None = None) -> bool:
-        """Whether a trial with ``config`` would start at the next :meth:`events`
-        (:meth:`Gathering.can_take` over the free workers)."""
-        return self.gathering.can_take(config, self._free(), index)
-
-    def dispatch_order(self, configs: list[dict]) -> list[int]:
-        return self.gathering.dispatch_order(configs)
-
     def submit(self, index: int, run_id: str, config: dict) -> None:
         """Take the trial; it goes to a worker, alone or in a population, on the next
         :meth:`events`."""
-        self.flags[index] = 0
+        self._stopped.discard(index)
         self.gathering.add(index, run_id, config)
 
     def _send_gathered(self) -> None:
@@ -179,10 +206,15 @@ class LocalPool:
         free = [w for w in self.workers if w.free]
         for worker, batch in zip(free, self.gathering.take(len(free)), strict=False):
             worker.trials = {index: 0 for index, _, _ in batch}
+            for index in worker.trials:
+                worker.flags[index] = int(index in self._stopped)
             worker.conn.send(("trial", batch))
 
     def stop(self, index: int) -> None:
-        self.flags[index] = 1
+        self._stopped.add(index)
+        for worker in self.workers:
+            if index in worker.trials:
+                worker.flags[index] = 1
 
     def trial_pids(self) -> dict[int, int]:
         """``{trial index: worker pid}`` of the trials being trained now."""
@@ -255,11 +287,7 @@ class LocalPool:
             with contextlib.suppress(OSError):  # a worker already gone
                 worker.conn.send(("exit",))
         for worker in self.workers:
-            worker.process.join(timeout)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(timeout)
-            worker.conn.close()
+            worker.close(timeout)
 
 
 #: The error of a trial whose worker went idle without reporting how the trial ended.

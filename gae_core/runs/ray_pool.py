@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gae_core.env_modules import named_modules
-from gae_core.runs.gather import Gathering, population_capacity
+from gae_core.runs.gather import Gathered, Gathering, population_capacity
 from gae_core.runs.ray_address import _JOINED, check_address
 from gae_core.runs.sinks import Lost, ProxySink, Report
 
@@ -155,7 +155,7 @@ def _train(inbox: Any, trials: list, flush: float, env_modules: tuple[str, ...] 
             sink.finish("failed", traceback.format_exc())
 
 
-class RayPool:
+class RayPool(Gathered):
     """``workers`` Ray tasks at a time: a sweep backend (see the module docstring).
 
     ``address`` is a running cluster's (``ray://host:10001`` or ``host:6379``); None joins the
@@ -194,17 +194,6 @@ class RayPool:
 
     def _free(self) -> int:
         return max(0, self.workers - len(self._refs))
-
-    def idle_slots(self) -> int:
-        return self.gathering.idle_slots(self._free())
-
-    def can_take(self, config: dict, index: int | None = None) -> bool:
-        """Whether a trial would start at the next :meth:`events`: ``workers`` tasks at a
-        time, each a trial alone or a population (:meth:`Gathering.can_take`)."""
-        return self.gathering.can_take(config, self._free(), index)
-
-    def dispatch_order(self, configs: list[dict]) -> list[int]:
-        return self.gathering.dispatch_order(configs)
 
     def submit(self, index: int, run_id: str, config: dict) -> None:
         ray.get(self.inbox.clear.remote(index))

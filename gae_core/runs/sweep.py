@@ -1,23 +1,21 @@
-"""Sweeps: every combination of a grid (λ × seed × any config field) as its own run.
+"""Sweeps: every combination of a grid (λ × seed × any config field) as its own run; and the
+one way any run trains (a dashboard run is a sweep of one, :mod:`gae_core.runs.manager`).
 
 A coordinating thread in the process that starts the sweep is the only writer to the store: it
-claims each trial, hands it to a backend worker, and writes the metric batches, checkpoints and
-endings that the worker streams back. A trial never touches the store, so a worker on another
-machine needs no access to it (:mod:`gae_core.runs.pool` is the local backend,
-:mod:`gae_core.runs.ray_pool` the Ray one; :mod:`gae_core.runs.backends` picks by name).
+claims each trial, hands it to a backend worker (:mod:`~gae_core.runs.pool` local,
+:mod:`~gae_core.runs.ray_pool` Ray, picked in :mod:`~gae_core.runs.backends`) and applies the
+reports the worker streams back, so a worker on another machine needs no access to the store.
 
 Failures stay local: a worker that dies (killed, out of memory) costs only the trials it held
 (one, or the members of its population), each retried once by default from the start (a trial
 alone is deterministic per seed; a member may rejoin another population, so its rerun matches in
 distribution) and otherwise ended ``interrupted`` with the worker's pid and exit code; the other
 trials run to the end. A coordinator killed with -9 leaves its trials owned by a dead process:
-the next recovery marks every one of them ``interrupted``, and its workers exit when its pipes
-close.
+the next recovery marks every one of them ``interrupted``; its workers exit when its pipes close.
 
 >>> sweep = start_sweep(RunStore(), TrainConfig(total_steps=50_000),
 ...                     grid_of(lambdas=[0.9, 0.95, 1.0], seeds=[0, 1, 2]), workers=2)
->>> sweep.progress().fraction        # poll from the UI
->>> sweep.cancel()                   # or sweep.wait()
+>>> sweep.progress().fraction        # poll from the UI; sweep.cancel() or sweep.wait()
 """
 
 from __future__ import annotations
@@ -210,7 +208,7 @@ EXIT_JOIN_S = 15.0
 
 
 def _cancel_live_sweeps() -> None:
-    """At interpreter exit: cancel running sweeps so their trials end ``stopped``."""
+    """At interpreter exit: cancel running sweeps (the manager's runs too): trials end stopped."""
     sweeps = [sweep for sweep in list(_LIVE_SWEEPS) if not sweep.done]
     for sweep in sweeps:
         sweep.cancel()
@@ -229,12 +227,13 @@ class _Trial:
 
 
 class Sweep:
-    """Handle on a running sweep and its coordinating thread; see :func:`start_sweep`."""
+    """Handle on a running sweep and its coordinating thread (:func:`start_sweep`); without a
+    ``sweep_id``, the run manager's run, a sweep of one that no stored sweep holds."""
 
     def __init__(
         self,
         store: RunStore,
-        sweep_id: str,
+        sweep_id: str | None,
         trials: list[tuple[str, TrainConfig]],
         workers: int,
         on_progress: Callable[[SweepProgress], None] | None,
@@ -259,8 +258,15 @@ class Sweep:
         self.status: str | None = None  # how it ended, as decided (stored unless the disk is full)
         self.error: str | None = None
         self._thread = threading.Thread(
-            target=self._coordinate, name=f"gae-sweep-{sweep_id}", daemon=True
+            target=self._coordinate, name=f"gae-sweep-{sweep_id or self.run_ids[0]}", daemon=True
         )
+
+    def start(self) -> Sweep:
+        """Start the coordinator; one still running at interpreter exit is cancelled."""
+        call_before_thread_shutdown(_cancel_live_sweeps)
+        _LIVE_SWEEPS.add(self)
+        self._thread.start()
+        return self
 
     def progress(self) -> SweepProgress:
         return sweep_progress(self.store, self.sweep_id)
@@ -284,7 +290,7 @@ class Sweep:
     def wait(self, timeout: float | None = None) -> bool:
         """Join the coordinator; True when the sweep has ended."""
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self.done
 
     # -- the coordinating thread ------------------------------------------------------------
 
@@ -292,11 +298,10 @@ class Sweep:
         if self._on_progress is None:
             return None
         progress = self.progress()
-        if progress != last:
-            try:
-                self._on_progress(progress)
-            except Exception:  # a UI callback must not take the sweep down
-                log.exception("sweep %s: progress callback failed", self.sweep_id)
+        try:
+            self._on_progress(progress) if progress != last else None
+        except Exception:  # a UI callback must not take the sweep down
+            log.exception("sweep %s: progress callback failed", self.sweep_id)
         return progress
 
     def _coordinate(self) -> None:
@@ -317,7 +322,8 @@ class Sweep:
                                               "the sweep ended before this trial did")  # fmt: skip
             self.status, self.error = status, self._error
             with contextlib.suppress(StoreError):
-                self.store.finish_sweep(self.sweep_id, status, self._error)
+                if self.sweep_id is not None:
+                    self.store.finish_sweep(self.sweep_id, status, self._error)
             self._report(None)
 
     def _drive(self) -> str:
@@ -338,7 +344,7 @@ class Sweep:
                 for event in backend.events(_POLL_S):
                     self._handle(backend, event, pending)
                 now = time.monotonic()
-                if now - last_heartbeat >= _HEARTBEAT_S:
+                if self.sweep_id is not None and now - last_heartbeat >= _HEARTBEAT_S:
                     self.store.heartbeat_sweep(self.sweep_id)
                     last_heartbeat = now
                 last_report = self._report(last_report)
@@ -421,15 +427,13 @@ class Sweep:
         broken = [t for t in live if t.status not in ("finished", "stopped")]
         parts = [f"{len(stopped)} of {len(live)} trials stopped by request"] if stopped else []
         if broken:
-            names = ", ".join(f"{t.run_id} ({_describe(t.config)}): {t.status}" for t in broken[:5])
+            names = ", ".join(f"{t.run_id} ({assignment('lambda_', t.config.lambda_)} "
+                              f"{assignment('seed', t.config.seed)}): {t.status}"
+                              for t in broken[:5])  # fmt: skip
             names += f" and {len(broken) - 5} more" if len(broken) > 5 else ""
             parts.insert(0, f"{len(broken)} of {len(live)} trials did not finish: {names}")
         self._error = "; ".join(parts) or None
         return "failed" if broken and not any(t.status == "finished" for t in live) else "finished"
-
-
-def _describe(config: TrainConfig) -> str:
-    return f"{assignment('lambda_', config.lambda_)} {assignment('seed', config.seed)}"
 
 
 def start_sweep(
@@ -445,13 +449,11 @@ def start_sweep(
     backend: BackendFactory = LocalPool,
 ) -> Sweep:
     """Create the sweep and its trials (``queued``) in the store and start it; returns at once.
-
-    ``workers`` defaults to the CPU count, capped at the number of trials; ``retries`` is how
-    often a trial whose worker died is started again; ``backend`` builds where trials train
-    (``backend(workers, trials, flush_interval)``, the local process pool by default).
-    ``on_progress`` is called from the coordinating thread whenever the progress changes. Bad
-    grid values raise ``ConfigError`` before anything is created.
-    """
+    ``workers`` defaults to the CPU count, capped at the number of trials; ``retries``: how
+    often a trial whose worker died is started again; ``backend(workers, trials,
+    flush_interval)`` builds where trials train; ``on_progress`` is called from the coordinator
+    whenever the progress changes. Bad grid values raise ``ConfigError`` before anything is
+    created."""
     configs = expand_grid(base, grid)
     if workers is None:
         workers = os.cpu_count() or 1
@@ -474,11 +476,9 @@ def start_sweep(
             reward_threshold=reward_threshold(config.env_id),
         )
         trials.append((run_id, config))
-    sweep = Sweep(store, sweep_id, trials, workers, on_progress, flush_interval, retries, backend)
-    call_before_thread_shutdown(_cancel_live_sweeps)
-    _LIVE_SWEEPS.add(sweep)
-    sweep._thread.start()
-    return sweep
+    return Sweep(
+        store, sweep_id, trials, workers, on_progress, flush_interval, retries, backend
+    ).start()
 
 
 def run_sweep(
