@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import dataclasses
-import itertools
 import logging
 import os
 import threading
@@ -38,12 +36,19 @@ from typing import Any
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.errors import ConfigError, StoreError, StoreFull
-from gae_core.inert import MAX_NAME_LENGTH, clean_name
 from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
 from gae_core.runs.execute import call_before_thread_shutdown
 from gae_core.runs.pool import LocalPool
 from gae_core.runs.sinks import Lost, Report, RunDeleted, apply
+from gae_core.runs.trials import (
+    check_sweep_name,
+    checked_name,
+    expand_grid,
+    grid_of,
+    hold_critic_target,
+    trial_name,
+)
 from gae_core.storage.records import ENDED_STATUSES
 from gae_core.storage.store import RunStore
 
@@ -87,95 +92,6 @@ class SweepProgress:
         """Share of the whole grid's env-step budget spent (ended trials count in full), in
         [0, 1]."""
         return min(1.0, self.env_steps / self.total_steps) if self.total_steps else 1.0
-
-
-def grid_of(
-    lambdas: Sequence[float] | None = None,
-    seeds: Sequence[int] | None = None,
-    **fields: Sequence[Any],
-) -> dict[str, list[Any]]:
-    """``{"lambda_": lambdas, "seed": seeds, **fields}`` without the empty entries."""
-    grid: dict[str, list[Any]] = {}
-    if lambdas is not None:
-        grid["lambda_"] = list(lambdas)
-    if seeds is not None:
-        grid["seed"] = list(seeds)
-    grid.update({name: list(values) for name, values in fields.items()})
-    return grid
-
-
-def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[TrainConfig]:
-    """Every combination of the grid's values applied to ``base`` (last key varies fastest).
-
-    Raises ``ConfigError`` naming the grid field for an unknown field, an empty value list, a bad
-    value or a duplicate (``1`` and ``1.0`` are the same λ) — before anything is started.
-    """
-    normalised: dict[str, list[Any]] = {}
-    for name, values in grid.items():
-        try:
-            spec = field_spec(name)
-        except ConfigError as exc:
-            raise ConfigError(f"sweep grid: {exc}") from None
-        values = list(values)
-        if not values:
-            raise ConfigError(f"sweep grid {spec.name}: needs at least one value")
-        checked = []
-        for value in values:
-            try:
-                checked.append(getattr(dataclasses.replace(base, **{spec.name: value}), spec.name))
-            except ConfigError as exc:
-                raise ConfigError(f"sweep grid {spec.name}: {exc}") from None
-            except TypeError:
-                raise ConfigError(
-                    f"sweep grid {spec.name}: cannot use {value!r}; expected {spec.allowed}"
-                ) from None
-        duplicates = [v for i, v in enumerate(checked) if v in checked[:i]]
-        if duplicates:
-            raise ConfigError(
-                f"sweep grid {spec.name}: duplicate value {duplicates[0]!r} "
-                "(each value may appear once)"
-            )
-        normalised[spec.name] = checked
-    names = list(normalised)
-    return [
-        dataclasses.replace(base, **dict(zip(names, combo, strict=True)))
-        for combo in itertools.product(*(normalised[n] for n in names))
-    ] or [base]
-
-
-def hold_critic_target(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> TrainConfig:
-    """A λ study varies the advantages' λ and nothing else: when λ is a grid axis and the base
-    config lets the critic's target follow the advantage's λ, fix it at the base config's λ
-    (``critic_target="fixed_lambda"``, ``critic_lambda=base.lambda_``), so the trial at the base
-    λ is the preset run itself. Any other base is returned unchanged."""
-    names = {field_spec(n).name for n in grid}
-    if "lambda_" not in names or base.critic_target != "advantage_lambda":
-        return base
-    return dataclasses.replace(base, critic_target="fixed_lambda", critic_lambda=base.lambda_)
-
-
-def check_sweep_name(name: str, base: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
-    """``name`` as :func:`start_sweep` would store it (:func:`~gae_core.inert.clean_name`), or
-    ``ValueError`` naming the field and its allowed length: a trial's name is the sweep's plus
-    its grid values (``λ = 0.95 seed = 3``), and it must fit as well. Bad grid values raise
-    ``ConfigError``."""
-    return _checked_name(name, expand_grid(base, grid), grid)
-
-
-def _checked_name(name: str, configs: Sequence[TrainConfig], grid: dict) -> str:
-    name = clean_name(name, field="sweep name")
-    longest = max(len(_trial_name(name, c, grid)) - len(name) for c in configs)
-    if len(name) + longest > MAX_NAME_LENGTH:
-        raise ValueError(
-            f"sweep name must be at most {MAX_NAME_LENGTH - longest} characters for this grid "
-            f"(its trials' names add up to {longest} for their values), got {len(name)}"
-        )
-    return name
-
-
-def _trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
-    names = [field_spec(n).name for n in grid]
-    return " ".join([prefix, *(assignment(n, getattr(config, n)) for n in names)])
 
 
 def sweep_progress(store: RunStore, sweep_id: str) -> SweepProgress:
@@ -272,8 +188,13 @@ class Sweep:
         return sweep_progress(self.store, self.sweep_id)
 
     def cancel(self) -> None:
-        """Stop pending trials and ask running ones to stop; returns at once."""
+        """Stop pending trials and ask running ones to stop (at once, not at the coordinator's
+        next poll); returns at once."""
         self._cancel.set()
+        if self._backend is not None:
+            for index, trial in enumerate(self._trials):
+                if trial.status == "running":
+                    self._backend.stop(index)
 
     def trial_pids(self) -> dict[str, int]:
         """``{run id: pid}`` of the trials training now (a worker process, or a Ray task's
@@ -463,7 +384,7 @@ def start_sweep(
         raise ConfigError(f"retries must be an integer in [0, 10], got {retries!r}")
     workers = min(workers, len(configs))
     if name:  # refused before anything is stored
-        name = _checked_name(name, configs, grid)
+        name = checked_name(name, configs, grid)
     grid_json = {field_spec(n).name: list(v) for n, v in grid.items()}
     sweep_id = store.create_sweep(grid_json, base.to_dict(), name=name)
     prefix = store.get_sweep(sweep_id).name
@@ -471,7 +392,7 @@ def start_sweep(
     for config in configs:
         run_id = store.create_run(
             config.to_dict(),
-            name=_trial_name(prefix, config, grid),
+            name=trial_name(prefix, config, grid),
             sweep_id=sweep_id,
             reward_threshold=reward_threshold(config.env_id),
         )

@@ -1,0 +1,115 @@
+"""What trials a sweep makes: every combination of a grid (λ × seed × any config field) applied
+to a base config, checked before anything is stored, and the trials' names (the sweep's name and
+each trial's grid values)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from gae_core.agent.config import TrainConfig, field_spec
+from gae_core.errors import ConfigError
+from gae_core.inert import MAX_NAME_LENGTH, clean_name
+from gae_core.labels import assignment
+
+__all__ = [
+    "check_sweep_name",
+    "checked_name",
+    "expand_grid",
+    "grid_of",
+    "hold_critic_target",
+    "trial_name",
+]
+
+
+def grid_of(
+    lambdas: Sequence[float] | None = None,
+    seeds: Sequence[int] | None = None,
+    **fields: Sequence[Any],
+) -> dict[str, list[Any]]:
+    """``{"lambda_": lambdas, "seed": seeds, **fields}`` without the empty entries."""
+    grid: dict[str, list[Any]] = {}
+    if lambdas is not None:
+        grid["lambda_"] = list(lambdas)
+    if seeds is not None:
+        grid["seed"] = list(seeds)
+    grid.update({name: list(values) for name, values in fields.items()})
+    return grid
+
+
+def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[TrainConfig]:
+    """Every combination of the grid's values applied to ``base`` (last key varies fastest).
+
+    Raises ``ConfigError`` naming the grid field for an unknown field, an empty value list, a bad
+    value or a duplicate (``1`` and ``1.0`` are the same λ) — before anything is started.
+    """
+    normalised: dict[str, list[Any]] = {}
+    for name, values in grid.items():
+        try:
+            spec = field_spec(name)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep grid: {exc}") from None
+        values = list(values)
+        if not values:
+            raise ConfigError(f"sweep grid {spec.name}: needs at least one value")
+        checked = []
+        for value in values:
+            try:
+                checked.append(getattr(dataclasses.replace(base, **{spec.name: value}), spec.name))
+            except ConfigError as exc:
+                raise ConfigError(f"sweep grid {spec.name}: {exc}") from None
+            except TypeError:
+                raise ConfigError(
+                    f"sweep grid {spec.name}: cannot use {value!r}; expected {spec.allowed}"
+                ) from None
+        duplicates = [v for i, v in enumerate(checked) if v in checked[:i]]
+        if duplicates:
+            raise ConfigError(
+                f"sweep grid {spec.name}: duplicate value {duplicates[0]!r} "
+                "(each value may appear once)"
+            )
+        normalised[spec.name] = checked
+    names = list(normalised)
+    return [
+        dataclasses.replace(base, **dict(zip(names, combo, strict=True)))
+        for combo in itertools.product(*(normalised[n] for n in names))
+    ] or [base]
+
+
+def hold_critic_target(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> TrainConfig:
+    """A λ study varies the advantages' λ and nothing else: when λ is a grid axis and the base
+    config lets the critic's target follow the advantage's λ, fix it at the base config's λ
+    (``critic_target="fixed_lambda"``, ``critic_lambda=base.lambda_``), so the trial at the base
+    λ is the preset run itself. Any other base is returned unchanged."""
+    names = {field_spec(n).name for n in grid}
+    if "lambda_" not in names or base.critic_target != "advantage_lambda":
+        return base
+    return dataclasses.replace(base, critic_target="fixed_lambda", critic_lambda=base.lambda_)
+
+
+def check_sweep_name(name: str, base: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
+    """``name`` as :func:`start_sweep` would store it (:func:`~gae_core.inert.clean_name`), or
+    ``ValueError`` naming the field and its allowed length: a trial's name is the sweep's plus
+    its grid values (``λ = 0.95 seed = 3``), and it must fit as well. Bad grid values raise
+    ``ConfigError``."""
+    return checked_name(name, expand_grid(base, grid), grid)
+
+
+def checked_name(name: str, configs: Sequence[TrainConfig], grid: dict) -> str:
+    """:func:`check_sweep_name` for the grid's expanded ``configs``."""
+    name = clean_name(name, field="sweep name")
+    longest = max(len(trial_name(name, c, grid)) - len(name) for c in configs)
+    if len(name) + longest > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"sweep name must be at most {MAX_NAME_LENGTH - longest} characters for this grid "
+            f"(its trials' names add up to {longest} for their values), got {len(name)}"
+        )
+    return name
+
+
+def trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
+    """``prefix λ = 0.95 seed = 3``: the sweep's name and the trial's grid values."""
+    names = [field_spec(n).name for n in grid]
+    return " ".join([prefix, *(assignment(n, getattr(config, n)) for n in names)])
