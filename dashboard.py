@@ -34,8 +34,7 @@ def home() -> None:
         if st.button("Train CartPole-v1", type="primary", icon=":material/play_arrow:",
                      key="home.quick"):  # fmt: skip
             run_id = _ui.manager().start(preset_config("CartPole-v1"))
-            st.session_state["train.view"] = run_id
-            st.switch_page(train)
+            st.switch_page(train, query_params={"run": run_id})
     with right:
         st.subheader("Recent runs")
         recent = _ui.store().list_runs()[:5]
@@ -102,7 +101,8 @@ st.session_state[_ui.NAVIGATION_FLAG] = True
 page = st.navigation(pages)
 wanted = st.session_state.pop(_ui.WANTED_PAGE, None)
 if wanted is not None:  # a direct link that reached a page before navigation existed
-    st.switch_page(wanted)
+    wanted_page, params = wanted
+    st.switch_page(wanted_page, query_params=params)
 with st.sidebar:
     runs_in_progress()
 page.run()

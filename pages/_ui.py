@@ -8,7 +8,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -35,11 +35,66 @@ def require_navigation(page_file: str) -> None:
     ``pages/`` is also Streamlit's legacy multipage folder: on a fresh server, a direct link
     (``/runs``) runs ``pages/runs.py`` alone, before ``dashboard.py`` has called ``st.navigation``
     once, so the page would lack the app's sidebar and layout. Hand over to ``dashboard.py``, which
-    sets the flag and switches back to the page asked for.
+    sets the flag and switches back to the page asked for, with the link's query parameters (the
+    selection it names, :func:`from_url`).
     """
     if not st.session_state.get(NAVIGATION_FLAG):
-        st.session_state[WANTED_PAGE] = page_file
-        st.switch_page("dashboard.py")
+        params = {name: st.query_params.get_all(name) for name in st.query_params}
+        st.session_state[WANTED_PAGE] = (page_file, params)
+        st.switch_page("dashboard.py", query_params=params)
+
+
+# -- the selection in the URL -----------------------------------------------------------------
+# Each page keeps what it shows (run, checkpoints, critic, trajectory, λ, sweep, view) in the
+# URL's query parameters, under the short names below, so a reload, the browser's back button or
+# a link pasted into another tab opens the same view; cross-page buttons pass theirs on. What a
+# page last wrote is also the session's context, so a page reached from the sidebar opens on the
+# run the user was looking at elsewhere, not on the newest one.
+_CONTEXT = "gae.context"
+_PAGE = "gae.page"
+
+
+def arrive(page: str, keys: Sequence[str]) -> None:
+    """Call first on a page whose widgets ``keys`` follow the URL: on the first run of the page
+    since another page, forget their values, so the widgets open on the URL's selection (or the
+    session's context); later runs keep what the user chose."""
+    if st.session_state.get(_PAGE) != page:
+        for key in keys:
+            st.session_state.pop(key, None)
+    st.session_state[_PAGE] = page
+
+
+def _wanted(name: str) -> list[str]:
+    if name in st.query_params:
+        return st.query_params.get_all(name)
+    held = st.session_state.get(_CONTEXT, {}).get(name)
+    return [] if held is None else held
+
+
+def from_url(name: str, options: Sequence[_T], fallback: _T) -> _T:
+    """The option the URL's ``?name=`` names (compared as text; without one, the session's
+    context), else ``fallback``: the default to give a widget."""
+    wanted = _wanted(name)[:1]
+    return next((option for option in options if [str(option)] == wanted), fallback)
+
+
+def all_from_url(name: str, options: Sequence[_T], fallback: list[_T]) -> list[_T]:
+    """:func:`from_url` of a multiselect: every option the URL's repeated ``?name=`` names, in
+    the URL's order, else ``fallback``."""
+    by_text = {str(option): option for option in options}
+    chosen = [by_text[text] for text in _wanted(name) if text in by_text]
+    return list(dict.fromkeys(chosen)) or fallback
+
+
+def to_url(**selection: Any) -> None:
+    """Write the page's selection into the URL (``run=…&policy=…``; a list as repeated keys)
+    and the session's context; a parameter that already holds the value is left alone."""
+    context = st.session_state.setdefault(_CONTEXT, {})
+    for name, value in selection.items():
+        texts = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+        context[name] = texts
+        if st.query_params.get_all(name) != texts:
+            st.query_params[name] = texts if isinstance(value, list | tuple) else texts[0]
 
 
 @st.cache_resource
@@ -186,29 +241,30 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
     silently and keep the last valid one; here every value reaches the form's validation, which
     names the field and its range and keeps Start disabled.
     """
+    kept = {"key": key, "persist_state": "session"}  # what the user typed outlives the page
     if spec.kind == "choice":
         shown = algorithm_name if spec.name == "algo" else str  # "ppo" reads as PPO
         choices = list(spec.choices or ())
         if spec.name == "env_id":  # beside the built-in ids, those the server's modules register
             choices += [i for i in registered_env_ids() if i not in choices]
         return st.selectbox(
-            spec.label, choices, help=spec.help, key=key, on_change=on_change, format_func=shown,
-        )  # fmt: skip
+            spec.label, choices, help=spec.help, on_change=on_change, format_func=shown, **kept
+        )
     if spec.kind == "bool":
-        return st.checkbox(spec.label, help=spec.help, key=key)
+        return st.checkbox(spec.label, help=spec.help, **kept)
     if spec.kind == "int":
         return st.number_input(
-            spec.label, step=1, help=f"{spec.help} (range {spec.min:,} to {spec.max:,})", key=key
+            spec.label, step=1, help=f"{spec.help} (range {spec.min:,} to {spec.max:,})", **kept
         )
     if spec.kind == "float":
         return st.number_input(
             spec.label,
             format="%.6g",
             help=f"{spec.help} (range {spec.min:g} to {spec.max:g})",
-            key=key,
+            **kept,
         )
     return st.text_input(
-        spec.label, help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]", key=key
+        spec.label, help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]", **kept
     )
 
 

@@ -33,6 +33,7 @@ LAMBDA, LAMBDA_SPEC, SEED_SPEC = label("lambda_"), FIELD_SPECS["lambda_"], FIELD
 
 st.title(f"{LAMBDA} comparison")
 store = _ui.store()
+_ui.arrive("compare", ("cmp.sweep_pick",))
 if st.session_state.pop("cmp.goto_compare", False):  # "Compare this sweep" was clicked
     st.session_state["cmp.view"] = "Compare"
     st.session_state["cmp.source"] = "a sweep"
@@ -259,8 +260,9 @@ if source == "a sweep":
         st.stop()
     ids = [s.id for s in sweep_list]
     if st.session_state.get("cmp.sweep_pick") not in ids:
-        st.session_state["cmp.sweep_pick"] = ids[0]
+        st.session_state["cmp.sweep_pick"] = _ui.from_url("sweep", ids, ids[0])
     sweep_id = st.selectbox("sweep", ids, format_func=sweep_name, key="cmp.sweep_pick")
+    _ui.to_url(sweep=sweep_id)
     run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
     _, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
 else:

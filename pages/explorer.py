@@ -59,27 +59,36 @@ def _forget(keys: tuple[str, ...]) -> None:
         st.session_state.pop(key, None)
 
 
+_ui.arrive("explorer", ("ex.run", *PER_RUN))
 pick = st.columns([3, 2, 2, 2])
 labels = {r.id: _ui.run_label(r) for r in runs}
+ids = list(labels)
 run_id = pick[0].selectbox(
-    "run", list(labels), format_func=labels.get, key="ex.run", on_change=_forget, args=(PER_RUN,)
-)
+    "run", ids, index=ids.index(_ui.from_url("run", ids, ids[0])), format_func=labels.get,
+    key="ex.run", on_change=_forget, args=(PER_RUN,),
+)  # fmt: skip
 run = store.get_run(run_id)
 steps = store.checkpoint_steps(run_id)
+# the URL's checkpoints count only for the run it names (another run's steps mean nothing here)
+url_run = _ui.from_url("run", [run_id], None) == run_id
 policy_step = pick[1].selectbox(
-    "policy checkpoint (env step)", steps, index=len(steps) - 1, key="ex.policy"
-)
+    "policy checkpoint (env step)", steps, key="ex.policy",
+    index=steps.index(_ui.from_url("policy", steps if url_run else [], steps[-1])),
+)  # fmt: skip
 critic_step = pick[2].selectbox(
     "critic checkpoint (values)",
     steps,
-    index=steps.index(policy_step),
+    index=steps.index(_ui.from_url("critic", steps if url_run else [], policy_step)),
     key="ex.critic",
     help="Re-evaluate V with another checkpoint's critic: an early critic shows how critic "
     "error turns into bias in the advantages.",
 )
 recorded = len(store.trajectory_blobs(run_id, policy_step))
 sources = [f"recorded #{i}" for i in range(recorded)] + ["fresh recording"]
-source = pick[3].selectbox("trajectory", sources, key="ex.source")
+source = pick[3].selectbox(
+    "trajectory", sources, key="ex.source",
+    index=sources.index(_ui.from_url("trajectory", sources if url_run else [], sources[0])),
+)  # fmt: skip
 fresh_seed = None
 if source == "fresh recording":
     fresh_seed = int(st.number_input("seed of the fresh episode", 0, 2**31 - 1, 0, key="ex.seed"))
@@ -102,8 +111,13 @@ gamma = knobs[0].number_input(
     label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, format="%.6g", key="ex.gamma",
     help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
 )  # fmt: skip
+lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID] if url_run else []
 lambda_ = knobs[1].slider(
-    label("lambda_"), 0.0, 1.0, round(float(run.config["lambda_"]), 2), 0.01, key="ex.lambda"
+    label("lambda_"), 0.0, 1.0, key="ex.lambda", step=0.01,
+    value=_ui.from_url("lambda", lambda_grid, round(float(run.config["lambda_"]), 2)),
+)  # fmt: skip
+_ui.to_url(
+    run=run_id, policy=policy_step, critic=critic_step, trajectory=source, **{"lambda": lambda_}
 )
 pinned = knobs[2].multiselect(
     f"pinned {LAMBDA} (overlay)",
@@ -144,12 +158,10 @@ if row[2].button(
     help="Bias², variance and MSE of every estimator against Monte-Carlo truth, for this "
     "policy with this critic (and the policy's own).",
 ):
-    st.session_state["lab.from_explorer"] = {
-        "run": run_id,
-        "policy": policy_step,
-        "critics": [critic_step, policy_step],
-    }
-    st.switch_page("pages/lab.py")
+    critics = [str(step) for step in dict.fromkeys([critic_step, policy_step])]
+    st.switch_page(
+        "pages/lab.py", query_params={"run": run_id, "policy": str(policy_step), "critic": critics}
+    )
 st.caption(explorer.units_note(run.config, value_scale))
 with st.expander("What the lines are", expanded=False):
     # one formula per row: three side by side were cut off at 1400 px

@@ -240,12 +240,11 @@ if not runs:
     st.stop()
 labels = {r.id: _ui.run_label(r) for r in runs}
 ids = list(labels)
-wanted = st.session_state.pop("lab.from_explorer", None)
-if wanted and wanted["run"] in ids:
-    st.session_state["lab.run"] = wanted["run"]
-    st.session_state["lab.policy"] = wanted["policy"]
-    st.session_state["lab.critics"] = list(dict.fromkeys(wanted["critics"]))
-run_id = st.selectbox("run", ids, format_func=labels.get, key="lab.run")
+_ui.arrive("lab", ("lab.run", "lab.policy", "lab.critics", "lab.view"))
+run_id = st.selectbox(
+    "run", ids, index=ids.index(_ui.from_url("run", ids, ids[0])), format_func=labels.get,
+    key="lab.run",
+)  # fmt: skip
 run = store.get_run(run_id)
 try:
     state_access(run.config["env_id"])
@@ -255,10 +254,12 @@ except UnsupportedEnvError as error:
 if run.config.get("use_sde"):
     st.info(GSDE_NOTE, icon=":material/info:")
 steps = store.checkpoint_steps(run_id)
+url_steps = steps if _ui.from_url("run", [run_id], None) == run_id else []  # the URL's run's
 if st.session_state.get("lab.policy") not in steps:
-    st.session_state["lab.policy"] = steps[-1]
+    st.session_state["lab.policy"] = _ui.from_url("policy", url_steps, steps[-1])
 if "lab.critics" not in st.session_state or not set(st.session_state["lab.critics"]) <= set(steps):
-    st.session_state["lab.critics"] = list(dict.fromkeys([steps[0], steps[-1]]))
+    fallback = list(dict.fromkeys([steps[0], steps[-1]]))
+    st.session_state["lab.critics"] = _ui.all_from_url("critic", url_steps, fallback)
 pick = st.columns([2, 3])
 policy_step = pick[0].selectbox("policy checkpoint (env step)", steps, key="lab.policy")
 critic_steps = pick[1].multiselect(
@@ -267,11 +268,13 @@ critic_steps = pick[1].multiselect(
     key="lab.critics",
     format_func=lambda s: f"{s:,}",
 )
+views_ = ["per state", "policy gradient"]
 view = st.segmented_control(
-    "view", ["per state", "policy gradient"], default="per state", key="lab.view",
+    "view", views_, default=_ui.from_url("view", views_, "per state"), key="lab.view",
     help="Per state: bias², variance and MSE of each advantage against Monte-Carlo truth. "
     "Policy gradient: the same estimators' batch gradients against a reference gradient.",
 ) or "per state"  # fmt: skip
+_ui.to_url(run=run_id, policy=policy_step, critic=critic_steps, view=view)
 if view == "policy gradient":
     gradient_lens(run, policy_step, critic_steps)
     st.stop()

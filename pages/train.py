@@ -7,6 +7,7 @@ from gae_core.labels import label
 from pages import _ui
 
 _ui.require_navigation("pages/train.py")
+_ui.arrive("train", ("train.view",))
 
 st.title("Train")
 st.caption(
@@ -52,12 +53,11 @@ with live_column:
     active = [r for r in runs if r.active]
     ordered = active + [r for r in runs if not r.active]
     ids = [r.id for r in ordered]
-    if st.session_state.get("train.view") not in ids:  # first visit, or the run was deleted
-        chosen = st.session_state.get("train.run")
-        st.session_state["train.view"] = chosen if chosen in ids else ids[0]
+    if st.session_state.get("train.view") not in ids:  # arrived here, or the run was deleted
+        st.session_state["train.view"] = _ui.from_url("run", ids, ids[0])
     labels = {r.id: _ui.run_label(r) for r in ordered}
     run_id = st.selectbox("run", ids, format_func=labels.get, key="train.view")
-    st.session_state["train.run"] = run_id
+    _ui.to_url(run=run_id)
     running = store.get_run(run_id).active
 
     # Two fragments: the status line and Stop refresh every second and cost little, so a Stop

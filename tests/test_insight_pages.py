@@ -497,3 +497,55 @@ def test_lab_page_teaches_on_the_exact_chain(data_dir):
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     bias2 = next(plotly_values(t["y"]) for t in spec["data"] if t["name"].startswith("bias"))
     assert np.abs(bias2).max() < 1e-20 and spec["layout"]["title"]["text"] != before
+
+
+@pytest.mark.slow
+def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
+    recorded_run, data_dir
+):
+    """A link (``?run=…&policy=…&critic=…&lambda=…``) opens the explorer on that run,
+    checkpoints and λ and writes changes back; a page reached without one opens on the run the
+    user last looked at elsewhere, not on the newest; the explorer's "Measure this checkpoint"
+    hands the lab its run and checkpoints; a URL naming what does not exist falls back."""
+    from streamlit.testing.v1 import AppTest
+
+    manager = _ui.manager()
+    newest = manager.start({**TINY, "total_steps": 800, "checkpoint_every": 400, "seed": 5})
+    assert manager.wait(newest, 60)
+    store = RunStore(data_dir)
+    steps = store.checkpoint_steps(recorded_run)
+
+    at = AppTest.from_file("../dashboard.py", default_timeout=60)
+    at.query_params.update(run=recorded_run, policy=str(steps[1]), critic=str(steps[0]),
+                           **{"lambda": "0.3"})  # fmt: skip
+    at.run()
+    at.switch_page("pages/explorer.py").run()
+    assert not at.exception
+    assert at.selectbox(key="ex.run").value == recorded_run  # not the newest run
+    assert at.selectbox(key="ex.policy").value == steps[1]
+    assert at.selectbox(key="ex.critic").value == steps[0]
+    assert at.slider(key="ex.lambda").value == pytest.approx(0.3)
+    at.slider(key="ex.lambda").set_value(0.6).run()
+    assert at.query_params["lambda"] in ("0.6", ["0.6"])  # the change is in the URL
+    assert at.query_params["run"] in (recorded_run, [recorded_run])
+
+    at.button(key="ex.to_lab").click().run()
+    at.switch_page("pages/lab.py").run()
+    assert not at.exception
+    assert at.selectbox(key="lab.run").value == recorded_run
+    assert at.selectbox(key="lab.policy").value == steps[1]
+    assert at.multiselect(key="lab.critics").value == [steps[0], steps[1]]
+
+    # no URL, e.g. from the sidebar: the train page opens on the run the user was looking at
+    at.query_params.clear()
+    at.switch_page("pages/train.py").run()
+    assert not at.exception
+    assert at.selectbox(key="train.view").value == recorded_run
+
+    fresh = AppTest.from_file("../dashboard.py", default_timeout=60)  # another tab, a bad link
+    fresh.query_params.update(run="no-such-run", policy="123")
+    fresh.run()
+    fresh.switch_page("pages/explorer.py").run()
+    assert not fresh.exception
+    assert fresh.selectbox(key="ex.run").value == newest
+    assert fresh.selectbox(key="ex.policy").value == store.checkpoint_steps(newest)[-1]

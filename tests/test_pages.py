@@ -381,3 +381,18 @@ def test_a_run_that_ended_before_its_first_update_says_so_instead_of_waiting(dat
         at.selectbox(key="train.view").set_value(run_id).run()
         assert not at.exception
         assert text in [i.value for i in at.info], [i.value for i in at.info]
+
+
+def test_the_train_form_keeps_what_the_user_typed_across_pages(data_dir):
+    """Going to another page and back does not reset the form to CartPole's preset."""
+    at = app("pages/train.py")
+    at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
+    at.number_input(key="train.seed").set_value(7).run()
+    at.number_input(key="train.gamma").set_value(0.95).run()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception
+    at.switch_page("pages/train.py").run()
+    assert not at.exception
+    assert at.selectbox(key="train.env_id").value == "Pendulum-v1"
+    assert at.number_input(key="train.seed").value == 7
+    assert at.number_input(key="train.gamma").value == 0.95

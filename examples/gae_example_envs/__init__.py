@@ -13,6 +13,8 @@ GAEExample/Corridor-v0``.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 import numpy as np
 
@@ -20,7 +22,7 @@ import numpy as np
 class Corridor(gym.Env):
     """Walk right to the end of a corridor."""
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict] = {"render_modes": []}
     LENGTH = 12
 
     def __init__(self) -> None:
