@@ -158,10 +158,10 @@ if row[2].button(
     help="Bias², variance and MSE of every estimator against Monte-Carlo truth, for this "
     "policy with this critic (and the policy's own).",
 ):
+    # the lab's whole selection, so its first run adds no history entry: Back comes here
     critics = [str(step) for step in dict.fromkeys([critic_step, policy_step])]
-    st.switch_page(
-        "pages/lab.py", query_params={"run": run_id, "policy": str(policy_step), "critic": critics}
-    )
+    wanted = {"run": run_id, "policy": str(policy_step), "critic": critics, "view": "per state"}
+    st.switch_page("pages/lab.py", query_params=wanted)
 st.caption(explorer.units_note(run.config, value_scale))
 with st.expander("What the lines are", expanded=False):
     # one formula per row: three side by side were cut off at 1400 px

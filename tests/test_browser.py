@@ -622,6 +622,45 @@ def test_explorer_lambda_slider_moves_gae_and_csv_matches_gae_core(
     screenshot(page, "explorer")
 
 
+def test_a_pasted_link_opens_the_same_view_and_measure_carries_it_to_the_lab(
+    chromium_browser, app_server, recorded_run
+):
+    """A link with ``?run=&policy=&lambda=`` opened in a new tab (no session) shows that run,
+    checkpoint and λ, through the navigation hand-over of a direct link; "Measure this
+    checkpoint" opens the lab with the run and checkpoints in its URL; Back returns to the
+    explorer's view."""
+    steps = store_of(app_server).checkpoint_steps(recorded_run)
+    assert len(steps) >= 2
+    context = chromium_browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        link = f"{app_server.url}/explorer?run={recorded_run}&policy={steps[0]}&lambda=0.3"
+        page.goto(link)
+        page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=60_000)
+        wait_idle(page)
+        assert page.locator(".st-key-ex-run input").input_value().endswith(recorded_run)
+        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]}"
+        thumb = page.locator('.st-key-ex-lambda input[type="range"]')
+        assert float(thumb.input_value()) == pytest.approx(0.3)
+        assert f"run={recorded_run}" in page.url and "lambda=0.3" in page.url
+
+        page.get_by_role("button", name="Measure this checkpoint in the Estimator lab").click()
+        page.wait_for_function("() => location.pathname.endsWith('/lab')", timeout=30_000)
+        page.locator(".st-key-lab-policy").wait_for(timeout=30_000)
+        wait_idle(page)
+        assert f"run={recorded_run}" in page.url and f"policy={steps[0]}" in page.url
+        assert page.locator(".st-key-lab-run input").input_value().endswith(recorded_run)
+        assert page.locator(".st-key-lab-policy input").input_value() == f"{steps[0]}"
+
+        page.go_back()
+        page.wait_for_function("() => location.pathname.endsWith('/explorer')", timeout=30_000)
+        page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=30_000)
+        wait_idle(page)
+        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]}"
+    finally:
+        context.close()
+
+
 def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_server):
     """The page's own Launch button: spawned workers from the Streamlit server process."""
     page = app_page
