@@ -51,7 +51,7 @@ if not runs:
 
 #: Widgets whose defaults come from the run (its checkpoints, its γ and λ): a widget with a key
 #: keeps its value when its default changes, so another run forgets them and starts from its own.
-PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma", "ex.lambda")
+PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma")
 
 
 def _forget(keys: tuple[str, ...]) -> None:
@@ -111,14 +111,15 @@ gamma = knobs[0].number_input(
     label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, format="%.6g", key="ex.gamma",
     help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
 )  # fmt: skip
-lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID] if url_run else []
-lambda_ = knobs[1].slider(
-    label("lambda_"), 0.0, 1.0, key="ex.lambda", step=0.01,
-    value=_ui.from_url("lambda", lambda_grid, round(float(run.config["lambda_"]), 2)),
+# λ moves in the browser (the chart's own slider): the server only says where it starts
+lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID]
+lambda_ = _ui.from_url("lambda", lambda_grid if url_run else [], round(run.config["lambda_"], 2))
+t = knobs[1].slider(
+    "step t for the weights", 0, max(len(arrays[0]) - 1, 0), 0, key="ex.t",
+    help="The bottom panel's step: how GAE weighs each Â^(k) there, with the steps left in "
+    "its segment.",
 )  # fmt: skip
-_ui.to_url(
-    run=run_id, policy=policy_step, critic=critic_step, trajectory=source, **{"lambda": lambda_}
-)
+_ui.to_url(run=run_id, policy=policy_step, critic=critic_step, trajectory=source)
 pinned = knobs[2].multiselect(
     f"pinned {LAMBDA} (overlay)",
     [float(x) for x in explorer.LAMBDA_GRID],
@@ -137,21 +138,33 @@ ks = knobs[3].multiselect(
 )
 
 base, sweep = estimates(arrays, gamma, tuple(sorted(ks)))
-table = explorer.with_gae_columns(base, sweep, [lambda_, *pinned])
+table = explorer.with_gae_columns(base, sweep, pinned)
 shown = ["delta", *[explorer.k_step_column(k) for k in sorted(ks)]]
-shown += [explorer.gae_column(x) for x in sorted(dict.fromkeys([*pinned, lambda_]))]
+shown += [explorer.gae_column(x) for x in sorted(pinned)]
 
-figure, frame = figures.explorer_figure(table, show=shown, gamma=gamma, lambda_=lambda_)
+figure, frames = figures.explorer_figure(
+    table, sweep, show=shown, gamma=gamma, lambda_=lambda_, t=int(t)
+)
 st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
-row = st.columns([2, 3, 3])
+horizon = int(table["steps_left"].iloc[int(t)])
+st.caption(
+    f"Drag {LAMBDA} on the chart: it redraws in the browser. At t = {int(t)}, {horizon} "
+    f"{'step is' if horizon == 1 else 'steps are'} left in the segment: Â^({horizon}) carries "
+    f"the tail {LAMBDA}^{horizon - 1} of the weight (red)."
+)
+row = st.columns([2, 2, 2, 3])
 with row[0]:
-    _ui.csv_button("Per-step table CSV", frame, f"{run_id}_advantages.csv", "ex.csv")
-row[1].markdown(
+    _ui.csv_button("Per-step table CSV", frames["steps"], f"{run_id}_advantages.csv", "ex.csv")
+with row[1]:
+    _ui.csv_button("Heat map CSV", frames["heat"], f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
+with row[2]:
+    _ui.csv_button("Weights CSV", frames["weights"], f"{run_id}_weights.csv", "ex.weights_csv")
+row[3].markdown(
     f"**{len(table)} steps**, episode ends: "
     f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · "
     f"{assignment('gamma', gamma)}"
 )
-if row[2].button(
+if row[3].button(
     "Measure this checkpoint in the Estimator lab",
     icon=":material/science:",
     key="ex.to_lab",
@@ -184,20 +197,3 @@ with st.expander("What the lines are", expanded=False):
         "steps bootstrap from V of the final observation, terminated ones do not. The "
         "Estimator lab measures this trade-off instead of asserting it."
     )
-
-heat_column, weight_column = st.columns(2, gap="large")
-with heat_column:
-    figure, heat = figures.heatmap_figure(explorer.heatmap_from_sweep(sweep), current=lambda_)
-    st.plotly_chart(figure, key="ex.heat", config={"displaylogo": False})
-    _ui.csv_button("Heat map CSV", heat, f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
-with weight_column:
-    t = st.slider("step t for the weights", 0, max(len(table) - 1, 0), 0, key="ex.t")
-    horizon = int(table["steps_left"].iloc[t])
-    figure, weights = figures.weights_figure(explorer.weights_table(lambda_, horizon), lambda_)
-    st.plotly_chart(figure, key="ex.weights", config={"displaylogo": False})
-    st.caption(
-        f"At t = {t}, {horizon} {'step is' if horizon == 1 else 'steps are'} left in the "
-        f"segment: Â^({horizon}) carries the tail "
-        f"{LAMBDA}^{horizon - 1} = {lambda_ ** (horizon - 1):.3g} of the weight (red)."
-    )
-    _ui.csv_button("Weights CSV", weights, f"{run_id}_weights.csv", "ex.weights_csv")

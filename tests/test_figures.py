@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import gae_core
 from gae_core import metrics as M
 from gae_core.insight import compare, compare_figures, explorer, figures, stats
 
@@ -103,63 +106,106 @@ def test_overlay_has_one_trace_per_run():
     assert len(set(colours)) == len(colours) == len(figures.RUN_COLORS)
 
 
-def test_explorer_figure_marks_each_boundary_kind():
-    table = explorer.advantage_table(
-        np.ones(6),
-        np.zeros(6),
-        np.zeros(6),
-        np.array([0, 1, 0, 0, 0, 0], bool),
-        np.array([0, 0, 0, 1, 0, 0], bool),
-        gamma=0.9,
-        lambdas=[0.5, 0.95],
-        ks=[1, 3],
+def _explorer(terminated, truncated, show=None, lambda_=0.95, t=0, gamma=0.9):
+    """The explorer's figure and frames for a rollout of ones with these flags."""
+    n = len(terminated)
+    arrays = (np.ones(n, np.float32), np.linspace(0, 1, n).astype(np.float32),
+              np.linspace(0.1, 1.1, n).astype(np.float32), np.asarray(terminated, bool),
+              np.asarray(truncated, bool))  # fmt: skip
+    table = explorer.advantage_table(*arrays, gamma=gamma, lambdas=[0.5, 1.0], ks=[1, 3])
+    sweep = gae_core.gae_lambda_sweep(*arrays, gamma=gamma, lambdas=explorer.LAMBDA_GRID)
+    figure, frames = figures.explorer_figure(
+        table, sweep, show=show, gamma=gamma, lambda_=lambda_, t=t
     )
-    figure, frame = figures.explorer_figure(table)
+    return figure, frames, arrays
+
+
+def test_explorer_figure_marks_each_boundary_kind():
+    figure, frames, _ = _explorer([0, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0])
     lines = [shape.line for shape in figure.layout.shapes]
     # terminated at t=1, truncated at t=3, end of rollout after t=5: three styles, drawn
-    # across both panels (values above, advantages below)
+    # across the step panels (values, advantages, the heat map), not the weights' k axis
     assert sorted((line.dash, line.color) for line in lines) == sorted(
-        2 * [("solid", "#d62728"), ("dash", "#ff7f0e"), ("dot", "#7f7f7f")]
+        3 * [("solid", "#d62728"), ("dash", "#ff7f0e"), ("dot", "#7f7f7f")]
     )
+    assert {shape.xref for shape in figure.layout.shapes} == {"x", "x2", "x3"}
     # advantages on their own axis, V on the top panel; δ never in termination red
     by_name = {trace.name: trace for trace in figure.data}
     assert by_name["V(s_t)"].yaxis == "y" and by_name["δ_t"].yaxis == "y3"
     assert by_name["δ_t"].line.color != "#d62728"
-    assert "gae[lambda=0.95]" in frame and "k_step[k=3]" in frame and "delta" in frame
+    steps = frames["steps"]
+    assert "gae[lambda=0.5]" in steps and "k_step[k=3]" in steps and "delta" in steps
     names = [trace.name for trace in figure.data]
-    assert "GAE λ = 0.95" in names and "Â^(3)" in names and "δ_t" in names
-    # the CSV says at which γ and λ it was computed, at the precision used
-    _, frame = figures.explorer_figure(table, gamma=0.99731, lambda_=0.37)
-    assert (frame["gamma"] == 0.99731).all() and (frame["lambda_"] == 0.37).all()
-    assert list(frame.columns[:3]) == ["t", "gamma", "lambda_"]
+    assert "GAE λ = 0.5" in names and "Â^(3)" in names and "δ_t" in names
+    # the CSV says at which γ it was computed, at the precision used
+    _, frames, _ = _explorer([0] * 6, [0] * 6, gamma=0.99731)
+    assert (frames["steps"]["gamma"] == 0.99731).all()
+    assert list(frames["steps"].columns[:2]) == ["t", "gamma"]
 
 
 def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
-    table = explorer.advantage_table(
-        np.ones(6), np.zeros(6), np.zeros(6), np.zeros(6, bool), np.zeros(6, bool),
-        gamma=0.9, lambdas=[0.3, 0.5, 0.95], ks=[3, 10],
-    )  # fmt: skip
-    one, _ = figures.explorer_figure(table, show=["delta", "gae[lambda=0.5]"])
-    many, _ = figures.explorer_figure(
-        table, show=["delta", "k_step[k=3]", "gae[lambda=0.3]", "gae[lambda=0.5]"]
-    )
+    flags = [0] * 6
+    one, _, _ = _explorer(flags, flags, show=["delta", "gae[lambda=0.5]"])
+    many, _, _ = _explorer(flags, flags, show=["delta", "k_step[k=3]", "gae[lambda=0.5]",
+                                               "gae[lambda=1]"])  # fmt: skip
     color = {t.name: t.line.color for t in many.data if t.type == "scatter"}
     assert {t.name: t.line.color for t in one.data if t.type == "scatter"}.items() <= color.items()
-    assert len({color["GAE λ = 0.3"], color["GAE λ = 0.5"], color["Â^(3)"], color["δ_t"]}) == 4
+    assert len({color["GAE λ = 1"], color["GAE λ = 0.5"], color["Â^(3)"], color["δ_t"]}) == 4
 
 
 def test_the_sliders_lambda_stands_out_from_pinned_ones_of_a_like_colour():
     # λ 0.95 on the slider and λ 1 pinned are both lime on viridis: the line style tells them
-    table = explorer.advantage_table(
-        np.ones(6), np.zeros(6), np.zeros(6), np.zeros(6, bool), np.zeros(6, bool),
-        gamma=0.9, lambdas=[0.95, 1.0], ks=[],
-    )  # fmt: skip
-    figure, _ = figures.explorer_figure(
-        table, show=["gae[lambda=0.95]", "gae[lambda=1]"], lambda_=0.95
-    )
+    figure, _, _ = _explorer([0] * 6, [0] * 6, show=["gae[lambda=1]"], lambda_=0.95)
     line = {t.name: t.line for t in figure.data if t.type == "scatter" and t.name != "V(s_t)"}
     assert (line["GAE λ = 0.95"].dash, line["GAE λ = 0.95"].width) == (None, 3.5)
     assert (line["GAE λ = 1"].dash, line["GAE λ = 1"].width) == ("longdash", 2)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    flags=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=12),
+    lambda_=st.sampled_from([0.0, 0.37, 0.95, 1.0]),
+    data=st.data(),
+)
+def test_every_slider_step_draws_that_lambdas_numbers(flags, lambda_, data):
+    """A step of the chart's λ slider redraws in the browser from what the figure carries:
+    GAE at that λ (gae_core's, to float32's precision), the heat map's marker at λ, and the
+    weights of each Â^(k) at step t (estimator_weights) with the geometric (1−λ)λ^(k−1); the
+    slider starts at ``lambda_``; every frame holds what any step draws."""
+    terminated, truncated = zip(*flags, strict=True)
+    t = data.draw(st.integers(0, len(flags) - 1))
+    figure, frames, arrays = _explorer(terminated, truncated, lambda_=lambda_, t=t)
+    (slider,) = figure.layout.sliders
+    assert len(slider.steps) == len(explorer.LAMBDA_GRID)
+    assert float(slider.steps[slider.active].label) == lambda_
+    moving = slider.steps[0].args[2]
+    assert [figure.data[i].name for i in moving][1:] == [
+        "the slider's λ",
+        "weight in GAE (tail in red)",
+        "(1−λ)λ^(k−1)",
+    ]
+    horizon = int(explorer.steps_left(arrays[3], arrays[4])[t])
+    for step in (*slider.steps[::25], slider.steps[-1]):
+        lam = float(step.label)
+        gae, marker, weight, geometric = step.args[0]["y"]
+        expected = gae_core.gae(*arrays, gamma=0.9, lambda_=lam)
+        np.testing.assert_allclose(gae, expected, rtol=1e-6, atol=1e-6)
+        assert step.args[0]["name"][0] == f"GAE λ = {lam:g}"
+        assert marker == [lam, lam]
+        np.testing.assert_allclose(weight, gae_core.estimator_weights(lam, horizon), rtol=1e-6)
+        k = np.arange(1, horizon + 1)
+        np.testing.assert_allclose(geometric, (1 - lam) * lam ** (k - 1.0), rtol=1e-6, atol=1e-12)
+        assert f"t = {t}, λ = {lam:g}" in step.args[1]["annotations[3].text"]
+        steps = frames["steps"]
+        np.testing.assert_allclose(steps[f"gae[lambda={lam:g}]"], expected, rtol=1e-6, atol=1e-6)
+        shown = frames["weights"][frames["weights"]["lambda_"] == lam]
+        np.testing.assert_allclose(shown["weight"], weight, rtol=1e-6)
+    start = slider.steps[slider.active].args[0]["y"]
+    np.testing.assert_allclose(figure.data[moving[0]].y, start[0], rtol=1e-6, atol=1e-6)
+    heat = frames["heat"]
+    assert len(heat) == len(explorer.LAMBDA_GRID) * len(flags)
+    assert np.asarray(figure.data[moving[0] + 1].z).shape == (len(explorer.LAMBDA_GRID),
+                                                               len(flags))  # fmt: skip
 
 
 def test_metric_axes_never_degenerate_and_respect_display_ranges():
@@ -175,28 +221,6 @@ def test_metric_axes_never_degenerate_and_respect_display_ranges():
     figure, _ = figures.metric_figure(long_metrics(5, M.VALUE_LOSS.key), M.VALUE_LOSS.key,
                                       log_y=True)  # fmt: skip
     assert figure.layout.yaxis.type == "log"
-
-
-def test_heatmap_and_weights_figures():
-    heat = explorer.gae_heatmap(
-        np.ones(4),
-        np.zeros(4),
-        np.zeros(4),
-        np.zeros(4, bool),
-        np.zeros(4, bool),
-        gamma=0.9,
-        lambdas=[0, 0.5, 1],
-    )
-    figure, frame = figures.heatmap_figure(heat)
-    assert np.asarray(figure.data[0].z).shape == (3, 4)
-    assert frame is heat
-    assert not figure.layout.shapes  # no λ marked unless one is current
-    marked, _ = figures.heatmap_figure(heat, current=0.5)
-    (line,) = marked.layout.shapes
-    assert (line.y0, line.y1) == (0.5, 0.5)  # the slider's λ, across the whole map
-    assert "λ = 0.5" in marked.layout.annotations[0].text
-    figure, frame = figures.weights_figure(explorer.weights_table(0.9, 5), 0.9)
-    assert list(figure.data[0].y) == pytest.approx(list(frame["weight"]))
 
 
 def test_comparison_draws_one_band_per_lambda():

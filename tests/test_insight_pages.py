@@ -46,18 +46,32 @@ def main_chart_trace(at, name):
     return plotly_values(trace["y"])
 
 
-def main_chart_gae(at, lambda_):
-    return main_chart_trace(at, f"GAE λ = {lambda_:g}")
+def main_chart_slider(at):
+    """The λ slider of the explorer's chart: its steps carry every λ's numbers to the browser."""
+    chart = next(c for c in at.get("plotly_chart") if "Advantage estimates" in c.proto.spec)
+    return json.loads(chart.proto.spec)["layout"]["sliders"][0]
+
+
+def slider_gae(at, lambda_):
+    """GAE at ``lambda_`` as the chart's slider draws it at that step."""
+    step = next(s for s in main_chart_slider(at)["steps"] if float(s["label"]) == lambda_)
+    return plotly_values(step["args"][0]["y"][0])
+
+
+def slider_start(at) -> float:
+    slider = main_chart_slider(at)
+    return float(slider["steps"][slider.get("active", 0)]["label"])
 
 
 @pytest.mark.slow
-def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir):
+def test_explorer_renders_and_its_lambda_slider_carries_every_lambdas_gae(recorded_run, data_dir):
+    """λ moves in the browser: the one chart's slider holds GAE at every λ of the grid, each
+    equal to gae_core's on the recorded trajectory, and starts at the run's λ."""
     at = app("pages/explorer.py")
     store = RunStore(data_dir)
     assert at.selectbox(key="ex.run").value == recorded_run
     steps = store.checkpoint_steps(recorded_run)
     assert len(steps) >= 3
-    at.slider(key="ex.lambda").set_value(0.3).run()
     at.multiselect(key="ex.pinned").set_value([]).run()
     assert not at.exception
     trajectory = Trajectory.from_bytes(store.trajectory_blobs(recorded_run, steps[-1])[0])
@@ -69,14 +83,12 @@ def test_explorer_renders_and_the_lambda_slider_moves_gae(recorded_run, data_dir
         trajectory.truncated,
     )
     gamma = at.number_input(key="ex.gamma").value
-    np.testing.assert_allclose(
-        main_chart_gae(at, 0.3), gae_core.gae(*arrays, gamma=gamma, lambda_=0.3), rtol=1e-5
-    )
-    at.slider(key="ex.lambda").set_value(0.9).run()
-    np.testing.assert_allclose(
-        main_chart_gae(at, 0.9), gae_core.gae(*arrays, gamma=gamma, lambda_=0.9), rtol=1e-5
-    )
-    assert len(at.get("plotly_chart")) == 3  # main plot, heat map, weights
+    for lambda_ in (0.0, 0.3, 0.9, 1.0):
+        expected = gae_core.gae(*arrays, gamma=gamma, lambda_=lambda_)
+        np.testing.assert_allclose(slider_gae(at, lambda_), expected, rtol=1e-5, atol=1e-6)
+    assert len(main_chart_slider(at)["steps"]) == len(explorer.LAMBDA_GRID)
+    assert slider_start(at) == pytest.approx(store.get_run(recorded_run).config["lambda_"])
+    assert len(at.get("plotly_chart")) == 1  # per-step panels, heat map and weights in one
 
 
 @pytest.mark.slow
@@ -92,13 +104,12 @@ def test_explorer_starts_each_run_at_its_own_gamma_lambda_and_last_checkpoint(
     store = RunStore(data_dir)
     at = app("pages/explorer.py")
     first = at.selectbox(key="ex.run").value
-    at.slider(key="ex.lambda").set_value(0.3).run()
     at.number_input(key="ex.gamma").set_value(0.5).run()
     for run_id in [r for r in (other, recorded_run) if r != first] + [first]:
         at.selectbox(key="ex.run").set_value(run_id).run()
         assert not at.exception
         config = store.get_run(run_id).config
-        assert at.slider(key="ex.lambda").value == pytest.approx(config["lambda_"])
+        assert slider_start(at) == pytest.approx(config["lambda_"])
         assert at.number_input(key="ex.gamma").value == pytest.approx(config["gamma"])
         assert at.selectbox(key="ex.policy").value == store.checkpoint_steps(run_id)[-1]
 
@@ -524,9 +535,10 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert at.selectbox(key="ex.run").value == recorded_run  # not the newest run
     assert at.selectbox(key="ex.policy").value == steps[1]
     assert at.selectbox(key="ex.critic").value == steps[0]
-    assert at.slider(key="ex.lambda").value == pytest.approx(0.3)
-    at.slider(key="ex.lambda").set_value(0.6).run()
-    assert at.query_params["lambda"] in ("0.6", ["0.6"])  # the change is in the URL
+    assert slider_start(at) == pytest.approx(0.3)
+    at.selectbox(key="ex.critic").set_value(steps[1]).run()
+    assert at.query_params["critic"] in (str(steps[1]), [str(steps[1])])  # changes reach the URL
+    at.selectbox(key="ex.critic").set_value(steps[0]).run()
     assert at.query_params["run"] in (recorded_run, [recorded_run])
 
     at.button(key="ex.to_lab").click().run()

@@ -16,7 +16,14 @@ from plotly.subplots import make_subplots
 
 from gae_core import metrics as M
 from gae_core.inert import plotly_text
-from gae_core.insight.explorer import gae_column
+from gae_core.insight.explorer import (
+    LAMBDA_GRID,
+    gae_column,
+    heatmap_from_sweep,
+    lambda_index,
+    steps_left,
+    weights_table,
+)
 from gae_core.labels import assignment, label
 
 #: Traces are cut to about this many points so a refresh stays fast however long the run:
@@ -244,25 +251,46 @@ def estimator_color(column: str) -> str:
 
 def explorer_figure(
     table: pd.DataFrame,
+    sweep: np.ndarray,
     *,
     show: Sequence[str] | None = None,
     gamma: float | None = None,
-    lambda_: float | None = None,
-) -> tuple[go.Figure, pd.DataFrame]:
-    """Per-step plot of an :func:`~gae_core.insight.explorer.advantage_table` in two panels
-    sharing the step axis: on top V(s_t) with the rewards as bars (own axis), below δ_t, each
-    Â^(k) and each GAE(λ) (advantages have their own scale, not V's). Episode boundaries are
-    vertical lines across both: terminated solid red, truncated dashed orange, end of rollout
-    dotted grey. GAE at the slider's ``lambda_`` is drawn solid and widest, other (pinned) λ
-    long-dashed. The frame (the CSV) carries γ and the slider's λ with every row."""
+    lambda_: float = 0.95,
+    t: int = 0,
+    grid: np.ndarray = LAMBDA_GRID,
+) -> tuple[go.Figure, dict[str, pd.DataFrame]]:
+    """The explorer in one figure whose λ slider works in the browser, without a server
+    round trip: every λ's numbers (``sweep``, GAE at each λ of ``grid``, ``[len(grid), T]``)
+    travel with the figure once, and a step of its slider only restyles four traces.
+
+    Panels, sharing the step axis except the last: V(s_t) with the rewards as bars (own axis);
+    δ_t, each Â^(k) and each pinned GAE(λ) in ``show`` (dotted k-steps, long-dashed pinned λ)
+    with GAE at the slider's λ solid and widest; GAE over (t, λ) with the slider's λ marked;
+    the weight of each Â^(k) in GAE at step ``t`` (the tail λ^(L−1) on the last one in red,
+    (1−λ)λ^(k−1) dotted). Episode boundaries cross the step panels: terminated solid red,
+    truncated dashed orange, end of rollout dotted grey. The slider starts at ``lambda_``.
+
+    Returns the figure and its data as frames (CSV): ``steps`` (the per-step table with γ and
+    GAE at every grid λ, so it holds what is drawn at any slider position), ``heat`` (λ, t,
+    GAE) and ``weights`` (λ, k, weight, geometric weight, tail) at step ``t``."""
     estimate_columns = [
         c for c in table.columns if c.startswith(("k_step[", "gae[")) or c == "delta"
     ]
     columns = [c for c in (show if show is not None else estimate_columns) if c != "value"]
+    start = lambda_index(lambda_, grid)
+    lam = label("lambda_")
+    names = [f"the slider's {lam}", "weight in GAE (tail in red)", f"(1−{lam}){lam}^(k−1)"]
+    horizon = int(steps_left(table["terminated"], table["truncated"])[t]) if len(table) else 1
+    weights = pd.concat(
+        [weights_table(float(x), horizon).assign(lambda_=float(x)) for x in grid],
+        ignore_index=True,
+    )[["lambda_", "k", "weight", "geometric_weight", "tail"]]
     figure = make_subplots(
-        rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.35, 0.65],
-        specs=[[{"secondary_y": True}], [{}]],
-        subplot_titles=["V(s_t) and rewards", "advantage estimates"],
+        rows=4, cols=1, vertical_spacing=0.07, row_heights=[0.2, 0.36, 0.24, 0.2],
+        specs=[[{"secondary_y": True}], [{}], [{}], [{}]],
+        subplot_titles=["V(s_t) and rewards", "advantage estimates",
+                        f"GAE({label('gamma')}, {lam}) over steps and {lam}",
+                        _weights_title(grid[start], t)],
     )  # fmt: skip
     figure.add_trace(
         go.Bar(x=table["t"], y=table["reward"], name="reward r_t (right axis)", opacity=0.3,
@@ -274,101 +302,119 @@ def explorer_figure(
                    line={"color": estimator_color("value"), "width": 2}),
         row=1, col=1,
     )  # fmt: skip
-    slider = None if lambda_ is None else gae_column(lambda_)
     for column in columns:
-        # the slider's λ solid and widest; pinned λ long-dashed: near λ their viridis colours
-        # are alike (0.95 and 1), the line style tells them apart
+        # pinned λ long-dashed: near λ their viridis colours are alike (0.95 and 1), the line
+        # style tells them from the slider's
         dash = "dot" if column.startswith("k_step[") else None
-        width = 1.5
-        if column.startswith("gae["):
-            dash, width = (None, 3.5) if column == slider else ("longdash", 2)
+        dash, width = ("longdash", 2) if column.startswith("gae[") else (dash, 1.5)
         figure.add_trace(
             go.Scatter(x=table["t"], y=table[column], mode="lines", name=_pretty(column),
                        line={"dash": dash, "width": width, "color": estimator_color(column)}),
             row=2, col=1,
         )  # fmt: skip
+    moving = [len(figure.data)]  # the traces a slider step restyles
+    figure.add_trace(
+        go.Scatter(x=table["t"], y=sweep[start], mode="lines", line={"width": 3.5,
+                   "color": "#21918c"}, name=_pretty(gae_column(grid[start]))),
+        row=2, col=1,
+    )  # fmt: skip
+    figure.add_trace(
+        go.Heatmap(z=sweep, x=table["t"], y=grid, colorscale="RdBu", zmid=0.0,
+                   colorbar={"title": "GAE", "len": 0.24, "y": 0.34}, showlegend=False,
+                   name="GAE"),
+        row=3, col=1,
+    )  # fmt: skip
+    moving.append(len(figure.data))
+    ends = [0, max(len(table) - 1, 0)]
+    figure.add_trace(
+        go.Scatter(x=ends, y=[grid[start]] * 2, mode="lines", name=names[0], showlegend=False,
+                   line={"color": "#000000", "dash": "dash", "width": 1.5}),
+        row=3, col=1,
+    )  # fmt: skip
+    at = weights[weights["lambda_"] == grid[start]]
+    moving.append(len(figure.data))
+    figure.add_trace(
+        go.Bar(x=at["k"], y=at["weight"], name=names[1],
+               marker_color=np.where(at["tail"], "#d62728", "#1f77b4")),
+        row=4, col=1,
+    )  # fmt: skip
+    moving.append(len(figure.data))
+    figure.add_trace(
+        go.Scatter(x=at["k"], y=at["geometric_weight"], mode="lines", line={"dash": "dot"},
+                   name=names[2]),
+        row=4, col=1,
+    )  # fmt: skip
     for flag, style in _BOUNDARY_STYLE.items():
-        for t in table.loc[table[flag].astype(bool), "t"]:
-            figure.add_vline(x=float(t) + 0.5, line={**style, "width": 1.5}, opacity=0.7,
-                             row="all", col=1)  # fmt: skip
+        for step in table.loc[table[flag].astype(bool), "t"]:
+            for row in (1, 2, 3):
+                figure.add_vline(x=float(step) + 0.5, line={**style, "width": 1.5},
+                                 opacity=0.7, row=row, col=1)  # fmt: skip
         # an invisible trace so the legend explains the line style
         figure.add_trace(
             go.Scatter(x=[None], y=[None], mode="lines", name=flag.replace("_", " "),
                        line={**style, "width": 1.5}),
             row=2, col=1,
         )  # fmt: skip
+    by_lambda = weights.groupby("lambda_", sort=False)
+    steps = [
+        {"method": "update", "label": f"{x:g}", "args": [
+            {"y": [_short(sweep[i]), [float(x)] * 2, _short(w["weight"]),
+                   _short(w["geometric_weight"])],
+             "name": [_pretty(gae_column(x)), *names]},
+            {"annotations[3].text": _weights_title(x, t), "xaxis4.range": _k_range(w)},
+            moving]}
+        for i, (x, (_, w)) in enumerate(zip(grid, by_lambda, strict=True))
+    ]  # fmt: skip
     _layout(figure, "Advantage estimates along the trajectory", "step t", "value")
+    figure.update_layout(
+        height=980, xaxis_title=None, legend={"orientation": "h", "y": -0.12},
+        title={"y": 0.99, "yanchor": "top"},
+        sliders=[{"active": start, "steps": steps, "pad": {"t": 0, "b": 0},
+                  "currentvalue": {"prefix": f"drag {lam}: {lam} = ",
+                                   "font": {"size": 14, "color": "#31333f"}, "xanchor": "left"},
+                  "font": {"color": "rgba(0,0,0,0)"}, "ticklen": 0, "minorticklen": 0,
+                  "x": 0, "len": 1.0, "y": 1.035, "yanchor": "bottom"}],
+        margin={"l": 40, "r": 10, "t": 150, "b": 40},
+    )  # fmt: skip
+    for row in (2, 3):
+        figure.update_xaxes(matches="x", row=row, col=1)
+    figure.update_xaxes(title_text="k", range=_k_range(at), row=4, col=1)
     figure.update_yaxes(title_text="V(s_t)", row=1, col=1, secondary_y=False)
-    figure.update_yaxes(title_text="reward", row=1, col=1, secondary_y=True, showgrid=False)
+    # the reward axis starts at 0 and ticks rewards themselves (constant rewards of 1 read 1,
+    # not the V axis's ticks carried over)
+    figure.update_yaxes(title_text="reward", row=1, col=1, secondary_y=True, showgrid=False,
+                        tickmode="auto", rangemode="tozero")  # fmt: skip
     figure.update_yaxes(title_text="advantage", row=2, col=1)
-    figure.update_layout(height=520, xaxis_title=None)
-    figure.update_xaxes(title_text="step t", row=2, col=1)
+    figure.update_yaxes(title_text=lam, row=3, col=1)
+    figure.update_yaxes(title_text="weight", row=4, col=1)
     keep = ["t", "reward", "value", "next_value", "terminated", "truncated", "end_of_rollout"]
     frame = table[list(dict.fromkeys([*keep, "delta", *columns]))].copy()
+    every = pd.DataFrame({gae_column(x): sweep[i] for i, x in enumerate(grid)}, index=frame.index)
+    frame = pd.concat([frame, every[[c for c in every if c not in frame]]], axis=1)
     if gamma is not None:
         frame.insert(1, "gamma", gamma)
-    if lambda_ is not None:
-        frame.insert(2 if gamma is not None else 1, "lambda_", lambda_)
-    return figure, frame
+    return figure, {"steps": frame, "heat": heatmap_from_sweep(sweep, grid), "weights": weights}
 
 
-def heatmap_figure(
-    heat: pd.DataFrame, current: float | None = None
-) -> tuple[go.Figure, pd.DataFrame]:
-    """GAE over (t, λ) from :func:`~gae_core.insight.explorer.gae_heatmap`; a dashed line marks
-    the slider's λ."""
-    grid = heat.pivot(index="lambda_", columns="t", values="gae")
-    limit = float(np.nanmax(np.abs(grid.to_numpy()))) if grid.size else 1.0
-    figure = go.Figure(
-        go.Heatmap(
-            z=grid.to_numpy(),
-            x=grid.columns,
-            y=grid.index,
-            colorscale="RdBu",
-            zmid=0.0,
-            zmin=-limit,
-            zmax=limit,
-            colorbar={"title": "GAE"},
-        )
-    )
-    if current is not None:
-        figure.add_hline(
-            y=current,
-            line={"color": "#000000", "dash": "dash", "width": 1.5},
-            annotation_text=assignment("lambda_", current),
-            annotation_position="top left",
-        )
-    lam = label("lambda_")
-    _layout(figure, f"GAE({label('gamma')}, {lam}) over steps and {lam}", "step t", lam)
-    return figure, heat
+def _weights_title(lambda_: float, t: int) -> str:
+    return f"weight of each Â^(k) in GAE at step t = {t}, {assignment('lambda_', lambda_)}"
 
 
-def weights_figure(weights: pd.DataFrame, lambda_: float) -> tuple[go.Figure, pd.DataFrame]:
-    """Bars of each Â^(k)'s weight in GAE, the tail mass on the last one highlighted, with the
-    infinite-horizon geometric weights (1−λ)λ^(k−1) as a line."""
-    colors = np.where(weights["tail"], "#d62728", "#1f77b4")
-    lam = label("lambda_")
-    figure = go.Figure()
-    figure.add_trace(
-        go.Bar(
-            x=weights["k"],
-            y=weights["weight"],
-            marker_color=colors,
-            name="weight in GAE (tail in red)",
-        )
-    )
-    figure.add_trace(
-        go.Scatter(
-            x=weights["k"],
-            y=weights["geometric_weight"],
-            mode="lines",
-            name=f"(1−{lam}){lam}^(k−1)",
-            line={"dash": "dot"},
-        )
-    )
-    title = f"Weight of each k-step estimator at {assignment('lambda_', lambda_)}"
-    _layout(figure, title, "k", "weight")
-    return figure, weights
+def _k_range(weights: pd.DataFrame) -> list[float]:
+    """The weights panel's k axis: up to the k that holds 99 % of the weight, or to the tail
+    where the tail carries 1 % or more (at λ = 0.5 the mass sits on the first few k; on a
+    0 … 500 axis it was one pixel)."""
+    cumulative = np.cumsum(weights["weight"].to_numpy())
+    last = int(weights["k"].iloc[-1])
+    if float(weights["weight"].iloc[-1]) < 0.01:
+        last = int(weights["k"].iloc[int(np.searchsorted(cumulative, 0.99 * cumulative[-1]))])
+    return [0.5, last + 0.5]
+
+
+def _short(values: Sequence[float]) -> list[float]:
+    """Numbers a slider step carries to the browser, at float32's precision (7 significant
+    digits) rather than float64's 17: the figure holds every λ's data at once."""
+    return [float(f"{v:.7g}") for v in np.asarray(values, dtype=float)]
 
 
 def _pretty(column: str) -> str:
@@ -400,10 +446,8 @@ __all__ = [
     "X_AXES",
     "downsample_indices",
     "explorer_figure",
-    "heatmap_figure",
     "metric_figure",
     "metric_frame",
     "overlay_figure",
     "smooth",
-    "weights_figure",
 ]
