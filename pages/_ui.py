@@ -337,6 +337,9 @@ def run_label(run: Any) -> str:
 #: redraw of every chart costs far more than the progress bar, and under load a timer shorter
 #: than a redraw would keep the charts permanently rerunning.
 LIVE_CHARTS_EVERY_S = 1.5
+#: How often a live run's charts look for their first points (a run just started): the first
+#: return is stored about 0.1 s after Start, and a 1.5 s timer put it on the page 3.8 s after.
+FIRST_POINTS_EVERY_S = 0.25
 
 
 def run_header(run: Any) -> None:
@@ -375,9 +378,9 @@ def chart_controls(prefix: str) -> dict[str, Any]:
     return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
 
 
-def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> None:
+def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> bool:
     """The metric charts of one run, two per row, each with a link to the CSV of every logged
-    point (smoothed like the chart)."""
+    point (smoothed like the chart); whether the episodic return is among them."""
     from gae_core.insight import exports, figures
 
     metrics = store().metrics(run_id)
@@ -386,7 +389,7 @@ def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefi
             st.info("No metrics yet: the first ones arrive after the first update.")
         else:  # e.g. a sweep's trial cancelled before its turn
             st.info("No metrics: the run ended before its first update.")
-        return
+        return False
     present = set(metrics["key"])
     shown = [m for m in M.LIVE if m.key in present]
     columns = st.columns(2)
@@ -404,6 +407,7 @@ def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefi
                 exports.run_metric_url(run_id, metric.key, smoothing=weight),
                 key=f"{prefix}-csv-{metric.column}",
             )
+    return M.EPISODIC_RETURN.key in present
 
 
 @st.cache_resource
