@@ -20,7 +20,7 @@ from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.env_modules import registered_env_ids
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
-from gae_core.insight import views
+from gae_core.insight import exports, views
 from gae_core.labels import algorithm_name
 from gae_core.runs.manager import RunManager
 from gae_core.storage.store import RunStore
@@ -190,8 +190,12 @@ def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -
     return result
 
 
-def csv_button(label: str, frame: pd.DataFrame, file_name: str, key: str) -> None:
-    """A download button whose CSV is generated on click (exactly the frame that is plotted).
+def csv_button(
+    label: str, frame: pd.DataFrame, file_name: str, key: str, made_by: dict | None = None
+) -> None:
+    """A download button whose CSV is generated on click (exactly the frame that is plotted,
+    led by the columns of ``made_by``: the run, checkpoints and settings that made it,
+    :func:`~gae_core.insight.exports.with_provenance`).
 
     It takes the frame itself, not a callable: a page that passed ``lambda: frame`` and then
     drew another chart into ``frame`` handed out the last chart's data from every button
@@ -201,6 +205,7 @@ def csv_button(label: str, frame: pd.DataFrame, file_name: str, key: str) -> Non
     button inside a fragment that redraws on a timer can miss a click (see the Runs page)."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"csv_button({label!r}) takes the DataFrame, got {type(frame).__name__}")
+    frame = exports.with_provenance(frame, **(made_by or {}))
     download_button(label, lambda: to_csv(frame), file_name, "text/csv", key)
 
 

@@ -142,9 +142,7 @@ table = explorer.with_gae_columns(base, sweep, pinned)
 shown = ["delta", *[explorer.k_step_column(k) for k in sorted(ks)]]
 shown += [explorer.gae_column(x) for x in sorted(pinned)]
 
-figure, frames = figures.explorer_figure(
-    table, sweep, show=shown, gamma=gamma, lambda_=lambda_, t=int(t)
-)
+figure, frames = figures.explorer_figure(table, sweep, show=shown, lambda_=lambda_, t=int(t))
 st.plotly_chart(figure, key="ex.main", config={"displaylogo": False})
 horizon = int(table["steps_left"].iloc[int(t)])
 st.caption(
@@ -152,13 +150,20 @@ st.caption(
     f"{'step is' if horizon == 1 else 'steps are'} left in the segment: Â^({horizon}) carries "
     f"the tail {LAMBDA}^{horizon - 1} of the weight (red)."
 )
+# every CSV says what made it: the run, both checkpoints, the trajectory and γ
+made_by = {"run_id": run_id, "policy_step": policy_step, "critic_step": critic_step,
+           "trajectory": source if fresh_seed is None else f"fresh recording, seed {fresh_seed}",
+           "gamma": gamma}  # fmt: skip
 row = st.columns([2, 2, 2, 3])
 with row[0]:
-    _ui.csv_button("Per-step table CSV", frames["steps"], f"{run_id}_advantages.csv", "ex.csv")
+    _ui.csv_button("Per-step table CSV", frames["steps"], f"{run_id}_advantages.csv", "ex.csv",
+                   made_by)  # fmt: skip
 with row[1]:
-    _ui.csv_button("Heat map CSV", frames["heat"], f"{run_id}_gae_heatmap.csv", "ex.heat_csv")
+    _ui.csv_button("Heat map CSV", frames["heat"], f"{run_id}_gae_heatmap.csv", "ex.heat_csv",
+                   made_by)  # fmt: skip
 with row[2]:
-    _ui.csv_button("Weights CSV", frames["weights"], f"{run_id}_weights.csv", "ex.weights_csv")
+    _ui.csv_button("Weights CSV", frames["weights"], f"{run_id}_weights.csv", "ex.weights_csv",
+                   made_by)  # fmt: skip
 row[3].markdown(
     f"**{len(table)} steps**, episode ends: "
     f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · "

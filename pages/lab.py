@@ -1,6 +1,8 @@
 """Estimator lab: measured bias², variance and MSE of δ, Â^(k) and GAE(λ) against Monte-Carlo
 truth, on a run's checkpoints or on the exact chain."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -39,12 +41,14 @@ def jobs() -> dict:
     return {}
 
 
-def show_result(results: dict[str, LabResult], prefix: str) -> None:
-    """The trade-off plots of one or more critics, the per-state view and their CSVs."""
+def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> None:
+    """The trade-off plots of one or more critics, the per-state view and their CSVs (each led
+    by ``made_by``: the run, the policy checkpoint and the settings)."""
     st.subheader(f"GAE({LAMBDA}): the trade-off")
     figure, frame = lab_figures.trade_off_figure({k: r.estimators for k, r in results.items()})
     st.plotly_chart(figure, key=f"{prefix}.gae", config={"displaylogo": False})
-    _ui.csv_button(f"Trade-off over {LAMBDA} CSV", frame, "lab_lambda.csv", f"{prefix}.gae_csv")
+    _ui.csv_button(f"Trade-off over {LAMBDA} CSV", frame, "lab_lambda.csv", f"{prefix}.gae_csv",
+                   made_by)  # fmt: skip
     bests = ", ".join(f"{k}: {assignment('lambda_', r.best_lambda())}" for k, r in results.items())
     first = next(iter(results.values()))
     st.caption(
@@ -61,7 +65,7 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
         {k: r.estimators for k, r in results.items()}, kind="k_step"
     )
     st.plotly_chart(figure, key=f"{prefix}.k", config={"displaylogo": False})
-    _ui.csv_button("Trade-off over k CSV", frame, "lab_k.csv", f"{prefix}.k_csv")
+    _ui.csv_button("Trade-off over k CSV", frame, "lab_k.csv", f"{prefix}.k_csv", made_by)
     st.subheader("One state: target against the estimates")
     critic = st.selectbox("critic", list(results), key=f"{prefix}.state_critic")
     result = results[critic]
@@ -70,7 +74,8 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
     with left:
         figure, frame = lab_figures.state_figure(result.per_state, result.states, state)
         st.plotly_chart(figure, key=f"{prefix}.one", config={"displaylogo": False})
-        _ui.csv_button("This state's CSV", frame, "lab_state.csv", f"{prefix}.one_csv")
+        _ui.csv_button("This state's CSV", frame, "lab_state.csv", f"{prefix}.one_csv",
+                       {**made_by, "critic": critic})  # fmt: skip
     with right:
         info = result.states.iloc[state]
         st.markdown(
@@ -87,9 +92,14 @@ def show_result(results: dict[str, LabResult], prefix: str) -> None:
             for part in ("per_state", "states")
         )
         _ui.csv_button(
-            "Per-state table CSV (every critic)", per_state, "lab_per_state.csv", f"{prefix}.ps"
+            "Per-state table CSV (every critic)",
+            per_state,
+            "lab_per_state.csv",
+            f"{prefix}.ps",
+            made_by,
         )
-        _ui.csv_button("States CSV (every critic)", states, "lab_states.csv", f"{prefix}.st")
+        _ui.csv_button("States CSV (every critic)", states, "lab_states.csv", f"{prefix}.st",
+                       made_by)  # fmt: skip
 
 
 def job_status(job: LabJob, cancel_key: str) -> bool:
@@ -184,11 +194,14 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     st.subheader(f"Over {LAMBDA}")
     figure, frame = lab_figures.gradient_figure(result.table)
     st.plotly_chart(figure, key="lab.g_lambda", config={"displaylogo": False})
-    _ui.csv_button(f"Gradient over {LAMBDA} CSV", frame, "gradient_lambda.csv", "lab.g_l_csv")
+    made_by = {"run_id": run.id, "policy_step": records[index].policy_step,
+               **dataclasses.asdict(result.settings)}  # fmt: skip
+    _ui.csv_button(f"Gradient over {LAMBDA} CSV", frame, "gradient_lambda.csv", "lab.g_l_csv",
+                   made_by)  # fmt: skip
     st.subheader("Over k (Â^(k))")
     figure, frame = lab_figures.gradient_figure(result.table, kind="k_step")
     st.plotly_chart(figure, key="lab.g_k", config={"displaylogo": False})
-    _ui.csv_button("Gradient over k CSV", frame, "gradient_k.csv", "lab.g_k_csv")
+    _ui.csv_button("Gradient over k CSV", frame, "gradient_k.csv", "lab.g_k_csv", made_by)
     ref = result.reference
     st.caption(
         f"Reference g*: {ref['samples']:,} samples, norm {ref['norm']:.4g}, standard error "
@@ -225,7 +238,11 @@ if mode == "the exact chain":
     )
     figure, frame = lab_figures.exact_figure(grid, moments.gae)
     st.plotly_chart(figure, key="lab.exact", config={"displaylogo": False})
-    _ui.csv_button("Exact trade-off CSV", frame, "chain_exact.csv", "lab.exact_csv")
+    chain_made_by = {"chain_states": spec.n_states, "critic_error_scale": error,
+                     "critic_seed": seed, "p_right": p_right, "gamma": gamma,
+                     "segment": segment}  # fmt: skip
+    _ui.csv_button("Exact trade-off CSV", frame, "chain_exact.csv", "lab.exact_csv",
+                   chain_made_by)  # fmt: skip
     st.caption(
         f"From the middle state, moving right. Target Q^π − V̂ = {moments.target:.4f}; "
         f"V^π − V̂ there = {moments.state_offset:.4f}. Raise the critic error: bias at small "
@@ -349,4 +366,6 @@ results = {
     for r in sorted(batches[index], key=lambda r: r.critic_step)
 }
 st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batches[index][0].policy_step:,}")
-show_result(results, "lab.result")
+made_by = {"run_id": run_id, "policy_step": batches[index][0].policy_step,
+           **dataclasses.asdict(next(iter(results.values())).settings)}  # fmt: skip
+show_result(results, "lab.result", made_by)

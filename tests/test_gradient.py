@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import cli, cli_in_process
+from conftest import cli, cli_in_process, handing_to
 
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.policy import ActorCritic
@@ -252,7 +252,7 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     from pages import _ui
 
     handed: dict[str, object] = {}
-    monkeypatch.setattr(_ui, "csv_button", lambda _l, frame, name, _k: handed.update({name: frame}))
+    monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
     manager = _ui.manager()
     run_id = manager.start({**TINY, "total_steps": 1200, "checkpoint_every": 600})
     assert manager.wait(run_id, 60)
@@ -282,6 +282,9 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     expected = result.table[result.table["kind"] == "gae"].sort_values("param")["mse"].to_numpy()
     np.testing.assert_allclose(mse, expected)
     assert set(frame["critic"]) == set(result.table["critic"])
+    # the CSV says which run, policy checkpoint and settings made it
+    assert (frame["run_id"] == run_id).all() and (frame["batches"] == 3).all()
+    assert (frame["policy_step"] == gradient_records()[0].policy_step).all()
     # the per-state view does not list the gradient measurement
     at.segmented_control(key="lab.view").set_value("per state").run()
     assert not at.exception and any("No measurement of this run yet" in i.value for i in at.info)

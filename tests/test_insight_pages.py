@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY, app, runs_of_three_widths, wait_until
+from conftest import TINY, app, handing_to, runs_of_three_widths, wait_until
 
 import gae_core
 from gae_core import metrics as M
@@ -89,6 +89,29 @@ def test_explorer_renders_and_its_lambda_slider_carries_every_lambdas_gae(record
     assert len(main_chart_slider(at)["steps"]) == len(explorer.LAMBDA_GRID)
     assert slider_start(at) == pytest.approx(store.get_run(recorded_run).config["lambda_"])
     assert len(at.get("plotly_chart")) == 1  # per-step panels, heat map and weights in one
+
+
+@pytest.mark.slow
+def test_explorer_csvs_say_which_run_checkpoints_trajectory_and_gamma_made_them(
+    recorded_run, data_dir, monkeypatch
+):
+    handed: dict[str, pd.DataFrame] = {}
+    monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
+    steps = RunStore(data_dir).checkpoint_steps(recorded_run)
+    at = app("pages/explorer.py")
+    at.selectbox(key="ex.critic").set_value(steps[0]).run()
+    assert not at.exception
+    gamma = at.number_input(key="ex.gamma").value
+    assert set(handed) == {f"{recorded_run}_{s}.csv" for s in ("advantages", "gae_heatmap",
+                                                                 "weights")}  # fmt: skip
+    for name, frame in handed.items():
+        made_by = frame.iloc[:, :5]
+        assert list(made_by.columns) == ["run_id", "policy_step", "critic_step", "trajectory",
+                                         "gamma"], name  # fmt: skip
+        assert (made_by["run_id"] == recorded_run).all()
+        assert (made_by["policy_step"] == steps[-1]).all()
+        assert (made_by["critic_step"] == steps[0]).all()
+        assert (made_by["trajectory"] == "recorded #0").all() and (made_by["gamma"] == gamma).all()
 
 
 @pytest.mark.slow
@@ -330,7 +353,7 @@ def _array(value):
 @pytest.mark.slow
 def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     handed: dict[str, object] = {}
-    monkeypatch.setattr(_ui, "csv_button", lambda _l, frame, name, _k: handed.update({name: frame}))
+    monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
     store = RunStore(data_dir)
     base = TrainConfig(**{**TINY, "total_steps": 800})
     run_sweep(store, base, grid_of(seeds=[0, 1], gamma=[0.9, 0.99]), workers=1)
@@ -438,7 +461,7 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     from gae_core.lab.measure import LabResult
 
     handed: dict[str, object] = {}  # file name → what its button was given (read after the run)
-    monkeypatch.setattr(_ui, "csv_button", lambda _l, frame, name, _k: handed.update({name: frame}))
+    monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
 
     at = app("pages/explorer.py")
     store = RunStore(data_dir)
@@ -495,6 +518,14 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     for name, part in (("lab_per_state.csv", "per_state"), ("lab_states.csv", "states")):
         assert set(frames[name]["critic"]) == critics  # every critic's rows, named
         assert len(frames[name]) == sum(len(getattr(r, part)) for r in stored.values())
+    # every CSV says what made it: the run, the policy checkpoint and the settings
+    lab_frames = {name: frame for name, frame in frames.items() if name.startswith("lab_")}
+    assert len(lab_frames) == 5
+    for name, frame in lab_frames.items():
+        assert list(frame.columns[:2]) == ["run_id", "policy_step"], name
+        assert (frame["run_id"] == recorded_run).all() and (frame["policy_step"] == steps[-1]).all()
+        assert (frame["states"] == 4).all() and (frame["segment"] == 20).all(), name
+    assert set(frames["lab_state.csv"]["critic"]) <= critics
 
 
 def test_lab_page_teaches_on_the_exact_chain(data_dir):

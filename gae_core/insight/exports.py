@@ -27,13 +27,17 @@ longer the one it opened (moved away or replaced), so a moved store is never ser
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlencode
+
+import pandas as pd
 
 from gae_core import metrics as M
 from gae_core.errors import StoreError
@@ -51,6 +55,7 @@ __all__ = [
     "overlay_url",
     "run_metric_url",
     "runs_url",
+    "with_provenance",
 ]
 
 PREFIX = "/export"
@@ -224,3 +229,15 @@ def answer(path: str, query: Mapping[str, Sequence[str]], store: Callable[[], Ru
         return Answer(error.status, str(error))
     except StoreError as error:
         return Answer(503, f"the run store cannot be read: {error}")
+
+
+def with_provenance(frame: pd.DataFrame, **made_by: Any) -> pd.DataFrame:
+    """``frame`` with what made it as leading constant columns (``run_id``, ``policy_step``,
+    ``critic_step``, ``gamma``, a lab's settings…, in the order given), so a CSV computed on a
+    page says which run, checkpoints and settings it holds wherever it goes; a column the frame
+    already has keeps its own values, and a setting that is not a plain value (a list) is left
+    out. Spreadsheets and pandas read it like any other column."""
+    scalar = (str, numbers.Number, type(None))  # NumPy's numbers too
+    plain = {name: value for name, value in made_by.items()
+             if name not in frame.columns and isinstance(value, scalar)}  # fmt: skip
+    return pd.concat([pd.DataFrame(plain, index=frame.index), frame], axis=1)

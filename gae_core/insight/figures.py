@@ -254,7 +254,6 @@ def explorer_figure(
     sweep: np.ndarray,
     *,
     show: Sequence[str] | None = None,
-    gamma: float | None = None,
     lambda_: float = 0.95,
     t: int = 0,
     grid: np.ndarray = LAMBDA_GRID,
@@ -270,8 +269,8 @@ def explorer_figure(
     (1−λ)λ^(k−1) dotted). Episode boundaries cross the step panels: terminated solid red,
     truncated dashed orange, end of rollout dotted grey. The slider starts at ``lambda_``.
 
-    Returns the figure and its data as frames (CSV): ``steps`` (the per-step table with γ and
-    GAE at every grid λ, so it holds what is drawn at any slider position), ``heat`` (λ, t,
+    Returns the figure and its data as frames (CSV): ``steps`` (the per-step table with GAE at
+    every grid λ, so it holds what is drawn at any slider position), ``heat`` (λ, t,
     GAE) and ``weights`` (λ, k, weight, geometric weight, tail) at step ``t``."""
     estimate_columns = [
         c for c in table.columns if c.startswith(("k_step[", "gae[")) or c == "delta"
@@ -391,8 +390,6 @@ def explorer_figure(
     frame = table[list(dict.fromkeys([*keep, "delta", *columns]))].copy()
     every = pd.DataFrame({gae_column(x): sweep[i] for i, x in enumerate(grid)}, index=frame.index)
     frame = pd.concat([frame, every[[c for c in every if c not in frame]]], axis=1)
-    if gamma is not None:
-        frame.insert(1, "gamma", gamma)
     return figure, {"steps": frame, "heat": heatmap_from_sweep(sweep, grid), "weights": weights}
 
 
