@@ -131,16 +131,18 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     envs = int(run.config.get("num_envs", 8))
     default_size = envs * int(run.config.get("rollout_steps", 5))
     knobs = st.columns(4)
-    batches = knobs[0].number_input("batches K", 2, 1000, 32, key="lab.g_batches")
-    size = knobs[1].number_input(f"batch size (multiple of {envs})", envs, 1_000_000,
-                                 default_size, step=envs, key="lab.g_size",
+    # no min/max on the boxes (see the per-state knobs below): GradientSettings says what is
+    # out of range, and Measure waits
+    batches = knobs[0].number_input("batches K", value=32, step=1, key="lab.g_batches")
+    size = knobs[1].number_input(f"batch size (multiple of {envs})", value=default_size,
+                                 step=envs, key="lab.g_size",
                                  help=f"Default: the run's own batch, {default_size:,} samples "
                                  "(num_envs × rollout_steps), the gradient one update takes. "
                                  f"Larger batches show where {LAMBDA} matters once the "
                                  "noise averages out.")  # fmt: skip
-    reference = knobs[2].number_input("reference samples", 1000, 10_000_000, 500_000,
-                                      step=50_000, key="lab.g_reference")  # fmt: skip
-    seed = knobs[3].number_input("seed", 0, 2**31 - 1, 0, key="lab.g_seed")
+    reference = knobs[2].number_input("reference samples", value=500_000, step=50_000,
+                                      key="lab.g_reference")  # fmt: skip
+    seed = knobs[3].number_input("seed", value=0, step=1, key="lab.g_seed")
     problem = None if critic_steps else "Choose at least one critic checkpoint."
     try:
         settings = GradientSettings(gamma=float(run.config.get("gamma", 0.99)),
@@ -295,14 +297,17 @@ _ui.to_url(run=run_id, policy=policy_step, critic=critic_steps, view=view)
 if view == "policy gradient":
     gradient_lens(run, policy_step, critic_steps)
     st.stop()
+# no min/max on the boxes: the browser would refuse an out-of-range value with a small red
+# mark and keep the last one; here it reaches LabSettings, whose message names the field and
+# its range below the boxes, and Measure stays disabled
 knobs = st.columns(6)
-gamma = knobs[0].number_input(label("gamma"), 0.0, 0.9999, float(run.config.get("gamma", 0.99)),
+gamma = knobs[0].number_input(label("gamma"), value=float(run.config.get("gamma", 0.99)),
                               format="%.4g", key="lab.gamma")  # fmt: skip
-states = knobs[1].number_input("states N", 1, 4096, 64, key="lab.states")
-rollouts = knobs[2].number_input("truth rollouts M", 2, 4096, 32, key="lab.rollouts")
-continuations = knobs[3].number_input("continuations K", 2, 4096, 32, key="lab.k")
-segment = knobs[4].number_input("segment L", 1, 10_000, 500, key="lab.segment")
-seed = knobs[5].number_input("seed", 0, 2**31 - 1, 0, key="lab.seed")
+states = knobs[1].number_input("states N", value=64, step=1, key="lab.states")
+rollouts = knobs[2].number_input("truth rollouts M", value=32, step=1, key="lab.rollouts")
+continuations = knobs[3].number_input("continuations K", value=32, step=1, key="lab.k")
+segment = knobs[4].number_input("segment L", value=500, step=1, key="lab.segment")
+seed = knobs[5].number_input("seed", value=0, step=1, key="lab.seed")
 try:
     settings = LabSettings(gamma=float(gamma), states=int(states), rollouts=int(rollouts),
                            continuations=int(continuations), segment=int(segment),

@@ -205,6 +205,7 @@ def test_measure_gradient_is_deterministic_for_a_seed_and_round_trips():
         ({"lambdas": (0.5, 1.2)}, "lambdas must be values in [0, 1]"),
         ({"batch_size": 4096, "reference": 1000}, "reference must be at least batch_size"),
         ({"ks": (0,)}, "ks must be integers ≥ 1"),
+        ({"seed": -1}, "seed must be an integer in [0, 2147483647], got -1"),
     ],
 )
 def test_bad_settings_name_the_field(options, message):

@@ -528,6 +528,24 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     assert set(frames["lab_state.csv"]["critic"]) <= critics
 
 
+@pytest.mark.slow
+def test_lab_inputs_out_of_range_are_said_in_words_and_block_measure(recorded_run):
+    """An out-of-range box (states N = 100,000) reaches the page: one line naming the field and
+    its range, Measure disabled, no cost estimate for settings that cannot run; fixing it
+    brings both back."""
+    at = app("pages/lab.py")
+    assert not at.button(key="lab.start").disabled
+    assert any("env steps" in c.value for c in at.caption)  # the cost estimate
+    at.number_input(key="lab.states").set_value(100_000).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["states must be an integer in [1, 4096], got 100000"]
+    assert at.button(key="lab.start").disabled
+    assert not any("env steps" in c.value for c in at.caption)
+    at.number_input(key="lab.states").set_value(8).run()
+    assert not at.error and not at.button(key="lab.start").disabled
+    assert any("env steps" in c.value for c in at.caption)
+
+
 def test_lab_page_teaches_on_the_exact_chain(data_dir):
     at = app("pages/lab.py")
     at.radio(key="lab.mode").set_value("the exact chain").run()

@@ -124,6 +124,8 @@ class GradientSettings:
                 f"reference must be at least batch_size ({self.batch_size:,}), got "
                 f"{self.reference:,}"
             )
+        if int(self.seed) != self.seed or not 0 <= self.seed <= 2**31 - 1:
+            raise ValueError(f"seed must be an integer in [0, 2147483647], got {self.seed}")
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
         if self.resamples < 1:
