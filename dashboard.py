@@ -78,8 +78,8 @@ def home() -> None:
 
 @st.fragment(run_every=2.0)
 def runs_in_progress() -> None:
-    """The sidebar's runs in progress. Always on a timer: a run started on a page appears here
-    only after the sidebar was drawn (the page's Start handler runs after it)."""
+    """The sidebar's runs in progress, drawn after the page (a run its Start just stored is
+    listed at once) and on a timer (runs that start or end elsewhere)."""
     active = _ui.store().list_runs(status=["queued", "running"])
     st.caption(f"Runs in progress: {len(active)}")
     for run in active[:10]:
@@ -103,6 +103,8 @@ wanted = st.session_state.pop(_ui.WANTED_PAGE, None)
 if wanted is not None:  # a direct link that reached a page before navigation existed
     wanted_page, params = wanted
     st.switch_page(wanted_page, query_params=params)
-with st.sidebar:
-    runs_in_progress()
-page.run()
+try:
+    page.run()
+finally:  # the sidebar after the page, so a run its Start or Launch just stored is listed
+    with st.sidebar:
+        runs_in_progress()
