@@ -80,12 +80,21 @@ def home() -> None:
 def runs_in_progress() -> None:
     """The sidebar's runs in progress, drawn after the page (a run its Start just stored is
     listed at once) and on a timer (runs that start or end elsewhere)."""
-    active = _ui.store().list_runs(status=["queued", "running"])
+    store = _ui.store()
+    active = store.list_runs(status=["queued", "running"])
     st.caption(f"Runs in progress: {len(active)}")
     for run in active[:10]:
-        fraction, eta = views.progress(run)
-        text = f"{markdown_text(run.name)} · ETA {views.format_duration(eta)}"
-        st.progress(fraction, text=text)
+        fraction, eta = views.progress(run, rate=views.measured_rate(store, run))
+        when = "queued" if run.status == "queued" else f"ETA {views.format_duration(eta)}"
+        st.progress(fraction, text=f"{markdown_text(run.name)} · {when}")
+    for key, job in list(_ui.lab_jobs().items()):  # a lab measurement left running: its
+        if job.done:  # progress and the way back to it
+            continue
+        view = "policy gradient" if key.startswith("gradient ") else "per state"
+        eta = views.format_duration(job.eta)
+        st.progress(job.fraction, text=f"lab ({view}): run {job.run_id} · ETA {eta}")
+        st.page_link(lab_page, label="open in the lab", icon=":material/science:",
+                     query_params={"run": job.run_id, "view": view})  # fmt: skip
 
 
 home_page = st.Page(home, title="Home", icon=":material/home:", default=True)

@@ -349,7 +349,7 @@ FIRST_POINTS_EVERY_S = 0.25
 
 def run_header(run: Any) -> None:
     """Status line and progress bar with ETA."""
-    fraction, eta = views.progress(run)
+    fraction, eta = views.progress(run, rate=views.measured_rate(store(), run))
     icon = STATUS_ICONS.get(run.status, "")
     st.markdown(f"{icon} **{markdown_text(run.name)}** — {markdown_text(views.status_text(run))}")
     text = (
@@ -413,6 +413,13 @@ def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefi
                 key=f"{prefix}-csv-{metric.column}",
             )
     return M.EPISODIC_RETURN.key in present
+
+
+@st.cache_resource
+def lab_jobs() -> dict:
+    """Lab jobs started by this server process (their threads live here), by key: the lab page
+    starts and shows them, the sidebar lists those still measuring."""
+    return {}
 
 
 @st.cache_resource

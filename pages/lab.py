@@ -35,12 +35,6 @@ st.caption(
 store = _ui.store()
 
 
-@st.cache_resource
-def jobs() -> dict:
-    """Lab jobs started by this server process (their threads live here)."""
-    return {}
-
-
 def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> None:
     """The trade-off plots of one or more critics, the per-state view and their CSVs (each led
     by ``made_by``: the run, the policy checkpoint and the settings)."""
@@ -159,11 +153,11 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
                    "the defaults take about 30 s, on HalfCheetah a few minutes.")  # fmt: skip
     if st.button("Measure the gradient", type="primary", disabled=bool(problem),
                  key="lab.g_start"):  # fmt: skip
-        jobs()[f"gradient {run.id}"] = LabJob(
+        _ui.lab_jobs()[f"gradient {run.id}"] = LabJob(
             store, run.id, measure=measure_gradient_run, policy_step=policy_step,
             critic_steps=critic_steps, settings=settings,
         )  # fmt: skip
-    job = jobs().get(f"gradient {run.id}")
+    job = _ui.lab_jobs().get(f"gradient {run.id}")
 
     @st.fragment(run_every=0.5 if job is not None and not job.done else None)
     def progress() -> None:
@@ -330,10 +324,10 @@ else:
 if st.button("Measure", type="primary", disabled=bool(problem), key="lab.start"):
     job = LabJob(store, run_id, policy_step=policy_step, critic_steps=critic_steps,
                  settings=settings)  # fmt: skip
-    jobs()[run_id] = job
+    _ui.lab_jobs()[run_id] = job
     st.session_state["lab.job"] = run_id
 
-job = jobs().get(st.session_state.get("lab.job", ""))
+job = _ui.lab_jobs().get(st.session_state.get("lab.job", ""))
 
 
 @st.fragment(run_every=0.5 if job is not None and not job.done else None)

@@ -695,6 +695,31 @@ def test_a_pasted_link_opens_the_same_view_and_measure_carries_it_to_the_lab(
         context.close()
 
 
+def test_a_lab_job_left_running_shows_in_the_sidebar_with_a_way_back(
+    app_page, app_server, recorded_run
+):
+    page = app_page
+    open_page(page, app_server, f"lab?run={recorded_run}")
+    page.locator(".st-key-lab-start button").wait_for(timeout=30_000)
+    wait_idle(page)
+    page.locator(".st-key-lab-start button").click()
+    page.get_by_text("measuring…").first.wait_for(timeout=30_000)
+    page.locator('[data-testid="stSidebarNav"] a', has_text="Runs").first.click()
+    page.wait_for_function("() => location.pathname.endsWith('/runs')", timeout=30_000)
+    shown = page.get_by_text(f"lab (per state): run {recorded_run}")
+    shown.wait_for(timeout=10_000)  # the sidebar lists the measurement while it runs
+    link = page.get_by_role("link", name="open in the lab")
+    assert f"run={recorded_run}" in link.get_attribute("href")
+    link.click()
+    page.wait_for_function("() => location.pathname.endsWith('/lab')", timeout=30_000)
+    page.locator(".st-key-lab-run").wait_for(timeout=30_000)
+    wait_idle(page)
+    assert page.locator(".st-key-lab-run input").input_value().endswith(recorded_run)
+    # let it finish before the next test (it is stored with the run)
+    store = store_of(app_server)
+    assert wait_until(lambda: len(store.lab_records(recorded_run)) >= 1, 120)
+
+
 def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_server):
     """The page's own Launch button: spawned workers from the Streamlit server process."""
     page = app_page

@@ -178,6 +178,37 @@ def test_progress_never_passes_100_percent():
     assert views.progress(_run())[0] == 1.0
 
 
+def test_progress_eta_comes_from_the_measured_rate_and_a_queued_run_is_at_zero():
+    """Early in a sweep a worker's start-up made the average rate tiny: ETAs read minutes for a
+    sweep that took seconds. The run's own logged rate gives the ETA; a queued run is at 0."""
+    running = RunRecord(**{**_run().__dict__, "env_steps": 200, "status": "running",
+                           "ended_at": None})  # fmt: skip
+    # started at t = 1, now t = 11: the average says 20 steps/s, 40 s left
+    assert views.progress(running, now=11.0) == (0.2, pytest.approx(40.0))
+    # the run logged 400 steps/s: 800 steps left take 2 s
+    assert views.progress(running, now=11.0, rate=400.0) == (0.2, pytest.approx(2.0))
+    assert views.progress(running, now=11.0, rate=0.0)[1] == pytest.approx(40.0)  # no rate
+    queued = RunRecord(**{**_run().__dict__, "env_steps": 0, "status": "queued",
+                          "started_at": None, "ended_at": None})  # fmt: skip
+    assert views.progress(queued, rate=400.0) == (0.0, None)
+
+
+def test_measured_rate_is_the_last_logged_steps_per_second(tmp_path):
+    from gae_core import metrics as M
+    from gae_core.storage.store import RunStore
+
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run({"total_steps": 10_000})
+        assert store.claim_run(run_id)
+        assert views.measured_rate(store, store.get_run(run_id)) is None  # nothing logged yet
+        rows = [(M.STEPS_PER_SECOND.key, step, step / 100, rate)
+                for step, rate in ((1000, 900.0), (2000, 1100.0), (3000, 1250.0))]  # fmt: skip
+        store.flush(run_id, rows, env_steps=3000)
+        assert views.measured_rate(store, store.get_run(run_id)) == 1250.0
+        store.finish_run(run_id, "finished")
+        assert views.measured_rate(store, store.get_run(run_id)) is None  # not running
+
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [(0.95, "0.95"), (500_000.0, "500,000"), (-1234.56, "-1,234.56"), (12_345.678, "12,345.7"),

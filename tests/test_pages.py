@@ -396,4 +396,3 @@ def test_the_train_form_keeps_what_the_user_typed_across_pages(data_dir):
     assert at.selectbox(key="train.env_id").value == "Pendulum-v1"
     assert at.number_input(key="train.seed").value == 7
     assert at.number_input(key="train.gamma").value == 0.95
-

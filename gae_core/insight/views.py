@@ -13,12 +13,14 @@ from typing import Any
 
 import pandas as pd
 
+from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.storage.records import RunRecord
+from gae_core.storage.store import RunStore
 
 __all__ = [
     "MAIN_FIELDS",
@@ -184,15 +186,36 @@ def status_text(run: RunRecord) -> str:
     return f"{head}: {solved}, fell below at {_steps(summary.fell_below_at_step)}{tail}"
 
 
-def progress(run: RunRecord, now: float | None = None) -> tuple[float, float | None]:
-    """``(fraction done in [0, 1], seconds left or None)``; the ETA assumes the rate so far."""
+def progress(
+    run: RunRecord, now: float | None = None, rate: float | None = None
+) -> tuple[float, float | None]:
+    """``(fraction done in [0, 1], seconds left or None)``: the one rule for a run's progress
+    (the sidebar, the Train and Runs pages). A queued run is at 0 with no ETA. The ETA divides
+    the steps left by ``rate``, the run's measured env steps/s (:func:`measured_rate`); without
+    one, by its average since it started (which counts a cold worker's start-up and reads far
+    too long early in a sweep)."""
     total = run.total_steps or 1
-    fraction = min(1.0, max(0.0, run.env_steps / total))
+    fraction = min(1.0, max(0.0, run.env_steps / total)) if run.status != "queued" else 0.0
     if run.status != "running" or run.started_at is None or run.env_steps <= 0:
         return fraction, None
-    elapsed = (now if now is not None else time.time()) - run.started_at
-    rate = run.env_steps / elapsed if elapsed > 0 else 0.0
+    if rate is None or not rate > 0:
+        elapsed = (now if now is not None else time.time()) - run.started_at
+        rate = run.env_steps / elapsed if elapsed > 0 else 0.0
     return fraction, max(0.0, total - run.env_steps) / rate if rate > 0 else None
+
+
+#: How far back :func:`measured_rate` looks for the run's last logged rate (env steps).
+RATE_LOOKBACK_STEPS = 20_000
+
+
+def measured_rate(store: RunStore, run: RunRecord) -> float | None:
+    """The env steps/s a running run last logged (the mean over its last ``log_every`` window
+    of updates, ``perf/steps_per_second``; a population member's own rate), or None."""
+    if run.status != "running":
+        return None
+    since = max(0, run.env_steps - RATE_LOOKBACK_STEPS)
+    rows = store.metrics(run.id, [M.STEPS_PER_SECOND.key], since_step=since)
+    return float(rows["value"].iloc[-1]) if len(rows) else None
 
 
 def format_duration(seconds: float | None) -> str:
