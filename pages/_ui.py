@@ -351,7 +351,10 @@ def run_header(run: Any) -> None:
     """Status line and progress bar with ETA."""
     fraction, eta = views.progress(run, rate=views.measured_rate(store(), run))
     icon = STATUS_ICONS.get(run.status, "")
-    st.markdown(f"{icon} **{markdown_text(run.name)}** — {markdown_text(views.status_text(run))}")
+    since = None if run.active else views.final_window_start(store(), run)
+    st.markdown(
+        f"{icon} **{markdown_text(run.name)}** — {markdown_text(views.status_text(run, since))}"
+    )
     text = (
         f"{run.env_steps:,} / {run.total_steps:,} env steps"
         f" · elapsed {views.format_duration(run.wall_seconds)}"

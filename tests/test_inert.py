@@ -218,3 +218,28 @@ def test_values_read_with_sensible_precision_and_thousands_separators(value, sho
     from gae_core.labels import format_value
 
     assert format_value(value) == shown
+
+
+def test_the_final_return_says_where_its_window_of_episodes_starts(tmp_path):
+    """InvertedPendulum at 50k steps read "final return 457.1" beside a curve flat at 1,000
+    from 30k on: its last 100 episodes reached back to step 426. The line says so."""
+    from gae_core import metrics as M
+    from gae_core.storage.store import RunStore
+
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run({"total_steps": 50_000})
+        assert views.final_window_start(store, store.get_run(run_id)) is None  # no episode yet
+        steps = [426 + 300 * i for i in range(150)]
+        rows = [(M.EPISODIC_RETURN.key, step, step / 1000, 1.0) for step in steps]
+        store.flush(run_id, rows, env_steps=50_000)
+        run = store.get_run(run_id)
+        start = views.final_window_start(store, run)
+        assert start == steps[-100]  # the first of the last 100 episodes
+        short = store.create_run({"total_steps": 5_000})
+        store.flush(short, rows[:7], env_steps=5_000)
+        assert views.final_window_start(store, store.get_run(short)) == steps[0]  # all 7
+    finished = _run(episodes=150, final_return=457.1, reward_threshold=950.0)
+    assert views.status_text(finished, window_from=start).endswith(
+        f"final return 457.1 (mean of the last 100 episodes, from step {start:,})"
+    )
+    assert views.status_text(finished).endswith("(mean of the last 100 episodes)")
