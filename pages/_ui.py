@@ -380,8 +380,9 @@ def chart_controls(prefix: str) -> dict[str, Any]:
         help="Applied to every chart TensorBoard would smooth; raw points stay visible.",
     )  # fmt: skip
     log_losses = columns[2].toggle(
-        "log scale for losses", key=f"{prefix}.log",
-        help="Value loss, gradient norm and advantage std often span decades.",
+        "log losses", key=f"{prefix}.log",  # "log scale for losses" was cut off at 1400 px
+        help="A log scale for the losses: value loss, gradient norm and advantage std often "
+        "span decades.",
     )  # fmt: skip
     return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
 

@@ -720,6 +720,36 @@ def test_a_lab_job_left_running_shows_in_the_sidebar_with_a_way_back(
     assert wait_until(lambda: len(store.lab_records(recorded_run)) >= 1, 120)
 
 
+# Text the page cuts off: widget labels, formulas and captions whose content is wider than
+# their box by more than KaTeX's sub- and superscript overhang (3 px), each with its widths.
+CUT_OFF_JS = r"""() => {
+  const sel = '[data-testid="stWidgetLabel"] p, [data-testid="stWidgetLabel"] div, ' +
+              '.katex-display, [data-testid="stCaptionContainer"], ' +
+              '[data-testid="stMarkdownContainer"] p';
+  return Array.from(document.querySelectorAll(sel))
+    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 3)
+    .map(e => `${e.innerText.replace(/\s+/g, ' ').slice(0, 60)} ` +
+              `(${e.scrollWidth} > ${e.clientWidth})`);
+}"""
+
+
+def test_no_label_formula_or_caption_is_cut_off_at_1400_by_900(app_page, app_server, recorded_run):
+    page = app_page
+    found = {}
+    for path in ("", "train", "runs", f"explorer?run={recorded_run}", f"lab?run={recorded_run}",
+                 "compare"):  # fmt: skip
+        open_page(page, app_server, path)
+        wait_idle(page)
+        page.wait_for_timeout(500)
+        for expander in page.locator('[data-testid="stExpander"] summary').all():
+            expander.click()  # formulas and explanations sit in expanders
+        wait_idle(page)
+        cut = page.evaluate(CUT_OFF_JS)
+        if cut:
+            found[path or "home"] = cut
+    assert found == {}
+
+
 def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_server):
     """The page's own Launch button: spawned workers from the Streamlit server process."""
     page = app_page
