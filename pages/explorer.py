@@ -51,7 +51,7 @@ if not runs:
 
 #: Widgets whose defaults come from the run (its checkpoints, its γ and λ): a widget with a key
 #: keeps its value when its default changes, so another run forgets them and starts from its own.
-PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma")
+PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma", "ex.t")
 
 
 def _forget(keys: tuple[str, ...]) -> None:
