@@ -52,16 +52,23 @@ def require_navigation(page_file: str) -> None:
 # run the user was looking at elsewhere, not on the newest one.
 _CONTEXT = "gae.context"
 _PAGE = "gae.page"
+_WRITTEN = "gae.written"  # what the page shown last wrote into the URL
+#: The names that belong to one run: a context that changes run forgets them.
+_PER_RUN = ("policy", "critic", "trajectory")
 
 
 def arrive(page: str, keys: Sequence[str]) -> None:
     """Call first on a page whose widgets ``keys`` follow the URL: on the first run of the page
-    since another page, forget their values, so the widgets open on the URL's selection (or the
-    session's context); later runs keep what the user chose."""
-    if st.session_state.get(_PAGE) != page:
+    since another page, or when the URL no longer holds what the page last wrote (the Back
+    button, a link to the same page), forget their values, so the widgets open on the URL's
+    selection (or the session's context); other runs keep what the user chose."""
+    written = st.session_state.get(_WRITTEN, {})
+    moved = any(st.query_params.get_all(name) != texts for name, texts in written.items())
+    if st.session_state.get(_PAGE) != page or moved:
         for key in keys:
             st.session_state.pop(key, None)
     st.session_state[_PAGE] = page
+    st.session_state[_WRITTEN] = {}
 
 
 def _wanted(name: str) -> list[str]:
@@ -90,9 +97,13 @@ def to_url(**selection: Any) -> None:
     """Write the page's selection into the URL (``run=…&policy=…``; a list as repeated keys)
     and the session's context; a parameter that already holds the value is left alone."""
     context = st.session_state.setdefault(_CONTEXT, {})
+    written = st.session_state.setdefault(_WRITTEN, {})
+    if "run" in selection and context.get("run") != [str(selection["run"])]:
+        for name in _PER_RUN:  # another run's checkpoints and trajectory mean nothing here
+            context.pop(name, None)
     for name, value in selection.items():
         texts = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
-        context[name] = texts
+        context[name] = written[name] = texts
         if st.query_params.get_all(name) != texts:
             st.query_params[name] = texts if isinstance(value, list | tuple) else texts[0]
 

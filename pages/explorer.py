@@ -75,10 +75,13 @@ policy_step = pick[1].selectbox(
     "policy checkpoint (env step)", steps, key="ex.policy",
     index=steps.index(_ui.from_url("policy", steps if url_run else [], steps[-1])),
 )  # fmt: skip
+# the lab's critics are a list (an early one next to the policy's own): the explorer takes the
+# last, the policy's own where the lab's default or its "Measure this checkpoint" set them
+critics_wanted = _ui.all_from_url("critic", steps if url_run else [], [policy_step])
 critic_step = pick[2].selectbox(
     "critic checkpoint (values)",
     steps,
-    index=steps.index(_ui.from_url("critic", steps if url_run else [], policy_step)),
+    index=steps.index(critics_wanted[-1]),
     key="ex.critic",
     help="Re-evaluate V with another checkpoint's critic: an early critic shows how critic "
     "error turns into bias in the advantages.",
@@ -163,7 +166,7 @@ with row[1]:
                    made_by)  # fmt: skip
 with row[2]:
     _ui.csv_button("Weights CSV", frames["weights"], f"{run_id}_weights.csv", "ex.weights_csv",
-                   made_by)  # fmt: skip
+                   {**made_by, "t": int(t), "steps_left": horizon})  # fmt: skip
 row[3].markdown(
     f"**{len(table)} steps**, episode ends: "
     f"{'terminated' if table['terminated'].iloc[-1] else 'truncated or cut'} · "

@@ -1,5 +1,7 @@
 """Train page: configure and start A2C or PPO runs with GAE, watch them learn live, stop them."""
 
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -9,6 +11,7 @@ from gae_core.labels import label
 from pages import _ui
 
 _ui.require_navigation("pages/train.py")
+FIRST_POINTS_FOR_S = 10.0
 _ui.arrive("train", ("train.view",))
 
 st.title("Train")
@@ -81,8 +84,11 @@ with live_column:
         elif running:  # it just ended: redraw the page once, without the timers
             st.rerun()
 
-    # a run just started looks for its first points often, then redraws at the live pace
-    waiting = running and not st.session_state.get("train.drawn") == run_id
+    # a run just started looks for its first points often (for its first 10 s at most: long
+    # first episodes), then redraws at the live pace
+    started = store.get_run(run_id).started_at
+    young = started is None or time.time() - started < FIRST_POINTS_FOR_S
+    waiting = running and young and st.session_state.get("train.drawn") != run_id
     every = _ui.FIRST_POINTS_EVERY_S if waiting else _ui.LIVE_CHARTS_EVERY_S
 
     @st.fragment(run_every=every if running else None)

@@ -84,7 +84,7 @@ def test_the_dashboard_lists_and_explores_a_module_env(data_dir, monkeypatch):
     assert RunStore(data_dir).get_run(run_id).status == "finished"
     at = app("pages/explorer.py")
     assert at.selectbox(key="ex.run").value == run_id and not at.exception
-    assert len(at.get("plotly_chart")) == 3  # the main plot, the heat map, the weights
+    assert len(at.get("plotly_chart")) == 1  # per-step panels, heat map and weights in one
 
 
 def test_env_module_before_and_after_the_command_both_count(tmp_path, monkeypatch):

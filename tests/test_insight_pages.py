@@ -597,6 +597,16 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert at.selectbox(key="lab.policy").value == steps[1]
     assert at.multiselect(key="lab.critics").value == [steps[0], steps[1]]
 
+    # the URL changed under the same page (Back, a link to it): the page follows the URL
+    at.switch_page("pages/explorer.py").run()
+    at.query_params.update(run=newest, policy=str(store.checkpoint_steps(newest)[0]))
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="ex.run").value == newest
+    assert at.selectbox(key="ex.policy").value == store.checkpoint_steps(newest)[0]
+    at.query_params.update(run=recorded_run, policy=str(steps[1]))
+    at.switch_page("pages/lab.py").run()
+
     # no URL, e.g. from the sidebar: the train page opens on the run the user was looking at
     at.query_params.clear()
     at.switch_page("pages/train.py").run()

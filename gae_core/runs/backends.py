@@ -105,7 +105,9 @@ class ThreadBackend:
             self._inbox.put(Report.finish(trial[0], "failed", traceback.format_exc()))
 
     def stop(self, index: int) -> None:
-        self._stops[index].set()
+        stop = self._stops.get(index)  # None before submit: the coordinator asks again
+        if stop is not None:
+            stop.set()
 
     def events(self, timeout: float) -> list[Report | Lost]:
         try:

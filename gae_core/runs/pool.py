@@ -127,6 +127,8 @@ class WorkerHandle:
             self.process.kill()
             self.process.join(timeout)
         self.conn.close()
+        with contextlib.suppress(ValueError):  # still running after a kill: leave it be
+            self.process.close()  # its sentinel pipe: a server runs thousands of these
 
 
 def spawn_worker(trials: int, flush_interval: float) -> WorkerHandle:

@@ -110,7 +110,7 @@ def sweep_progress(store: RunStore, sweep_id: str) -> SweepProgress:
 def cancel_sweep(store: RunStore, sweep_id: str) -> None:
     """Stop a sweep's trials, from any process: queued ones at once, running ones on their next
     flush (its coordinator relays the stop flag); a sweep run in this process is cancelled."""
-    for live in [sweep for sweep in _LIVE_SWEEPS if sweep.sweep_id == sweep_id]:
+    for live in [sweep for sweep in list(_LIVE_SWEEPS) if sweep.sweep_id == sweep_id]:
         live.cancel()
     for run in store.list_runs(sweep_id=sweep_id, status=("queued", "running")):
         store.request_stop(run.id)
@@ -231,16 +231,18 @@ class Sweep:
             status = self._drive()
         except Exception as exc:  # a full disk: one line naming it, no traceback
             full = isinstance(exc, StoreFull)
-            self._error = f"the sweep stopped: {exc}" if full else traceback.format_exc()
+            what = "the sweep" if self.sweep_id is not None else "the run"
+            self._error = f"{what} stopped: {exc}" if full else traceback.format_exc()
             log.error("sweep %s failed: %s", self.sweep_id, self._error)
         finally:
             # Nothing stays queued or running (on a full disk, recovery marks them once it can)
             for trial in self._trials:
                 if trial.status in ("queued", "running") and not trial.deleted:
                     trial.status = "failed" if full else "interrupted"
+                    why = self._error if full or self.sweep_id is None else (
+                        "the sweep ended before this trial did")  # fmt: skip
                     with contextlib.suppress(StoreError):
-                        self.store.finish_run(trial.run_id, trial.status, self._error if full else
-                                              "the sweep ended before this trial did")  # fmt: skip
+                        self.store.finish_run(trial.run_id, trial.status, why)
             self.status, self.error = status, self._error
             with contextlib.suppress(StoreError):
                 if self.sweep_id is not None:
@@ -271,6 +273,7 @@ class Sweep:
                 last_report = self._report(last_report)
         finally:
             backend.close()
+            self._backend = None  # its workers' handles go with it (a manager keeps its runs)
         return self._final_status()
 
     def _plan(self, backend: Backend) -> list[int]:
