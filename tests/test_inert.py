@@ -201,10 +201,15 @@ def test_measured_rate_is_the_last_logged_steps_per_second(tmp_path):
         run_id = store.create_run({"total_steps": 10_000})
         assert store.claim_run(run_id)
         assert views.measured_rate(store, store.get_run(run_id)) is None  # nothing logged yet
-        rows = [(M.STEPS_PER_SECOND.key, step, step / 100, rate)
-                for step, rate in ((1000, 900.0), (2000, 1100.0), (3000, 1250.0))]  # fmt: skip
+        first = [(M.STEPS_PER_SECOND.key, 1000, 2.0, 900.0)]  # one row: the rate it logged
+        store.flush(run_id, first, env_steps=1000)
+        assert views.measured_rate(store, store.get_run(run_id)) == 900.0
+        # more rows: env steps gained over wall time passed (2,000 steps in 2.5 s), not the
+        # updates' own logged rates, which leave flushes and evaluations out
+        rows = [(M.STEPS_PER_SECOND.key, 2000, 3.0, 1100.0),
+                (M.STEPS_PER_SECOND.key, 3000, 4.5, 1250.0)]  # fmt: skip
         store.flush(run_id, rows, env_steps=3000)
-        assert views.measured_rate(store, store.get_run(run_id)) == 1250.0
+        assert views.measured_rate(store, store.get_run(run_id)) == pytest.approx(2000 / 2.5)
         store.finish_run(run_id, "finished")
         assert views.measured_rate(store, store.get_run(run_id)) is None  # not running
 

@@ -226,12 +226,19 @@ RATE_LOOKBACK_STEPS = 20_000
 
 
 def measured_rate(store: RunStore, run: RunRecord) -> float | None:
-    """The env steps/s a running run last logged (the mean over its last ``log_every`` window
-    of updates, ``perf/steps_per_second``; a population member's own rate), or None."""
+    """A running run's recent env steps/s, or None: over its last ``RATE_LOOKBACK_STEPS``
+    of logged rows, env steps gained over wall time passed (flushes and evaluations included,
+    a worker's start-up not); with one row only, the rate it logged (``perf/steps_per_second``,
+    the updates' own, about 10 % above the whole run's; a population member's own)."""
     if run.status != "running":
         return None
     since = max(0, run.env_steps - RATE_LOOKBACK_STEPS)
     rows = store.metrics(run.id, [M.STEPS_PER_SECOND.key], since_step=since)
+    if len(rows) >= 2:
+        steps = float(rows["env_step"].iloc[-1] - rows["env_step"].iloc[0])
+        wall = float(rows["wall_time"].iloc[-1] - rows["wall_time"].iloc[0])
+        if steps > 0 and wall > 0:
+            return steps / wall
     return float(rows["value"].iloc[-1]) if len(rows) else None
 
 
