@@ -353,8 +353,8 @@ def run_label(run: Any) -> str:
 #: redraw of every chart costs far more than the progress bar, and under load a timer shorter
 #: than a redraw would keep the charts permanently rerunning.
 LIVE_CHARTS_EVERY_S = 1.5
-#: How often a live run's charts look for their first points (a run just started): the first
-#: return is stored about 0.1 s after Start, and a 1.5 s timer put it on the page 3.8 s after.
+#: How often a live run's charts look for their first points (a run just started), so the
+#: first return is on the page soon after Start, not one live interval later.
 FIRST_POINTS_EVERY_S = 0.25
 
 
@@ -391,7 +391,7 @@ def chart_controls(prefix: str) -> dict[str, Any]:
         help="Applied to every chart TensorBoard would smooth; raw points stay visible.",
     )  # fmt: skip
     log_losses = columns[2].toggle(
-        "log losses", key=f"{prefix}.log",  # "log scale for losses" was cut off at 1400 px
+        "log losses", key=f"{prefix}.log",  # short: a longer label is cut off at 1400 px
         help="A log scale for the losses: value loss, gradient norm and advantage std often "
         "span decades.",
     )  # fmt: skip

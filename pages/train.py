@@ -55,8 +55,7 @@ with live_column:
     if not runs:
         st.info("No runs yet: set the configuration and press Start.")
         # the return chart, empty, where it will be: the browser loads its chart library now,
-        # not when the first point arrives (a first chart's load took about 1.5 s of the 2.3 s
-        # from Start to the first point here)
+        # not when the first point arrives (docs/PERFORMANCE.md, "Start → first reward point")
         empty = pd.DataFrame({"key": [], "env_step": [], "wall_time": [], "value": []})
         figure, _ = figures.metric_figure(empty, M.EPISODIC_RETURN.key)
         st.plotly_chart(figure, key="train.placeholder", config={"displaylogo": False})

@@ -399,8 +399,7 @@ def _weights_title(lambda_: float, t: int) -> str:
 
 def _k_range(weights: pd.DataFrame) -> list[float]:
     """The weights panel's k axis: up to the k that holds 99 % of the weight, or to the tail
-    where the tail carries 1 % or more (at λ = 0.5 the mass sits on the first few k; on a
-    0 … 500 axis it was one pixel)."""
+    where the tail carries 1 % or more, so the bars that carry weight fill the panel."""
     cumulative = np.cumsum(weights["weight"].to_numpy())
     last = int(weights["k"].iloc[-1])
     if float(weights["weight"].iloc[-1]) < 0.01:

@@ -154,8 +154,7 @@ def status_text(run: RunRecord, window_from: int | None = None) -> str:
     """One line a user reads: the state and, where it applies, how it ended (solved at which
     step and whether it stayed there), the error, or why it stopped. ``window_from``: the env
     step where the final return's window of episodes starts (:func:`final_window_start`), said
-    with it: on a short budget the last 100 episodes reach far back, and a curve flat at 1,000
-    from 30k on beside "final return 457.1" looked wrong without it."""
+    with it: on a short budget the last 100 episodes reach far back."""
     if run.damaged:
         return f"damaged: {run.damaged}"
     summary = run.summary
@@ -229,7 +228,7 @@ def measured_rate(store: RunStore, run: RunRecord) -> float | None:
     """A running run's recent env steps/s, or None: over its last ``RATE_LOOKBACK_STEPS``
     of logged rows, env steps gained over wall time passed (flushes and evaluations included,
     a worker's start-up not); with one row only, the rate it logged (``perf/steps_per_second``,
-    the updates' own, about 10 % above the whole run's; a population member's own)."""
+    the updates' own, which leaves flushes and evaluations out; a population member's own)."""
     if run.status != "running":
         return None
     since = max(0, run.env_steps - RATE_LOOKBACK_STEPS)
