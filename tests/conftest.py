@@ -272,13 +272,40 @@ def stored_update_metric(
     return rows
 
 
+class StoreSink:
+    """A run sink that applies every report to a store at once, in the caller's thread: the
+    run loop (``execute_run``) trained synchronously in a test, through ``sinks.apply`` as the
+    coordinator would."""
+
+    def __init__(self, store, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+
+    def claim(self) -> bool:
+        return self.store.claim_run(self.run_id)
+
+    def flush(self, rows, env_steps: int, summary) -> bool:
+        from gae_core.runs.sinks import Report, apply
+
+        return apply(self.store, self.run_id, Report.flush(0, rows, env_steps, summary))
+
+    def checkpoint(self, env_step: int, blob: bytes, trajectories) -> None:
+        from gae_core.runs.sinks import Report, apply
+
+        apply(self.store, self.run_id, Report.checkpoint(0, env_step, blob, trajectories))
+
+    def finish(self, status: str, error: str | None) -> None:
+        from gae_core.runs.sinks import Report, apply
+
+        apply(self.store, self.run_id, Report.finish(0, status, error))
+
+
 def stored_and_stepped(tmp_path, config) -> tuple:
     """``(store, run_id, updates)``: the run of ``config`` trained into a fresh store in
     ``tmp_path`` (``execute_run``), and the ``(env_steps, metrics)`` of each update of the same
     config trained again in a Trainer (deterministic per seed), to compute the stored rows
     from."""
     from gae_core.agent.trainer import Trainer
-    from gae_core.runs.execute import StoreSink, execute_run
+    from gae_core.runs.execute import execute_run
     from gae_core.storage.store import RunStore
 
     store = RunStore(tmp_path)

@@ -308,6 +308,28 @@ def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
 
 
 @pytest.mark.slow
+def test_a_second_ctrl_c_exits_130_with_the_run_stopped_and_its_data(tmp_path):
+    """Ctrl-C twice in a row: the command exits 130 without waiting on its own, and the run,
+    trained in a thread of the command, still ends ``stopped`` with its data (the exit waits
+    for its update to end), not ``running`` or ``interrupted``, and no C++ abort at exit."""
+    proc = _popen(tmp_path, "train", "--total-steps", "100000000", *TINY_FLAGS, "--no-progress")
+    try:
+        run_id = _wait_for_metrics(tmp_path / "data")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "terminate called" not in stderr, stderr
+    with RunStore(tmp_path / "data") as store:
+        run = store.get_run(run_id)
+        assert run.status == "stopped" and run.env_steps > 0, (run.status, run.error)
+        assert len(store.metrics(run_id)) > 0
+
+
+@pytest.mark.slow
 def test_kill_9_mid_run_is_reported_interrupted(tmp_path):
     # frequent checkpoints: a kill lands near one, where a checkpoint written before the
     # run's step count would be ahead of it

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import stored_and_stepped, stored_update_metric, wait_until
+from conftest import StoreSink, stored_and_stepped, stored_update_metric, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import ConfigError, TrainConfig
 from gae_core.agent.trainer import Trainer, TrainingDiverged
-from gae_core.runs.execute import StoreSink, execute_run
+from gae_core.runs.execute import execute_run
 from gae_core.runs.manager import RunManager
 from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory

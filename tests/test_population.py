@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import stored_update_metric
+from conftest import StoreSink, stored_update_metric
 from gymnasium.wrappers.utils import RunningMeanStd
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,7 +34,7 @@ from gae_core.agent.stacked import (
     stacked_tanh,
 )
 from gae_core.agent.trainer import SHARED, Rollout, Trainer, population_key
-from gae_core.runs.execute import StoreSink, execute_run
+from gae_core.runs.execute import execute_run
 from gae_core.runs.member_run import eval_seed, record_seed
 from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory

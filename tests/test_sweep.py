@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -246,6 +247,7 @@ _EXIT_SCRIPT = (
     _WAIT
     + """
 import sys
+import time
 from gae_core.agent.config import TrainConfig
 from gae_core.storage.store import RunStore
 from gae_core.runs.sweep import grid_of, start_sweep
@@ -745,3 +747,47 @@ def test_a_full_disk_ends_the_sweep_failed_with_one_line(tmp_path, monkeypatch):
         runs = store.list_runs(sweep_id=sweep.sweep_id)
         assert [r.status for r in runs] == ["failed", "failed"]
         assert all("is full" in r.error and "\n" not in r.error for r in runs)
+
+
+class _UntilStoppedBackend(_StopOneBackend):
+    """Trials that flush until asked to stop, then end ``stopped`` 0.3 s later (an update
+    finishing)."""
+
+    def __init__(self) -> None:
+        self.running, self.stopped = {}, {}
+
+    def submit(self, index: int, run_id: str, config: dict) -> None:
+        self.running[index] = "flush"
+
+    def stop(self, index: int) -> None:
+        self.stopped.setdefault(index, time.monotonic() + 0.3)
+
+    def events(self, timeout: float) -> list:
+        time.sleep(min(timeout, 0.05))
+        out = []
+        for index in list(self.running):
+            if time.monotonic() >= self.stopped.get(index, float("inf")):
+                out.append(Report.finish(index, "stopped", None))
+                del self.running[index]
+            else:
+                out.append(Report.flush(index, [("x", 8, 0.1, 1.0)], 8, RunSummary()))
+        return out
+
+
+def test_ctrl_c_while_waiting_for_a_sweep_waits_for_its_trials_to_stop(tmp_path):
+    """Ctrl-C in :func:`run_sweep` cancels the sweep and returns once every trial has ended
+    ``stopped``. (On Python 3.11 a ``Thread.join`` interrupted by Ctrl-C leaves the thread
+    looking dead: a sweep waited on by joining its thread returned while still running.)"""
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with RunStore(tmp_path) as store:
+            progress = run_sweep(
+                store, TrainConfig(total_steps=100), grid_of(seeds=[0, 1]),
+                backend=lambda workers, trials, flush: _UntilStoppedBackend(),
+            )  # fmt: skip
+            assert progress.status == "cancelled", progress
+            assert progress.counts["stopped"] == sum(progress.counts.values()) == 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import signal
@@ -15,7 +16,7 @@ from typing import Any
 from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.presets import preset_values
-from gae_core.errors import ConfigError
+from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label
 from gae_core.storage.store import RunStore, open_for_reading
@@ -25,6 +26,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: How long ``delete --force`` waits for an active run to stop before deleting it anyway.
 DELETE_STOP_WAIT_S = 30.0
+#: How often `train`'s run reports to the store (and its progress bar moves).
+TRAIN_FLUSH_S = 1.0
 
 
 def _summary(store: RunStore, sweep_id: str, grid: dict) -> list[dict]:
@@ -141,7 +144,12 @@ def _solved_words(row: dict[str, Any]) -> str:
 
 
 def train(args: argparse.Namespace) -> int:
-    from gae_core.runs.execute import StoreSink, default_run_name, execute_run
+    """One run, handed to the same backend interface and coordinator as a dashboard Start or
+    a sweep (a sweep of one on :class:`~gae_core.runs.backends.ThreadBackend`: the run trains
+    in a thread of this process, its reports applied to the store by the coordinator)."""
+    from gae_core.runs.backends import ThreadBackend
+    from gae_core.runs.execute import default_run_name
+    from gae_core.runs.sweep import Sweep
 
     config = config_from_args(args)  # ConfigError (exit 2) before any run exists
     store = open_store(args)
@@ -156,59 +164,57 @@ def train(args: argparse.Namespace) -> int:
     print(f"run {run_id} in {terminal_text(store.path)}", file=sys.stderr, flush=True)
     stop = threading.Event()
     bar = progress_bar(config.total_steps, args.no_progress)
-    shown = [0]
-
-    def on_step(_: int, result: Any) -> None:
-        steps = min(int(result.env_steps), config.total_steps)
-        bar.update(steps - shown[0])
-        shown[0] = steps
-
+    run = Sweep(store, None, [(run_id, config)], 1, None, TRAIN_FLUSH_S, retries=0,
+                backend=ThreadBackend)  # fmt: skip
+    started, env_steps = time.monotonic(), 0
+    # First Ctrl-C: stop after this update, keep the data. A second exits (130) once the run
+    # has stopped, waiting at most the exit's bound (sweep.EXIT_JOIN_S) for its update to end.
     with StopOnSignal(stop, "stopping after this update (Ctrl-C again to abort)…") as signals:
         try:
-            (outcome,) = execute_run(
-                [StoreSink(store, run_id)], [run_id], [config], [stop], on_step=on_step
-            )
+            run.start()
+            while not run.wait(TRAIN_FLUSH_S / 2):
+                if stop.is_set():
+                    run.cancel()
+                with contextlib.suppress(StoreError):  # deleted meanwhile: the last count holds
+                    env_steps = min(store.get_run(run_id).env_steps, config.total_steps)
+                bar.update(env_steps - bar.n)
         finally:
             bar.close()
-    if outcome.status == "deleted":
+    wall = time.monotonic() - started
+    status, error = run.outcomes()[run_id]
+    if status == "deleted":
         # the row is gone: every column of a run row, only the id and the status known
-        result: dict[str, Any] = {
-            **dict.fromkeys(RUN_COLUMNS),
-            "run_id": run_id,
-            "status": "deleted",
-        }
+        result: dict[str, Any] = {**dict.fromkeys(RUN_COLUMNS), "run_id": run_id,
+                                  "status": "deleted", "env_steps": env_steps}  # fmt: skip
     else:
         result = run_row(store.get_run(run_id))
-    reason = outcome.error or ""
-    if store.last_refusal and reason.rstrip().endswith(store.last_refusal):
-        reason = store.last_refusal  # the store refused a write (a full disk): its one line
-    if outcome.status == "failed" and result["status"] in ("queued", "running"):
-        # its end could not be written either (the disk is still full): say how it ended
-        result.update(status=outcome.status, error=reason or None)
+    if status == "failed" and result["status"] in ("queued", "running"):
+        # its end could not be written (the disk is still full): say how it ended
+        result.update(status=status, error=error)
     store.close()
+    env_steps = result["env_steps"]
     result.update(
-        wall_seconds=outcome.wall_seconds,
-        steps_per_second=outcome.steps_per_second,
-        env_steps=outcome.env_steps,
+        wall_seconds=wall,
+        steps_per_second=env_steps / wall if wall > 0 else 0.0,
         data_dir=str(store.data_dir),
     )
-    if outcome.status == "failed":
-        shown = terminal_text(result.get("error") or reason)
-        print(f"run {run_id} failed: {shown}", file=sys.stderr)
+    if status == "failed":
+        print(f"run {run_id} failed: {terminal_text(result.get('error') or error)}",
+              file=sys.stderr)  # fmt: skip
     if args.json:
         print_json(result)
     else:
         print(
-            f"run {run_id} {outcome.status}: {outcome.env_steps:,} env steps in "
-            f"{outcome.wall_seconds:.1f} s ({outcome.steps_per_second:,.0f} steps/s), "
+            f"run {run_id} {status}: {env_steps:,} env steps in {wall:.1f} s "
+            f"({result['steps_per_second']:,.0f} steps/s), "
             f"final return {_fmt(result.get('final_return'), '.2f')}, " + _solved_words(result),
             flush=True,
         )
-    if outcome.status == "stopped":
+    if status == "stopped":
         # Ctrl-C/SIGTERM: 130; a stop asked through the store (UI, `stop`, `delete --force`)
         # is a normal end.
         return EXIT_INTERRUPTED if signals.received else EXIT_OK
-    return EXIT_OK if outcome.status in ("finished", "deleted") else EXIT_FAILED
+    return EXIT_OK if status in ("finished", "deleted") else EXIT_FAILED
 
 
 # -- runs, export ---------------------------------------------------------------------------

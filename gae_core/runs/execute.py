@@ -10,8 +10,8 @@ episodes) when due and at its end, and closes it as ``finished``, ``stopped``, `
 effect within a second) and each sink's stop flag on every flush, so a run can be stopped from
 another process. A member that is stopped, deleted or blows up ends on its own and the others
 go on; an exception in the trainer itself (its env, its process) fails every member that had
-not ended. Where the data goes is the sink's business: :class:`~gae_core.runs.sinks.StoreSink`
-writes a store directly; a sweep worker's sink streams to the sweep's coordinator.
+not ended. Where the data goes is the sink's business: a backend's
+:class:`~gae_core.runs.sinks.ProxySink` streams it to the coordinator, the store's one writer.
 """
 
 from __future__ import annotations
@@ -25,16 +25,15 @@ from dataclasses import dataclass
 
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.played_together import evaluate_replays, record_replays_together
-from gae_core.agent.rollout import StepResult, TrainingDiverged
+from gae_core.agent.rollout import TrainingDiverged
 from gae_core.agent.trainer import Member, Trainer
 from gae_core.labels import assignment
 from gae_core.runs.member_run import MemberRun, Owed, eval_seed, flush_quietly, record_seed
-from gae_core.runs.sinks import RunDeleted, RunSink, StoreSink
+from gae_core.runs.sinks import RunDeleted, RunSink
 
 __all__ = [
     "RunDeleted",
     "RunOutcome",
-    "StoreSink",
     "call_before_thread_shutdown",
     "default_run_name",
     "execute_run",
@@ -108,16 +107,13 @@ def execute_run(
     stop_events: Sequence[threading.Event],
     *,
     flush_interval: float = 1.0,
-    on_step: Callable[[int, StepResult], None] | None = None,
 ) -> list[RunOutcome]:
     """Train the queued runs ``run_ids`` (configs that can share a trainer:
     :func:`~gae_core.agent.trainer.population_key`) to their ends; never raises for a training
-    failure (a Ctrl-C that no handler turned into a stop closes every run as ``stopped`` and
-    is raised again).
+    failure.
 
     Each run is claimed first (``queued`` → ``running``); one whose claim fails ends
-    ``skipped``. ``on_step(member, result)`` is called after every update of each member (the
-    CLI's progress bar). A run ends ``finished`` when its budget is spent, ``stopped`` when its
+    ``skipped``. A run ends ``finished`` when its budget is spent, ``stopped`` when its
     stop event is set or a stop was requested through its sink, ``deleted`` when it vanished
     from the store, ``failed`` with the reason on any exception (a NaN/inf blow-up gives its
     message, anything else the traceback)."""
@@ -135,12 +131,7 @@ def execute_run(
         if claimed:
             trainer = Trainer([run.config for run in claimed])
             members = [trainer.member(i) for i in range(len(claimed))]
-            _train(trainer, members, claimed, started, on_step)
-    except KeyboardInterrupt:
-        for run in claimed:
-            if run.status is None:
-                run.close("stopped", None, time.monotonic() - started)
-        raise
+            _train(trainer, members, claimed, started)
     except Exception as exc:
         error = (
             f"{type(exc).__name__}: {exc}"
@@ -163,7 +154,7 @@ def execute_run(
     ]
 
 
-def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], started, on_step):
+def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], started: float):
     """The loop: step, book each member's update, take what each owes, play it once every
     member still training has passed its step (:class:`~gae_core.runs.member_run.Owed`)."""
     pending: list[Owed] = []
@@ -229,8 +220,6 @@ def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], start
             try:
                 if error is None and i in results:
                     run.record(results[i], wall)
-                    if on_step is not None:
-                        on_step(i, results[i])
                     owed = run.due(i, member, trainer, wall)
                     if owed is not None:
                         pending.append(owed)

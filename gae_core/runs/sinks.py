@@ -1,9 +1,9 @@
 """What a run reports and where it goes: the one message type (:class:`Report`), the one
-function that applies a report to the store (:func:`apply`), and the sinks the run loop writes
-through: :class:`StoreSink` applies each report at once (a run whose process writes the store),
-:class:`ProxySink` hands each report to a transport (a pipe, a Ray inbox) whose other end, the
-sweep's coordinator, applies it. Whatever the transport, a report reaches the store through
-:func:`apply` alone, which is also the one owner of "was the run deleted?"."""
+function that applies a report to the store (:func:`apply`), and the sink the run loop writes
+through: :class:`ProxySink` hands each report to a transport (a thread's queue, a pipe, a Ray
+inbox) whose other end, the sweep's coordinator, applies it. Whatever the transport, a report
+reaches the store through :func:`apply` alone, which is also the one owner of "was the run
+deleted?"."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ __all__ = [
     "Report",
     "RunDeleted",
     "RunSink",
-    "StoreSink",
     "apply",
 ]
 
@@ -108,25 +107,6 @@ class RunSink(Protocol):
     def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None: ...
 
     def finish(self, status: str, error: str | None) -> None: ...
-
-
-class StoreSink:
-    """A sink that applies every report to a run store at once."""
-
-    def __init__(self, store: RunStore, run_id: str) -> None:
-        self.store, self.run_id = store, run_id
-
-    def claim(self) -> bool:
-        return self.store.claim_run(self.run_id)
-
-    def flush(self, rows: MetricRows, env_steps: int, summary: RunSummary) -> bool:
-        return apply(self.store, self.run_id, Report.flush(0, rows, env_steps, summary))
-
-    def checkpoint(self, env_step: int, blob: bytes, trajectories: Sequence[bytes]) -> None:
-        apply(self.store, self.run_id, Report.checkpoint(0, env_step, blob, trajectories))
-
-    def finish(self, status: str, error: str | None) -> None:
-        apply(self.store, self.run_id, Report.finish(0, status, error))
 
 
 class ProxySink:

@@ -139,6 +139,7 @@ class _Trial:
     config: TrainConfig
     attempts: int = 0
     status: str = "queued"
+    error: str | None = None
     deleted: bool = False
 
 
@@ -173,6 +174,9 @@ class Sweep:
         self._error: str | None = None
         self.status: str | None = None  # how it ended, as decided (stored unless the disk is full)
         self.error: str | None = None
+        # its end, as an event: a Thread.join interrupted by Ctrl-C leaves the thread looking
+        # dead on Python 3.11 (is_alive() False while it runs), an Event.wait does not
+        self._ended = threading.Event()
         self._thread = threading.Thread(
             target=self._coordinate, name=f"gae-sweep-{sweep_id or self.run_ids[0]}", daemon=True
         )
@@ -196,6 +200,11 @@ class Sweep:
                 if trial.status == "running":
                     self._backend.stop(index)
 
+    def outcomes(self) -> dict[str, tuple[str, str | None]]:
+        """``{run id: (status, error)}`` of each trial as the coordinator decided it (what the
+        store says, unless the disk was too full to write it)."""
+        return {t.run_id: (t.status, t.error) for t in self._trials}
+
     def trial_pids(self) -> dict[str, int]:
         """``{run id: pid}`` of the trials training now (a worker process, or a Ray task's
         process on its node)."""
@@ -206,12 +215,11 @@ class Sweep:
 
     @property
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._ended.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Join the coordinator; True when the sweep has ended."""
-        self._thread.join(timeout)
-        return self.done
+        """Wait for the coordinator to end; True when the sweep has ended."""
+        return self._ended.wait(timeout)
 
     # -- the coordinating thread ------------------------------------------------------------
 
@@ -231,23 +239,28 @@ class Sweep:
             status = self._drive()
         except Exception as exc:  # a full disk: one line naming it, no traceback
             full = isinstance(exc, StoreFull)
-            what = "the sweep" if self.sweep_id is not None else "the run"
-            self._error = f"{what} stopped: {exc}" if full else traceback.format_exc()
+            if full:  # a sweep says so; a run's own reason is the full disk
+                self._error = f"the sweep stopped: {exc}" if self.sweep_id else str(exc)
+            else:
+                self._error = traceback.format_exc()
             log.error("sweep %s failed: %s", self.sweep_id, self._error)
         finally:
             # Nothing stays queued or running (on a full disk, recovery marks them once it can)
             for trial in self._trials:
                 if trial.status in ("queued", "running") and not trial.deleted:
                     trial.status = "failed" if full else "interrupted"
-                    why = self._error if full or self.sweep_id is None else (
+                    trial.error = self._error if full or self.sweep_id is None else (
                         "the sweep ended before this trial did")  # fmt: skip
                     with contextlib.suppress(StoreError):
-                        self.store.finish_run(trial.run_id, trial.status, why)
+                        self.store.finish_run(trial.run_id, trial.status, trial.error)
             self.status, self.error = status, self._error
             with contextlib.suppress(StoreError):
                 if self.sweep_id is not None:
                     self.store.finish_sweep(self.sweep_id, status, self._error)
-            self._report(None)
+            try:
+                self._report(None)
+            finally:
+                self._ended.set()
 
     def _drive(self) -> str:
         backend = self._backend = self._backend_factory(
@@ -305,7 +318,7 @@ class Sweep:
             return
         try:
             if event.kind == "finish":
-                trial.status = event.status
+                trial.status, trial.error = event.status, event.error
             stop = apply(self.store, trial.run_id, event)
             if event.kind == "flush" and (stop or self._cancelled):
                 backend.stop(index)
@@ -327,8 +340,8 @@ class Sweep:
             place = self._position.__getitem__
             pending.insert(bisect.bisect_left(pending, place(index), key=place), index)
         else:
-            trial.status = "interrupted"
-            self.store.finish_run(trial.run_id, "interrupted", f"{why}; retries used up")
+            trial.status, trial.error = "interrupted", f"{why}; retries used up"
+            self.store.finish_run(trial.run_id, "interrupted", trial.error)
 
     def _cancel_all(self, backend: Backend, pending: deque[int]) -> None:
         self._cancelled = True
