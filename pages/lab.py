@@ -14,13 +14,21 @@ from gae_core.insight.views import format_duration
 from gae_core.lab import chain
 from gae_core.lab.gradient import GradientResult, GradientSettings, gradient_sentence
 from gae_core.lab.jobs import LabJob, measure_gradient_run
-from gae_core.lab.measure import GSDE_NOTE, LabResult, LabSettings, check_memory
+from gae_core.lab.measure import (
+    GSDE_NOTE,
+    LabResult,
+    LabSettings,
+    check_memory,
+    trade_off_sentence,
+)
 from gae_core.lab.states import STATE_FAMILIES, state_access
 from gae_core.labels import assignment, label
 from pages import _ui
 
 _ui.require_navigation("pages/lab.py")
 LAMBDA = label("lambda_")
+#: The chain view's choices of Monte-Carlo samples (each draw takes milliseconds).
+CHAIN_SAMPLES = (200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000)
 
 st.title("Estimator lab")
 st.caption(
@@ -52,6 +60,9 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
         f"{first.discount_left:.1e} of the discount left). bias² is the unbiased estimate (both "
         "means' noise subtracted), so it can dip slightly below 0 where the critic is nearly exact."
     )
+    for name, result in results.items():
+        who = f"{name}: " if len(results) > 1 else ""
+        st.markdown(who + result.sentence() + ".")  # our labels and numbers: no user text
     if note := first.horizon_note():
         st.warning(note, icon=":material/warning:")
     st.subheader("k-step estimators Â^(k)")
@@ -218,12 +229,14 @@ if mode == "the exact chain":
         "A 7-state random walk (terminal ends, +1 on the right) where every moment is known by "
         "enumeration: the place to learn the trade-off with no Monte-Carlo error at all."
     )
-    knobs = st.columns(5)
+    knobs = st.columns(6)
     error = knobs[0].slider("critic error scale", 0.0, 0.5, 0.2, 0.01, key="lab.chain_error")
     p_right = knobs[1].slider("π(right)", 0.05, 0.95, 0.6, 0.05, key="lab.chain_p")
     gamma = knobs[2].slider(label("gamma"), 0.5, 0.999, 0.95, 0.001, key="lab.chain_gamma")
     segment = knobs[3].slider("segment L", 1, 12, 8, key="lab.chain_segment")
     seed = knobs[4].number_input("critic seed", 0, 10_000, 0, key="lab.chain_seed")
+    samples = knobs[5].select_slider("Monte-Carlo samples", CHAIN_SAMPLES, 2_000,
+                                     key="lab.chain_samples")  # fmt: skip
     spec = chain.ChainSpec()
     policy = chain.policy_matrix(spec, p_right)
     v_pi, _ = chain.exact_values(spec, policy, gamma)
@@ -232,18 +245,25 @@ if mode == "the exact chain":
     moments = chain.exact_estimator_moments(
         spec, policy, critic, gamma, spec.start, 1, segment, grid, np.array([1])
     )
-    figure, frame = lab_figures.exact_figure(grid, moments.gae)
+    sampled = chain.sampled_gae_moments(spec, policy, critic, gamma, spec.start, 1, segment,
+                                        grid[::10], samples, seed=int(seed))  # fmt: skip
+    figure, frame = lab_figures.exact_figure(grid, moments.gae, sampled)
     st.plotly_chart(figure, key="lab.exact", config={"displaylogo": False})
+    st.markdown(trade_off_sentence(grid, frame["bias2"], frame["variance"]) + ".")
     chain_made_by = {"chain_states": spec.n_states, "critic_error_scale": error,
                      "critic_seed": seed, "p_right": p_right, "gamma": gamma,
-                     "segment": segment}  # fmt: skip
+                     "segment": segment, "monte_carlo_samples": samples,
+                     "monte_carlo_seed": seed}  # fmt: skip
     _ui.csv_button("Exact trade-off CSV", frame, "chain_exact.csv", "lab.exact_csv",
                    chain_made_by)  # fmt: skip
     st.caption(
         f"From the middle state, moving right. Target Q^π − V̂ = {moments.target:.4f}; "
         f"V^π − V̂ there = {moments.state_offset:.4f}. Raise the critic error: bias at small "
         f"{LAMBDA} grows and the best {LAMBDA} moves right; shorten the segment: "
-        f"{assignment('lambda_', 1)} keeps the bias of the bootstrap at L."
+        f"{assignment('lambda_', 1)} keeps the bias of the bootstrap at L. Points: the same "
+        f"moments estimated from {samples:,} continuations sampled by stepping the chain "
+        "(seeded by the critic seed), MSE with ± 2 standard errors: the enumeration and the "
+        "sampling agree."
     )
     st.stop()
 

@@ -18,6 +18,7 @@ from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, TrainConfig
 from gae_core.inert import to_csv
 from gae_core.insight import compare, explorer
+from gae_core.lab import chain
 from gae_core.runs.sweep import grid_of, run_sweep
 from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
@@ -496,6 +497,10 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         )  # fmt: skip
         gae = result.estimators[result.estimators["kind"] == "gae"].sort_values("param")
         np.testing.assert_allclose(mse, gae["mse"], rtol=1e-9)
+        # each critic's sentence: where its least MSE is, from its own numbers
+        said = [m.value for m in at.markdown if m.value.startswith(f"critic {step:,}: Least")]
+        best = f"Least MSE at λ = {result.best_lambda():g}:"
+        assert len(said) == 1 and best in said[0], (said, best)
     # a band's outline is no series: Plotly marks the points of a trace under 20 points unless
     # told otherwise, and the k charts' bands (a few k values) drew coloured dots
     for chart in at.get("plotly_chart"):
@@ -553,10 +558,32 @@ def test_lab_page_teaches_on_the_exact_chain(data_dir):
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert "least MSE at λ = " in spec["layout"]["title"]["text"]
     before = spec["layout"]["title"]["text"]
+    # Monte-Carlo points on the curves: the page's settings, sampled by gae_core
+    c = chain.ChainSpec()
+    pi = chain.policy_matrix(c, 0.6)
+    critic = chain.critic_with_error(chain.exact_values(c, pi, 0.95)[0], 0.2, seed=0)
+    grid = np.round(np.linspace(0, 1, 11), 2)
+    sampled = chain.sampled_gae_moments(c, pi, critic, 0.95, c.start, 1, 8, grid, 2_000, 0)
+    points = {t["name"].split(",")[0]: t for t in spec["data"] if t.get("mode") == "markers"}
+    assert len(points) == 3, [t["name"] for t in spec["data"]]
+    for quantity, trace in zip(("bias2", "variance", "mse"), points.values(), strict=True):
+        np.testing.assert_allclose(plotly_values(trace["y"]), getattr(sampled, quantity))
+        np.testing.assert_allclose(plotly_values(trace["x"]), grid)
+    # the sentence says where the least MSE is and which side costs what
+    exact = chain.exact_estimator_moments(
+        c, pi, critic, 0.95, c.start, 1, 8, np.round(np.linspace(0, 1, 101), 2), np.array([1])
+    )
+    best = np.round(np.linspace(0, 1, 101), 2)[np.argmin(exact.gae.mse)]
+    said = [m.value for m in at.markdown if m.value.startswith("Least MSE at")]
+    assert len(said) == 1 and said[0].startswith(f"Least MSE at λ = {best:g}:"), said
+    assert "below it the critic's bootstrap bias grows" in said[0]
     at.slider(key="lab.chain_error").set_value(0.0).run()  # the exact critic: no bias anywhere
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     bias2 = next(plotly_values(t["y"]) for t in spec["data"] if t["name"].startswith("bias"))
     assert np.abs(bias2).max() < 1e-20 and spec["layout"]["title"]["text"] != before
+    # with no bias, every λ < 1 only loses: variance grows with λ, the least MSE is at 0
+    said = [m.value for m in at.markdown if m.value.startswith("Least MSE at")]
+    assert said[0].startswith("Least MSE at λ = 0:"), said
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from gae_core.agent.recording import load_replay
 from gae_core.agent.trainer import Trainer
 from gae_core.errors import UnsupportedEnvError
 from gae_core.lab import chain
-from gae_core.lab.measure import DEFAULT_KS, LabCancelled, LabSettings, measure
+from gae_core.lab.measure import DEFAULT_KS, LabCancelled, LabSettings, measure, trade_off_sentence
 from gae_core.lab.states import Simulator, state_access
 
 GAMMA = 0.95
@@ -599,3 +599,19 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_the_run_and_step(bl
     message = str(info.value)
     assert "\n" not in message and "weights_only" not in message, message
     assert message.startswith("run abc123's checkpoint at env step 2,000 cannot be read"), message
+
+
+def test_the_trade_off_sentence_names_the_least_mse_and_the_term_that_puts_it_there():
+    """Where the least MSE = bias² + variance is, and why, from the numbers alone: at λ = 1 when
+    the bias the critic brings outweighs the rewards' variance (CartPole's case), at 0 when the
+    variance does, in between when they cross."""
+    lam = np.linspace(0.0, 1.0, 11)
+    falling, rising = np.linspace(4.0, 0.0, 11), np.linspace(0.0, 4.0, 11)
+    one = trade_off_sentence(lam, 10 * falling, 0.01 * rising)  # deterministic dynamics
+    assert one.startswith("Least MSE at λ = 1: the rewards that follow (s, a) vary little"), one
+    assert "variance 0.04 at λ = 1" in one and "bias² 40 at λ = 0" in one
+    zero = trade_off_sentence(lam, 0.01 * falling, 10 * rising)  # a nearly exact critic
+    assert zero.startswith("Least MSE at λ = 0: the critic is accurate enough"), zero
+    middle = trade_off_sentence(lam, falling**2, rising**2)  # bias² + variance least at 0.5
+    assert middle.startswith("Least MSE at λ = 0.5: below it the critic's bootstrap bias grows")
+    assert "(bias² 4, variance 4)" in middle, middle

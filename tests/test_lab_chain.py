@@ -425,3 +425,54 @@ def test_enumeration_agrees_with_linearity_and_identities(problem, action, segme
     np.testing.assert_allclose(m.k_step.bias, k_bias, rtol=0, atol=1e-10)
     np.testing.assert_allclose(m.gae.bias, g_bias, rtol=0, atol=1e-10)
     np.testing.assert_array_equal(m.gae.mse, m.gae.bias**2 + m.gae.variance)
+
+
+# ----------------------------------------------------------------------------- sampled points
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(), st.integers(0, 1), st.integers(1, 5), st.integers(0, 2**32 - 1))
+def test_sampled_paths_are_drawn_with_the_enumerated_probabilities(problem, action, segment, seed):
+    """Each continuation :func:`chain.sample_paths` draws is one that enumeration lists, drawn
+    about as often as its probability (within 5 standard errors of a binomial count)."""
+    spec, pi, _, _, _ = problem
+    n = 4_000
+    drawn = chain.sample_paths(spec, pi, spec.start, action, segment, n,
+                               np.random.default_rng(seed))  # fmt: skip
+    paths = chain.enumerate_paths(spec, pi, spec.start, action, segment)
+    key = {tuple(row): i for i, row in enumerate(paths.states.tolist())}
+    counts = np.bincount([key[tuple(row)] for row in drawn.states.tolist()], minlength=len(key))
+    for column in ("rewards", "terminated", "exists"):
+        index = [key[tuple(row)] for row in drawn.states.tolist()]
+        np.testing.assert_array_equal(getattr(drawn, column), getattr(paths, column)[index])
+    se = np.sqrt(n * paths.prob * (1 - paths.prob))
+    assert np.all(np.abs(counts - n * paths.prob) <= 5 * se + 1e-9)
+    assert np.all(drawn.prob == 1.0 / n)
+
+
+@settings(max_examples=25, deadline=None)
+@given(problems(), st.integers(0, 1), st.integers(1, 8), st.integers(0, 1000))
+def test_sampled_moments_sit_on_the_exact_curves(problem, action, segment, seed):
+    """The Monte-Carlo points: MSE = bias² + variance from the samples themselves, within 5
+    standard errors of the exact MSE (the error bars the lab draws are 2 of them)."""
+    spec, pi, critic, gamma, lambdas = problem
+    exact = chain.exact_estimator_moments(
+        spec, pi, critic, gamma, spec.start, action, segment, lambdas, np.array([1])
+    )
+    sampled = chain.sampled_gae_moments(
+        spec, pi, critic, gamma, spec.start, action, segment, lambdas, 20_000, seed
+    )
+    np.testing.assert_allclose(sampled.mse, sampled.bias2 + sampled.variance, rtol=1e-9,
+                               atol=1e-12)  # fmt: skip
+    assert np.all(np.abs(sampled.mse - exact.gae.mse) <= 5 * sampled.mse_se + 1e-9)
+    again = chain.sampled_gae_moments(
+        spec, pi, critic, gamma, spec.start, action, segment, lambdas, 20_000, seed
+    )
+    np.testing.assert_array_equal(again.mse, sampled.mse)  # seeded: the same points
+
+
+def test_sampled_moments_refuse_a_sample_count_out_of_range():
+    critic = chain.critic_with_error(V_PI, 0.2)
+    for samples in (1, chain.MAX_SAMPLES + 1):
+        with pytest.raises(ValueError, match=r"samples must be an integer in \[2, 1,000,000\]"):
+            chain.sampled_gae_moments(SPEC, PI, critic, GAMMA, 3, 1, 8, LAMBDAS, samples)

@@ -162,9 +162,14 @@ def state_figure(
     return figure, frame.reset_index(drop=True)
 
 
-def exact_figure(lambdas: np.ndarray, moments: object) -> tuple[go.Figure, pd.DataFrame]:
+def exact_figure(
+    lambdas: np.ndarray, moments: object, sampled: object | None = None
+) -> tuple[go.Figure, pd.DataFrame]:
     """The chain's exact bias², variance and MSE of GAE(λ) (``moments``: the ``gae`` field of
-    :func:`gae_core.lab.chain.exact_estimator_moments`)."""
+    :func:`gae_core.lab.chain.exact_estimator_moments`), and where ``sampled``
+    (:func:`~gae_core.lab.chain.sampled_gae_moments`) is given its Monte-Carlo estimates as
+    points on the curves, MSE with ± 2 standard errors; the frame holds both (``mc_*`` columns
+    on the λ rows sampled, empty elsewhere)."""
     frame = pd.DataFrame(
         {
             "lambda_": lambdas,
@@ -177,17 +182,30 @@ def exact_figure(lambdas: np.ndarray, moments: object) -> tuple[go.Figure, pd.Da
     for (quantity, title), color in zip(QUANTITIES, _PALETTE, strict=False):
         figure.add_trace(go.Scatter(x=frame["lambda_"], y=frame[quantity], name=title,
                                     line={"color": color, "width": 2.5}))  # fmt: skip
+    if sampled is not None:
+        points = pd.DataFrame({"lambda_": sampled.lambdas, "mc_bias2": sampled.bias2,
+                               "mc_variance": sampled.variance, "mc_mse": sampled.mse,
+                               "mc_mse_se": sampled.mse_se})  # fmt: skip
+        frame = frame.merge(points, on="lambda_", how="outer").sort_values("lambda_")
+        for (quantity, title), color in zip(QUANTITIES, _PALETTE, strict=False):
+            error = ({"type": "data", "array": 2 * points["mc_mse_se"], "visible": True}
+                     if quantity == "mse" else None)  # fmt: skip
+            figure.add_trace(go.Scatter(
+                x=points["lambda_"], y=points[f"mc_{quantity}"], mode="markers",
+                name=f"{title}, Monte Carlo (n = {sampled.samples:,})", error_y=error,
+                marker={"color": color, "symbol": "circle-open", "size": 8},
+            ))  # fmt: skip
     best = frame.loc[frame["mse"].idxmin()]
     figure.add_vline(x=float(best["lambda_"]), line={"dash": "dot", "color": "#2ca02c"})
     figure.update_layout(
-        height=340,
+        height=360,
         xaxis_title=label("lambda_"),
         yaxis_title="exact value",
         title=f"Exact (enumerated): least MSE at {assignment('lambda_', best['lambda_'])}",
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.3},
     )
-    return figure, frame
+    return figure, frame.reset_index(drop=True)
 
 
 #: The gradient lens's panels: quantity and title (cosine panels share a 0–1 scale).

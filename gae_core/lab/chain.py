@@ -53,6 +53,7 @@ MAX_EPISODE_STEPS = 100
 DEFAULT_P_RIGHT = 0.6
 DEFAULT_GAMMA = 0.95
 MAX_SEGMENT = 20  # 2^19 paths: enumeration stays in memory; the lab needs ≤ ~12
+MAX_SAMPLES = 1_000_000  # sampled continuations: [samples, L] arrays of a few hundred MB at most
 
 
 # ----------------------------------------------------------------------------- the MDP
@@ -359,6 +360,83 @@ def exact_estimator_moments(
         lambdas=lambdas,
         n_paths=int(paths.prob.size),
     )
+
+
+@dataclass(frozen=True)
+class SampledMoments:
+    """Monte-Carlo estimates of GAE_0's moments, one per λ, from ``samples`` continuations:
+    sample bias², variance (1/n) and MSE = mean of (Â − target)² = bias² + variance, with the
+    MSE's standard error."""
+
+    lambdas: np.ndarray
+    bias2: np.ndarray
+    variance: np.ndarray
+    mse: np.ndarray
+    mse_se: np.ndarray
+    samples: int
+
+
+def sample_paths(
+    spec: ChainSpec,
+    policy: np.ndarray,
+    start_state: int,
+    start_action: int,
+    segment: int,
+    samples: int,
+    rng: np.random.Generator,
+) -> Paths:
+    """``samples`` continuations drawn by stepping the chain (a_0 given, then a ~ π), each of
+    weight 1/samples: the same layout as :func:`enumerate_paths`, so the same estimators apply."""
+    _check_start(spec, start_state, start_action, segment)
+    pi = _check_policy(spec, policy)
+    nxt, reward = tabular_model(spec)
+    n, L = int(samples), segment
+    states = np.full((n, L + 1), start_state)
+    rewards = np.zeros((n, L))
+    term = np.zeros((n, L), dtype=bool)
+    exists = np.zeros((n, L), dtype=bool)
+    exists[:, 0] = True
+    action = np.full(n, start_action)
+    for t in range(L):
+        s = states[:, t]
+        states[:, t + 1] = np.where(exists[:, t], nxt[s, action], s)
+        rewards[:, t] = np.where(exists[:, t], reward[s, action], 0.0)
+        term[:, t] = exists[:, t] & spec.terminal[states[:, t + 1]]
+        if t + 1 < L:
+            exists[:, t + 1] = exists[:, t] & ~term[:, t]
+        action = (rng.random(n) < pi[states[:, t + 1], 1]).astype(int)
+    return Paths(np.full(n, 1.0 / n), states, rewards, term, exists)
+
+
+def sampled_gae_moments(
+    spec: ChainSpec,
+    policy: np.ndarray,
+    critic: np.ndarray,
+    gamma: float,
+    start_state: int,
+    start_action: int,
+    segment: int,
+    lambdas: np.ndarray,
+    samples: int,
+    seed: int = 0,
+) -> SampledMoments:
+    """GAE_0's moments over λ estimated from ``samples`` sampled continuations
+    (:func:`sample_paths`) against the exact target: the Monte-Carlo points the lab draws on
+    :func:`exact_estimator_moments`' curves."""
+    if not 2 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"samples must be an integer in [2, {MAX_SAMPLES:,}], got {samples}")
+    rng = np.random.default_rng(seed)
+    paths = sample_paths(spec, policy, start_state, start_action, segment, samples, rng)
+    lambdas = np.atleast_1d(np.asarray(lambdas, float))
+    values = path_deltas(paths, critic, gamma) @ gae_weights(gamma, lambdas, segment).T
+    _, Q = exact_values(spec, policy, gamma)
+    target = float(Q[start_state, start_action]) - float(np.asarray(critic, float)[start_state])
+    squared = (values - target) ** 2
+    moments = _moments(paths.prob, values, target)
+    return SampledMoments(
+        lambdas, moments.bias**2, moments.variance, squared.mean(0),
+        squared.std(0, ddof=1) / np.sqrt(samples), int(samples),
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- linearity

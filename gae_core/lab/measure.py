@@ -96,6 +96,7 @@ __all__ = [
     "measure_critics",
     "memory_estimate",
     "sample_starts",
+    "trade_off_sentence",
 ]
 
 #: What the lab measures for a run that explored with gSDE (``use_sde``).
@@ -177,6 +178,43 @@ class LabResult:
         """The λ of least MSE."""
         gae = self.estimators[self.estimators["kind"] == "gae"]
         return float(gae.loc[gae["mse"].idxmin(), "param"])
+
+    def sentence(self) -> str:
+        """Why the least MSE is at the λ it is (:func:`trade_off_sentence`)."""
+        gae = self.estimators[self.estimators["kind"] == "gae"].sort_values("param")
+        return trade_off_sentence(gae["param"], gae["bias2"], gae["variance"])
+
+
+def trade_off_sentence(lambdas: Sequence[float], bias2: Sequence[float],
+                       variance: Sequence[float]) -> str:  # fmt: skip
+    """One sentence saying where GAE's least MSE = bias² + variance lies over ``lambdas``
+    (ascending, from λ = 0 to 1) and which term puts it there: the critic's bootstrap bias,
+    largest at the smallest λ, against the variance of the sampled rewards, largest at the
+    largest λ."""
+    lam = np.asarray(lambdas, float)
+    b, v = np.asarray(bias2, float), np.asarray(variance, float)
+    best = int(np.argmin(b + v))
+    at = assignment("lambda_", lam[best])
+    bias_low = f"bias² {b[0]:.3g} at {assignment('lambda_', lam[0])}"
+    var_high = f"variance {v[-1]:.3g} at {assignment('lambda_', lam[-1])}"
+    if best == lam.size - 1:
+        return (
+            f"Least MSE at {at}: the rewards that follow (s, a) vary little ({var_high}, "
+            f"against {v[0]:.3g} at {assignment('lambda_', lam[0])}), as on near-deterministic "
+            f"dynamics, so the critic's error, which every smaller λ bootstraps from, is the "
+            f"larger cost ({bias_low})"
+        )
+    if best == 0:
+        return (
+            f"Least MSE at {at}: the critic is accurate enough that bootstrapping from it at "
+            f"once costs less ({bias_low}) than the noise each further sampled reward adds "
+            f"({var_high})"
+        )
+    return (
+        f"Least MSE at {at}: below it the critic's bootstrap bias grows ({bias_low}), above "
+        f"it the sampled rewards' variance grows ({var_high}); {at} balances the two "
+        f"(bias² {b[best]:.3g}, variance {v[best]:.3g})"
+    )
 
 
 def _mean_ci(values: np.ndarray, settings: LabSettings) -> tuple[np.ndarray, ...]:
