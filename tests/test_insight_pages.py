@@ -639,6 +639,12 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     at.switch_page("pages/train.py").run()
     assert not at.exception
     assert at.selectbox(key="train.view").value == recorded_run
+    # its cross-page links carry it (a run of no sweep: no "compare its sweep")
+    links = {link.proto.label: (link.proto.page, link.proto.query_string)
+             for link in at.get("page_link")}  # fmt: skip
+    assert links["Explore this run"] == ("explorer", f"run={recorded_run}"), links
+    assert links["Measure it in the lab"] == ("lab", f"run={recorded_run}"), links
+    assert "Compare its sweep" not in links
 
     fresh = AppTest.from_file("../dashboard.py", default_timeout=60)  # another tab, a bad link
     fresh.query_params.update(run="no-such-run", policy="123")
