@@ -72,8 +72,12 @@ def test_a_run_metric_csv_is_every_stored_point_and_smoothed_like_the_chart(stor
     np.testing.assert_allclose(
         frame["episodic_return_smoothed"], figures.smooth(np.asarray(returns), 0.6), rtol=1e-9
     )
+    # it says which run and settings it holds, before the data
+    assert list(frame.columns[:7]) == ["run_id", *exports.RUN_SETTINGS, "smoothing"]
+    assert set(frame["run_id"]) == {run_id} and set(frame["smoothing"]) == {0.6}
+    assert set(frame["env_id"]) == {"CartPole-v1"} and set(frame["lambda_"]) == {0.95}
     raw = frame_of(get(store, exports.run_metric_url(run_id, M.EPISODIC_RETURN.key)))
-    assert "episodic_return_smoothed" not in raw
+    assert "episodic_return_smoothed" not in raw and set(raw["smoothing"]) == {0.0}
     # points logged after one click are in the next
     store.flush(run_id, [(M.EPISODIC_RETURN.key, 99_999, 9.0, 7.0)])
     again = frame_of(get(store, exports.run_metric_url(run_id, M.EPISODIC_RETURN.key)))
@@ -86,6 +90,7 @@ def test_overlay_csv_is_long_with_one_label_per_run(store):
     frame = frame_of(get(store, exports.overlay_url([a, b], M.EPISODIC_RETURN.key)))
     assert frame["run"].tolist() == [f"first ({a})", f"first ({a})", f"second ({b})"]
     assert frame["episodic_return"].tolist() == [1.0, 2.0, 3.0]
+    assert set(frame["smoothing"]) == {0.0}
 
 
 @pytest.mark.parametrize(

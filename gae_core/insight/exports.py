@@ -192,7 +192,13 @@ def _run_metric(store: RunStore, run_id: str, column: str, query) -> Answer:
     frame = figures.metric_frame(
         store.metrics(run_id, [metric.key]), metric.key, smoothing=weight, every_point=True
     )
-    return Answer(200, to_csv(frame), f"{run_id}_{metric.column}.csv")
+    config = store.get_run(run_id).config
+    made_by = {"run_id": run_id, **{f: config.get(f) for f in RUN_SETTINGS}, "smoothing": weight}
+    return Answer(200, to_csv(with_provenance(frame, **made_by)), f"{run_id}_{metric.column}.csv")
+
+
+#: The config fields a run's metric CSV names beside its run id (what tells runs apart).
+RUN_SETTINGS = ("env_id", "algo", "gamma", "lambda_", "seed")
 
 
 def _overlay(store: RunStore, column: str, query) -> Answer:
@@ -209,7 +215,9 @@ def _overlay(store: RunStore, column: str, query) -> Answer:
         runs[f"{run.name} ({run.id})"] = store.metrics(run.id, [metric.key])
     weight = _smoothing(query) if metric.smoothed else 0.0
     _, frame = figures.overlay_figure(runs, metric.key, smoothing=weight)
-    return Answer(200, to_csv(frame), f"overlay_{metric.column}.csv")
+    return Answer(
+        200, to_csv(with_provenance(frame, smoothing=weight)), f"overlay_{metric.column}.csv"
+    )
 
 
 def answer(path: str, query: Mapping[str, Sequence[str]], store: Callable[[], RunStore]) -> Answer:
