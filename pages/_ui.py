@@ -242,7 +242,10 @@ def csv_link(label: str, url: str, key: str) -> None:
 
 
 def _widget_value(spec: FieldSpec, value: Any) -> Any:
-    """A config value as its widget holds it (a list of ints is typed as "64, 64")."""
+    """A config value as its widget holds it (an int as its digits, a list of ints as
+    "64, 64": both are text boxes)."""
+    if spec.kind == "int":
+        return str(value)
     if spec.kind == "int_list":
         return ", ".join(str(v) for v in value)
     if spec.kind == "float":
@@ -253,9 +256,11 @@ def _widget_value(spec: FieldSpec, value: Any) -> Any:
 def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
     """One field's widget; its value lives in session state (set by :func:`config_form`).
 
-    Number inputs carry no min/max on purpose: the browser would refuse an out-of-range value
-    silently and keep the last valid one; here every value reaches the form's validation, which
-    names the field and its range and keeps Start disabled.
+    Every value reaches the form's validation (:func:`~gae_core.insight.views.build_config`),
+    which names the field and its range and keeps Start disabled: an int field is a text box
+    read on the server ("1,000", "1_000", " 42 "), because a number box's browser side refuses
+    a number past 2^53 (a 20-digit seed) with a red mark alone and never sends it; float
+    number boxes carry no min/max, which the browser would enforce the same silent way.
     """
     kept = {"key": key, "persist_state": "session"}  # what the user typed outlives the page
     if spec.kind == "choice":
@@ -269,8 +274,8 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
     if spec.kind == "bool":
         return st.checkbox(spec.label, help=spec.help, **kept)
     if spec.kind == "int":
-        return st.number_input(
-            spec.label, step=1, help=f"{spec.help} (range {spec.min:,} to {spec.max:,})", **kept
+        return st.text_input(
+            spec.label, help=f"{spec.help} (an integer, {spec.min:,} to {spec.max:,})", **kept
         )
     if spec.kind == "float":
         return st.number_input(

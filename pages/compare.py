@@ -75,13 +75,13 @@ if view == "Launch a sweep":
             f"{LAMBDA} values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read.",
         )  # fmt: skip
-        first_seed = first_column.number_input(  # no min/max: the browser would swallow it
-            "first seed", value=0, step=1, key="cmp.first_seed",
+        first_seed = first_column.text_input(  # text: a number box's browser side swallows
+            "first seed", value="0", key="cmp.first_seed",  # a value past 2^53 unsaid
             help="The trials' seeds are this one and the next ones (0: seeds 0 to n−1). Start "
             "past an earlier sweep's seeds for fresh replicates of the same study "
-            f"(range 0 to {SEED_SPEC.max:,}).",
+            f"(an integer, 0 to {SEED_SPEC.max:,}).",
         )  # fmt: skip
-        seed_values = range(int(first_seed), int(first_seed) + int(seeds))
+        seed_values, seed_errors = views.sweep_seeds(first_seed, int(seeds))
         backend_name, address = "local", None
         if ray_installed():
             backend_name = st.segmented_control(
@@ -159,13 +159,7 @@ if view == "Launch a sweep":
                 f"{assignment('lambda_', base.target_lambda)} (the preset's {LAMBDA}). "
                 f"Advantages use each trial's own {LAMBDA}."
             )
-        if seed_values[0] < 0:
-            errors.append(f"first seed must be in [0, {SEED_SPEC.max:,}], got {seed_values[0]:,}")
-        elif seed_values[-1] > SEED_SPEC.max:
-            errors.append(
-                f"first seed + seeds per {LAMBDA} − 1 must be at most {SEED_SPEC.max:,} (the "
-                f"largest seed), got {seed_values[-1]:,}"
-            )
+        errors += seed_errors
         grid = grid_of(lambdas=lambdas, seeds=seed_values, **({"gamma": gammas} if gammas else {}))
         name = st.text_input(
             "sweep name (optional)", key="cmp.name", max_chars=80,

@@ -1,7 +1,7 @@
 """Shared fixtures and helpers; no test module imports another.
 
 * ``data_dir`` and :func:`app`: an empty store per AppTest and the app at a page.
-* :func:`wait_until`: poll a condition with a deadline.
+* :func:`wait_until`: poll a condition with a deadline; :func:`set_field`: type into a form field.
 * :func:`cli` and :data:`TINY_FLAGS`: the CLI as a subprocess, and a run it trains in a second.
 * :func:`trajectory_steps`: what the store file holds, for tests that check what was removed.
 * :func:`stored_update_metric`: the rows a run stores of one update metric, worked out from its
@@ -412,6 +412,19 @@ class FullOnCommit:
 
     def __getattr__(self, name: str):
         return getattr(self._conn, name)
+
+
+def set_field(at, key: str, value):
+    """Type ``value`` into the form's field ``key`` (``train.seed``, ``cmp.workers``) and return
+    the widget (``.run()`` it): an int field of the config form, and the sweep's first seed, is a
+    text box that takes the value as text; other numbers are number boxes."""
+    from gae_core.agent.config import FIELD_SPECS
+
+    name = key.split(".", 1)[1]
+    spec = FIELD_SPECS.get(name)
+    if name == "first_seed" or (spec is not None and spec.kind == "int"):
+        return at.text_input(key=key).set_value(str(value))
+    return at.number_input(key=key).set_value(value)
 
 
 def handing_to(handed: dict):

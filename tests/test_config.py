@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gae_core.agent.config import ConfigError, TrainConfig, field_problems
+from gae_core.agent.config import FIELD_SPECS, ConfigError, TrainConfig, field_problems, parse_int
 from gae_core.agent.envs import SUPPORTED_ENVS
 from gae_core.agent.presets import PRESETS, preset_config
 
@@ -210,3 +210,27 @@ def test_metadata_drives_form_and_docstring():
             assert default in f.metadata["choices"]
         elif f.metadata["min"] is not None and not isinstance(default, tuple | bool):
             assert f.metadata["min"] <= default <= f.metadata["max"]
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("42", 42), (" 42 ", 42), ("-3", -3), ("1_000", 1000), ("1,000", 1000), ("-1,000", -1000),
+     ("12,345,678", 12_345_678), ("1e6", 1_000_000), ("99999999999999999999", 10**20 - 1)],
+)  # fmt: skip
+def test_an_integer_typed_as_text_is_read_with_its_separators(text, value):
+    assert parse_int(text) == value
+
+
+@pytest.mark.parametrize(
+    "text", ["", "abc", "1.5", "1,0", "1,00", "1,0000", ",100", "1,,000", "1,000.5", "inf", "nan"]
+)
+def test_text_that_is_not_one_integer_is_refused(text):
+    with pytest.raises(ValueError):
+        parse_int(text)
+
+
+def test_an_int_fields_parse_error_names_it_and_its_whole_range():
+    with pytest.raises(ConfigError) as error:
+        FIELD_SPECS["seed"].parse("x")
+    assert str(error.value) == "seed: cannot read 'x'; expected an integer in [0, 2147483647]"
+    assert FIELD_SPECS["seed"].parse(" 1,000 ") == 1000

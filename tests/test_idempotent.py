@@ -9,7 +9,7 @@ a repeat made from inside ``start()``. The helper's clock is moved on instead of
 from __future__ import annotations
 
 import pytest
-from conftest import TINY, app, wait_until
+from conftest import TINY, app, set_field, wait_until
 from streamlit.testing.v1 import AppTest
 
 from gae_core.storage.store import RunStore
@@ -32,7 +32,7 @@ def already_starting(at) -> list[str]:
 def test_a_double_click_on_start_starts_one_run_and_a_later_click_another(data_dir, clock):
     at = app("pages/train.py")
     for name, value in TINY.items():
-        at.number_input(key=f"train.{name}").set_value(value).run()
+        set_field(at, f"train.{name}", value).run()
     at.button(key="train.start").click().run()
     at.button(key="train.start").click().run()  # the double click's second rerun
     assert not at.exception
@@ -51,7 +51,7 @@ def test_a_double_click_on_start_starts_one_run_and_a_later_click_another(data_d
     runs = RunStore(data_dir).list_runs()
     assert len(runs) == 2 and runs[0].config == runs[1].config  # an identical run, on purpose
     assert at.selectbox(key="train.view").value == runs[0].id != first.id
-    at.number_input(key="train.seed").set_value(1).run()  # other settings: not a repeat
+    at.text_input(key="train.seed").set_value("1").run()  # other settings: not a repeat
     at.button(key="train.start").click().run()
     assert not already_starting(at)
     runs = RunStore(data_dir).list_runs()
@@ -66,7 +66,7 @@ def test_a_double_click_on_launch_starts_one_sweep_and_a_later_click_another(dat
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
     at.text_input(key="cmp.lambdas").set_value("1").run()
     for key, value in {**TINY, "seeds": 1, "workers": 1}.items():
-        at.number_input(key=f"cmp.{key}").set_value(value).run()
+        set_field(at, f"cmp.{key}", value).run()
     at.button(key="cmp.launch").click().run()
     at.button(key="cmp.launch").click().run()  # the double click's second rerun
     assert not at.exception

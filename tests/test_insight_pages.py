@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY, app, handing_to, runs_of_three_widths, wait_until
+from conftest import TINY, app, handing_to, runs_of_three_widths, set_field, wait_until
 
 import gae_core
 from gae_core import metrics as M
@@ -251,14 +251,14 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     at.text_input(key="cmp.lambdas").set_value("0.8, 1").run()
     at.number_input(key="cmp.seeds").set_value(2).run()
     largest = FIELD_SPECS["seed"].max
-    at.number_input(key="cmp.first_seed").set_value(largest).run()  # seeds past the largest
+    at.text_input(key="cmp.first_seed").set_value(str(largest)).run()  # seeds past the largest
     assert f"must be at most {largest:,} (the largest seed), got {largest + 1:,}" in (
         at.error[0].value
     )
     assert at.button(key="cmp.launch").disabled
-    at.number_input(key="cmp.first_seed").set_value(7).run()  # fresh replicates: seeds 7, 8
+    at.text_input(key="cmp.first_seed").set_value("7").run()  # fresh replicates: seeds 7, 8
     at.number_input(key="cmp.workers").set_value(1).run()
-    at.number_input(key="cmp.total_steps").set_value(1500).run()
+    at.text_input(key="cmp.total_steps").set_value("1500").run()
     at.text_input(key="cmp.name").set_value("\x07 \x08").run()  # nothing printable: refused
     assert "sweep name cannot be empty" in at.error[0].value
     assert at.button(key="cmp.launch").disabled
@@ -446,7 +446,7 @@ def test_a_launched_sweep_takes_the_progress_panel_from_the_one_shown_before(dat
     assert at.selectbox(key="cmp.progress_sweep").value == earlier
     at.text_input(key="cmp.lambdas").set_value("1").run()
     for key, value in {**TINY, "seeds": 1, "workers": 1}.items():
-        at.number_input(key=f"cmp.{key}").set_value(value).run()
+        set_field(at, f"cmp.{key}", value).run()
     at.button(key="cmp.launch").click().run()
     assert not at.exception
     (launched,) = {s.id for s in store.list_sweeps()} - {earlier}

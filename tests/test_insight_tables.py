@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gae_core
-from gae_core.insight import compare, explorer
+from gae_core.agent.config import FIELD_SPECS
+from gae_core.insight import compare, explorer, views
 
 
 def small_trajectory():
@@ -599,3 +600,28 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
     )
     runs[1].status = runs[2].status = runs[3].status = "finished"
     assert compare.unfinished_note(runs, episodes, "lambda_") is None
+
+
+def test_the_form_reads_int_fields_typed_as_text_and_names_what_it_cannot_read():
+    config, errors, _ = views.build_config({"seed": " 1,000 ", "total_steps": "2_000"})
+    assert not errors and (config.seed, config.total_steps) == (1000, 2000)
+    config, errors, _ = views.build_config({"seed": "99999999999999999999", "num_envs": "x"})
+    assert config is None and errors == [
+        "seed must be in [0, 2147483647], got 99999999999999999999",
+        "envs (num_envs): cannot read 'x'; expected an integer in [1, 1024]",
+    ]
+
+
+def test_a_sweeps_seeds_start_at_the_first_seed_typed_as_text():
+    assert views.sweep_seeds("1,000", 3) == (range(1000, 1003), [])
+    top = FIELD_SPECS["seed"].max
+    assert views.sweep_seeds(str(top), 1) == (range(top, top + 1), [])
+    for text, error in (
+        ("seven", f"first seed: cannot read 'seven'; expected an integer in [0, {top}]"),
+        ("-1", f"first seed must be in [0, {top:,}], got -1"),
+        ("99999999999999999999",
+         f"first seed must be in [0, {top:,}], got 99,999,999,999,999,999,999"),
+        (str(top), f"first seed + seeds per λ − 1 must be at most {top:,} (the largest seed), "
+         f"got {top + 1:,}"),
+    ):  # fmt: skip
+        assert views.sweep_seeds(text, 2) == (range(0), [error]), text

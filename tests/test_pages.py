@@ -9,7 +9,7 @@ import contextlib
 import sqlite3
 
 import pytest
-from conftest import TINY, app, read_only_folder, trajectory_steps, wait_until
+from conftest import TINY, app, read_only_folder, set_field, trajectory_steps, wait_until
 from streamlit.testing.v1 import AppTest
 
 from gae_core import metrics as M
@@ -21,7 +21,7 @@ from pages import _ui
 
 def set_fields(at: AppTest, values: dict) -> None:
     for name, value in values.items():
-        at.number_input(key=f"train.{name}").set_value(value)
+        set_field(at, f"train.{name}", value)
     at.run()
 
 
@@ -276,16 +276,16 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     from gae_core.agent.presets import preset_values
 
     at = app("pages/train.py")
-    assert at.number_input(key="train.total_steps").value == 500_000  # CartPole's preset
+    assert at.text_input(key="train.total_steps").value == "500000"  # CartPole's preset
     assert any("CartPole-v1's A2C preset" in e.label for e in at.expander)  # and why it is so
-    at.number_input(key="train.seed").set_value(7).run()  # a choice no preset makes
+    at.text_input(key="train.seed").set_value("7").run()  # a choice no preset makes
     at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
-    assert at.number_input(key="train.seed").value == 7  # kept
+    assert at.text_input(key="train.seed").value == "7"  # kept
     assert [t.value for t in at.toast] == [
         "Pendulum-v1, A2C: the tuned settings are its preset; the others are as you left them."
     ]
     preset = preset_values("Pendulum-v1")
-    assert at.number_input(key="train.total_steps").value == preset["total_steps"] == 1_000_000
+    assert at.text_input(key="train.total_steps").value == str(preset["total_steps"]) == "1000000"
     assert at.number_input(key="train.gamma").value == 0.9
     assert at.checkbox(key="train.normalize_observations").value is True
     assert at.selectbox(key="train.lr_schedule").value == "linear"
@@ -296,8 +296,8 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     at.selectbox(key="train.algo").set_value("ppo").run()
     ppo = preset_values("Pendulum-v1", "ppo")
     for name in ("rollout_steps", "num_envs", "minibatch_size", "n_epochs", "total_steps"):
-        assert at.number_input(key=f"train.{name}").value == ppo[name], name
-    assert at.number_input(key="train.seed").value == 7
+        assert at.text_input(key=f"train.{name}").value == str(ppo[name]), name
+    assert at.text_input(key="train.seed").value == "7"
     assert any("Pendulum-v1's PPO preset" in e.label for e in at.expander)
     assert not at.error and not at.button(key="train.start").disabled
 
@@ -310,20 +310,82 @@ def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     at.number_input(key="train.gamma").set_value(1.5).run()
     assert [e.value for e in at.error] == ["γ (gamma) must be in [0.0, 1.0], got 1.5"]
     assert at.button(key="train.start").disabled
-    at.number_input(key="train.num_envs").set_value(0).run()
-    at.number_input(key="train.rollout_steps").set_value(5000).run()
+    at.text_input(key="train.num_envs").set_value("0").run()
+    at.text_input(key="train.rollout_steps").set_value("5000").run()
     assert [e.value for e in at.error] == [
         "γ (gamma) must be in [0.0, 1.0], got 1.5",
         "envs (num_envs) must be in [1, 1024], got 0",
         "rollout steps must be in [1, 4096], got 5000",
     ]
-    at.number_input(key="train.total_steps").set_value(0).run()  # a label with parentheses
+    at.text_input(key="train.total_steps").set_value("0").run()  # a label with parentheses
     assert "budget (env steps, total_steps) must be in [1, " in at.error[0].value
-    at.number_input(key="train.total_steps").set_value(10_000).run()
+    at.text_input(key="train.total_steps").set_value("10000").run()
     at.number_input(key="train.gamma").set_value(0.99).run()
-    at.number_input(key="train.num_envs").set_value(8).run()
-    at.number_input(key="train.rollout_steps").set_value(5).run()
+    at.text_input(key="train.num_envs").set_value("8").run()
+    at.text_input(key="train.rollout_steps").set_value("5").run()
     assert not at.error and not at.button(key="train.start").disabled
+
+
+def test_an_int_field_takes_any_text_and_says_in_words_what_is_wrong(data_dir):
+    """A seed past 2^53 (a browser number box refused it with a red mark and never sent it, so
+    the form could not say why): the box is text, the form names the field and its range and
+    Start is disabled; separators, underscores and spaces are read."""
+    at = app("pages/train.py")
+    at.text_input(key="train.seed").set_value("99999999999999999999").run()
+    assert [e.value for e in at.error] == [
+        "seed must be in [0, 2147483647], got 99999999999999999999"
+    ]
+    assert at.button(key="train.start").disabled
+    at.text_input(key="train.seed").set_value("7 seeds").run()
+    assert [e.value for e in at.error] == [
+        "seed: cannot read '7 seeds'; expected an integer in [0, 2147483647]"
+    ]
+    assert at.button(key="train.start").disabled
+    at.text_input(key="train.seed").set_value(" 42 ").run()
+    assert not at.error and not at.button(key="train.start").disabled
+    # "1,000" and "1_024" are read as numbers: the form's warning quotes them back
+    at.text_input(key="train.total_steps").set_value("1,000").run()
+    at.text_input(key="train.num_envs").set_value("1_024").run()
+    assert not at.error and not at.button(key="train.start").disabled
+    assert any(
+        w.value.startswith("budget (env steps, total_steps) (1,000) is smaller than one update")
+        and "= 5,120)" in w.value  # 1,024 envs × the preset's 5 steps
+        for w in at.warning
+    ), [w.value for w in at.warning]
+    assert at.text_input(key="train.total_steps").value == "1,000"  # the box keeps the text
+    at.text_input(key="train.total_steps").set_value("1.5e3").run()
+    assert any("(1,500) is smaller than one update" in w.value for w in at.warning)
+    at.text_input(key="train.total_steps").set_value("1,0").run()  # not a thousands separator
+    assert [e.value for e in at.error] == [
+        "budget (env steps, total_steps): cannot read '1,0'; expected an integer in "
+        "[1, 10000000000]"
+    ]
+
+
+def test_the_sweep_forms_int_fields_and_first_seed_say_in_words_what_is_wrong(data_dir):
+    """The compare page's launch form: its config fields are the Train page's text boxes, and
+    its first seed too: a value past 2^53 is named with its range and blocks Launch."""
+    at = app("pages/compare.py")
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
+    at.text_input(key="cmp.first_seed").set_value("99999999999999999999").run()
+    assert [e.value for e in at.error] == [
+        "first seed must be in [0, 2,147,483,647], got 99,999,999,999,999,999,999"
+    ]
+    assert at.button(key="cmp.launch").disabled
+    at.text_input(key="cmp.first_seed").set_value("seven").run()
+    assert [e.value for e in at.error] == [
+        "first seed: cannot read 'seven'; expected an integer in [0, 2147483647]"
+    ]
+    assert at.button(key="cmp.launch").disabled
+    at.text_input(key="cmp.first_seed").set_value("1,000").run()
+    assert not at.error and not at.button(key="cmp.launch").disabled
+    at.text_input(key="cmp.total_steps").set_value("99999999999999999999").run()
+    assert [e.value for e in at.error] == [
+        "budget (env steps, total_steps) must be in [1, 10000000000], got 99999999999999999999"
+    ]
+    assert at.button(key="cmp.launch").disabled
+    at.text_input(key="cmp.total_steps").set_value(" 1_500 ").run()
+    assert not at.error and not at.button(key="cmp.launch").disabled
 
 
 def test_rename_confirms_and_retention_thins_checkpoints(data_dir):
@@ -387,12 +449,12 @@ def test_the_train_form_keeps_what_the_user_typed_across_pages(data_dir):
     """Going to another page and back does not reset the form to CartPole's preset."""
     at = app("pages/train.py")
     at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
-    at.number_input(key="train.seed").set_value(7).run()
+    at.text_input(key="train.seed").set_value("7").run()
     at.number_input(key="train.gamma").set_value(0.95).run()
     at.switch_page("pages/runs.py").run()
     assert not at.exception
     at.switch_page("pages/train.py").run()
     assert not at.exception
     assert at.selectbox(key="train.env_id").value == "Pendulum-v1"
-    assert at.number_input(key="train.seed").value == 7
+    assert at.text_input(key="train.seed").value == "7"
     assert at.number_input(key="train.gamma").value == 0.95

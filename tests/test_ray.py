@@ -186,7 +186,7 @@ def test_the_compare_page_launches_a_sweep_on_ray(data_dir, local_ray):
     at.text_input(key="cmp.lambdas").set_value("0.9, 1").run()
     at.number_input(key="cmp.seeds").set_value(1).run()
     at.number_input(key="cmp.workers").set_value(4).run()  # more than this machine's cores
-    at.number_input(key="cmp.total_steps").set_value(1500).run()
+    at.text_input(key="cmp.total_steps").set_value("1500").run()
     at.button(key="cmp.launch").click().run()
     assert not at.exception
     store = RunStore(data_dir)

@@ -3,6 +3,7 @@ choices, help, label, flag names, and how a value typed as text is read."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +13,17 @@ from gae_core.labels import label
 __all__ = ["FieldSpec", "parse_int"]
 
 
+#: Thousands written with commas: 1,000 or 12,345,678 (never 1,0 or 1,0000, a typo to refuse).
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
+
+
 def parse_int(text: str) -> int:
-    """An integer typed as text: ``100000``, ``100_000`` or ``1e6``; ``ValueError`` otherwise."""
+    """An integer typed as text: ``100000``, ``100_000``, ``100,000`` or ``1e6``, with spaces
+    around it; ``ValueError`` otherwise. Any size is read (a range check is the caller's), so a
+    form can say that a 20-digit seed is out of range rather than unreadable."""
     text = str(text).strip()
+    if _THOUSANDS.fullmatch(text):
+        text = text.replace(",", "")
     try:
         return int(text)
     except ValueError:
@@ -68,6 +77,8 @@ class FieldSpec:
             return "true or false"
         if self.kind == "int_list":
             return f"1 to 8 integers in [{self.min}, {self.max}], written 64x64 or '64, 64'"
+        if self.kind == "int":  # every digit: 2147483647, not 2.14748e+09
+            return f"an integer in [{self.min}, {self.max}]"
         return f"in [{self.min:g}, {self.max:g}]"
 
     def parse(self, text: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from gae_core import metrics as M
-from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems
+from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems, parse_int
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
@@ -34,6 +34,7 @@ __all__ = [
     "parse_float_list",
     "progress",
     "status_text",
+    "sweep_seeds",
 ]
 
 #: Fields shown first in the form; the rest go under "Advanced".
@@ -54,8 +55,8 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     """Validate form values: ``(config or None, errors, warnings)``.
 
     Fields the form leaves out (the λ comparison's λ and seed) come from the preset of the env
-    and algorithm. Text
-    values (a list typed into a text box) are read with the field's own parser. Errors make the
+    and algorithm. Text values (an integer or a list typed into a text box: ``"1,000"``,
+    ``"64, 64"``) are read with the field's own parser. Errors make the
     config unusable (the Start button stays disabled); there is one per invalid field, all at
     once, each naming the field as the form labels it (:func:`field_message`). Warnings explain
     combinations that are valid but probably not what the user wants.
@@ -66,7 +67,7 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     unread = {}
     for name, value in values.items():
         spec = FIELD_SPECS.get(name)
-        if spec is not None and spec.kind == "int_list" and isinstance(value, str):
+        if spec is not None and spec.kind in ("int", "int_list") and isinstance(value, str):
             try:
                 values[name] = spec.parse(value)
             except ConfigError as error:
@@ -82,6 +83,26 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     except ConfigError as error:  # (field_problems checks what this does; kept as a guard)
         return None, [str(error)], []
     return config, [], config_warnings(config)
+
+
+def sweep_seeds(first: str, count: int) -> tuple[range, list[str]]:
+    """The seeds of a sweep's ``count`` replicates from the first seed typed as text
+    (``"1,000"``: 1000 to 1000 + count − 1), and the errors that block its launch, each naming
+    the first seed and the range it allows (empty seeds with one)."""
+    spec, lambda_ = FIELD_SPECS["seed"], label("lambda_")
+    try:
+        start = parse_int(first)
+    except ValueError:
+        return range(0), [f"first seed: cannot read {first!r}; expected {spec.allowed}"]
+    if not spec.min <= start <= spec.max:
+        return range(0), [f"first seed must be in [{spec.min:,}, {spec.max:,}], got {start:,}"]
+    seeds = range(start, start + count)
+    if seeds[-1] > spec.max:
+        return range(0), [
+            f"first seed + seeds per {lambda_} − 1 must be at most {spec.max:,} (the largest "
+            f"seed), got {seeds[-1]:,}"
+        ]
+    return seeds, []
 
 
 def form_name(name: str) -> str:
