@@ -300,6 +300,11 @@ if episodes.empty:
     st.stop()
 used = set(episodes["run_id"])  # the runs the figures draw (those with a finished episode)
 runs = [r for r in picked if r.id in used]
+# every CSV below leads with what made it: the sweep (or the runs picked), the runs left out,
+# the grouping and the metric, and then its own settings
+made_by = provenance.csv_made_by(
+    sweep_id if source == "a sweep" else None, run_ids, [r.id for r in runs], group
+)
 envs = sorted({r.config.get("env_id") for r in runs})
 if len(envs) > 1:
     st.warning(f"These runs come from different environments ({', '.join(envs)}): their "
@@ -351,11 +356,13 @@ figure, frame = compare_figures.comparison_figure(
 )
 st.plotly_chart(figure, key="cmp.curves", config={"displaylogo": False})
 downloads = st.columns(3)
+curve_made_by = {**made_by, "running_mean_episodes": window, "x_axis": "env_step"}
 with downloads[0]:
     _ui.csv_button("Curves CSV (each seed on the grid)", aligned, "curves.csv",
-                   "cmp.curves_csv")  # fmt: skip
-with downloads[1]:
-    _ui.csv_button("Bands CSV", frame, "bands.csv", "cmp.bands_csv")
+                   "cmp.curves_csv", curve_made_by)  # fmt: skip
+with downloads[1]:  # (which statistic: the frame's own column)
+    _ui.csv_button("Bands CSV", frame, "bands.csv", "cmp.bands_csv",
+                   {**curve_made_by, "interval": stats.INTERVAL_DEFINITION})  # fmt: skip
 
 summary = compare.summary_table(episodes, group=group, threshold=threshold)
 scores = compare.seed_scores(episodes, group=group)
@@ -420,7 +427,9 @@ st.caption(
 with downloads[2]:
     # "not reached" (inf in the table) is an empty cell in the CSV, as a spreadsheet expects
     exported = summary.replace([math.inf, -math.inf], math.nan)
-    _ui.csv_button("Summary CSV", exported, "summary.csv", "cmp.summary_csv")
+    _ui.csv_button("Summary CSV", exported, "summary.csv", "cmp.summary_csv",
+                   {**made_by, "final_return_episodes": SOLVED_WINDOW, "reward_threshold":
+                    threshold, "interval": stats.INTERVAL_DEFINITION})  # fmt: skip
 if second:
     st.subheader(f"{label(second)} × {label(group)}")
     choices = [s for s in grid.SCORES if threshold is not None or s != "steps_to_threshold"]
@@ -438,7 +447,9 @@ if second:
         f"{stats.INTERVAL_DEFINITION} interval and the mean on hover. "
         + " ".join(grid.MARKS.values())
     )
-    _ui.csv_button("Grid CSV (the cells drawn)", drawn, "grid.csv", "cmp.grid_csv")
+    _ui.csv_button("Grid CSV (the cells drawn)", drawn, "grid.csv", "cmp.grid_csv",
+                   {**made_by, "second_axis": second, "score": grid_score, "reward_threshold":
+                    threshold, "interval": stats.INTERVAL_DEFINITION})  # fmt: skip
 with st.expander("Methods and provenance (to cite these figures)"):
     st.code(provenance.methods_text(record), language=None, wrap_lines=True)
     _ui.download_button(
@@ -460,10 +471,12 @@ with left:
         stats.improvement_matrix(groups), group, label(pair_score)
     )
     st.plotly_chart(figure, key="cmp.improvement", config={"displaylogo": False})
-    _ui.csv_button("Improvement CSV", matrix, "improvement.csv", "cmp.improvement_csv")
+    _ui.csv_button("Improvement CSV", matrix, "improvement.csv", "cmp.improvement_csv",
+                   {**made_by, "score": label(pair_score)})  # fmt: skip
 with right:
     figure, profile = compare_figures.profile_figure(
         stats.performance_profile(groups), group, label(pair_score)
     )
     st.plotly_chart(figure, key="cmp.profile", config={"displaylogo": False})
-    _ui.csv_button("Profile CSV", profile, "profile.csv", "cmp.profile_csv")
+    _ui.csv_button("Profile CSV", profile, "profile.csv", "cmp.profile_csv",
+                   {**made_by, "score": label(pair_score)})  # fmt: skip

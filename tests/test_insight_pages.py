@@ -17,7 +17,7 @@ import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, TrainConfig
 from gae_core.inert import to_csv
-from gae_core.insight import compare, explorer
+from gae_core.insight import compare, explorer, stats
 from gae_core.lab import chain
 from gae_core.runs.sweep import grid_of, run_sweep
 from gae_core.storage.store import RunStore
@@ -227,7 +227,9 @@ def test_explorer_states_its_units_and_draws_values_in_reward_units(data_dir):
 
 
 @pytest.mark.slow
-def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir):
+def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_dir, monkeypatch):
+    handed: dict[str, object] = {}
+    monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
     at = app("pages/compare.py")
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
     assert at.number_input(key="cmp.seeds").value == 10  # a new study defaults to 10 seeds
@@ -310,6 +312,28 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in methods
     assert "confound" not in methods and not any("also differ" in w.value for w in at.warning)
     assert not any("not finished" in w.value for w in at.warning)
+    # every CSV names its sweep (not its runs), the grouping and its own settings, ahead of
+    # the columns it held before, unchanged
+    every = {"sweep_id": sweep_id, "left_out": "", "group_by": "lambda_",
+             "metric": M.EPISODIC_RETURN.key}  # fmt: skip
+    settings = {
+        "curves.csv": {"running_mean_episodes": 10, "x_axis": "env_step"},
+        "bands.csv": {"running_mean_episodes": 10, "statistic": "iqm"},
+        "summary.csv": {"final_return_episodes": 100, "reward_threshold": 475.0},
+        "improvement.csv": {"score": "final return"},
+        "profile.csv": {"score": "final return"},
+    }
+    assert set(handed) == set(settings)
+    for name, own in settings.items():
+        assert "run_ids" not in handed[name], name  # a sweep's trials are its id's to name
+        for column, value in {**every, **own}.items():
+            assert set(handed[name][column]) == {value}, (name, column, set(handed[name][column]))
+    episodes = compare.episodes_frame(store, [r.id for r in trials], "lambda_")
+    _, aligned = compare.aggregate_curves(episodes, group="lambda_", window=10)
+    pd.testing.assert_frame_equal(handed["curves.csv"][list(aligned)], aligned)
+    table = compare.summary_table(episodes, group="lambda_", threshold=475.0)
+    table = table.replace([np.inf, -np.inf], np.nan)
+    pd.testing.assert_frame_equal(handed["summary.csv"][list(table)], table)
     # a run marked stopped (a Stop before its budget would leave that status; its episodes
     # here reach the budget): the page says so, and where the curves and AUCs end
     store.finish_run(trials[0].id, "stopped")
@@ -323,6 +347,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert leave_out.label == "Leave out the 1 run that has not finished its budget"
     leave_out.check().run()
     assert not any("not finished" in w.value for w in at.warning)
+    assert set(handed["summary.csv"]["left_out"]) == {trials[0].id}  # the CSVs say so
     assert any(c.value.startswith("3 runs of A2C with GAE") for c in at.code)
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
@@ -403,7 +428,9 @@ def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     assert "(a confound): learning_rate ∈ {0.001, 0.01}." in methods
 
 
-def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
+def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
+    handed: dict[str, object] = {}
+    monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
     store = RunStore(data_dir)
     ids = runs_of_three_widths(store)
     # the first run trained again, less far: one replicate, counted once and named
@@ -426,6 +453,40 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir):
     (methods,) = [c.value for c in at.code if c.value.startswith("6 runs of A2C")]
     assert "hidden sizes ∈ {16x16, 64x64, 128x128}, 2 seeds per value." in methods
     assert f"which trained at least as far: {again} → {ids[0]}." in methods
+    # every CSV leads with what made it: the runs it compares (picked, not one sweep), the run
+    # left out, the grouping, the metric and the settings its numbers depend on; its own
+    # columns follow, unchanged
+    at.selectbox(key="cmp.second.runs").set_value("lambda_").run()  # the grid's CSV too
+    assert not at.exception
+    drawn = " ".join(i for i in ids if i != again)
+    every = {"run_ids": drawn, "left_out": again, "group_by": "hidden_sizes",
+             "metric": M.EPISODIC_RETURN.key}  # fmt: skip
+    curves = {"running_mean_episodes": 10, "x_axis": "env_step"}
+    # (runs that never finished have no stored threshold: no solved columns, none said)
+    scores = {"interval": stats.INTERVAL_DEFINITION, "reward_threshold": None}
+    settings = {
+        "curves.csv": curves,
+        "bands.csv": {**curves, "statistic": "iqm", "interval": stats.INTERVAL_DEFINITION},
+        "summary.csv": {**scores, "final_return_episodes": 100},
+        "grid.csv": {**scores, "second_axis": "lambda_", "score": "final_return"},
+        "improvement.csv": {"score": "final return"},
+        "profile.csv": {"score": "final return"},
+    }
+    assert set(handed) == set(settings)
+    for name, own in settings.items():
+        made_by = {**every, **own}
+        frame = handed[name]
+        assert "sweep_id" not in frame, name
+        for column, value in made_by.items():
+            assert set(frame[column]) == {value}, (name, column, set(frame[column]))
+        leading = [c for c in frame.columns if c in made_by and c not in ("score", "statistic")]
+        assert list(frame.columns)[: len(leading)] == leading, name
+    episodes = compare.episodes_frame(store, [i for i in ids if i != again], "hidden_sizes")
+    _, aligned = compare.aggregate_curves(episodes, group="hidden_sizes", window=10)
+    pd.testing.assert_frame_equal(handed["curves.csv"][list(aligned)], aligned)
+    summary = compare.summary_table(episodes, group="hidden_sizes")
+    summary = summary.replace([np.inf, -np.inf], np.nan)
+    pd.testing.assert_frame_equal(handed["summary.csv"][list(summary)], summary)
     # grouped by a field these runs do not use, the page says the groups differ in name only
     at.selectbox(key="cmp.group").set_value("critic_lambda").run()
     assert not at.exception

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from gae_core import metrics as M
 from gae_core.agent.config import BOOKKEEPING_FIELDS, FIELD_SPECS
 from gae_core.insight import stats
 from gae_core.insight.compare import CURVE_POINTS, SHARED_SEED, effective_config
@@ -25,7 +26,7 @@ from gae_core.labels import algorithm_name, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.version import loaded_version
 
-__all__ = ["config_spread", "methods_record", "methods_text"]
+__all__ = ["config_spread", "csv_made_by", "methods_record", "methods_text"]
 
 
 def _order(value: Any) -> tuple:
@@ -101,6 +102,26 @@ def methods_record(
         "shared_config": shared,
         "also_varies": varying,
         "statistics": {**_curve(statistic, window), **_scores()},
+    }
+
+
+def csv_made_by(
+    sweep_id: str | None, run_ids: Sequence[str], used: Sequence[str], group: str
+) -> dict[str, Any]:
+    """What every CSV of a comparison leads with (``made_by`` of
+    :func:`~gae_core.insight.exports.with_provenance`), so a file says what it holds wherever
+    it goes: the sweep its runs come from (``sweep_id``), or for runs picked one by one the
+    runs its numbers use (``run_ids``, space-separated); the runs of ``run_ids`` (the sweep's
+    or those picked) it leaves out (``left_out``: repeats, unfinished runs left out, runs
+    without a finished episode; empty if none); the field grouping them (``group_by``) and
+    the metric its scores are of. A page adds each CSV's own settings (its window, score)."""
+    kept = set(used)
+    where = {"sweep_id": sweep_id} if sweep_id is not None else {"run_ids": " ".join(used)}
+    return {
+        **where,
+        "left_out": " ".join(r for r in run_ids if r not in kept),
+        "group_by": group,
+        "metric": M.EPISODIC_RETURN.key,
     }
 
 
