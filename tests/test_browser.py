@@ -899,3 +899,134 @@ def test_compare_draws_a_gamma_by_lambda_study_as_a_heat_map(app_page, app_serve
     assert "AUC" in page.evaluate(HEATMAP_JS)["title"]
     assert page.locator('[data-testid="stException"]').count() == 0
     screenshot(page, "compare_grid")
+
+
+# A value no label column may hold: a Python object's repr (the lab's critic column once read
+# "<function label at 0x7ff8…>").
+OBJECT_REPR = re.compile(r"<[^>]* at 0x[0-9a-f]+>")
+
+
+def says_what_it_holds(frame: pd.DataFrame, **made_by) -> None:
+    """``frame`` (a downloaded CSV) names what made it in its own columns, and no text column
+    holds an object's repr instead of a label."""
+    for column, value in made_by.items():
+        assert column in frame, (column, list(frame.columns)[:12])
+        assert set(frame[column].astype(str)) == {str(value)}, (column, set(frame[column]))
+    for column in [c for c in frame if pd.api.types.is_string_dtype(frame[c])]:
+        bad = frame[column].astype(str).str.contains(OBJECT_REPR)
+        assert not bad.any(), (column, frame[column][bad].iloc[0])
+
+
+def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
+    app_page, app_server
+):
+    """One task end to end, as a new user does it: train CartPole (a double-click on Start
+    starts one run), explore it from the Train page's link, measure its checkpoint in the lab
+    from the explorer, launch a λ sweep (a double-click on Launch launches one) and compare it,
+    then train a MuJoCo env. Every page opens on what it was sent from; every CSV on the way
+    names its run (or sweep) and settings and its label columns hold labels; no text on any of
+    these pages is cut off at 1400 × 900."""
+    page, store = app_page, store_of(app_server)
+    cut: dict[str, list] = {}
+
+    def look_for_cut_text(where: str) -> None:
+        page.wait_for_timeout(300)
+        if found := page.evaluate(CUT_OFF_JS):
+            cut[where] = found
+
+    def no_exception() -> None:
+        assert page.locator('[data-testid="stException"]').count() == 0
+
+    # Train, double-clicking Start
+    open_page(page, app_server, "train")
+    known = {r.id for r in store.list_runs()}
+    set_number(page, "train-total_steps", 3000)  # a checkpoint at its end
+    page.locator(".st-key-train-start button").dblclick()
+    assert wait_until(lambda: len(store.list_runs()) > len(known), 15)
+    page.wait_for_timeout(2_000)  # a second run would be stored by now
+    (run_id,) = {r.id for r in store.list_runs()} - known
+    assert wait_until(lambda: store.get_run(run_id).status == "finished", 120)
+    page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
+    wait_idle(page)
+    assert f"run={run_id}" in page.url
+    config = store.get_run(run_id).config
+    _, frame = download_csv(page, page.locator(".st-key-train-csv-episodic_return a"))
+    says_what_it_holds(frame, run_id=run_id, lambda_=config["lambda_"], seed=config["seed"])
+    look_for_cut_text("train")
+
+    # Explore this run: the explorer opens on it
+    page.get_by_role("link", name="Explore this run").click()
+    page.wait_for_function("() => location.pathname.endsWith('/explorer')", timeout=30_000)
+    page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=60_000)
+    wait_idle(page)
+    assert page.locator(".st-key-ex-run input").input_value().endswith(run_id)
+    policy = store.checkpoint_steps(run_id)[-1]
+    for key in ("ex-csv", "ex-heat_csv", "ex-weights_csv"):
+        _, frame = download_csv(page, page.locator(f".st-key-{key} button"))
+        says_what_it_holds(frame, run_id=run_id, policy_step=policy, gamma=config["gamma"])
+    look_for_cut_text("explorer")
+    no_exception()
+
+    # Measure this checkpoint: the lab opens on the run and checkpoint
+    page.get_by_role("button", name="Measure this checkpoint in the Estimator lab").click()
+    page.wait_for_function("() => location.pathname.endsWith('/lab')", timeout=30_000)
+    page.locator(".st-key-lab-start button").wait_for(timeout=30_000)
+    wait_idle(page)
+    assert f"run={run_id}" in page.url and f"policy={policy}" in page.url
+    assert page.locator(".st-key-lab-run input").input_value().endswith(run_id)
+    assert page.locator(".st-key-lab-policy input").input_value() == f"{policy}"
+    for key, value in {"states": 4, "rollouts": 4, "k": 4, "segment": 20}.items():
+        set_number(page, f"lab-{key}", value)
+    page.locator(".st-key-lab-start button").click()
+    page.locator(".st-key-lab-result-gae_csv button").wait_for(timeout=180_000)
+    wait_idle(page)
+    page.get_by_text(re.compile(r"Least MSE at λ = [0-9.]+:")).first.wait_for()
+    for key in ("gae_csv", "k_csv", "one_csv", "ps", "st"):
+        _, frame = download_csv(page, page.locator(f".st-key-lab-result-{key} button"))
+        says_what_it_holds(frame, run_id=run_id, policy_step=policy)
+        if "critic" in frame:  # every critic's rows, each named by its label
+            assert frame["critic"].astype(str).str.fullmatch(r"critic [0-9,]+").all()
+    look_for_cut_text("lab")
+    no_exception()
+
+    # A λ sweep, double-clicking Launch, then compared
+    open_page(page, app_server, "compare")
+    sweeps = {s.id for s in store.list_sweeps()}
+    page.locator(".st-key-cmp-view").get_by_text("Launch a sweep", exact=True).click()
+    field = page.locator(".st-key-cmp-lambdas input")
+    field.fill("0.5, 1")
+    field.press("Enter")
+    wait_idle(page)
+    for key, value in {"seeds": 2, "workers": 2, "total_steps": 1500}.items():
+        set_number(page, f"cmp-{key}", value)
+    page.locator(".st-key-cmp-launch button").dblclick()
+    assert wait_until(lambda: len({s.id for s in store.list_sweeps()} - sweeps) >= 1, 30)
+    page.wait_for_timeout(2_000)
+    (sweep_id,) = {s.id for s in store.list_sweeps()} - sweeps
+    assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 180)
+    page.locator(".st-key-cmp-go_compare button").click(timeout=60_000)
+    page.locator(".st-key-cmp-curves .js-plotly-plot").wait_for(timeout=60_000)
+    wait_idle(page)
+    assert f"sweep={sweep_id}" in page.url
+    for key in ("curves_csv", "bands_csv", "summary_csv"):
+        _, frame = download_csv(page, page.locator(f".st-key-cmp-{key} button"))
+        says_what_it_holds(frame, sweep_id=sweep_id)
+    look_for_cut_text("compare")
+    no_exception()
+
+    # A MuJoCo env from the same form
+    open_page(page, app_server, "train")
+    page.locator(".st-key-train-env_id").click()
+    page.get_by_role("option", name="InvertedPendulum-v5", exact=True).click()
+    wait_idle(page)
+    set_number(page, "train-total_steps", 2000)
+    known = {r.id for r in store.list_runs()}
+    page.locator(".st-key-train-start button").click()
+    assert wait_until(lambda: len(store.list_runs()) > len(known), 15)
+    (mujoco,) = {r.id for r in store.list_runs()} - known
+    assert store.get_run(mujoco).config["env_id"] == "InvertedPendulum-v5"
+    assert wait_until(lambda: store.get_run(mujoco).status == "finished", 120)
+    page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
+    look_for_cut_text("train (MuJoCo)")
+    no_exception()
+    assert cut == {}
