@@ -93,16 +93,21 @@ def all_from_url(name: str, options: Sequence[_T], fallback: list[_T]) -> list[_
     return list(dict.fromkeys(chosen)) or fallback
 
 
+def _texts(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
 def to_url(**selection: Any) -> None:
-    """Write the page's selection into the URL (``run=…&policy=…``; a list as repeated keys)
-    and the session's context; a parameter that already holds the value is left alone."""
+    """Write the page's selection into the URL (``run=…&policy=…``; a list as repeated keys,
+    an empty list as none: nothing chosen) and the session's context; a parameter that
+    already holds the value is left alone."""
     context = st.session_state.setdefault(_CONTEXT, {})
     written = st.session_state.setdefault(_WRITTEN, {})
-    if "run" in selection and context.get("run") != [str(selection["run"])]:
+    if "run" in selection and context.get("run") != _texts(selection["run"]):
         for name in _PER_RUN:  # another run's checkpoints and trajectory mean nothing here
             context.pop(name, None)
     for name, value in selection.items():
-        texts = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+        texts = _texts(value)
         context[name] = written[name] = texts
         if st.query_params.get_all(name) != texts:
             st.query_params[name] = texts if isinstance(value, list | tuple) else texts[0]

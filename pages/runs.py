@@ -1,6 +1,7 @@
 """Runs page: every run in the store; filter, sort, open, overlay, rename, delete, export."""
 
 import hashlib
+import secrets
 
 import pandas as pd
 import streamlit as st
@@ -15,6 +16,12 @@ from gae_core.storage.table import runs_frame
 from pages import _ui
 
 _ui.require_navigation("pages/runs.py")
+# The table's selection and the status filter follow the URL (``?run=…&status=…``, _ui.arrive):
+# on arrival or Back the tables' selections are forgotten, and the table is keyed anew for the
+# visit, so it starts from the URL's runs (a table the browser still showed would keep its own).
+tables = [key for key in st.session_state if str(key).startswith("runs.table.")]
+_ui.arrive("runs", ("runs.status", "runs.visit", *tables))
+visit = st.session_state.setdefault("runs.visit", secrets.token_hex(4))
 
 st.title("Runs")
 store = _ui.store()
@@ -28,7 +35,11 @@ if table.empty:
     st.info("No runs in the store yet. Start one on the Train page.")
     st.stop()
 filters = st.columns([2, 2, 3, 1], vertical_alignment="bottom")
-statuses = filters[0].multiselect("status", list(STATUSES), key="runs.status")
+statuses = filters[0].multiselect(
+    "status", list(STATUSES), default=_ui.all_from_url("status", list(STATUSES), []),
+    key="runs.status",
+)  # fmt: skip
+_ui.to_url(status=statuses)
 envs = filters[1].multiselect(
     "environment", sorted(table["env_id"].dropna().unique()), key="runs.env"
 )
@@ -52,11 +63,14 @@ def runs_view() -> None:
     """The table and the selected runs, refreshed every second while runs train."""
     shown = shown_runs()
 
-    # The table's widget key names the exact list of run ids it shows: selections are row
-    # positions, so when another process adds or deletes a run the key changes and the selection
-    # starts empty, instead of pointing at whichever run moved into the selected row.
+    # The table's widget key names the exact list of run ids it shows (and the visit):
+    # selections are row positions, so when another process adds or deletes a run the key
+    # changes and the selection starts from the URL's runs, by id, instead of pointing at
+    # whichever run moved into the selected row.
     shown_ids = shown["run_id"].tolist()
-    table_key = "runs.table." + hashlib.sha1("\n".join(shown_ids).encode()).hexdigest()[:16]
+    digest = hashlib.sha1("\n".join([visit, *shown_ids]).encode()).hexdigest()[:16]
+    table_key = f"runs.table.{digest}"
+    wanted = [shown_ids.index(i) for i in _ui.all_from_url("run", shown_ids, [])]
     on_screen = [
         "name", "run_id", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
         "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds", "error",
@@ -66,6 +80,7 @@ def runs_view() -> None:
         hide_index=True,
         on_select="rerun",
         selection_mode="multi-row",
+        selection_default={"selection": {"rows": wanted}} if wanted else None,
         key=table_key,
         column_order=on_screen,
         column_config={
@@ -94,6 +109,7 @@ def runs_view() -> None:
 
     rows = selection.selection.rows if selection else []
     selected = [shown_ids[i] for i in rows if 0 <= i < len(shown_ids)]
+    _ui.to_url(run=selected)  # none: no run in the URL or the context (nothing looked at)
     if not selected:
         st.caption("Select one run to open it, several to overlay them.")
         return

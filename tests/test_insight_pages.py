@@ -706,6 +706,12 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert links["Explore this run"] == ("explorer", f"run={recorded_run}"), links
     assert links["Measure it in the lab"] == ("lab", f"run={recorded_run}"), links
     assert "Compare its sweep" not in links
+    # … and so does the Runs page, whose selection is in its URL too
+    at.query_params.clear()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception
+    assert at.query_params["run"] in (recorded_run, [recorded_run])
+    assert at.text_input(key=f"runs.name.{recorded_run}")  # the run is open below the table
 
     fresh = AppTest.from_file("../dashboard.py", default_timeout=60)  # another tab, a bad link
     fresh.query_params.update(run="no-such-run", policy="123")
@@ -714,3 +720,9 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert not fresh.exception
     assert fresh.selectbox(key="ex.run").value == newest
     assert fresh.selectbox(key="ex.policy").value == store.checkpoint_steps(newest)[-1]
+    pasted = AppTest.from_file("../dashboard.py", default_timeout=60)  # a link to the Runs page
+    pasted.query_params.update(run=recorded_run)
+    pasted.run()
+    pasted.switch_page("pages/runs.py").run()
+    assert not pasted.exception
+    assert pasted.text_input(key=f"runs.name.{recorded_run}")

@@ -163,6 +163,78 @@ def test_runs_selection_follows_run_ids_when_another_process_adds_a_run(data_dir
     assert at.text_input(key=f"runs.name.{older}").value == "older run"  # rename acts on the id
 
 
+def _from_url(at, name: str) -> list[str]:
+    """What the page's URL holds under ``name`` (AppTest keeps one value as a string)."""
+    value = at.query_params.get(name, [])
+    return [value] if isinstance(value, str) else list(value)
+
+
+def test_the_runs_page_keeps_its_selection_and_status_filter_in_the_url(data_dir):
+    """A pasted ``/runs?run=ID`` opens with that run selected; the runs and statuses the user
+    chooses are written back (a reload or Back opens the same view); a URL that changes under
+    the page wins over the table; with nothing selected the URL names no run; reached without
+    one, the page opens on the run the user last looked at."""
+    store = RunStore(data_dir)
+    ids = {}
+    for name, status in (("first", "finished"), ("second", "stopped"), ("third", "failed")):
+        ids[name] = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name=name)
+        store.finish_run(ids[name], status)
+
+    def opened() -> list[str]:
+        return [n for n in ids for m in at.markdown if "—" in m.value and f"**{n}**" in m.value]
+
+    at = AppTest.from_file("../dashboard.py", default_timeout=60)
+    at.query_params["run"] = ids["second"]
+    at.run()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception
+    assert opened() == ["second"]
+    # the user's choice reaches the URL: two runs, in the order chosen
+    shown = at.dataframe[0].value["run_id"].tolist()
+    rows = [shown.index(ids["first"]), shown.index(ids["third"])]
+    at.session_state[_table_key(at)] = {"selection": {"rows": rows, "columns": [], "cells": []}}
+    at.run()
+    assert _from_url(at, "run") == [ids["first"], ids["third"]]
+    assert at.selectbox(key="runs.metric")  # overlaid
+    # a status filter reaches it too; the selected run it hides leaves the selection
+    at.multiselect(key="runs.status").set_value(["failed", "stopped"]).run()
+    assert _from_url(at, "status") == ["failed", "stopped"]
+    assert set(at.dataframe[0].value["run_id"]) == {ids["second"], ids["third"]}
+    assert opened() == ["third"] and _from_url(at, "run") == [ids["third"]]
+    # Back (the URL changes under the page): the URL's run wins over the table
+    at.query_params["run"] = ids["second"]
+    at.run()
+    assert not at.exception and opened() == ["second"]
+    # nothing selected: no run in the URL, so a reload opens none
+    at.session_state[_table_key(at)] = {"selection": {"rows": [], "columns": [], "cells": []}}
+    at.run()
+    assert _from_url(at, "run") == [] and opened() == []
+    # … and a run another process adds (a new table) selects nothing either
+    ids["fourth"] = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="fourth")
+    store.finish_run(ids["fourth"], "failed")
+    at.run()
+    assert len(at.dataframe[0].value) == 3 and opened() == []
+    # reached without a URL (the sidebar), it opens on the run the user last looked at
+    at.session_state[_table_key(at)] = {"selection": {"rows": [0], "columns": [], "cells": []}}
+    at.run()
+    last = _from_url(at, "run")
+    at.query_params.clear()
+    at.switch_page("pages/train.py").run()
+    assert at.selectbox(key="train.view").value == last[0]
+    at.query_params.clear()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception
+    assert [ids[n] for n in opened()] == last
+    assert at.multiselect(key="runs.status").value == ["failed", "stopped"]
+    # a pasted link with a status filter, in another tab
+    fresh = AppTest.from_file("../dashboard.py", default_timeout=60)
+    fresh.query_params.update(status="finished")
+    fresh.run()
+    fresh.switch_page("pages/runs.py").run()
+    assert fresh.multiselect(key="runs.status").value == ["finished"]
+    assert fresh.dataframe[0].value["run_id"].tolist() == [ids["first"]]
+
+
 def test_overlaying_runs_of_different_envs_warns(data_dir):
     store = RunStore(data_dir)
     for env_id in ("CartPole-v1", "Acrobot-v1"):
