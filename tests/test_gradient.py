@@ -16,7 +16,7 @@ from gae_core.agent.config import TrainConfig
 from gae_core.agent.policy import ActorCritic
 from gae_core.agent.recording import Replay
 from gae_core.estimators import gae_lambda_sweep, k_step_advantages
-from gae_core.lab import chain
+from gae_core.lab import chain, chain_gradient
 from gae_core.lab.gradient import (
     GradientResult,
     GradientSettings,
@@ -111,8 +111,8 @@ def _chain_batches(spec, logits, critic, gamma, segment, lambdas, ks, d, batches
     """K Monte-Carlo batches of n iid samples on the chain: s ~ d, a ~ π, a continuation drawn
     from its exact path distribution, advantages by gae_core.estimators."""
     rng = np.random.default_rng(seed)
-    pi = chain.softmax_policy(logits)
-    psi = chain.score_vectors(pi)
+    pi = chain_gradient.softmax_policy(logits)
+    psi = chain_gradient.score_vectors(pi)
     table = {}  # (s, a) → (path probabilities, advantages [paths, E])
     for s in range(1, spec.n_states - 1):
         for a in (0, 1):
@@ -139,11 +139,13 @@ def test_chain_monte_carlo_gradients_agree_with_the_exact_moments():
     gamma, segment, n, batches = 0.9, 8, 16, 400
     lambdas, ks = (0.0, 0.5, 0.9, 1.0), (1, 3)
     logits = np.array([[0.0, 0.0], [0.2, -0.1], [-0.3, 0.4], [0.1, 0.5], [0.0, 0.0]])
-    pi = chain.softmax_policy(logits)
+    pi = chain_gradient.softmax_policy(logits)
     V, _ = chain.exact_values(spec, pi, gamma)
     critic = chain.critic_with_error(V, 0.3, seed=2)
     d = np.array([0.0, 0.3, 0.5, 0.2, 0.0])
-    exact = chain.exact_gradient_moments(spec, logits, critic, gamma, segment, lambdas, ks, d)
+    exact = chain_gradient.exact_gradient_moments(
+        spec, logits, critic, gamma, segment, lambdas, ks, d
+    )
     G = _chain_batches(spec, logits, critic, gamma, segment, lambdas, ks, d, batches, n, seed=5)
     out = gradient_statistics(G, exact.true, 0.0, confidence=0.99, resamples=2000)
     cov = exact.batch_covariance(n)
@@ -166,9 +168,9 @@ def test_with_an_exact_critic_every_estimator_is_unbiased_exactly():
     spec = chain.ChainSpec(n_states=5)
     gamma, segment = 0.9, 6
     logits = np.array([[0.0, 0.0], [0.4, -0.2], [0.0, 0.3], [-0.5, 0.1], [0.0, 0.0]])
-    V, _ = chain.exact_values(spec, chain.softmax_policy(logits), gamma)
+    V, _ = chain.exact_values(spec, chain_gradient.softmax_policy(logits), gamma)
     d = np.array([0.0, 1.0, 2.0, 1.0, 0.0])
-    exact = chain.exact_gradient_moments(
+    exact = chain_gradient.exact_gradient_moments(
         spec, logits, V, gamma, segment, (0.0, 0.3, 1.0), (1, 2), d
     )
     np.testing.assert_allclose(

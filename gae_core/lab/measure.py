@@ -74,7 +74,7 @@ from gae_core.lab.settings import (
     default_ks,
 )
 from gae_core.lab.states import sample_starts
-from gae_core.labels import assignment
+from gae_core.labels import assignment, label
 
 __all__ = [
     "DEFAULT_KS",
@@ -201,8 +201,8 @@ def trade_off_sentence(lambdas: Sequence[float], bias2: Sequence[float],
         return (
             f"Least MSE at {at}: the rewards that follow (s, a) vary little ({var_high}, "
             f"against {v[0]:.3g} at {assignment('lambda_', lam[0])}), as on near-deterministic "
-            f"dynamics, so the critic's error, which every smaller λ bootstraps from, is the "
-            f"larger cost ({bias_low})"
+            f"dynamics, so the critic's error, which every smaller {label('lambda_')} "
+            f"bootstraps from, is the larger cost ({bias_low})"
         )
     if best == 0:
         return (
