@@ -10,7 +10,7 @@ import streamlit as st
 from gae_core.errors import UnsupportedEnvError
 from gae_core.inert import markdown_text
 from gae_core.insight import lab_figures
-from gae_core.insight.views import format_duration
+from gae_core.insight.views import format_duration, whole_number
 from gae_core.lab import chain
 from gae_core.lab.gradient import GradientResult, GradientSettings, gradient_sentence
 from gae_core.lab.jobs import LabJob, measure_gradient_run
@@ -136,31 +136,33 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     envs = int(run.config.get("num_envs", 8))
     default_size = envs * int(run.config.get("rollout_steps", 5))
     knobs = st.columns(4)
-    # no min/max on the boxes (see the per-state knobs below): GradientSettings says what is
-    # out of range, and Measure waits
-    batches = knobs[0].number_input("batches K", value=32, step=1, key="lab.g_batches")
-    size = knobs[1].number_input(f"batch size (multiple of {envs})", value=default_size,
-                                 step=envs, key="lab.g_size",
-                                 help=f"Default: the run's own batch, {default_size:,} samples "
-                                 "(num_envs × rollout_steps), the gradient one update takes. "
-                                 f"Larger batches show where {LAMBDA} matters once the "
-                                 "noise averages out.")  # fmt: skip
-    reference = knobs[2].number_input("reference samples", value=500_000, step=50_000,
-                                      key="lab.g_reference")  # fmt: skip
-    seed = knobs[3].number_input("seed", value=0, step=1, key="lab.g_seed")
+    # text boxes (see the per-state knobs below): GradientSettings says what is out of range,
+    # and Measure waits
+    batches = knobs[0].text_input("batches K", "32", key="lab.g_batches")
+    size = knobs[1].text_input(f"batch size (multiple of {envs})", f"{default_size}",
+                               key="lab.g_size",
+                               help=f"Default: the run's own batch, {default_size:,} samples "
+                               "(num_envs × rollout_steps), the gradient one update takes. "
+                               f"Larger batches show where {LAMBDA} matters once the "
+                               "noise averages out.")  # fmt: skip
+    reference = knobs[2].text_input("reference samples", "500000", key="lab.g_reference")
+    seed = knobs[3].text_input("seed", "0", key="lab.g_seed")
     problem = None if critic_steps else "Choose at least one critic checkpoint."
     try:
+        size = whole_number(size, "batch_size")
         settings = GradientSettings(gamma=float(run.config.get("gamma", 0.99)),
-                                    batches=int(batches), batch_size=int(size),
-                                    reference=int(reference), seed=int(seed))  # fmt: skip
-        if int(size) % envs:
+                                    batches=whole_number(batches, "batches"), batch_size=size,
+                                    reference=whole_number(reference, "reference"),
+                                    seed=whole_number(seed, "seed"))  # fmt: skip
+        if size % envs:
             problem = f"batch size must be a multiple of the run's num_envs ({envs}), got {size:,}"
     except ValueError as error:
         settings, problem = None, str(error)
     if problem:
         st.error(problem)
     else:
-        st.caption(f"About {int(batches) * int(size) + int(reference):,} samples; on CartPole "
+        samples = settings.batches * settings.batch_size + settings.reference
+        st.caption(f"About {samples:,} samples; on CartPole "
                    "the defaults take about 30 s, on HalfCheetah a few minutes.")  # fmt: skip
     if st.button("Measure the gradient", type="primary", disabled=bool(problem),
                  key="lab.g_start"):  # fmt: skip
@@ -311,21 +313,24 @@ _ui.to_url(run=run_id, policy=policy_step, critic=critic_steps, view=view)
 if view == "policy gradient":
     gradient_lens(run, policy_step, critic_steps)
     st.stop()
-# no min/max on the boxes: the browser would refuse an out-of-range value with a small red
-# mark and keep the last one; here it reaches LabSettings, whose message names the field and
-# its range below the boxes, and Measure stays disabled
+# no min/max on the boxes, and whole numbers as text: the browser would refuse an
+# out-of-range value (or one past 2^53) with a small red mark and keep the last one; here it
+# reaches LabSettings, whose message names the field and its range below the boxes, and
+# Measure stays disabled
 knobs = st.columns(6)
 gamma = knobs[0].number_input(label("gamma"), value=float(run.config.get("gamma", 0.99)),
                               format="%.4g", key="lab.gamma")  # fmt: skip
-states = knobs[1].number_input("states N", value=64, step=1, key="lab.states")
-rollouts = knobs[2].number_input("truth rollouts M", value=32, step=1, key="lab.rollouts")
-continuations = knobs[3].number_input("continuations K", value=32, step=1, key="lab.k")
-segment = knobs[4].number_input("segment L", value=500, step=1, key="lab.segment")
-seed = knobs[5].number_input("seed", value=0, step=1, key="lab.seed")
+states = knobs[1].text_input("states N", "64", key="lab.states")
+rollouts = knobs[2].text_input("truth rollouts M", "32", key="lab.rollouts")
+continuations = knobs[3].text_input("continuations K", "32", key="lab.k")
+segment = knobs[4].text_input("segment L", "500", key="lab.segment")
+seed = knobs[5].text_input("seed", "0", key="lab.seed")
 try:
-    settings = LabSettings(gamma=float(gamma), states=int(states), rollouts=int(rollouts),
-                           continuations=int(continuations), segment=int(segment),
-                           seed=int(seed))  # fmt: skip
+    settings = LabSettings(gamma=float(gamma), states=whole_number(states, "states"),
+                           rollouts=whole_number(rollouts, "rollouts"),
+                           continuations=whole_number(continuations, "continuations"),
+                           segment=whole_number(segment, "segment"),
+                           seed=whole_number(seed, "seed"))  # fmt: skip
     problem = None if critic_steps else "Choose at least one critic checkpoint."
     # the lab's own refusal (LabTooLarge), before anything starts
     memory = check_memory(run.config["env_id"], settings, critics=max(1, len(critic_steps)))

@@ -264,11 +264,11 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     at.segmented_control(key="lab.view").set_value("policy gradient").run()
     assert not at.exception
     for key, value in {"lab.g_batches": 3, "lab.g_size": 16, "lab.g_reference": 1000}.items():
-        at.number_input(key=key).set_value(value).run()
-    at.number_input(key="lab.g_size").set_value(15).run()  # not a multiple of the 2 envs
+        at.text_input(key=key).set_value(str(value)).run()
+    at.text_input(key="lab.g_size").set_value("15").run()  # not a multiple of the 2 envs
     assert "batch size must be a multiple of the run's num_envs (2)" in at.error[0].value
     assert at.button(key="lab.g_start").disabled
-    at.number_input(key="lab.g_size").set_value(16).run()
+    at.text_input(key="lab.g_size").set_value("16").run()
     at.button(key="lab.g_start").click().run()
     gradient_records = lambda: [r for r in store.lab_records(run_id)  # noqa: E731
                                 if r.summary.get("kind") == "gradient"]  # fmt: skip

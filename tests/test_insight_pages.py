@@ -535,7 +535,7 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     assert at.selectbox(key="lab.policy").value == steps[-1]
     assert at.multiselect(key="lab.critics").value == [steps[0], steps[-1]]
     for key, value in {"lab.states": 4, "lab.rollouts": 4, "lab.k": 4, "lab.segment": 20}.items():
-        at.number_input(key=key).set_value(value).run()
+        at.text_input(key=key).set_value(str(value)).run()
     at.button(key="lab.start").click().run()
     assert not at.exception
     assert wait_until(lambda: len(store.lab_records(recorded_run)) == 2, 120)
@@ -602,12 +602,24 @@ def test_lab_inputs_out_of_range_are_said_in_words_and_block_measure(recorded_ru
     at = app("pages/lab.py")
     assert not at.button(key="lab.start").disabled
     assert any("env steps" in c.value for c in at.caption)  # the cost estimate
-    at.number_input(key="lab.states").set_value(100_000).run()
+    at.text_input(key="lab.states").set_value("100,000").run()
     assert not at.exception
     assert [e.value for e in at.error] == ["states must be an integer in [1, 4096], got 100000"]
     assert at.button(key="lab.start").disabled
     assert not any("env steps" in c.value for c in at.caption)
-    at.number_input(key="lab.states").set_value(8).run()
+    # past 2^53 (a browser number box would refuse it with a red mark alone), or not a number
+    at.text_input(key="lab.seed").set_value("99999999999999999999").run()
+    assert [e.value for e in at.error] == [
+        "states must be an integer in [1, 4096], got 100000"
+    ]  # the first problem first
+    at.text_input(key="lab.states").set_value("8").run()
+    assert [e.value for e in at.error] == [
+        "seed must be an integer in [0, 2147483647], got 99999999999999999999"
+    ]
+    assert at.button(key="lab.start").disabled
+    at.text_input(key="lab.seed").set_value("seven").run()
+    assert [e.value for e in at.error] == ["seed must be an integer, got 'seven'"]
+    at.text_input(key="lab.seed").set_value("7").run()
     assert not at.error and not at.button(key="lab.start").disabled
     assert any("env steps" in c.value for c in at.caption)
 

@@ -549,8 +549,8 @@ def test_the_lab_page_refuses_settings_past_the_memory_limit_with_the_same_messa
     run_id = manager.start({**TINY, "total_steps": 800, "checkpoint_every": 400})
     assert manager.wait(run_id, 60)
     at = app("pages/lab.py")
-    at.number_input(key="lab.states").set_value(4096).run()
-    at.number_input(key="lab.k").set_value(4096).run()
+    at.text_input(key="lab.states").set_value("4096").run()
+    at.text_input(key="lab.k").set_value("4096").run()
     assert not at.exception
     assert len(at.error) == 1, "no refusal shown"
     assert at.button(key="lab.start").disabled

@@ -85,6 +85,16 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     return config, [], config_warnings(config)
 
 
+def whole_number(text: str, name: str) -> int:
+    """An integer a page read as text (a browser's number box refuses a value past 2^53 with a
+    red mark and never sends it): any size, ``1,000`` or ``1_000`` too (the range is the
+    caller's to check); ``ValueError`` naming ``name`` otherwise."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {str(text)!r}") from None
+
+
 def sweep_seeds(first: str, count: int) -> tuple[range, list[str]]:
     """The seeds of a sweep's ``count`` replicates from the first seed typed as text
     (``"1,000"``: 1000 to 1000 + count − 1), and the errors that block its launch, each naming
