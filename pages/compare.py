@@ -33,7 +33,10 @@ LAMBDA, LAMBDA_SPEC, SEED_SPEC = label("lambda_"), FIELD_SPECS["lambda_"], FIELD
 
 st.title(f"{LAMBDA} comparison")
 store = _ui.store()
-_ui.arrive("compare", ("cmp.sweep_pick",))
+# what is compared follows the URL: ?source=sweep&sweep=… or ?source=runs&run=…&run=…, and
+# the grouping field (?group=)
+_ui.arrive("compare", ("cmp.sweep_pick", "cmp.source", "cmp.runs", "cmp.group"))
+SOURCES = {"a sweep": "sweep", "pick runs": "runs"}  # the radio's words → the URL's
 if st.session_state.pop("cmp.goto_compare", False):  # "Compare this sweep" was clicked
     st.session_state["cmp.view"] = "Compare"
     st.session_state["cmp.source"] = "a sweep"
@@ -246,7 +249,11 @@ if view == "Launch a sweep":
             progress()
     st.stop()
 
-source = st.radio("runs", ["a sweep", "pick runs"], horizontal=True, key="cmp.source")
+if "cmp.source" not in st.session_state:
+    wanted = _ui.from_url("source", list(SOURCES.values()), "sweep")
+    st.session_state["cmp.source"] = next(k for k, v in SOURCES.items() if v == wanted)
+source = st.radio("runs", list(SOURCES), horizontal=True, key="cmp.source")
+_ui.to_url(source=SOURCES[source])
 if source == "a sweep":
     sweep_list = store.list_sweeps()
     if not sweep_list:
@@ -262,12 +269,17 @@ if source == "a sweep":
 else:
     sweep_id, other_axis = "runs", None
     all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
+    if "cmp.runs" not in st.session_state:
+        st.session_state["cmp.runs"] = _ui.all_from_url("run", list(all_runs), [])
     run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
+    _ui.to_url(run=run_ids)
 fields = [name for name in FIELD_SPECS if name != "seed"]
 options = st.columns([2, 2, 2, 2, 1])
 group = options[0].selectbox(
-    "group curves by", fields, index=fields.index("lambda_"), format_func=label, key="cmp.group"
-)
+    "group curves by", fields, index=fields.index(_ui.from_url("group", fields, "lambda_")),
+    format_func=label, key="cmp.group",
+)  # fmt: skip
+_ui.to_url(group=group)
 seconds = [None, *(f for f in fields if f != group)]
 second = options[4].selectbox(
     "heat map: second axis", seconds, index=seconds.index(other_axis if other_axis in seconds

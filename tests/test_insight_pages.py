@@ -428,6 +428,29 @@ def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     assert "(a confound): learning_rate ∈ {0.001, 0.01}." in methods
 
 
+def test_the_compare_page_keeps_the_runs_it_compares_and_its_grouping_in_the_url(data_dir):
+    """``?source=runs&run=…&run=…&group=…`` opens the comparison of those runs grouped by that
+    field (a link a colleague can open), and the user's changes are written back."""
+    from streamlit.testing.v1 import AppTest
+
+    ids = runs_of_three_widths(RunStore(data_dir))
+    at = AppTest.from_file("../dashboard.py", default_timeout=60)
+    at.query_params.update(source="runs", run=ids[:4], group="hidden_sizes")
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception
+    assert at.radio(key="cmp.source").value == "pick runs"
+    assert at.multiselect(key="cmp.runs").value == ids[:4]
+    assert at.selectbox(key="cmp.group").value == "hidden_sizes"
+    assert at.dataframe[-1].value["hidden sizes"].tolist() == ["16x16", "128x128"]
+    at.multiselect(key="cmp.runs").set_value(ids).run()
+    at.selectbox(key="cmp.group").set_value("lambda_").run()
+    assert not at.exception
+    assert at.query_params["run"] == ids
+    assert at.query_params["group"] in ("lambda_", ["lambda_"])
+    assert at.query_params["source"] in ("runs", ["runs"])
+
+
 def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
     handed: dict[str, object] = {}
     monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
