@@ -26,6 +26,7 @@ import os
 import platform
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +41,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 #: seconds of traffic recorded once the page has drawn
 WINDOW_S = 10.0
-#: Streamlit's ``global.minCachedMessageSize`` default: smaller elements are never sent by hash
-CACHED_FROM_BYTES = 10_000
+#: the app's ``global.minCachedMessageSize`` (.streamlit/config.toml; Streamlit's default is
+#: 10 kB): smaller elements are never sent by hash
+CACHED_FROM_BYTES = tomllib.loads(
+    (Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml").read_text()
+)["global"]["minCachedMessageSize"]
 #: every chart a run's page can draw, by title (the Plotly spec holds the title as text)
 TITLES = tuple(m.title for m in M.LIVE)
 #: a finished run: 541 episodes and 29 rows of each update metric (log_every 1,000), so its
@@ -285,18 +289,6 @@ def test_runs_page_sends_large_unchanged_charts_by_reference(runs_page_traffic):
         assert chart["sent_as_ref_hash_in_window"] >= 1, (title, chart)  # the fragment ticked
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "measured on a shared 2-core machine: the Runs page's fragment (pages/runs.py, "
-        "runs_view, run_every=1.5 s while any run is active) redraws the opened finished run "
-        "every tick, and its five update-metric charts (29 rows each, 5.0-5.2 kB) are under "
-        "Streamlit's 10 kB minCachedMessageSize, so each tick re-sends them in full (7-8 "
-        "ticks in 10 s, 25.8 kB of charts a tick, 30-34 kB/s in all); the return and length charts "
-        "(19.1 kB) come as 77-byte ref_hash messages. [global] minCachedMessageSize = 1000 in "
-        ".streamlit/config.toml makes them references too (measured: 0.5 kB a tick, 14.2 kB/s)"
-    ),
-)
 def test_runs_page_does_not_resend_unchanged_charts(runs_page_traffic):
     """Every chart of the opened finished run is received in full once, whatever its size."""
     assert resent(runs_page_traffic) == {}, runs_page_traffic
