@@ -26,6 +26,7 @@ from conftest import (
     read_only_folder,
 )
 
+from gae_core.errors import StoreFull
 from gae_core.inert import CSV_FORMULA_PREFIXES
 from gae_core.storage.database import Database
 from gae_core.storage.store import DB_FILENAME, RunStore
@@ -360,11 +361,45 @@ def test_a_full_disk_during_train_fails_the_run_with_one_line(tmp_path, monkeypa
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["status"] == "failed" and result["error"].startswith(full), result["error"]
     assert "Traceback" not in result["error"] and "\n" not in result["error"]
-    assert "Traceback" not in done.stderr and full in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count(full) == 1, done.stderr
+    assert "sweep None" not in done.stderr, done.stderr  # a run is no sweep
     monkeypatch.undo()
     with RunStore(tmp_path) as store:
         run = store.get_run(result["run_id"])
         assert run.status == "failed" and run.error == result["error"]
+
+
+def test_a_full_disk_at_the_runs_end_fails_it_instead_of_finishing(tmp_path, monkeypatch):
+    """The disk fills as the run's end is written: the command says ``failed`` with the disk
+    line and exits 1 (not 0 with the run left ``running``)."""
+    real = RunStore.finish_run
+
+    def refuse_the_end(self, run_id, status, error=None):
+        if status == "finished":
+            raise StoreFull(f"the disk holding {self.path} is full (test)")
+        return real(self, run_id, status, error)
+
+    monkeypatch.setattr(RunStore, "finish_run", refuse_the_end)
+    done = cli_in_process(
+        tmp_path, "train", "--total-steps", "2000", *TINY_FLAGS, "--json", "--no-progress"
+    )
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "failed" and "is full (test)" in result["error"], result
+    monkeypatch.undo()
+    with RunStore(tmp_path) as store:
+        run = store.get_run(result["run_id"])
+        assert run.status == "failed" and "is full (test)" in run.error
+
+
+def test_the_train_progress_bar_ends_at_the_budget(tmp_path):
+    """The bar reads the run's stored step count while it trains and ends at the budget (the
+    steps after its last poll counted too)."""
+    done = cli_in_process(tmp_path, "train", "--total-steps", "20000", *TINY_FLAGS)
+    assert done.returncode == 0, done.stderr
+    last = done.stderr.replace("\r", "\n").splitlines()
+    shown = [line for line in last if "/20.0k" in line]
+    assert shown and shown[-1].lstrip().startswith("100%") and "20.0k/20.0k" in shown[-1], shown
 
 
 def test_a_name_that_is_not_utf8_is_refused_naming_the_field(tmp_path):

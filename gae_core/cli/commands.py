@@ -178,6 +178,8 @@ def train(args: argparse.Namespace) -> int:
                 with contextlib.suppress(StoreError):  # deleted meanwhile: the last count holds
                     env_steps = min(store.get_run(run_id).env_steps, config.total_steps)
                 bar.update(env_steps - bar.n)
+            with contextlib.suppress(StoreError):  # the last steps, after the last poll
+                bar.update(min(store.get_run(run_id).env_steps, config.total_steps) - bar.n)
         finally:
             bar.close()
     wall = time.monotonic() - started

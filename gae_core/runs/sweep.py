@@ -243,7 +243,9 @@ class Sweep:
                 self._error = f"the sweep stopped: {exc}" if self.sweep_id else str(exc)
             else:
                 self._error = traceback.format_exc()
-            log.error("sweep %s failed: %s", self.sweep_id, self._error)
+            if self.sweep_id is not None or not full:  # a run's full disk: its caller says so
+                who = f"sweep {self.sweep_id}" if self.sweep_id else f"run {self.run_ids[0]}"
+                log.error("%s failed: %s", who, self._error)
         finally:
             # Nothing stays queued or running (on a full disk, recovery marks them once it can)
             for trial in self._trials:
@@ -317,9 +319,9 @@ class Sweep:
             self._retry_or_interrupt(index, event.why, pending)
             return
         try:
-            if event.kind == "finish":
-                trial.status, trial.error = event.status, event.error
             stop = apply(self.store, trial.run_id, event)
+            if event.kind == "finish":  # once stored: an end the disk refused ends it failed
+                trial.status, trial.error = event.status, event.error
             if event.kind == "flush" and (stop or self._cancelled):
                 backend.stop(index)
         except RunDeleted:  # deleted from the UI or the CLI
