@@ -249,8 +249,11 @@ if view == "Launch a sweep":
             progress()
     st.stop()
 
-if "cmp.source" not in st.session_state:
-    wanted = _ui.from_url("source", list(SOURCES.values()), "sweep")
+if "cmp.source" not in st.session_state:  # a link naming a sweep or runs says which
+    named = "sweep" if "sweep" in st.query_params else "runs" if "run" in st.query_params else None
+    if named is None or "source" in st.query_params:
+        named = _ui.from_url("source", list(SOURCES.values()), "sweep")  # else the context's
+    wanted = named
     st.session_state["cmp.source"] = next(k for k, v in SOURCES.items() if v == wanted)
 source = st.radio("runs", list(SOURCES), horizontal=True, key="cmp.source")
 _ui.to_url(source=SOURCES[source])
@@ -265,9 +268,9 @@ if source == "a sweep":
     sweep_id = st.selectbox("sweep", ids, format_func=sweep_name, key="cmp.sweep_pick")
     _ui.to_url(sweep=sweep_id)
     run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
-    _, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
+    first_axis, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
 else:
-    sweep_id, other_axis = "runs", None
+    sweep_id, first_axis, other_axis = "runs", "lambda_", None
     all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
     if "cmp.runs" not in st.session_state:
         st.session_state["cmp.runs"] = _ui.all_from_url("run", list(all_runs), [])
@@ -275,8 +278,11 @@ else:
     _ui.to_url(run=run_ids)
 fields = [name for name in FIELD_SPECS if name != "seed"]
 options = st.columns([2, 2, 2, 2, 1])
+# the URL's grouping, else the sweep's own axis (not an earlier comparison's grouping)
+wanted_group = st.query_params.get("group", first_axis)
 group = options[0].selectbox(
-    "group curves by", fields, index=fields.index(_ui.from_url("group", fields, "lambda_")),
+    "group curves by", fields,
+    index=fields.index(wanted_group if wanted_group in fields else "lambda_"),
     format_func=label, key="cmp.group",
 )  # fmt: skip
 _ui.to_url(group=group)

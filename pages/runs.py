@@ -109,7 +109,9 @@ def runs_view() -> None:
 
     rows = selection.selection.rows if selection else []
     selected = [shown_ids[i] for i in rows if 0 <= i < len(shown_ids)]
-    _ui.to_url(run=selected)  # none: no run in the URL or the context (nothing looked at)
+    if selected or selected != [shown_ids[i] for i in wanted]:
+        # the user's choice (none: they deselected), not a context run only filtered out
+        _ui.to_url(run=selected)
     if not selected:
         st.caption("Select one run to open it, several to overlay them.")
         return

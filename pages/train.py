@@ -79,7 +79,7 @@ with live_column:
     if sweep_id is not None:
         links[2].page_link("pages/compare.py", label="Compare its sweep",
                            icon=":material/stacked_line_chart:",
-                           query_params={"sweep": sweep_id})  # fmt: skip
+                           query_params={"source": "sweep", "sweep": sweep_id})  # fmt: skip
 
     # Two fragments: the status line and Stop refresh every second and cost little, so a Stop
     # click is handled at once; the charts (the expensive part) refresh on their own timer,

@@ -451,6 +451,35 @@ def test_the_compare_page_keeps_the_runs_it_compares_and_its_grouping_in_the_url
     assert at.query_params["source"] in ("runs", ["runs"])
 
 
+def test_a_link_naming_a_sweep_compares_it_whatever_was_compared_before(data_dir):
+    """After comparing picked runs grouped by a list field, the Train page's "Compare its
+    sweep" link (``?source=sweep&sweep=…``) or a bare ``?sweep=…`` opens that sweep grouped by
+    its own axis, not the picked runs or their grouping (the session's context)."""
+    from streamlit.testing.v1 import AppTest
+
+    store = RunStore(data_dir)
+    ids = runs_of_three_widths(store)
+    sweep_id = store.create_sweep({"lambda_": [0.9, 1.0]}, TrainConfig().to_dict(), name="S")
+    for lam in (0.9, 1.0):
+        trial = store.create_run(TrainConfig(lambda_=lam).to_dict(), sweep_id=sweep_id)
+        store.flush(trial, [(M.EPISODIC_RETURN.key, 10, 0.0, 1.0)], env_steps=50)
+    at = AppTest.from_file("../dashboard.py", default_timeout=60)
+    at.query_params.update(source="runs", run=ids[:2], group="hidden_sizes")
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    assert at.radio(key="cmp.source").value == "pick runs"
+    for link in ({"source": "sweep", "sweep": sweep_id}, {"sweep": sweep_id}):
+        at.query_params.clear()
+        at.switch_page("pages/train.py").run()
+        at.query_params.clear()
+        at.query_params.update(link)
+        at.switch_page("pages/compare.py").run()
+        assert not at.exception
+        assert at.radio(key="cmp.source").value == "a sweep", link
+        assert at.selectbox(key="cmp.sweep_pick").value == sweep_id
+        assert at.selectbox(key="cmp.group").value == "lambda_", link
+
+
 def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
     handed: dict[str, object] = {}
     monkeypatch.setattr(_ui, "csv_button", handing_to(handed))

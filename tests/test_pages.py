@@ -235,6 +235,30 @@ def test_the_runs_page_keeps_its_selection_and_status_filter_in_the_url(data_dir
     assert fresh.dataframe[0].value["run_id"].tolist() == [ids["first"]]
 
 
+def test_a_look_at_the_runs_page_keeps_the_run_the_user_was_looking_at(data_dir):
+    """The Runs page's kept status filter hides the run the user looks at elsewhere: visiting
+    the page without clicking leaves that run the session's context (the Train page, reached
+    from the sidebar, still opens on it)."""
+    store = RunStore(data_dir)
+    a = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="A")
+    store.finish_run(a, "finished")
+    b = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="B")
+    store.finish_run(b, "failed")
+    at = AppTest.from_file("../dashboard.py", default_timeout=60)
+    at.run()
+    at.switch_page("pages/runs.py").run()
+    at.multiselect(key="runs.status").set_value(["failed"]).run()
+    at.query_params.clear()
+    at.switch_page("pages/train.py").run()
+    at.selectbox(key="train.view").set_value(a).run()
+    at.query_params.clear()
+    at.switch_page("pages/runs.py").run()  # a look, nothing clicked: A is filtered out
+    assert not at.exception and at.multiselect(key="runs.status").value == ["failed"]
+    at.query_params.clear()
+    at.switch_page("pages/train.py").run()
+    assert at.selectbox(key="train.view").value == a
+
+
 def test_overlaying_runs_of_different_envs_warns(data_dir):
     store = RunStore(data_dir)
     for env_id in ("CartPole-v1", "Acrobot-v1"):
