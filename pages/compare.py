@@ -490,11 +490,11 @@ with left:
     )
     st.plotly_chart(figure, key="cmp.improvement", config={"displaylogo": False})
     _ui.csv_button("Improvement CSV", matrix, "improvement.csv", "cmp.improvement_csv",
-                   {**made_by, "score": label(pair_score)})  # fmt: skip
+                   {**made_by, "score": pair_score})  # fmt: skip
 with right:
     figure, profile = compare_figures.profile_figure(
         stats.performance_profile(groups), group, label(pair_score)
     )
     st.plotly_chart(figure, key="cmp.profile", config={"displaylogo": False})
     _ui.csv_button("Profile CSV", profile, "profile.csv", "cmp.profile_csv",
-                   {**made_by, "score": label(pair_score)})  # fmt: skip
+                   {**made_by, "score": pair_score})  # fmt: skip

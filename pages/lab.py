@@ -264,8 +264,9 @@ if mode == "the exact chain":
         f"{LAMBDA} grows and the best {LAMBDA} moves right; shorten the segment: "
         f"{assignment('lambda_', 1)} keeps the bias of the bootstrap at L. Points: the same "
         f"moments estimated from {samples:,} continuations sampled by stepping the chain "
-        "(seeded by the critic seed), MSE with ± 2 standard errors: the enumeration and the "
-        "sampling agree."
+        "(seeded by the critic seed), MSE with ± 2 of the samples' standard errors; a "
+        "continuation too rare to be drawn is in neither the points nor their bars, so with "
+        "few samples the points can miss the curve by more than the bars show."
     )
     st.stop()
 

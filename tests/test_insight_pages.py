@@ -320,8 +320,8 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
         "curves.csv": {"running_mean_episodes": 10, "x_axis": "env_step"},
         "bands.csv": {"running_mean_episodes": 10, "statistic": "iqm"},
         "summary.csv": {"final_return_episodes": 100, "reward_threshold": 475.0},
-        "improvement.csv": {"score": "final return"},
-        "profile.csv": {"score": "final return"},
+        "improvement.csv": {"score": "final_return"},
+        "profile.csv": {"score": "final_return"},
     }
     assert set(handed) == set(settings)
     for name, own in settings.items():
@@ -521,8 +521,8 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
         "bands.csv": {**curves, "statistic": "iqm", "interval": stats.INTERVAL_DEFINITION},
         "summary.csv": {**scores, "final_return_episodes": 100},
         "grid.csv": {**scores, "second_axis": "lambda_", "score": "final_return"},
-        "improvement.csv": {"score": "final return"},
-        "profile.csv": {"score": "final return"},
+        "improvement.csv": {"score": "final_return"},
+        "profile.csv": {"score": "final_return"},
     }
     assert set(handed) == set(settings)
     for name, own in settings.items():
@@ -694,6 +694,8 @@ def test_lab_page_teaches_on_the_exact_chain(data_dir):
     for quantity, trace in zip(("bias2", "variance", "mse"), points.values(), strict=True):
         np.testing.assert_allclose(plotly_values(trace["y"]), getattr(sampled, quantity))
         np.testing.assert_allclose(plotly_values(trace["x"]), grid)
+    bars = points["MSE = bias² + variance"]["error_y"]["array"]
+    np.testing.assert_allclose(plotly_values(bars), 2 * sampled.mse_se)  # ± 2 SE
     # the sentence says where the least MSE is and which side costs what
     exact = chain.exact_estimator_moments(
         c, pi, critic, 0.95, c.start, 1, 8, np.round(np.linspace(0, 1, 101), 2), np.array([1])

@@ -7,6 +7,7 @@ with the exact critic every estimator's bias must vanish.
 
 from __future__ import annotations
 
+import re
 import threading
 
 import gymnasium as gym
@@ -602,16 +603,41 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_the_run_and_step(bl
 
 
 def test_the_trade_off_sentence_names_the_least_mse_and_the_term_that_puts_it_there():
-    """Where the least MSE = bias² + variance is, and why, from the numbers alone: at λ = 1 when
-    the bias the critic brings outweighs the rewards' variance (CartPole's case), at 0 when the
-    variance does, in between when they cross."""
+    """Where the least MSE = bias² + variance is, and for each side which term rises from it
+    to that end, from the numbers alone: at λ = 1 when the bias the critic brings outweighs the
+    rewards' variance (CartPole's case), at 0 when the variance does, in between when they
+    cross; a segment cut short can make bias² rise towards λ = 1 instead; a flat MSE is said."""
     lam = np.linspace(0.0, 1.0, 11)
     falling, rising = np.linspace(4.0, 0.0, 11), np.linspace(0.0, 4.0, 11)
     one = trade_off_sentence(lam, 10 * falling, 0.01 * rising)  # deterministic dynamics
-    assert one.startswith("Least MSE at λ = 1: the rewards that follow (s, a) vary little"), one
-    assert "variance 0.04 at λ = 1" in one and "bias² 40 at λ = 0" in one
+    assert one == (
+        "Least MSE at λ = 1: towards smaller λ the critic's bootstrap bias grows (bias² 40 at "
+        "λ = 0, 0 at λ = 1), the larger cost here: the rewards that follow (s, a) vary little, "
+        "as on near-deterministic dynamics"
+    ), one
     zero = trade_off_sentence(lam, 0.01 * falling, 10 * rising)  # a nearly exact critic
-    assert zero.startswith("Least MSE at λ = 0: the critic is accurate enough"), zero
+    assert zero.startswith(
+        "Least MSE at λ = 0: towards larger λ the sampled rewards' variance grows (variance 40"
+    ), zero
     middle = trade_off_sentence(lam, falling**2, rising**2)  # bias² + variance least at 0.5
-    assert middle.startswith("Least MSE at λ = 0.5: below it the critic's bootstrap bias grows")
-    assert "(bias² 4, variance 4)" in middle, middle
+    assert middle == (
+        "Least MSE at λ = 0.5: below it the critic's bootstrap bias grows (bias² 16 at λ = 0, "
+        "4 at λ = 0.5); above it the sampled rewards' variance grows (variance 16 at λ = 1, 4 "
+        "at λ = 0.5)"
+    ), middle
+    # a short segment: past the least, λ = 1's own bootstrap bias rises, its variance falls
+    cut = trade_off_sentence([0.0, 0.5, 0.9, 1.0], [4.0, 1.0, 0.5, 2.0], [0.0, 0.1, 0.2, 0.1])
+    assert cut.endswith(
+        "above it bias² (the bootstrap at the segment's end) grows (bias² 2 at λ = 1, 0.5 at "
+        "λ = 0.9)"
+    ), cut
+    flat = trade_off_sentence(lam, np.full(11, 0.25), np.zeros(11))  # a segment of one step
+    assert flat == "λ makes no difference here: every λ gives the same estimate (MSE 0.25)"
+    # whatever the curves, each clause's term is larger at its end than at the least
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        b, v = rng.random(11) ** 3, rng.random(11) ** 3
+        said = trade_off_sentence(lam, b, v)
+        for number_at_end, number_at_best in re.findall(r"\(\S+ ([0-9.e+-]+) at λ = [0-9.]+, "
+                                                        r"([0-9.e+-]+) at λ", said):  # fmt: skip
+            assert float(number_at_end) >= float(number_at_best), said

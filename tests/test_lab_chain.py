@@ -484,3 +484,19 @@ def test_sampled_moments_refuse_a_sample_count_out_of_range():
     for samples in (1, chain.MAX_SAMPLES + 1):
         with pytest.raises(ValueError, match=r"samples must be an integer in \[2, 1,000,000\]"):
             chain.sampled_gae_moments(SPEC, PI, critic, GAMMA, 3, 1, 8, LAMBDAS, samples)
+
+
+def test_sampled_moments_are_the_plain_statistics_of_the_sampled_paths():
+    """bias², variance and MSE of the points, and the MSE's standard error (the error bars'
+    half-width is 2 of them), are the plain sample statistics of GAE_0 on the continuations
+    :func:`chain.sample_paths` draws with the same seed."""
+    critic = chain.critic_with_error(V_PI, 0.2)
+    got = chain.sampled_gae_moments(SPEC, PI, critic, GAMMA, 3, 1, 8, LAMBDAS, 500, seed=4)
+    paths = chain.sample_paths(SPEC, PI, 3, 1, 8, 500, np.random.default_rng(4))
+    x = chain.path_deltas(paths, critic, GAMMA) @ chain.gae_weights(GAMMA, LAMBDAS, 8).T
+    target = Q_PI[3, 1] - critic[3]
+    np.testing.assert_allclose(got.bias2, (x.mean(0) - target) ** 2, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got.variance, x.var(0), rtol=1e-12, atol=1e-15)
+    squared = (x - target) ** 2
+    np.testing.assert_allclose(got.mse, squared.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(got.mse_se, squared.std(0, ddof=1) / np.sqrt(500), rtol=1e-12)

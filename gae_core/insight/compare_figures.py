@@ -161,7 +161,7 @@ def improvement_figure(
         height=max(360, 120 + 56 * len(keys)),  # two lines of text in every cell
     )
     figure.update_yaxes(autorange="reversed")
-    return figure, matrix.assign(score=score)
+    return figure, matrix
 
 
 def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Figure, pd.DataFrame]:
@@ -202,7 +202,7 @@ def profile_figure(profile: pd.DataFrame, group: str, score: str) -> tuple[go.Fi
         "fraction of seeds",
     )
     figure.update_yaxes(range=[-0.02, 1.02])
-    frame = profile.rename(columns={"group": group}).assign(score=score)
+    frame = profile.rename(columns={"group": group})
     return figure, frame
 
 

@@ -188,33 +188,40 @@ class LabResult:
 def trade_off_sentence(lambdas: Sequence[float], bias2: Sequence[float],
                        variance: Sequence[float]) -> str:  # fmt: skip
     """One sentence saying where GAE's least MSE = bias² + variance lies over ``lambdas``
-    (ascending, from λ = 0 to 1) and which term puts it there: the critic's bootstrap bias,
-    largest at the smallest λ, against the variance of the sampled rewards, largest at the
-    largest λ."""
+    (ascending, from λ = 0 to 1) and, for each side of it, which term rises from there to
+    that end (the larger rise; the critic's bootstrap bias usually rises towards small λ, the
+    sampled rewards' variance towards large λ, but a segment cut short gives λ = 1 bias of its
+    own): each clause quotes that term at the end and at the least. When the MSE does not
+    change with λ (a segment of one step) it says so."""
     lam = np.asarray(lambdas, float)
     b, v = np.asarray(bias2, float), np.asarray(variance, float)
-    best = int(np.argmin(b + v))
+    mse = b + v
+    lam_label = label("lambda_")
+    if np.ptp(mse) <= 1e-9 * max(1.0, float(np.abs(mse).max())):
+        return (f"{lam_label} makes no difference here: every {lam_label} gives the same "
+                f"estimate (MSE {mse[0]:.3g})")  # fmt: skip
+    best = int(np.argmin(mse))
     at = assignment("lambda_", lam[best])
-    bias_low = f"bias² {b[0]:.3g} at {assignment('lambda_', lam[0])}"
-    var_high = f"variance {v[-1]:.3g} at {assignment('lambda_', lam[-1])}"
+
+    def rise(end: int) -> str:
+        """What grows from the least to the end ``end`` (0 or −1), and by how much."""
+        where = assignment("lambda_", lam[end])
+        if b[end] - b[best] >= v[end] - v[best]:
+            why = "the critic's bootstrap bias" if end == 0 else "bias² (the bootstrap at the "\
+                "segment's end)"  # fmt: skip
+            return f"{why} grows (bias² {b[end]:.3g} at {where}, {b[best]:.3g} at {at})"
+        return (f"the sampled rewards' variance grows (variance {v[end]:.3g} at {where}, "
+                f"{v[best]:.3g} at {at})")  # fmt: skip
+
     if best == lam.size - 1:
-        return (
-            f"Least MSE at {at}: the rewards that follow (s, a) vary little ({var_high}, "
-            f"against {v[0]:.3g} at {assignment('lambda_', lam[0])}), as on near-deterministic "
-            f"dynamics, so the critic's error, which every smaller {label('lambda_')} "
-            f"bootstraps from, is the larger cost ({bias_low})"
-        )
+        return f"Least MSE at {at}: towards smaller {lam_label} " + rise(0) + (
+            ", the larger cost here: the rewards that follow (s, a) vary little, as on "
+            "near-deterministic dynamics" if b[0] - b[best] >= v[0] - v[best] else "")  # fmt: skip
     if best == 0:
-        return (
-            f"Least MSE at {at}: the critic is accurate enough that bootstrapping from it at "
-            f"once costs less ({bias_low}) than the noise each further sampled reward adds "
-            f"({var_high})"
-        )
-    return (
-        f"Least MSE at {at}: below it the critic's bootstrap bias grows ({bias_low}), above "
-        f"it the sampled rewards' variance grows ({var_high}); {at} balances the two "
-        f"(bias² {b[best]:.3g}, variance {v[best]:.3g})"
-    )
+        return f"Least MSE at {at}: towards larger {lam_label} " + rise(-1) + (
+            ", the larger cost here: the critic is accurate enough to bootstrap from at once"
+            if v[-1] - v[best] > b[-1] - b[best] else "")  # fmt: skip
+    return f"Least MSE at {at}: below it {rise(0)}; above it {rise(-1)}"
 
 
 def _mean_ci(values: np.ndarray, settings: LabSettings) -> tuple[np.ndarray, ...]:
