@@ -149,11 +149,11 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     seed = knobs[3].text_input("seed", "0", key="lab.g_seed")
     problem = None if critic_steps else "Choose at least one critic checkpoint."
     try:
-        size = whole_number(size, "batch_size")
+        size = whole_number(size)
         settings = GradientSettings(gamma=float(run.config.get("gamma", 0.99)),
-                                    batches=whole_number(batches, "batches"), batch_size=size,
-                                    reference=whole_number(reference, "reference"),
-                                    seed=whole_number(seed, "seed"))  # fmt: skip
+                                    batches=whole_number(batches), batch_size=size,
+                                    reference=whole_number(reference),
+                                    seed=whole_number(seed))  # fmt: skip
         if size % envs:
             problem = f"batch size must be a multiple of the run's num_envs ({envs}), got {size:,}"
     except ValueError as error:
@@ -327,11 +327,11 @@ continuations = knobs[3].text_input("continuations K", "32", key="lab.k")
 segment = knobs[4].text_input("segment L", "500", key="lab.segment")
 seed = knobs[5].text_input("seed", "0", key="lab.seed")
 try:
-    settings = LabSettings(gamma=float(gamma), states=whole_number(states, "states"),
-                           rollouts=whole_number(rollouts, "rollouts"),
-                           continuations=whole_number(continuations, "continuations"),
-                           segment=whole_number(segment, "segment"),
-                           seed=whole_number(seed, "seed"))  # fmt: skip
+    settings = LabSettings(gamma=float(gamma), states=whole_number(states),
+                           rollouts=whole_number(rollouts),
+                           continuations=whole_number(continuations),
+                           segment=whole_number(segment),
+                           seed=whole_number(seed))  # fmt: skip
     problem = None if critic_steps else "Choose at least one critic checkpoint."
     # the lab's own refusal (LabTooLarge), before anything starts
     memory = check_memory(run.config["env_id"], settings, critics=max(1, len(critic_steps)))

@@ -203,7 +203,7 @@ def test_measure_gradient_is_deterministic_for_a_seed_and_round_trips():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"batches": 1}, "batches must be an integer in [2, 10,000], got 1"),
+        ({"batches": 1}, "batches must be an integer in [2, 10000], got 1"),
         ({"lambdas": (0.5, 1.2)}, "lambdas must be values in [0, 1]"),
         ({"batch_size": 4096, "reference": 1000}, "reference must be at least batch_size"),
         ({"ks": (0,)}, "ks must be integers ≥ 1"),
@@ -234,7 +234,7 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
     # δ = Â^(1) = GAE(λ = 0): one gradient, reported alike
     assert report["ks"][0]["variance"] == pytest.approx(report["lambdas"][0]["variance"])
     for args, words in (
-        (["--batches", "1"], "--batches must be an integer in [2, 10,000], got 1"),
+        (["--batches", "1"], "--batches must be an integer in [2, 10000], got 1"),
         (["--batch-size", "33"], "--batch-size must be a multiple of the run's num_envs (2)"),
         (["--lambdas", "1.5"], "--lambdas must be values in [0, 1]"),
     ):

@@ -670,7 +670,8 @@ def test_lab_inputs_out_of_range_are_said_in_words_and_block_measure(recorded_ru
     ]
     assert at.button(key="lab.start").disabled
     at.text_input(key="lab.seed").set_value("seven").run()
-    assert [e.value for e in at.error] == ["seed must be an integer, got 'seven'"]
+    said = [e.value for e in at.error]
+    assert said == ["seed must be an integer in [0, 2147483647], got 'seven'"]
     at.text_input(key="lab.seed").set_value("7").run()
     assert not at.error and not at.button(key="lab.start").disabled
     assert any("env steps" in c.value for c in at.caption)

@@ -85,14 +85,14 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     return config, [], config_warnings(config)
 
 
-def whole_number(text: str, name: str) -> int:
+def whole_number(text: str) -> int | str:
     """An integer a page read as text (a browser's number box refuses a value past 2^53 with a
-    red mark and never sends it): any size, ``1,000`` or ``1_000`` too (the range is the
-    caller's to check); ``ValueError`` naming ``name`` otherwise."""
+    red mark and never sends it): any size, ``1,000`` or ``1_000`` too; the text itself when it
+    is no integer, for the settings it goes to to refuse with the field's name and range."""
     try:
         return parse_int(text)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {str(text)!r}") from None
+        return str(text)
 
 
 def sweep_seeds(first: str, count: int) -> tuple[range, list[str]]:

@@ -68,7 +68,7 @@ from gae_core.lab.gradient_samples import (
     window_advantages,
 )
 from gae_core.lab.rollouts import LabCancelled, Progress
-from gae_core.lab.settings import HORIZON_TOLERANCE, MAX_HORIZON
+from gae_core.lab.settings import HORIZON_TOLERANCE, MAX_HORIZON, check_int
 from gae_core.labels import assignment, label
 
 __all__ = [
@@ -113,19 +113,16 @@ class GradientSettings:
             raise ValueError(f"lambdas must be values in [0, 1], got {list(self.lambdas)}")
         if any(int(k) != k or k < 1 for k in self.ks):
             raise ValueError(f"ks must be integers ≥ 1, got {list(self.ks)}")
-        if int(self.batches) != self.batches or not 2 <= self.batches <= 10_000:
-            raise ValueError(f"batches must be an integer in [2, 10,000], got {self.batches}")
-        if self.batch_size is not None and not 1 <= self.batch_size <= 1_000_000:
-            raise ValueError(f"batch_size must be in [1, 1,000,000], got {self.batch_size}")
-        if not 1 <= self.reference <= 100_000_000:
-            raise ValueError(f"reference must be in [1, 100,000,000], got {self.reference}")
+        check_int("batches", self.batches, 2, 10_000)
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, 1, 1_000_000)
+        check_int("reference", self.reference, 1, 100_000_000)
         if self.batch_size is not None and self.reference < self.batch_size:
             raise ValueError(
                 f"reference must be at least batch_size ({self.batch_size:,}), got "
                 f"{self.reference:,}"
             )
-        if int(self.seed) != self.seed or not 0 <= self.seed <= 2**31 - 1:
-            raise ValueError(f"seed must be an integer in [0, 2147483647], got {self.seed}")
+        check_int("seed", self.seed, 0, 2**31 - 1)
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
         if self.resamples < 1:

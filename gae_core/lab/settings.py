@@ -31,7 +31,9 @@ def default_ks(segment: int) -> tuple[int, ...]:
     return tuple(sorted({min(k, segment) for k in DEFAULT_KS}))
 
 
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an int, or ``ValueError`` naming ``name`` and its range (a bool, a float, a
+    text a page could not read as a number are refused alike)."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int | np.integer)
@@ -61,18 +63,18 @@ class LabSettings:
             raise ValueError(
                 f"gamma must be in [0, 1) (the truth is a discounted sum), got {self.gamma!r}"
             )
-        _check_int("states", self.states, 1, 4096)
-        _check_int("rollouts", self.rollouts, 2, 4096)
-        _check_int("continuations", self.continuations, 2, 4096)
-        _check_int("segment", self.segment, 1, 10_000)
-        _check_int("seed", self.seed, 0, 2**31 - 1)
+        check_int("states", self.states, 1, 4096)
+        check_int("rollouts", self.rollouts, 2, 4096)
+        check_int("continuations", self.continuations, 2, 4096)
+        check_int("segment", self.segment, 1, 10_000)
+        check_int("seed", self.seed, 0, 2**31 - 1)
         if self.horizon is not None:
-            _check_int("horizon", self.horizon, 1, 100_000)
+            check_int("horizon", self.horizon, 1, 100_000)
         lambdas = tuple(float(x) for x in self.lambdas)
         if not lambdas or any(not 0.0 <= x <= 1.0 for x in lambdas):
             raise ValueError(f"lambdas must be 1 or more values in [0, 1], got {self.lambdas!r}")
         given = default_ks(self.segment) if self.ks is None else self.ks
-        ks = tuple(_check_int("ks", k, 1, 10**6) for k in given)
+        ks = tuple(check_int("ks", k, 1, 10**6) for k in given)
         if len(set(lambdas)) != len(lambdas) or len(set(ks)) != len(ks):
             raise ValueError("lambdas and ks may not repeat a value")
         if not 0.5 <= float(self.confidence) < 1.0:
