@@ -1016,8 +1016,16 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
 
     # A MuJoCo env from the same form
     open_page(page, app_server, "train")
-    page.locator(".st-key-train-env_id").click()
-    page.get_by_role("option", name="InvertedPendulum-v5", exact=True).click()
+    wait_idle(page)
+    env_box = page.locator(".st-key-train-env_id input")
+    env_box.click()  # the selectbox filters what is typed; Enter takes the one left
+    env_box.fill("InvertedPendulum-v5")
+    page.get_by_role("option", name="InvertedPendulum-v5", exact=True).wait_for()
+    env_box.press("Enter")
+    page.wait_for_function(
+        "(sel) => document.querySelector(sel).value === 'InvertedPendulum-v5'",
+        arg=".st-key-train-env_id input",
+    )
     wait_idle(page)
     set_number(page, "train-total_steps", 2000)
     known = {r.id for r in store.list_runs()}

@@ -215,15 +215,18 @@ def test_metadata_drives_form_and_docstring():
 @pytest.mark.parametrize(
     "text, value",
     [("42", 42), (" 42 ", 42), ("-3", -3), ("1_000", 1000), ("1,000", 1000), ("-1,000", -1000),
-     ("12,345,678", 12_345_678), ("1e6", 1_000_000), ("99999999999999999999", 10**20 - 1)],
+     ("12,345,678", 12_345_678), ("1e6", 1_000_000), ("2.5E+3", 2500),
+     ("99999999999999999999", 10**20 - 1)],
 )  # fmt: skip
 def test_an_integer_typed_as_text_is_read_with_its_separators(text, value):
     assert parse_int(text) == value
 
 
 @pytest.mark.parametrize(
-    "text", ["", "abc", "1.5", "1,0", "1,00", "1,0000", ",100", "1,,000", "1,000.5", "inf", "nan"]
-)
+    "text",
+    ["", "abc", "1.5", "1,0", "1,00", "1,0000", ",100", "1,,000", "1,000.5", "inf", "nan",
+     "1e-400", "1e400", "5e-1"],  # a tiny exponent rounds to 0 (checkpoint_every 0: never)
+)  # fmt: skip
 def test_text_that_is_not_one_integer_is_refused(text):
     with pytest.raises(ValueError):
         parse_int(text)

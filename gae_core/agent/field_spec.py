@@ -15,6 +15,9 @@ __all__ = ["FieldSpec", "parse_int"]
 
 #: Thousands written with commas: 1,000 or 12,345,678 (never 1,0 or 1,0000, a typo to refuse).
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
+# 1e6, 2.5E+3: a whole number in scientific notation (a negative exponent could round a
+# fraction to 0: 1e-400 is refused, not read as 0)
+_SCIENTIFIC = re.compile(r"[+-]?\d+(\.\d*)?[eE]\+?\d+")
 
 
 def parse_int(text: str) -> int:
@@ -28,10 +31,9 @@ def parse_int(text: str) -> int:
         return int(text)
     except ValueError:
         pass
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"invalid integer {text!r}") from None
+    if not _SCIENTIFIC.fullmatch(text):
+        raise ValueError(f"invalid integer {text!r}")
+    value = float(text)
     if not value.is_integer():
         raise ValueError(f"invalid integer {text!r}")
     return int(value)
