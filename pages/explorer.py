@@ -2,7 +2,9 @@
 
 import streamlit as st
 
+from gae_core.agent.config import field_problems
 from gae_core.insight import explorer, figures
+from gae_core.insight.views import whole_number
 from gae_core.labels import assignment, label
 from pages import _ui
 
@@ -94,7 +96,11 @@ source = pick[3].selectbox(
 )  # fmt: skip
 fresh_seed = None
 if source == "fresh recording":
-    fresh_seed = int(st.number_input("seed of the fresh episode", 0, 2**31 - 1, 0, key="ex.seed"))
+    # text, read on the server: a browser number box refuses a value past 2^53 unsaid
+    fresh_seed = whole_number(st.text_input("seed of the fresh episode", "0", key="ex.seed"))
+    if problem := field_problems({"seed": fresh_seed}).get("seed"):
+        st.error(f"the fresh episode's {problem}")
+        st.stop()
 arrays, value_scale = trajectory_arrays(
     run_id,
     policy_step,

@@ -69,17 +69,6 @@ with live_column:
     run_id = st.selectbox("run", ids, format_func=labels.get, key="train.view")
     _ui.to_url(run=run_id)
     running = store.get_run(run_id).active
-    # where to take this run next, the run in the link
-    links, sweep_id = st.columns(3), store.get_run(run_id).sweep_id
-    if store.checkpoint_steps(run_id):
-        links[0].page_link("pages/explorer.py", label="Explore this run",
-                           icon=":material/biotech:", query_params={"run": run_id})  # fmt: skip
-        links[1].page_link("pages/lab.py", label="Measure it in the lab",
-                           icon=":material/science:", query_params={"run": run_id})  # fmt: skip
-    if sweep_id is not None:
-        links[2].page_link("pages/compare.py", label="Compare its sweep",
-                           icon=":material/stacked_line_chart:",
-                           query_params={"source": "sweep", "sweep": sweep_id})  # fmt: skip
 
     # Two fragments: the status line and Stop refresh every second and cost little, so a Stop
     # click is handled at once; the charts (the expensive part) refresh on their own timer,
@@ -88,6 +77,18 @@ with live_column:
     def status() -> None:
         run = store.get_run(run_id)
         _ui.run_header(run)
+        # where to take this run next, the run in the link (the explorer and the lab once it
+        # has a checkpoint, which a training run gains as it goes)
+        links = st.columns(3)
+        if store.checkpoint_steps(run_id):
+            links[0].page_link("pages/explorer.py", label="Explore this run",
+                               icon=":material/biotech:", query_params={"run": run_id})  # fmt: skip
+            links[1].page_link("pages/lab.py", label="Measure it in the lab",
+                               icon=":material/science:", query_params={"run": run_id})  # fmt: skip
+        if run.sweep_id is not None:
+            links[2].page_link("pages/compare.py", label="Compare its sweep",
+                               icon=":material/stacked_line_chart:",
+                               query_params={"source": "sweep", "sweep": run.sweep_id})  # fmt: skip
         if run.active:
             if st.button("Stop", key="train.stop", icon=":material/stop:"):
                 manager.stop(run_id)

@@ -165,8 +165,12 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     store = RunStore(data_dir)
     steps = store.checkpoint_steps(recorded_run)
     at.selectbox(key="ex.source").set_value("fresh recording").run()
-    at.number_input(key="ex.seed").set_value(7).run()
-    assert not at.exception
+    at.text_input(key="ex.seed").set_value("99999999999999999999").run()  # past 2^53: said
+    assert [e.value for e in at.error] == [
+        "the fresh episode's seed must be in [0, 2147483647], got 99999999999999999999"
+    ]
+    at.text_input(key="ex.seed").set_value("7").run()
+    assert not at.exception and not at.error
     own = explorer.load_trajectory(store, recorded_run, steps[-1], fresh_seed=7)
     np.testing.assert_allclose(main_chart_trace(at, "V(s_t)"), own.values, rtol=1e-6)
     at.selectbox(key="ex.critic").set_value(steps[0]).run()
