@@ -193,6 +193,31 @@ def app_page(chromium_browser, app_server):
     context.close()
 
 
+# Point count of the first trace of the Plotly chart titled `title` (-1 while there is none):
+# what the browser tests wait on for a chart's first points.
+POINTS_JS = """(title) => {
+  for (const g of document.querySelectorAll('.js-plotly-plot')) {
+    const t = g._fullLayout && g._fullLayout.title;
+    const text = String((t && (t.text ?? t)) || '').replace(/<[^>]+>/g, '');
+    if (text === title && g._fullData && g._fullData.length) return g._fullData[0]._length;
+  }
+  return -1;
+}"""
+
+
+def write_measurements(path: Path, measured: dict) -> None:
+    """What a browser test module measured, with the machine it ran on, as JSON at ``path``
+    (beside the screenshots), and printed."""
+    import json
+    import platform
+
+    measured["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                           "platform": platform.platform()}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(measured, indent=2, ensure_ascii=False) + "\n")
+    print(f"\n{path}:\n{json.dumps(measured, indent=2)}")
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

@@ -15,7 +15,6 @@ import io
 import itertools
 import json
 import os
-import platform
 import re
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import APP_READY, wait_until
+from conftest import APP_READY, POINTS_JS, wait_until, write_measurements
 
 import gae_core
 from gae_core import metrics as M
@@ -67,15 +66,6 @@ CHARTS_JS = """(withY) => Array.from(document.querySelectorAll('.js-plotly-plot'
   };
 })"""
 
-# Point count of the first trace of the chart titled `title` (-1 while there is none).
-POINTS_JS = """(title) => {
-  for (const g of document.querySelectorAll('.js-plotly-plot')) {
-    const t = g._fullLayout && g._fullLayout.title;
-    const text = String((t && (t.text ?? t)) || '').replace(/<[^>]+>/g, '');
-    if (text === title && g._fullData && g._fullData.length) return g._fullData[0]._length;
-  }
-  return -1;
-}"""
 
 # [point count, last x] of the first trace of the chart titled `title` (null while none):
 # the count stops at figures.MAX_POINTS, the last x (env step) keeps growing.
@@ -155,16 +145,8 @@ LONGTASKS_JS = """() => {
 def report_timings():
     """Print the measured timings and write them next to the screenshots."""
     yield
-    if not TIMINGS:
-        return
-    TIMINGS["machine"] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-    TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nbrowser timings ({TIMINGS_FILE}):\n{json.dumps(TIMINGS, indent=2)}")
+    if TIMINGS:
+        write_measurements(TIMINGS_FILE, TIMINGS)
 
 
 # ----------------------------------------------------------------------------- helpers

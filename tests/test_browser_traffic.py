@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import tempfile
 import time
 import tomllib
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import APP_READY, VIEWPORT, wait_until
+from conftest import APP_READY, POINTS_JS, VIEWPORT, wait_until, write_measurements
 
 from gae_core import metrics as M
 from gae_core.runs.manager import RunManager
@@ -51,39 +50,21 @@ TITLES = tuple(m.title for m in M.LIVE)
 #: a finished run: 541 episodes and 29 rows of each update metric (log_every 1,000), so its
 #: return and length charts are over 10 kB (19.1 kB) and its update-metric charts under (5.1 kB)
 FINISHED = {"total_steps": 30_000, "checkpoint_every": 0, "seed": 3}
-TRAINING = {"total_steps": 5_000_000, "checkpoint_every": 0, "seed": 1}
+#: a run that never ends within the module (5 M steps did, once, on an idle core): stopped after
+TRAINING = {"total_steps": 100_000_000, "checkpoint_every": 0, "seed": 1}
 ARTIFACTS = Path(
     os.environ.get("GAE_SCREENSHOTS_DIR")
     or Path(tempfile.gettempdir()) / "gae-browser-artifacts" / "screenshots"
 ).parent
 MEASURED: dict[str, dict] = {}
 
-# Point count of the first trace of the chart titled `title` (-1 while there is none).
-POINTS_JS = """(title) => {
-  for (const g of document.querySelectorAll('.js-plotly-plot')) {
-    const t = g._fullLayout && g._fullLayout.title;
-    const text = String((t && (t.text ?? t)) || '').replace(/<[^>]+>/g, '');
-    if (text === title && g._fullData && g._fullData.length) return g._fullData[0]._length;
-  }
-  return -1;
-}"""
-
 
 @pytest.fixture(scope="module", autouse=True)
 def report_traffic():
     """Print what was measured and write it next to the browser tests' timings."""
     yield
-    if not MEASURED:
-        return
-    MEASURED["machine"] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-    path = ARTIFACTS / "browser_traffic.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(MEASURED, indent=2, ensure_ascii=False) + "\n")
-    print(f"\nwebsocket traffic ({path}):\n{json.dumps(MEASURED, indent=2)}")
+    if MEASURED:
+        write_measurements(ARTIFACTS / "browser_traffic.json", MEASURED)
 
 
 # ----------------------------------------------------------------------------- recording

@@ -332,6 +332,12 @@ def _moments(prob: np.ndarray, values: np.ndarray, target: float) -> Moments:
     return Moments(mean, prob @ (values - mean) ** 2, target)  # two-pass: no cancellation
 
 
+def _target(spec: ChainSpec, policy, critic, gamma: float, s0: int, a0: int) -> tuple[float, float]:
+    """The target Q^π(s_0, a_0) − V̂(s_0) and V^π(s_0) − V̂(s_0) (the critic's error at s_0)."""
+    V, Q = exact_values(spec, policy, gamma)
+    return float(Q[s0, a0] - critic[s0]), float(V[s0] - critic[s0])
+
+
 def exact_estimator_moments(
     spec: ChainSpec,
     policy: np.ndarray,
@@ -347,12 +353,10 @@ def exact_estimator_moments(
     paths = enumerate_paths(spec, policy, start_state, start_action, segment)
     deltas = path_deltas(paths, critic, gamma)
     lambdas, ks = np.atleast_1d(np.asarray(lambdas, float)), np.atleast_1d(np.asarray(ks, int))
-    V, Q = exact_values(spec, policy, gamma)
-    v0 = float(np.asarray(critic, float)[start_state])
-    target = float(Q[start_state, start_action]) - v0
+    target, offset = _target(spec, policy, critic, gamma, start_state, start_action)
     return EstimatorMoments(
         target=target,
-        state_offset=float(V[start_state]) - v0,
+        state_offset=offset,
         delta=_moments(paths.prob, deltas[:, 0], target),
         k_step=_moments(paths.prob, deltas @ k_step_weights(gamma, ks, segment).T, target),
         gae=_moments(paths.prob, deltas @ gae_weights(gamma, lambdas, segment).T, target),
@@ -364,9 +368,8 @@ def exact_estimator_moments(
 
 @dataclass(frozen=True)
 class SampledMoments:
-    """Monte-Carlo estimates of GAE_0's moments, one per λ, from ``samples`` continuations:
-    sample bias², variance (1/n) and MSE = mean of (Â − target)² = bias² + variance, with the
-    MSE's standard error."""
+    """GAE_0's moments per λ from ``samples`` continuations: sample bias², variance (1/n) and
+    MSE = mean of (Â − target)² = bias² + variance, with the MSE's standard error."""
 
     lambdas: np.ndarray
     bias2: np.ndarray
@@ -429,8 +432,7 @@ def sampled_gae_moments(
     paths = sample_paths(spec, policy, start_state, start_action, segment, samples, rng)
     lambdas = np.atleast_1d(np.asarray(lambdas, float))
     values = path_deltas(paths, critic, gamma) @ gae_weights(gamma, lambdas, segment).T
-    _, Q = exact_values(spec, policy, gamma)
-    target = float(Q[start_state, start_action]) - float(np.asarray(critic, float)[start_state])
+    target, _ = _target(spec, policy, critic, gamma, start_state, start_action)
     squared = (values - target) ** 2
     moments = _moments(paths.prob, values, target)
     return SampledMoments(
