@@ -229,7 +229,8 @@ mode = st.radio(
 if mode == "the exact chain":
     st.markdown(
         "A 7-state random walk (terminal ends, +1 on the right) where every moment is known by "
-        "enumeration: the place to learn the trade-off with no Monte-Carlo error at all."
+        "enumeration: the curves carry no Monte-Carlo error, and the points beside them show what "
+        "sampling gives."
     )
     knobs = st.columns(6)
     error = knobs[0].slider("critic error scale", 0.0, 0.5, 0.2, 0.01, key="lab.chain_error")

@@ -50,7 +50,7 @@ TITLES = tuple(m.title for m in M.LIVE)
 #: a finished run: 541 episodes and 29 rows of each update metric (log_every 1,000), so its
 #: return and length charts are over 10 kB (19.1 kB) and its update-metric charts under (5.1 kB)
 FINISHED = {"total_steps": 30_000, "checkpoint_every": 0, "seed": 3}
-#: a run that never ends within the module (5 M steps did, once, on an idle core): stopped after
+#: a run whose budget it never reaches within the module: stopped after its tests
 TRAINING = {"total_steps": 100_000_000, "checkpoint_every": 0, "seed": 1}
 ARTIFACTS = Path(
     os.environ.get("GAE_SCREENSHOTS_DIR")
