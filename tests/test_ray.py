@@ -166,9 +166,10 @@ def test_a_killed_coordinator_leaves_every_trial_interrupted(tmp_path, local_ray
     def gone(pid: int) -> bool:
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (ProcessLookupError, FileNotFoundError):  # it exited (between the two, too)
             return True
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+        return stat.split(") ")[1].startswith("Z")
 
     assert wait_until(lambda: all(gone(int(p)) for p in pids), timeout=60)  # no orphan training
     with RunStore(tmp_path) as store:
