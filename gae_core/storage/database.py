@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from gae_core.errors import StoreError, StoreFull
-from gae_core.storage.ownership import Owner, owner_alive
+from gae_core.storage.ownership import OWNER_COLUMNS, Owner, owner_alive
 from gae_core.storage.schema import SCHEMA_VERSION, migrate
 
 __all__ = [
@@ -175,11 +175,10 @@ class Database:
                 conn = sqlite3.connect(
                     uri,
                     uri=True,
-                    timeout=busy_timeout_s,
+                    timeout=busy_timeout_s,  # SQLite's busy timeout
                     isolation_level=None,  # autocommit; transactions are explicit
                     check_same_thread=False,
                 )
-                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
                 conn.execute("PRAGMA schema_version").fetchone()  # fails on a non-database
                 return conn
             except sqlite3.Error as exc:
@@ -346,14 +345,10 @@ class Database:
             return []
         now = time.time()
         rows = self._read(
-            "SELECT id, owner_host, owner_pid, owner_token, heartbeat_at FROM runs "
-            "WHERE status IN ('queued', 'running')"
+            f"SELECT id, {OWNER_COLUMNS} FROM runs WHERE status IN ('queued', 'running')"
         )
         dead = [row for row in rows if not owner_alive(*row[1:], now=now)]
-        sweep_rows = self._read(
-            "SELECT id, owner_host, owner_pid, owner_token, heartbeat_at FROM sweeps "
-            "WHERE status = 'running'"
-        )
+        sweep_rows = self._read(f"SELECT id, {OWNER_COLUMNS} FROM sweeps WHERE status = 'running'")
         dead_sweeps = [row[0] for row in sweep_rows if not owner_alive(*row[1:], now=now)]
         if not dead and not dead_sweeps:
             return []

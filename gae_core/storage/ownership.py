@@ -15,8 +15,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HEARTBEAT_STALE_S", "Owner", "owner_alive"]
+__all__ = ["HEARTBEAT_STALE_S", "OWNER_COLUMNS", "Owner", "owner_alive"]
 
+#: The columns of an active run or sweep that name its owner, in :meth:`Owner.row`'s order (and
+#: :func:`owner_alive`'s).
+OWNER_COLUMNS = "owner_host, owner_pid, owner_token, heartbeat_at"
 #: A heartbeat older than this marks the owner dead when its pid cannot be checked (other host).
 HEARTBEAT_STALE_S = 120.0
 
@@ -60,6 +63,10 @@ class Owner:
         start = _proc_start_token(pid) if _HAS_PROC else None
         token = f"{_boot_id()}:{start}" if start is not None else f"nostat:{uuid.uuid4().hex}"
         return cls(socket.gethostname(), pid, token)
+
+    def row(self, heartbeat_at: float) -> tuple[str, int, str, float]:
+        """The values of :data:`OWNER_COLUMNS` for this owner, its heartbeat at ``heartbeat_at``."""
+        return self.host, self.pid, self.token, heartbeat_at
 
 
 def owner_alive(

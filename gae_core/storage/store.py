@@ -36,6 +36,7 @@ from gae_core.storage.database import (
     resolve_data_dir,
 )
 from gae_core.storage.lab_table import LabTable
+from gae_core.storage.ownership import OWNER_COLUMNS
 from gae_core.storage.records import ACTIVE_STATUSES, STATUSES, MetricRow, RunRecord
 from gae_core.storage.retention import RetentionTable
 from gae_core.storage.sweep_table import SweepTable
@@ -65,30 +66,24 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         *,
         name: str | None = None,
         sweep_id: str | None = None,
-        run_id: str | None = None,
         reward_threshold: float | None = None,
     ) -> str:
         """Insert a ``queued`` run owned by this process; returns its id. The name is cleaned
         (:func:`gae_core.inert.clean_name`): ``ValueError`` if nothing printable is left."""
-        run_id = run_id or new_id()
+        run_id = new_id()
         name = clean_name(name, field="run name") if name is not None else run_id
         now = time.time()
-        owner = self.owner
         with self._write() as conn:
             conn.execute(
-                "INSERT INTO runs (id, name, config, status, created_at, sweep_id, owner_host, "
-                "owner_pid, owner_token, heartbeat_at, reward_threshold, code) "
-                "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO runs (id, name, config, status, created_at, sweep_id, {OWNER_COLUMNS}"
+                ", reward_threshold, code) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     name,
                     dumps(config),
                     now,
                     sweep_id,
-                    owner.host,
-                    owner.pid,
-                    owner.token,
-                    now,
+                    *self.owner.row(now),
                     finite_or_none(reward_threshold),
                     dumps(source_version()),
                 ),
@@ -101,13 +96,11 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         False when the run is no longer queued (cancelled, or claimed by someone else).
         """
         now = time.time()
-        owner = self.owner
         with self._write() as conn:
             cursor = conn.execute(
-                "UPDATE runs SET status = 'running', started_at = ?, heartbeat_at = ?, "
-                "owner_host = ?, owner_pid = ?, owner_token = ? "
-                "WHERE id = ? AND status = 'queued'",
-                (now, now, owner.host, owner.pid, owner.token, run_id),
+                f"UPDATE runs SET status = 'running', started_at = ?, ({OWNER_COLUMNS}) = "
+                "(?, ?, ?, ?) WHERE id = ? AND status = 'queued'",
+                (now, *self.owner.row(now), run_id),
             )
             return cursor.rowcount == 1
 
@@ -149,27 +142,19 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
                 sets.append("env_steps = MAX(env_steps, ?)")
                 values.append(int(env_steps))
             if summary is not None:
-                sets += [
-                    "episodes = ?",
-                    "best_return = ?",
-                    "final_return = ?",
-                    "solved = ?",
-                    "solved_at_step = ?",
-                    "fell_below_at_step = ?",
-                    "stayed_solved = ?",
-                ]
-                values += [
-                    summary.episodes,
-                    finite_or_none(summary.best_return),
-                    finite_or_none(summary.final_return),
-                    flag(summary.solved),
-                    summary.solved_at_step,
-                    summary.fell_below_at_step,
-                    flag(summary.stayed_solved),
-                ]
+                columns = {
+                    "episodes": summary.episodes,
+                    "best_return": finite_or_none(summary.best_return),
+                    "final_return": finite_or_none(summary.final_return),
+                    "solved": flag(summary.solved),
+                    "solved_at_step": summary.solved_at_step,
+                    "fell_below_at_step": summary.fell_below_at_step,
+                    "stayed_solved": flag(summary.stayed_solved),
+                }
                 if summary.reward_threshold is not None:
-                    sets.append("reward_threshold = ?")
-                    values.append(summary.reward_threshold)
+                    columns["reward_threshold"] = summary.reward_threshold
+                sets += [f"{column} = ?" for column in columns]
+                values += columns.values()
             row = conn.execute(
                 f"UPDATE runs SET {', '.join(sets)} WHERE id = ? RETURNING stop_requested",
                 (*values, run_id),
@@ -197,7 +182,6 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
     def reset_run(self, run_id: str, note: str) -> None:
         """Put a run back to ``queued`` with no data, for a retry (its trial died): metrics,
         checkpoints and progress are dropped; ``note`` is kept in ``error`` so the retry shows."""
-        now = time.time()
         with self._write() as conn:
             for table in ("trajectories", "checkpoints", "metrics"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
@@ -205,9 +189,9 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
                 "UPDATE runs SET status = 'queued', error = ?, started_at = NULL, ended_at = NULL,"
                 " env_steps = 0, episodes = 0, best_return = NULL, final_return = NULL,"
                 " solved = NULL, solved_at_step = NULL, fell_below_at_step = NULL,"
-                " stayed_solved = NULL, stop_requested = 0, heartbeat_at = ?, owner_host = ?,"
-                " owner_pid = ?, owner_token = ? WHERE id = ?",
-                (note, now, self.owner.host, self.owner.pid, self.owner.token, run_id),
+                f" stayed_solved = NULL, stop_requested = 0, ({OWNER_COLUMNS}) = (?, ?, ?, ?)"
+                " WHERE id = ?",
+                (note, *self.owner.row(time.time()), run_id),
             )
 
     def request_stop(self, run_id: str) -> str:

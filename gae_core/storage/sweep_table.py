@@ -11,6 +11,7 @@ from typing import Any
 from gae_core.errors import StoreError
 from gae_core.inert import clean_name
 from gae_core.storage.database import Database, dumps, new_id
+from gae_core.storage.ownership import OWNER_COLUMNS
 from gae_core.storage.records import STATUSES, SWEEP_STATUSES, SweepRecord
 
 __all__ = ["SweepTable"]
@@ -23,33 +24,16 @@ class SweepTable(Database):
     """Sweeps: a grid, its base config and status; the trials are runs with its ``sweep_id``."""
 
     def create_sweep(
-        self,
-        grid: dict[str, list[Any]],
-        base_config: dict[str, Any],
-        *,
-        name: str | None = None,
-        sweep_id: str | None = None,
+        self, grid: dict[str, list[Any]], base_config: dict[str, Any], *, name: str | None = None
     ) -> str:
-        sweep_id = sweep_id or new_id()
+        sweep_id = new_id()
         name = clean_name(name, field="sweep name") if name else f"sweep-{sweep_id}"
         now = time.time()
-        owner = self.owner
         with self._write() as conn:
             conn.execute(
-                "INSERT INTO sweeps (id, name, grid, base_config, status, created_at, owner_host,"
-                " owner_pid, owner_token, heartbeat_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, "
-                "?, ?)",
-                (
-                    sweep_id,
-                    name,
-                    dumps(grid),
-                    dumps(base_config),
-                    now,
-                    owner.host,
-                    owner.pid,
-                    owner.token,
-                    now,
-                ),
+                f"INSERT INTO sweeps (id, name, grid, base_config, status, created_at, "
+                f"{OWNER_COLUMNS}) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                (sweep_id, name, dumps(grid), dumps(base_config), now, *self.owner.row(now)),
             )
         return sweep_id
 
