@@ -73,10 +73,6 @@ class RunOutcome:
     wall_seconds: float
     error: str | None = None
 
-    @property
-    def steps_per_second(self) -> float:
-        return self.env_steps / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
 
 def default_run_name(config: TrainConfig) -> str:
     """``CartPole-v1 λ = 0.95 γ = 0.99 seed = 0`` (``PPO`` before it for a PPO run)."""

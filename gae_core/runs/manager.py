@@ -3,14 +3,12 @@
 :meth:`RunManager.start` stores the run and hands it to a backend through the sweep coordinator
 (:class:`~gae_core.runs.sweep.Sweep` without a stored sweep), the same path, the same
 :class:`~gae_core.runs.sinks.Report` and the same single writer as a 1,000-trial sweep. With
-``processes=True`` (the dashboard) the backend is the local pool: the run trains in a worker
-process, niced below the server, so training never holds the server's GIL (in a thread of the
-Streamlit server it competed with every page script; ``tests/test_browser.py`` measures click →
-redraw with two runs training). The manager keeps one warm spare worker (torch imported), so a
-Start costs no import time; the next spare starts ``spare_delay_s`` after a Start, not at once,
-since its torch import would take a core from the new run's first seconds. Without
-``processes`` runs train in threads of this process (:class:`~gae_core.runs.backends.
-ThreadBackend`; tests inject fake trainers there).
+``processes=True`` (the dashboard) the run trains in a local pool's worker process, niced below
+the server, so training never holds the server's GIL or slows its pages. The manager keeps one
+warm spare worker (torch imported), so a Start costs no import time; the next spare starts
+``spare_delay_s`` after a Start, so its import does not take a core from the new run's first
+seconds. Without ``processes`` runs train in threads of this process
+(:class:`~gae_core.runs.backends.ThreadBackend`; tests inject fake trainers there).
 
 Stop reaches the run within one update; a worker that dies leaves its run ``interrupted`` with
 the worker's pid and exit code (a dashboard run is not retried); a server killed with -9 leaves
@@ -128,20 +126,17 @@ class RunManager:
             if self._processes and self._spare is None and not self._closed:
                 self._spare = spawn_worker(1, self.flush_interval)
 
+    def _run(self, run_id: str) -> Sweep | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
     def stop(self, run_id: str) -> None:
         """Ask a run to stop; returns at once. Runs of other processes are asked via the store."""
-        with self._lock:
-            run = self._runs.get(run_id)
+        run = self._run(run_id)
         if run is not None:
             run.cancel()
         else:
             self.store.request_stop(run_id)
-
-    def stop_all(self) -> None:
-        with self._lock:
-            runs = list(self._runs.values())
-        for run in runs:
-            run.cancel()
 
     def active(self) -> list[str]:
         """Ids of this manager's runs that have not ended."""
@@ -150,8 +145,7 @@ class RunManager:
 
     def wait(self, run_id: str, timeout: float | None = None) -> bool:
         """Wait for the run to end; True when it has (False on timeout)."""
-        with self._lock:
-            run = self._runs.get(run_id)
+        run = self._run(run_id)
         if run is None:
             raise StoreError(f"run {run_id} was not started by this manager")
         return run.wait(timeout)
@@ -159,16 +153,14 @@ class RunManager:
     def outcome(self, run_id: str) -> RunRecord | None:
         """The run as it ended (status, error, env steps), or None while it runs or once it
         was deleted."""
-        with self._lock:
-            run = self._runs.get(run_id)
+        run = self._run(run_id)
         if run is None or not run.done or not self.store.run_exists(run_id):
             return None
         return self.store.get_run(run_id)
 
     def pid(self, run_id: str) -> int | None:
         """The process training the run now (None when it is not training)."""
-        with self._lock:
-            run = self._runs.get(run_id)
+        run = self._run(run_id)
         return None if run is None else run.trial_pids().get(run_id)
 
     def shutdown(self, timeout: float | None = 10.0) -> bool:
@@ -180,7 +172,8 @@ class RunManager:
             if self._spare_timer is not None:
                 self._spare_timer.cancel()
         self._closing.set()
-        self.stop_all()
+        for run in runs:
+            run.cancel()
         if spare is not None:
             spare.close(timeout=0.0)  # a spare holds no run: no need to wait for it
         deadline = None if timeout is None else time.monotonic() + timeout

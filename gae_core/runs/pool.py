@@ -152,16 +152,13 @@ class LocalPool(Gathered):
     The coordinator submits trials (:meth:`submit`) while :meth:`can_take` says the next one
     would start, and reads :meth:`events`: the trials' :class:`~gae_core.runs.sinks.Report`\ s,
     and a :class:`~gae_core.runs.sinks.Lost` for each trial of a worker that died in the middle
-    of it. A dead
-    worker is replaced at once; workers that die before they are ready
+    of it. A dead worker is replaced at once; workers that die before they are ready
     :data:`MAX_START_FAILURES` times in a row raise ``RuntimeError`` (they cannot start at
     all: a broken install).
 
     ``members``: the most trials one worker trains at once, as a population. Submitted trials
-    are gathered and sent on the next :meth:`events` to the free workers by the rule both
-    backends share (:class:`~gae_core.runs.gather.Gathering`: consecutive batches of at most
-    ⌈trials / workers⌉, only trials whose configs can share a population together; the coordinator
-    submits in :meth:`dispatch_order`, so the split does not depend on when workers free up).
+    are sent to the free workers on the next :meth:`events`, in the batches of the rule both
+    backends share (:mod:`gae_core.runs.gather`).
     """
 
     name = "local"
@@ -202,9 +199,8 @@ class LocalPool(Gathered):
         self.gathering.add(index, run_id, config)
 
     def _send_gathered(self) -> None:
-        """Hand the gathered trials to the free workers, a batch each (:meth:`Gathering.take`:
-        consecutive batches, so who shares a population does not depend on which workers were
-        free when); what finds no free worker waits."""
+        """Hand the gathered trials to the free workers, a batch each
+        (:meth:`~gae_core.runs.gather.Gathering.take`); what finds no free worker waits."""
         free = [w for w in self.workers if w.free]
         for worker, batch in zip(free, self.gathering.take(len(free)), strict=False):
             worker.trials = {index: 0 for index, _, _ in batch}
@@ -284,12 +280,12 @@ class LocalPool(Gathered):
         worker.conn.close()
         self.workers[self.workers.index(worker)] = self._spawn()
 
-    def close(self, timeout: float = 5.0) -> None:
-        for worker in self.workers:
+    def close(self) -> None:
+        for worker in self.workers:  # all asked first: they exit together
             with contextlib.suppress(OSError):  # a worker already gone
                 worker.conn.send(("exit",))
         for worker in self.workers:
-            worker.close(timeout)
+            worker.close()
 
 
 #: The error of a trial whose worker went idle without reporting how the trial ended.
