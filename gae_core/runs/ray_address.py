@@ -1,8 +1,7 @@
-"""Whether a sweep can join the Ray cluster an address names, checked in bounded time before
-the sweep exists (:func:`check_address`): a bad address made ``ray.init`` retry for minutes,
-deaf to SIGTERM, inside a sweep already stored; a cluster with token authentication (Ray ≥ 2.60
-turns it on) refused a client without its token after 20 s with a traceback. Used by
-:func:`gae_core.runs.backends.backend_factory` and by :class:`~gae_core.runs.ray_pool.RayPool`.
+"""Whether a sweep can join the Ray cluster an address names (:func:`check_address`), checked in
+bounded time before the sweep exists: ``ray.init`` retries a bad address for minutes, deaf to
+SIGTERM, and refuses a client without a token the cluster wants after 20 s with a traceback.
+Used by :func:`gae_core.runs.backends.backend_factory` and :class:`~gae_core.runs.ray_pool.RayPool`.
 """
 
 from __future__ import annotations
@@ -69,6 +68,18 @@ except AuthenticationError:
 else:
     print("ok")
 """
+#: What the probe's token answers tell the user (``{where}``: the address and where it came from).
+_AUTH_PROBLEMS = {
+    "auth-needed": "the Ray cluster at {where} uses token authentication: set RAY_AUTH_MODE=token,"
+    " with its token (the head node's ~/.ray/auth_token) in RAY_AUTH_TOKEN or in ~/.ray/auth_token"
+    " (RAY_AUTH_TOKEN_PATH names another file)",
+    "auth-missing": "RAY_AUTH_MODE=token, but no token to give the Ray cluster at {where}: set "
+    "RAY_AUTH_TOKEN to its token (the head node's ~/.ray/auth_token), or put it in "
+    "~/.ray/auth_token (RAY_AUTH_TOKEN_PATH names another file)",
+    "auth-refused": "the Ray cluster at {where} refused this client's token: set RAY_AUTH_TOKEN "
+    "(or RAY_AUTH_TOKEN_PATH, default ~/.ray/auth_token) to the cluster's token, its head node's "
+    "~/.ray/auth_token",
+}
 
 
 def check_address(address: str | None) -> None:
@@ -208,24 +219,8 @@ def _probe(address: str, where: str, *, found: bool) -> None:
             f"{_PROBE_S:g} s (is it the head node's GCS port, 6379 by default?)"
         ) from None
     answer = (done.stdout.split() or ["none"])[-1]
-    if answer == "auth-needed":
-        raise ConfigError(
-            f"address: the Ray cluster at {where} uses token authentication: set "
-            "RAY_AUTH_MODE=token, with its token (the head node's ~/.ray/auth_token) in "
-            "RAY_AUTH_TOKEN or in ~/.ray/auth_token (RAY_AUTH_TOKEN_PATH names another file)"
-        )
-    if answer == "auth-missing":
-        raise ConfigError(
-            f"address: RAY_AUTH_MODE=token, but no token to give the Ray cluster at {where}: "
-            "set RAY_AUTH_TOKEN to its token (the head node's ~/.ray/auth_token), or put it in "
-            "~/.ray/auth_token (RAY_AUTH_TOKEN_PATH names another file)"
-        )
-    if answer == "auth-refused":
-        raise ConfigError(
-            f"address: the Ray cluster at {where} refused this client's token: set "
-            "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, default ~/.ray/auth_token) to the "
-            "cluster's token, its head node's ~/.ray/auth_token"
-        )
+    if answer in _AUTH_PROBLEMS:
+        raise ConfigError("address: " + _AUTH_PROBLEMS[answer].format(where=where))
     if answer == "ok":
         _ANSWERED[key] = time.monotonic()
     # anything else (skip: this Ray lacks the helpers; a probe that crashed) is ray.init's to say

@@ -3,17 +3,15 @@ task on any node of a cluster, streaming its data back to the coordinator, which
 store's single writer.
 
 Messages travel through one small actor, the *inbox*: a task's trials post every flush,
-checkpoint and end to the task's :class:`_Outbox`, which delivers what waits in one call at
-most every ``flush_interval / 2`` (a trial's end at once) and waits for the reply, so
-everything a trial sent is in the inbox before its task returns. The reply says which of the
-task's trials were asked to stop (cancel, ``stop`` from the UI or CLI, a deleted run): a stop
-reaches a trial on any node at its first flush after the next delivery, within about
-``flush_interval`` plus one update (a population's members flush together). The coordinator
-drains the inbox and watches the tasks' object refs: when a task fails (its worker or its node
-died), each of its trials that had not sent its end is reported ``lost``, and the coordinator
-re-queues it (once by default) like the local pool's dead worker; a task that returns without
-one of its trials' ends (a bug) fails that trial rather than leaving the sweep waiting. Tasks
-run with ``max_retries=0`` so Ray does not retry behind the coordinator's back.
+checkpoint and end to the task's :class:`_Outbox`, which delivers them in batches at most every
+``flush_interval / 2``; the reply says which trials were asked to stop (cancel, ``stop`` from
+the UI or CLI, a deleted run), so a stop reaches a trial on any node within about
+``flush_interval`` plus one update. The coordinator drains the inbox and watches the tasks'
+object refs: when a task fails (its worker or its node died), each of its trials that had not
+sent its end is reported ``lost``, and the coordinator re-queues it (once by default) like the
+local pool's dead worker; a task that returns without one of its trials' ends (a bug) fails that
+trial rather than leaving the sweep waiting. Tasks run with ``max_retries=0`` so Ray does not
+retry behind the coordinator's back.
 
 When this backend starts or joins Ray itself, the package travels with the job
 (``runtime_env=RUNTIME_ENV``, ``py_modules``: this ``gae_core`` folder), so a node needs only the
@@ -23,11 +21,8 @@ checkout on one machine, where Ray's workers start in the driver's folder. ``ray
 optional dependency (``requirements-ray.txt``); importing this module without it raises a clear
 ``ImportError``.
 
-An address is checked before a sweep exists (:func:`check_address`, in bounded time): a bad one
-made ``ray.init`` retry for minutes, deaf to SIGTERM, inside a sweep already stored. A sweep
-that starts Ray keeps SIGTERM for Python: Ray's C++ failure-signal handler (Abseil) in the
-driver took SIGTERM for a crash, printed a stack dump and aborted the process 3 s later (exit
-134), wherever the sweep's clean stop had got to (:func:`_python_keeps_sigterm`).
+An address is checked before a sweep exists (:func:`check_address`), and a sweep that starts Ray
+keeps SIGTERM for Python's clean stop (:func:`_python_keeps_sigterm`).
 """
 
 from __future__ import annotations
@@ -87,16 +82,13 @@ class _Inbox:
 
 
 class _Outbox:
-    """One task's messages on their way to the inbox, sent together.
+    """One task's messages on their way to the inbox, sent together: a population's members
+    flush in the same update, and one blocking actor call each would cost the task real time.
 
-    A population's members flush in the same update (their buffers come due together, every
-    ``flush_interval``): sent one by one, each was a blocking actor call, 7 % of a Ray task's
-    time in a 35-member population (py-spy, the CartPole preset study). Here a message waits
-    until ``every`` seconds have passed since the last delivery, then goes with every message
-    waiting, in order, in one call, whose reply says which of the task's trials were asked to
-    stop. A trial's end (``finish``) is delivered at once, so everything a task sent is in the
-    inbox before its task returns. A trial alone flushes once per ``flush_interval`` and is
-    delivered at each flush, as before.
+    A message waits until ``every`` seconds have passed since the last delivery, then goes with
+    every message waiting, in order, in one call, whose reply says which of the task's trials
+    were asked to stop. A trial's end (``finish``) is delivered at once, so everything a task
+    sent is in the inbox before its task returns.
     """
 
     def __init__(self, inbox: Any, indices: list[int], every: float) -> None:
@@ -263,14 +255,13 @@ class RayPool(Gathered):
 def _python_keeps_sigterm() -> Iterator[None]:
     """``ray.init`` in here gives the driver no C++ failure-signal handler.
 
-    Ray's handler (Abseil's, call-previous mode) counts SIGTERM as a crash: it printed
-    ``*** SIGTERM received`` and a stack dump, and armed a 3 s alarm that aborts the process
-    (exit 134) while the sweep stopped cleanly through Python's handler. Ray decides when it
-    creates the driver's core worker, from ``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``
-    (what the environment variable of that name set at import; Ray's documented way out),
-    changed here for this one ``ray.init``: the Ray processes it starts keep theirs. A native
-    crash in this process still prints a Python traceback (``ray.init`` turns faulthandler on).
-    Without the flag (another Ray), nothing changes."""
+    Ray's handler (Abseil's) counts SIGTERM as a crash: it prints a stack dump and aborts the
+    process 3 s later (exit 134), wherever the sweep's clean stop through Python's handler got
+    to. Ray decides when it creates the driver's core worker, from
+    ``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` (the documented environment variable's
+    value at import), changed here for this one ``ray.init``: the Ray processes it starts keep
+    theirs, and a native crash here still prints a Python traceback (``ray.init`` turns
+    faulthandler on). Without the flag (another Ray), nothing changes."""
     constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
     name = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
     if constants is None or not hasattr(constants, name):
