@@ -150,10 +150,8 @@ def backend_factory(
     the Ray already running in this process, or a new local one); ``members``: how many trials
     a local worker or a Ray task may train at once as one batched population
     (one :class:`~gae_core.agent.trainer.Trainer`). ``ConfigError`` names the field for an unknown
-    backend, Ray missing, an address given to the local backend, members out of range, or a Ray
-    address that cannot be joined: malformed, nothing answering, ``auto`` with no cluster here,
-    a token the cluster wants or refuses (:func:`~gae_core.runs.ray_pool.check_address`, a few
-    seconds at most, before a caller stores anything)."""
+    backend, Ray missing, members out of range, or an address the backend cannot take or join
+    (:func:`~gae_core.runs.ray_address.check_address`: a few seconds, before anything is stored)."""
     if name not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if (
@@ -172,5 +170,4 @@ def backend_factory(
     from gae_core.runs.ray_pool import RayPool
 
     check_address(address)
-
     return functools.partial(RayPool, address=address, members=members)

@@ -40,14 +40,6 @@ def population_capacity(members: int, trials: int, workers: int) -> int:
     return max(1, min(members, -(-trials // max(workers, 1))))
 
 
-def _population_key(config: dict) -> tuple:
-    # imported here: with one trial per slot the coordinator never needs the trainer
-    from gae_core.agent.config import TrainConfig
-    from gae_core.agent.trainer import population_key
-
-    return population_key(TrainConfig.from_dict(config))
-
-
 class Gathering:
     """The trials submitted and not yet sent, and how they split into batches.
 
@@ -59,9 +51,7 @@ class Gathering:
 
     A trial is gathered under its *group*: its kind (population key, or :data:`ALONE`) and the
     number of its planned population (:meth:`dispatch_order`; -1 for a trial outside the
-    plan). A planned population is never merged with another, so a trial stopped before it
-    started, or a population of which only some members are lost and queued again, leaves a
-    smaller population and the rest of the sweep's split as planned.
+    plan), so planned populations are never merged (see the module docstring).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -73,7 +63,13 @@ class Gathering:
 
     def kind(self, config: dict) -> tuple:
         """The trial's population key, or :data:`ALONE` (always, at capacity 1)."""
-        return _population_key(config) if self.capacity > 1 else ALONE
+        if self.capacity == 1:
+            return ALONE
+        # imported here: with one trial per slot the coordinator never needs the trainer
+        from gae_core.agent.config import TrainConfig
+        from gae_core.agent.trainer import population_key
+
+        return population_key(TrainConfig.from_dict(config))
 
     def group(self, config: dict, index: int | None = None) -> tuple:
         """(kind, planned population number or -1): what the trial is gathered under (read
@@ -142,12 +138,10 @@ class Gathering:
         return self.batches(self.group(config, index))[0] <= free
 
     def take(self, free: int) -> list[list[Trial]]:
-        """Up to ``free`` batches, removed from the gathered trials: each key's trials in
-        consecutive batches of ``capacity`` (the last one smaller); what finds no slot waits
-        for the next call. Consecutive, not spread evenly over the slots free now, so which
-        trials share a population (and so their final returns) does not depend on how many
-        slots are free at a given moment; with :meth:`dispatch_order`, the batches are the
-        planned populations."""
+        """Up to ``free`` batches, removed from the gathered trials: each group's trials in
+        consecutive batches of its size (the last one smaller), not spread over the slots free
+        now, so who shares a population does not depend on when slots free up; what finds no
+        slot waits for the next call."""
         if free <= 0 or not self.trials:
             return []
         groups: dict[tuple, list[Trial]] = {}

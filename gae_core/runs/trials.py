@@ -30,13 +30,9 @@ def grid_of(
     **fields: Sequence[Any],
 ) -> dict[str, list[Any]]:
     """``{"lambda_": lambdas, "seed": seeds, **fields}`` without the empty entries."""
-    grid: dict[str, list[Any]] = {}
-    if lambdas is not None:
-        grid["lambda_"] = list(lambdas)
-    if seeds is not None:
-        grid["seed"] = list(seeds)
-    grid.update({name: list(values) for name, values in fields.items()})
-    return grid
+    named = {"lambda_": lambdas, "seed": seeds}
+    grid = {name: list(values) for name, values in named.items() if values is not None}
+    return grid | {name: list(values) for name, values in fields.items()}
 
 
 def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[TrainConfig]:
