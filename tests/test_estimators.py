@@ -195,6 +195,77 @@ def test_lambda_sweep_equals_one_gae_per_lambda(batch, gamma, lambdas):
         )
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_column_kernels_agree_across_chunks_and_four_step_links(dtype):
+    """The one-column kernels work in chunks of ``CHUNK`` steps, four steps per link of the
+    chain (x_k = D + C x_{k+4}, ``_kernels._chain``): every length around those edges, with a
+    done at every position of a link, against the one-step reference loop, for GAE and the
+    λ-returns; the sweep equals one ``gae`` per λ bit for bit."""
+    from gae_core.estimators._kernels import CHUNK
+
+    rng = np.random.default_rng(7)
+    lengths = [1, 2, 3, 4, 5, 7, 8, 9, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK + 5, 2 * CHUNK + 3]
+    for steps in lengths:
+        for p_done in (0.0, 0.3):  # no done at all: the chain runs the whole column
+            r, v, nv, term, trunc = rollout(rng, steps, 1, p_done / 2, p_done / 2, dtype=dtype)
+            for gamma, lambda_ in ((0.99, 0.95), (1.0, 1.0), (0.9, 0.0)):
+                got = gae_core.gae(r, v, nv, term, trunc, gamma=gamma, lambda_=lambda_)
+                want = ref_gae(r, v, nv, term, trunc, gamma, lambda_)
+                tol = 1e-5 if dtype == np.float32 else 1e-12
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+                returns = gae_core.lambda_returns(
+                    r, v, nv, term, trunc, gamma=gamma, lambda_=lambda_
+                )  # its own chain, G_t = δ_t + V(s_t) − c_t V(s_{t+1}) + c_t G_{t+1}
+                want = want + v
+                np.testing.assert_allclose(returns, want, rtol=tol, atol=tol * np.abs(want).max())
+            lambdas = [0.0, 0.5, 0.95, 1.0]
+            sweep = gae_core.gae_lambda_sweep(r, v, nv, term, trunc, gamma=0.99, lambdas=lambdas)
+            for i, lambda_ in enumerate(lambdas):
+                one = gae_core.gae(r, v, nv, term, trunc, gamma=0.99, lambda_=lambda_)
+                np.testing.assert_array_equal(sweep[i], one)
+
+
+@pytest.mark.parametrize("columns", [1, 3])
+def test_one_non_finite_input_anywhere_is_named(columns):
+    """The kernels learn of a NaN or inf from the chains' values at t = 0 (``_finite``): one
+    bad element at any step (first, last, a chunk's edge), under a done, with γ or λ zero,
+    still makes gae, lambda_returns and the sweep raise naming its array."""
+    from gae_core.estimators._kernels import CHUNK
+
+    steps = CHUNK + 10
+    names = ["rewards", "values", "next_values"]
+    for position in (0, 1, CHUNK + 9 - CHUNK // 2, 9, 10, steps - 1):
+        for index, name in enumerate(names):
+            for bad in (np.nan, np.inf, -np.inf):
+                batch = list(rollout(np.random.default_rng(position), steps, columns))
+                batch[index] = batch[index].copy()
+                batch[index][position, columns - 1] = bad
+                batch[3][position, :] = True  # terminated there: γ(1 − terminated) is 0
+                for gamma, lambda_ in ((0.0, 0.0), (0.99, 1.0)):
+                    for fn, params in (
+                        (gae_core.gae, {"lambda_": lambda_}),
+                        (gae_core.lambda_returns, {"lambda_": lambda_}),
+                        (gae_core.gae_lambda_sweep, {"lambdas": [lambda_]}),
+                    ):
+                        with pytest.raises(ValueError, match=f"^{name} must be finite"):
+                            fn(*batch, gamma=gamma, **params)
+
+
+def test_finite_inputs_that_overflow_give_inf_not_an_error():
+    r, v, nv, term, trunc = rollout(np.random.default_rng(9), 50, 1)
+    r[20, 0], nv[20, 0], term[20, 0] = 1e308, 1e308, False
+    out = gae_core.gae(r, v, nv, term, trunc, gamma=1.0, lambda_=1.0)
+    assert np.isposinf(out[20, 0])
+
+
+def test_lambda_returns_of_many_columns_equal_gae_plus_values_bit_for_bit():
+    for dtype in (np.float32, np.float64):
+        batch = rollout(np.random.default_rng(8), 300, 5, dtype=dtype)
+        got = gae_core.lambda_returns(*batch, gamma=0.97, lambda_=[0.1, 0.5, 0.9, 0.95, 1.0])
+        advantages = gae_core.gae(*batch, gamma=0.97, lambda_=[0.1, 0.5, 0.9, 0.95, 1.0])
+        np.testing.assert_array_equal(got, advantages + batch[1])
+
+
 # ----------------------------------------------------------------------------- identities
 
 

@@ -1,16 +1,19 @@
 """Compiled CPU kernels behind :mod:`gae_core.estimators`.
 
 Every kernel takes C-contiguous time-major ``[T, N]`` arrays that the public functions have
-already validated, writes into a preallocated output and returns nothing. Flags arrive as
+already validated and writes into a preallocated output; the GAE kernels return whether the
+inputs were finite (:func:`_finite`), the others nothing. Flags arrive as
 ``uint8`` (a free view of a ``bool`` array). ``cache=True`` writes the machine code next to this
 file (or to ``NUMBA_CACHE_DIR``), so only the first process on a machine pays the compile time.
 
 Accumulators are float64 whatever the storage dtype, so float32 results differ from float64
 ones only by the final rounding of each element, not by error that grows along the chain.
 
-The GAE recursion is a chain: step t needs step t+1. On one long trajectory (N = 1) the
-loop is therefore latency-bound, one fused multiply-add per step; ``fastmath={"contract"}``
-lets LLVM fuse it without licensing any reordering that would change the result otherwise.
+The GAE recursion is a chain: step t needs step t+1. With N > 1 columns the N chains advance
+together, one row at a time, vectorised over the row. On one long trajectory (N = 1) a chain
+of one fused multiply-add per step is bound by its latency, so the column kernels take four
+steps per link (:func:`_chain`). ``fastmath={"contract"}`` lets LLVM fuse multiply-adds without
+licensing any other reordering.
 """
 
 from __future__ import annotations
@@ -42,82 +45,201 @@ def td_residuals(rewards, values, next_values, terminated, gamma, out):  # pragm
             out[t, n] = rewards[t, n] + bootstrap - values[t, n]
 
 
+#: Steps a single column's kernels take per chunk: two float64 scratch arrays of this length
+#: (32 KB) stay in the L1 cache between the chunk's passes.
+CHUNK = 2048
+
+
 @nb.njit(**_JIT)
 def gae(
-    rewards, values, next_values, terminated, truncated, gamma, lambda_, out
+    rewards, values, next_values, terminated, truncated, gamma, lambda_, plus_values, out
 ):  # pragma: no cover
-    """GAE into ``out``; returns True iff every float input is finite. ``gamma`` and
-    ``lambda_`` are float64 ``[N]``, one per column.
-
-    The finiteness check rides along in the same pass instead of three extra ones, so the
-    caller validates for free and only scans again, to name the culprit, when it fails. It is an
-    integer OR-reduction (x − x is NaN exactly for NaN and ±inf): unlike a float sum, LLVM may
-    reorder it, so the loop still vectorises.
-    """
+    """GAE into ``out`` (λ-returns, GAE + V(s_t), when ``plus_values``); returns False when
+    an input may be NaN or infinite (see :func:`_finite`). ``gamma`` and ``lambda_`` are
+    float64 ``[N]``, one per column. With N > 1 a λ-return is the advantage rounded to the
+    output's dtype plus V(s_t) (what ``gae(...) + values`` gives); with one column it is the
+    float64 sum rounded once (:func:`_returns_terms`)."""
     rows, cols = rewards.shape
+    # flat 1-D views: numba types them contiguous (a [:, 0] column view would index generically)
+    r, v, nv = rewards.reshape(-1), values.reshape(-1), next_values.reshape(-1)
+    te, tr, o = terminated.reshape(-1), truncated.reshape(-1), out.reshape(-1)
     if cols == 1:
-        return _gae_column(
-            rewards[:, 0], values[:, 0], next_values[:, 0], terminated[:, 0], truncated[:, 0],
-            gamma[0], lambda_[0], out[:, 0],
-        )  # fmt: skip
+        return _gae_column(r, v, nv, te, tr, gamma[0], lambda_[0], plus_values, o)
     decay = gamma * lambda_
     carry = np.zeros(cols, dtype=np.float64)
-    bad = False
-    for t in range(rows - 1, -1, -1):
-        # n innermost: contiguous in a time-major array and free of dependencies, so it vectorises.
+    for j in range(rows):
+        # One row's 1-D slices, n innermost: contiguous and free of dependencies, so the loop
+        # vectorises (indexing the 2-D arrays with a descending t measured 4× slower).
+        s = (rows - 1 - j) * cols
+        rr, vv, nn, oo = r[s : s + cols], v[s : s + cols], nv[s : s + cols], o[s : s + cols]
+        tt, uu = te[s : s + cols], tr[s : s + cols]
         for n in range(cols):
-            r, v, nv = rewards[t, n], values[t, n], next_values[t, n]
-            bad |= (r - r != 0.0) | (v - v != 0.0) | (nv - nv != 0.0)
-            term = terminated[t, n]
+            term = tt[n]
             # δ_t = r_t + γ(1 − terminated_t) V(s_{t+1}) − V(s_t)
-            delta = r + gamma[n] * (1 - term) * nv - v
+            delta = rr[n] + gamma[n] * (1 - term) * nn[n] - vv[n]
             # done = terminated or truncated: the recursion never crosses an episode boundary.
-            carry[n] = delta + decay[n] * (1 - (term | truncated[t, n])) * carry[n]
-            out[t, n] = carry[n]
-    return not bad
+            carry[n] = delta + decay[n] * (1 - (term | uu[n])) * carry[n]
+            oo[n] = carry[n]
+        if plus_values:
+            for n in range(cols):
+                oo[n] += vv[n]
+    return _finite(carry)
+
+
+@nb.njit(**_JIT)
+def _finite(last):  # pragma: no cover
+    """Whether the chains' values at t = 0 are all finite: False when an input may be NaN or
+    infinite, checked for free instead of in three passes over the inputs.
+
+    A non-finite r_t, V(s_t) or V(s_{t+1}) makes δ_t non-finite (0 · ±inf is NaN, so a zero
+    γ or a termination does not hide it), and a non-finite value stays so all the way back to
+    t = 0: x_t = δ_t + c_t x_{t+1} is non-finite when either term is. The converse fails only
+    when finite inputs overflow float64, so the caller scans the inputs before it names one.
+    """
+    for n in range(last.shape[0]):
+        if last[n] - last[n] != 0.0:
+            return False
+    return True
+
+
+@nb.njit(**_JIT)
+def _deltas_and_decays(r, v, nv, te, tr, gamma, decay, d, c):  # pragma: no cover
+    """One chunk's δ_t into ``d`` and γλ(1 − done_t) into ``c`` (float64, vectorised)."""
+    for k in range(r.shape[0]):
+        term = te[k]
+        d[k] = r[k] + gamma * (1 - term) * nv[k] - v[k]
+        c[k] = decay * (1 - (term | tr[k]))
+
+
+@nb.njit(**_JIT)
+def _chain(d, c, m, carry, out):  # pragma: no cover
+    """The recursion x_k = d_k + c_k x_{k+1} for k < m, with x_m = ``carry``, into ``out[:m]``;
+    returns x_0 (float64).
+
+    One step at a time it is a chain of m dependent multiply-adds, bound by their latency. Four
+    steps at a time, x_k = D + C x_{k+4} with D = d_k + c_k d_{k+1} + c_k c_{k+1} d_{k+2}
+    + c_k c_{k+1} c_{k+2} d_{k+3} and C = c_k c_{k+1} c_{k+2} c_{k+3}: D and C need no earlier
+    x, so the chain is one multiply-add per four steps, and x_{k+1..k+3} hang off it. The sum is
+    regrouped, so results differ from the one-step chain by float64 rounding only.
+    """
+    k = m
+    while k >= 4:
+        k -= 4
+        c0, c1, c2, c3 = c[k], c[k + 1], c[k + 2], c[k + 3]
+        x3 = d[k + 3] + c3 * carry
+        x2 = d[k + 2] + c2 * x3
+        x1 = d[k + 1] + c1 * x2
+        c01 = c0 * c1
+        c012 = c01 * c2
+        carry = ((d[k] + c0 * d[k + 1]) + (c01 * d[k + 2] + c012 * d[k + 3])) + (c012 * c3) * carry
+        out[k], out[k + 1], out[k + 2], out[k + 3] = carry, x1, x2, x3
+    while k > 0:
+        k -= 1
+        carry = d[k] + c[k] * carry
+        out[k] = carry
+    return carry
 
 
 @nb.njit(**_JIT)
 def _gae_column(
-    rewards, values, next_values, terminated, truncated, gamma, lambda_, out
+    rewards, values, next_values, terminated, truncated, gamma, lambda_, plus_values, out
 ):  # pragma: no cover
-    # One environment: a scalar carry keeps the chain in a register.
+    # One environment, backwards in chunks: a vectorised pass for δ and the decay, then the
+    # recursion four steps a link (:func:`_chain`), both on a chunk that sits in the L1 cache.
     decay = gamma * lambda_
-    carry = 0.0
-    bad = False
-    for t in range(rewards.shape[0] - 1, -1, -1):
-        r, v, nv = rewards[t], values[t], next_values[t]
-        bad |= (r - r != 0.0) | (v - v != 0.0) | (nv - nv != 0.0)
-        term = terminated[t]
-        delta = r + gamma * (1 - term) * nv - v
-        carry = delta + decay * (1 - (term | truncated[t])) * carry
-        out[t] = carry
-    return not bad
+    d = np.empty(CHUNK, dtype=np.float64)
+    c = np.empty(CHUNK, dtype=np.float64)
+    carry = np.zeros(1, dtype=np.float64)
+    end = rewards.shape[0]
+    while end > 0:
+        start = max(0, end - CHUNK)
+        vv = values[start:end]
+        _deltas_and_decays(
+            rewards[start:end], vv, next_values[start:end], terminated[start:end],
+            truncated[start:end], gamma, decay, d, c,
+        )  # fmt: skip
+        if plus_values:
+            _returns_terms(vv, values[end] if end < values.shape[0] else 0.0, d, c)
+        carry[0] = _chain(d, c, end - start, carry[0], out[start:end])
+        end = start
+    return _finite(carry)
+
+
+@nb.njit(**_JIT)
+def _returns_terms(v, v_after, d, c):  # pragma: no cover
+    """Turn one chunk's δ_t in ``d`` into the terms of the λ-return recursion: from
+    G_t = Â_t + V(s_t) and Â_t = δ_t + c_t Â_{t+1}, G_t = (δ_t + V(s_t) − c_t V(s_{t+1}))
+    + c_t G_{t+1}, the same chain as GAE's (c_t is 0 at a done, where V(s_{t+1}) of the next
+    row does not belong to t's episode). ``v_after`` is V of the row after the chunk, 0 after
+    the last row (where Â_T = 0 gives G_{T−1} = δ_{T−1} + V(s_{T−1}) with a zero carry).
+
+    δ_t + V(s_t) is formed from δ_t, not as r_t + γ(1 − terminated_t) V(s_{t+1}), so that a
+    non-finite V(s_t) still reaches the chain (V(s_0) enters no λ-return otherwise)."""
+    m = v.shape[0]
+    for k in range(m - 1):
+        d[k] += v[k] - c[k] * v[k + 1]
+    d[m - 1] += v[m - 1] - c[m - 1] * v_after
 
 
 @nb.njit(**_JIT)
 def gae_sweep(
     rewards, values, next_values, terminated, truncated, gamma, lambdas, out
 ):  # pragma: no cover
-    # out is [L, T, N]. The λ loop is innermost so the L recursions run as independent chains
-    # (instruction-level parallelism) while δ_t is computed once per step.
+    # out is [L, T, N]; δ_t is computed once per step for every λ. Returns :func:`_finite`.
     rows, cols = rewards.shape
     n_lambdas = lambdas.shape[0]
-    decays = np.empty(n_lambdas, dtype=np.float64)
+    r, v, nv = rewards.reshape(-1), values.reshape(-1), next_values.reshape(-1)
+    te, tr = terminated.reshape(-1), truncated.reshape(-1)
+    o = out.reshape(n_lambdas, rows * cols)
+    if cols == 1:
+        return _sweep_column(r, v, nv, te, tr, gamma, lambdas, o)
+    carry = np.zeros((n_lambdas, cols), dtype=np.float64)
+    delta = np.empty(cols, dtype=np.float64)
+    alive = np.empty(cols, dtype=np.float64)
+    for j in range(rows):
+        # rows backwards, n innermost (contiguous 1-D slices: see gae)
+        s = (rows - 1 - j) * cols
+        rr, vv, nn = r[s : s + cols], v[s : s + cols], nv[s : s + cols]
+        tt, uu = te[s : s + cols], tr[s : s + cols]
+        for n in range(cols):
+            term = tt[n]
+            delta[n] = rr[n] + gamma * (1 - term) * nn[n] - vv[n]
+            alive[n] = 1 - (term | uu[n])
+        for i in range(n_lambdas):
+            decay = gamma * lambdas[i]
+            running, oo = carry[i], o[i, s : s + cols]
+            for n in range(cols):
+                running[n] = delta[n] + decay * alive[n] * running[n]
+                oo[n] = running[n]
+    return _finite(carry.reshape(-1))
+
+
+@nb.njit(**_JIT)
+def _sweep_column(
+    rewards, values, next_values, terminated, truncated, gamma, lambdas, out
+):  # pragma: no cover
+    # One environment: per chunk, δ and done once (:func:`_deltas_and_decays` with decay 1
+    # gives 1 − done), then each λ's recursion by :func:`_chain` into its own contiguous row.
+    n_lambdas = lambdas.shape[0]
+    d = np.empty(CHUNK, dtype=np.float64)
+    alive = np.empty(CHUNK, dtype=np.float64)
+    c = np.empty(CHUNK, dtype=np.float64)
     carry = np.zeros(n_lambdas, dtype=np.float64)
-    for i in range(n_lambdas):
-        decays[i] = gamma * lambdas[i]
-    for n in range(cols):
-        carry[:] = 0.0
-        for t in range(rows - 1, -1, -1):
-            term = terminated[t, n]
-            bootstrap = gamma * next_values[t, n] if term == 0 else 0.0
-            delta = rewards[t, n] + bootstrap - values[t, n]
-            alive = (term | truncated[t, n]) == 0
-            for i in range(n_lambdas):
-                keep = decays[i] if alive else 0.0
-                carry[i] = delta + keep * carry[i]
-                out[i, t, n] = carry[i]
+    end = rewards.shape[0]
+    while end > 0:
+        start = max(0, end - CHUNK)
+        m = end - start
+        _deltas_and_decays(
+            rewards[start:end], values[start:end], next_values[start:end],
+            terminated[start:end], truncated[start:end], gamma, 1.0, d, alive,
+        )  # fmt: skip
+        for i in range(n_lambdas):
+            decay = gamma * lambdas[i]
+            for k in range(m):
+                c[k] = decay * alive[k]
+            carry[i] = _chain(d, c, m, carry[i], out[i, start:end])
+        end = start
+    return _finite(carry)
 
 
 @nb.njit(**_JIT)

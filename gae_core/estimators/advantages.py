@@ -136,6 +136,13 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_):
     Returns:
         Advantages with the shape of ``rewards``.
     """
+    return _gae(
+        rewards, values, next_values, terminated, truncated, gamma, lambda_, plus_values=False
+    )
+
+
+def _gae(rewards, values, next_values, terminated, truncated, gamma, lambda_, *, plus_values):
+    """:func:`gae`, or with ``plus_values`` :func:`lambda_returns` (added in the kernel's pass)."""
     gamma = check_unit_columns("gamma", gamma)
     lambda_ = check_unit_columns("lambda_", lambda_)
     batch = prepare(
@@ -147,20 +154,25 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_):
         column_parameter("gamma", gamma, batch)  # checks only: the loop takes float64 numpy
         column_parameter("lambda_", lambda_, batch)
         views = {name: tensor.numpy() for name, tensor in batch.arrays.items()}
-        out = _numpy_loop.gae(**views, gamma=gamma, lambda_=lambda_)
-        return batch.wrap(torch_module().from_numpy(out))
-    gamma = column_parameter("gamma", gamma, batch)
-    lambda_ = column_parameter("lambda_", lambda_, batch)
-    if batch.in_torch:
-        return batch.wrap(on_device(batch, "gae", gamma=gamma, lambda_=lambda_))
-    out = np.empty(batch.shape, dtype=batch.dtype)
-    a = batch.arrays
-    finite = kernels().gae(
-        a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
-        _per_column(gamma, batch), _per_column(lambda_, batch), out,
-    )  # fmt: skip
-    if not finite:
-        raise_non_finite(a, ["rewards", "values", "next_values"])
+        out = torch_module().from_numpy(_numpy_loop.gae(**views, gamma=gamma, lambda_=lambda_))
+    elif batch.in_torch:
+        gamma = column_parameter("gamma", gamma, batch)
+        lambda_ = column_parameter("lambda_", lambda_, batch)
+        out = on_device(batch, "gae", gamma=gamma, lambda_=lambda_)
+    else:
+        gamma = column_parameter("gamma", gamma, batch)
+        lambda_ = column_parameter("lambda_", lambda_, batch)
+        out = np.empty(batch.shape, dtype=batch.dtype)
+        a = batch.arrays
+        finite = kernels().gae(
+            a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
+            _per_column(gamma, batch), _per_column(lambda_, batch), plus_values, out,
+        )  # fmt: skip
+        if not finite:
+            raise_non_finite(a, ["rewards", "values", "next_values"])
+        return batch.wrap(out)
+    if plus_values:
+        out = out + batch.arrays["values"]
     return batch.wrap(out)
 
 
@@ -170,11 +182,9 @@ def lambda_returns(rewards, values, next_values, terminated, truncated, *, gamma
     Same arguments as :func:`gae` (γ and λ may be one per column); returns an array with the
     shape of ``rewards``.
     """
-    advantages = gae(
-        rewards, values, next_values, terminated, truncated, gamma=gamma, lambda_=lambda_
+    return _gae(
+        rewards, values, next_values, terminated, truncated, gamma, lambda_, plus_values=True
     )
-    values = values if is_tensor(values) else np.asarray(values)
-    return advantages + values.detach() if is_tensor(values) else advantages + values
 
 
 def discounted_returns(rewards, next_values, terminated, truncated, *, gamma: float):
@@ -289,15 +299,18 @@ def gae_lambda_sweep(rewards, values, next_values, terminated, truncated, *, gam
     batch = prepare(
         {"rewards": rewards, "values": values, "next_values": next_values},
         {"terminated": terminated, "truncated": truncated},
+        check_finite=False,
     )
     if batch.in_torch:
         return batch.wrap(on_device(batch, "gae_lambda_sweep", gamma=gamma, lambdas=grid))
     out = np.empty((len(grid), *batch.shape), dtype=batch.dtype)
     a = batch.arrays
-    kernels().gae_sweep(
+    finite = kernels().gae_sweep(
         a["rewards"], a["values"], a["next_values"], a["terminated"], a["truncated"],
         gamma, grid, out,
     )  # fmt: skip
+    if not finite:
+        raise_non_finite(a, ["rewards", "values", "next_values"])
     return batch.wrap(out)
 
 
