@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
 
 from gae_core.agent.config import FIELD_SPECS, ConfigError, TrainConfig, field_problems, parse_int
 from gae_core.agent.envs import SUPPORTED_ENVS
+from gae_core.agent.field_spec import echo, int_problem
 from gae_core.agent.presets import PRESETS, preset_config
 
 # Per field, values that must be rejected (each raises ConfigError naming the field).
@@ -82,7 +84,7 @@ def test_field_problems_lists_every_bad_field_with_the_message_building_would_ra
     assert problems["bogus"].startswith("unknown config field 'bogus'; fields: algo, env_id,")
     assert field_problems(TrainConfig(gamma=0.9).to_dict()) == {}
     assert field_problems({"gamma": 0.9, "num_envs": 0}) == {
-        "num_envs": "num_envs must be in [1, 1024], got 0"
+        "num_envs": "num_envs must be an integer in [1, 1024], got 0"
     }
 
 
@@ -235,5 +237,52 @@ def test_text_that_is_not_one_integer_is_refused(text):
 def test_an_int_fields_parse_error_names_it_and_its_whole_range():
     with pytest.raises(ConfigError) as error:
         FIELD_SPECS["seed"].parse("x")
-    assert str(error.value) == "seed: cannot read 'x'; expected an integer in [0, 2147483647]"
+    assert str(error.value) == "seed must be an integer in [0, 2147483647], got 'x'"
     assert FIELD_SPECS["seed"].parse(" 1,000 ") == 1000
+
+
+def test_one_owner_words_every_whole_number_out_of_its_range():
+    """The form's seed (field_problems, a text box's parse) and the lab's (check_int) are refused
+    in int_problem's words; what each accepts is unchanged."""
+    import numpy as np
+
+    from gae_core.lab.settings import check_int
+
+    top = FIELD_SPECS["seed"].max
+    for value in (-1, top + 1, 10**20, 1.5, True, None, "seven"):
+        expected = int_problem("seed", value, 0, top)
+        assert expected.startswith(f"seed must be an integer in [0, {top}], got ")
+        assert field_problems({"seed": value}) == {"seed": expected}
+        with pytest.raises(ValueError) as lab:
+            check_int("seed", value, 0, top)
+        assert str(lab.value) == expected
+    with pytest.raises(ConfigError) as read:
+        FIELD_SPECS["seed"].parse("seven")
+    assert str(read.value) == int_problem("seed", "seven", 0, top)
+    for value in (0, top, np.int64(7)):
+        assert int_problem("seed", value, 0, top) is None and not field_problems({"seed": value})
+        assert check_int("seed", value, 0, top) == value
+
+
+def test_a_message_quotes_a_long_typed_value_by_its_start_and_length():
+    assert [echo("seven"), echo(7), echo(-7), echo(1.5), echo("a\x07")] == [
+        "'seven'", "7", "-7", "1.5", "'a\\x07'"
+    ]  # fmt: skip
+    assert echo("9" * 30) == repr("9" * 30) and echo(10**29) == str(10**29)  # whole up to 30
+    assert echo("9" * 5000) == "'99999999999999999999…' (5,000 digits)"
+    assert echo(" -" + "9" * 31) == "' -999999999999999999…' (31 digits)"
+    assert echo(-(10**4000)) == "-1000000000000000000… (4,001 digits)"
+    assert echo("[x](y) " * 100) == "'[x](y) [x](y) [x](y)…' (700 characters)"
+    assert echo(10**5000) == "an integer of about 5,000 digits"  # past Python's int-to-text limit
+    # every message that quotes what was typed quotes a 5,000-digit value so
+    typed = "9" * 5000
+    quoted = "'99999999999999999999…' (5,000 digits)"
+    for spec, text in (("seed", typed), ("hidden_sizes", f"64, {typed}x"), ("gamma", typed + "x")):
+        with pytest.raises(ConfigError) as error:
+            FIELD_SPECS[spec].parse(text)
+        assert len(str(error.value)) < 160 and "…'" in str(error.value), spec
+    with pytest.raises(ConfigError, match=re.escape(f"got {quoted}") + "$"):
+        FIELD_SPECS["seed"].parse(typed)
+    assert field_problems({"seed": 10**4000 - 1})["seed"].endswith(
+        "got 99999999999999999999… (4,000 digits)"
+    )

@@ -167,7 +167,7 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     at.selectbox(key="ex.source").set_value("fresh recording").run()
     at.text_input(key="ex.seed").set_value("99999999999999999999").run()  # past 2^53: said
     assert [e.value for e in at.error] == [
-        "the fresh episode's seed must be in [0, 2147483647], got 99999999999999999999"
+        "the fresh episode's seed must be an integer in [0, 2147483647], got 99999999999999999999"
     ]
     at.text_input(key="ex.seed").set_value("7").run()
     assert not at.exception and not at.error
@@ -674,8 +674,9 @@ def test_lab_inputs_out_of_range_are_said_in_words_and_block_measure(recorded_ru
     ]
     assert at.button(key="lab.start").disabled
     at.text_input(key="lab.seed").set_value("seven").run()
-    said = [e.value for e in at.error]
-    assert said == ["seed must be an integer in [0, 2147483647], got 'seven'"]
+    assert [e.value for e in at.error] == [
+        "seed must be an integer in [0, 2147483647], got 'seven'"
+    ]
     at.text_input(key="lab.seed").set_value("7").run()
     assert not at.error and not at.button(key="lab.start").disabled
     assert any("env steps" in c.value for c in at.caption)

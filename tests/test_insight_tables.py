@@ -607,8 +607,8 @@ def test_the_form_reads_int_fields_typed_as_text_and_names_what_it_cannot_read()
     assert not errors and (config.seed, config.total_steps) == (1000, 2000)
     config, errors, _ = views.build_config({"seed": "99999999999999999999", "num_envs": "x"})
     assert config is None and errors == [
-        "seed must be in [0, 2147483647], got 99999999999999999999",
-        "envs (num_envs): cannot read 'x'; expected an integer in [1, 1024]",
+        "seed must be an integer in [0, 2147483647], got 99999999999999999999",
+        "envs (num_envs) must be an integer in [1, 1024], got 'x'",
     ]
 
 
@@ -617,10 +617,13 @@ def test_a_sweeps_seeds_start_at_the_first_seed_typed_as_text():
     top = FIELD_SPECS["seed"].max
     assert views.sweep_seeds(str(top), 1) == (range(top, top + 1), [])
     for text, error in (
-        ("seven", f"first seed: cannot read 'seven'; expected an integer in [0, {top}]"),
-        ("-1", f"first seed must be in [0, {top:,}], got -1"),
+        ("seven", f"first seed must be an integer in [0, {top}], got 'seven'"),
+        ("-1", f"first seed must be an integer in [0, {top}], got -1"),
         ("99999999999999999999",
-         f"first seed must be in [0, {top:,}], got 99,999,999,999,999,999,999"),
+         f"first seed must be an integer in [0, {top}], got 99999999999999999999"),
+        ("9" * 5000,
+         f"first seed must be an integer in [0, {top}], got '99999999999999999999…' "
+         "(5,000 digits)"),
         (str(top), f"first seed + seeds per λ − 1 must be at most {top:,} (the largest seed), "
          f"got {top + 1:,}"),
     ):  # fmt: skip

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gae_core.agent.envs import SUPPORTED_ENVS, discrete_actions, env_id_problem
-from gae_core.agent.field_spec import FieldSpec, parse_int
+from gae_core.agent.field_spec import FieldSpec, echo, int_problem, parse_int
 from gae_core.errors import ConfigError, UnsupportedEnvError
 
 __all__ = [
@@ -363,22 +363,22 @@ def _check(f: dataclasses.Field, value: Any) -> Any:
         return _check_device(value)
     if kind == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
+            raise ConfigError(f"{name} must be true or false, got {echo(value)}")
         return value
     if meta["choices"] is not None:
         if value not in meta["choices"]:
-            raise ConfigError(f"{name} must be one of {list(meta['choices'])}, got {value!r}")
+            raise ConfigError(f"{name} must be one of {list(meta['choices'])}, got {echo(value)}")
         return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ConfigError(f"{name} must be an integer in {_range_text(meta)}, got {value!r}")
-        value = int(value)
-    else:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ConfigError(f"{name} must be a number in {_range_text(meta)}, got {value!r}")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number in {_range_text(meta)}, got {value}")
+    if kind == "int":  # the one wording of a whole number out of its range (field_spec's)
+        problem = int_problem(name, value, meta["min"], meta["max"])
+        if problem:
+            raise ConfigError(problem)
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number in {_range_text(meta)}, got {echo(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number in {_range_text(meta)}, got {value}")
     if not meta["min"] <= value <= meta["max"]:
         raise ConfigError(f"{name} must be in {_range_text(meta)}, got {value!r}")
     return value
@@ -387,14 +387,14 @@ def _check(f: dataclasses.Field, value: Any) -> Any:
 def _check_hidden_sizes(value: Any, meta: dict[str, Any]) -> tuple[int, ...]:
     allowed = f"1 to 8 integers, each in {_range_text(meta)}"
     if isinstance(value, str | bytes) or not isinstance(value, tuple | list):
-        raise ConfigError(f"hidden_sizes must be a tuple of {allowed}, got {value!r}")
+        raise ConfigError(f"hidden_sizes must be a tuple of {allowed}, got {echo(value)}")
     if not 1 <= len(value) <= 8 or not all(
         isinstance(v, numbers.Integral)
         and not isinstance(v, bool)
         and meta["min"] <= v <= meta["max"]
         for v in value
     ):
-        raise ConfigError(f"hidden_sizes must be {allowed}, got {value!r}")
+        raise ConfigError(f"hidden_sizes must be {allowed}, got {echo(value)}")
     return tuple(int(v) for v in value)
 
 

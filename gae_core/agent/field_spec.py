@@ -1,8 +1,11 @@
 """How one config field is seen by the form, the CLI and ``sweep --grid``: its kind, range,
-choices, help, label, flag names, and how a value typed as text is read."""
+choices, help, label, flag names, and how a value typed as text is read; and the one wording
+of a whole number that is not in its range (:func:`int_problem`, the config's fields and the
+lab's settings alike), quoting what was typed at most :data:`ECHO_LIMIT` characters long."""
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +13,7 @@ from typing import Any
 from gae_core.errors import ConfigError
 from gae_core.labels import label
 
-__all__ = ["FieldSpec", "parse_int"]
+__all__ = ["ECHO_HEAD", "ECHO_LIMIT", "FieldSpec", "echo", "int_problem", "int_range", "parse_int"]
 
 
 #: Thousands written with commas: 1,000 or 12,345,678 (never 1,0 or 1,0000, a typo to refuse).
@@ -37,6 +40,52 @@ def parse_int(text: str) -> int:
     if not value.is_integer():
         raise ValueError(f"invalid integer {text!r}")
     return int(value)
+
+
+#: The most characters of a typed value a message quotes whole; a longer one (a 5,000-digit
+#: seed) is quoted by its first :data:`ECHO_HEAD` and its length.
+ECHO_LIMIT, ECHO_HEAD = 30, 20
+
+
+def echo(value: Any) -> str:
+    """A value as a message quotes it: text in quotes (``'seven'``), a number as itself; past
+    :data:`ECHO_LIMIT` characters, its start and how long it is:
+    ``'99999999999999999999…' (5,000 digits)``. Control characters show escaped (``'\\x07'``)."""
+    quote = isinstance(value, str)
+    if quote:
+        text = value
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        try:
+            text = str(int(value))
+        except ValueError:  # past Python's limit for writing an int (4,300 digits)
+            return f"an integer of about {int(int(value).bit_length() * 0.30103):,} digits"
+    else:
+        text = repr(value)
+    if len(text) <= ECHO_LIMIT:
+        return repr(text) if quote else text
+    bare = text.strip().lstrip("+-")
+    length = f"{len(bare):,} digits" if bare.isdigit() else f"{len(text):,} characters"
+    head = text[:ECHO_HEAD] + "…"
+    return f"{head!r} ({length})" if quote else f"{head} ({length})"
+
+
+def int_range(low: int, high: int) -> str:
+    """A whole number's range in words, every digit (2147483647, not 2.14748e+09)."""
+    return f"an integer in [{low}, {high}]"
+
+
+def int_problem(name: str, value: Any, low: int, high: int) -> str | None:
+    """None for an int in [low, high]; otherwise the one message for a whole number that is not,
+    naming the field, its range and what it got: ``seed must be an integer in [0, 2147483647],
+    got 'seven'``. A bool, a float, text a page could not read as a number and an int out of
+    range are refused alike (the config's fields, the lab's settings, the dashboard's boxes)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not low <= value <= high
+    ):
+        return f"{name} must be {int_range(low, high)}, got {echo(value)}"
+    return None
 
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -79,8 +128,8 @@ class FieldSpec:
             return "true or false"
         if self.kind == "int_list":
             return f"1 to 8 integers in [{self.min}, {self.max}], written 64x64 or '64, 64'"
-        if self.kind == "int":  # every digit: 2147483647, not 2.14748e+09
-            return f"an integer in [{self.min}, {self.max}]"
+        if self.kind == "int":
+            return int_range(self.min, self.max)
         return f"in [{self.min:g}, {self.max:g}]"
 
     def parse(self, text: str) -> Any:
@@ -102,6 +151,8 @@ class FieldSpec:
                 return float(item)
             return item
         except ValueError:
+            if self.kind == "int":  # the range's one wording, as for a value out of it
+                raise ConfigError(int_problem(self.name, text, self.min, self.max)) from None
             raise ConfigError(
-                f"{self.name}: cannot read {text!r}; expected {self.allowed}"
+                f"{self.name}: cannot read {echo(text)}; expected {self.allowed}"
             ) from None

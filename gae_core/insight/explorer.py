@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 
 from gae_core import estimators
-from gae_core.agent.config import TrainConfig, with_stored_defaults
+from gae_core.agent.config import FIELD_SPECS, TrainConfig, with_stored_defaults
 from gae_core.agent.envs import make_eval_env
+from gae_core.agent.field_spec import int_problem
 from gae_core.agent.recording import load_replay, record_episode
 from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
@@ -195,9 +196,10 @@ def units_note(config: dict, value_scale: float) -> str:
 def record_fresh(config: TrainConfig, checkpoint: bytes, seed: int) -> Trajectory:
     """One evaluation episode of the checkpoint's policy (sampled actions), env reset with
     ``seed``; values from the same checkpoint's critic."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise ValueError(f"seed must be an integer in [0, 2**31 - 1], got {seed!r}")
-    replay = load_replay(config, checkpoint)
+    spec = FIELD_SPECS["seed"]
+    if problem := int_problem("seed", seed, spec.min, spec.max):
+        raise ValueError(problem)
+    seed, replay = int(seed), load_replay(config, checkpoint)
     env = make_eval_env(config.env_id)
     try:
         return record_episode(env, replay, np.random.default_rng(seed), seed)

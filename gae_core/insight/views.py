@@ -15,6 +15,7 @@ import pandas as pd
 
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems, parse_int
+from gae_core.agent.field_spec import int_problem
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
@@ -35,6 +36,7 @@ __all__ = [
     "progress",
     "status_text",
     "sweep_seeds",
+    "whole_number",
 ]
 
 #: Fields shown first in the form; the rest go under "Advanced".
@@ -100,12 +102,9 @@ def sweep_seeds(first: str, count: int) -> tuple[range, list[str]]:
     (``"1,000"``: 1000 to 1000 + count − 1), and the errors that block its launch, each naming
     the first seed and the range it allows (empty seeds with one)."""
     spec, lambda_ = FIELD_SPECS["seed"], label("lambda_")
-    try:
-        start = parse_int(first)
-    except ValueError:
-        return range(0), [f"first seed: cannot read {first!r}; expected {spec.allowed}"]
-    if not spec.min <= start <= spec.max:
-        return range(0), [f"first seed must be in [{spec.min:,}, {spec.max:,}], got {start:,}"]
+    start = whole_number(first)
+    if problem := int_problem("first seed", start, spec.min, spec.max):
+        return range(0), [problem]
     seeds = range(start, start + count)
     if seeds[-1] > spec.max:
         return range(0), [

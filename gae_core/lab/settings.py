@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from gae_core.agent.field_spec import int_problem
+
 __all__ = [
     "DEFAULT_KS",
     "DEFAULT_LAMBDAS",
@@ -33,13 +35,11 @@ def default_ks(segment: int) -> tuple[int, ...]:
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:
     """``value`` as an int, or ``ValueError`` naming ``name`` and its range (a bool, a float, a
-    text a page could not read as a number are refused alike)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | np.integer)
-        or not low <= value <= high
-    ):
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    text a page could not read as a number are refused alike), worded as the config's fields
+    are (:func:`~gae_core.agent.field_spec.int_problem`, the one owner)."""
+    problem = int_problem(name, value, low, high)
+    if problem:
+        raise ValueError(problem)
     return int(value)
 
 
