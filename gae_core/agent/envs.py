@@ -213,12 +213,20 @@ def _float32_observations(env: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
 
 
 def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """A vector env in NEXT_STEP autoreset mode (the native one where gymnasium has it) with
+    """A vector env in NEXT_STEP autoreset mode (the native one where gymnasium has it, the
+    MuJoCo loop of :mod:`gae_core.agent.mujoco_vector` where that has the env's step) with
     float32 observations."""
     check_env_id(env_id)
     quiet_env_warnings(env_id)
     spec = gym.spec(env_id)
-    if spec.vector_entry_point is not None:
+    fast = None
+    if env_id in MUJOCO:  # a step without gymnasium's per-env Python, where it is written
+        from gae_core.agent.mujoco_vector import make_locomotion_vector_env
+
+        fast = make_locomotion_vector_env(env_id, num_envs)
+    if fast is not None:
+        env = fast
+    elif spec.vector_entry_point is not None:
         env = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
     else:
         env = gym.make_vec(
