@@ -20,6 +20,7 @@ recover: a long-lived process (the dashboard's run manager) calls it on its own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -139,10 +140,8 @@ class Database:
             self._conn.close()
             raise
         if recover and not read_only:
-            try:
+            with contextlib.suppress(StoreFull):  # the runs are marked once there is space
                 self.recover()
-            except StoreFull:  # the runs are marked once there is space; reads go on
-                pass
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -278,10 +277,8 @@ class Database:
     def _rollback(self) -> None:
         # SQLite rolls back by itself on some errors (a full disk); ROLLBACK would then fail
         if self._conn.in_transaction:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -327,10 +324,8 @@ class Database:
         """Bytes on disk: the database file and its write-ahead log."""
         total = 0
         for suffix in ("", "-wal"):
-            try:
+            with contextlib.suppress(OSError):
                 total += Path(f"{self.path}{suffix}").stat().st_size
-            except OSError:
-                pass
         return total
 
     # -- crash recovery ---------------------------------------------------------------------

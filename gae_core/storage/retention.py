@@ -8,6 +8,7 @@ early, a middle and the final policy; active runs are never touched.
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 
 from gae_core.storage.database import Database
@@ -23,26 +24,18 @@ class RetentionTable(Database):
         every ended run; delete the others with their trajectories."""
         if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 1:
             raise ValueError(f"keep_every must be an integer >= 1, got {keep_every!r}")
-        removed = 0
+        drop = []
         with self._write() as conn:
-            runs = conn.execute(
-                "SELECT id FROM runs WHERE status NOT IN ('queued', 'running')"
+            rows = conn.execute(
+                "SELECT run_id, env_step FROM checkpoints WHERE run_id IN (SELECT id FROM runs "
+                "WHERE status NOT IN ('queued', 'running')) ORDER BY run_id, env_step"
             ).fetchall()
-            for (run_id,) in runs:
-                steps = [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT env_step FROM checkpoints WHERE run_id = ? ORDER BY env_step",
-                        (run_id,),
-                    )
-                ]
-                drop = [s for i, s in enumerate(steps[:-1]) if i % keep_every != 0]
-                for step in drop:
-                    for table in ("trajectories", "checkpoints"):
-                        sql = f"DELETE FROM {table} WHERE run_id = ? AND env_step = ?"
-                        conn.execute(sql, (run_id, step))
-                removed += len(drop)
-        return removed
+            for run_id, run_rows in itertools.groupby(rows, key=lambda row: row[0]):
+                steps = [step for _, step in run_rows]
+                drop += [(run_id, s) for i, s in enumerate(steps[:-1]) if i % keep_every != 0]
+            for table in ("trajectories", "checkpoints"):
+                conn.executemany(f"DELETE FROM {table} WHERE run_id = ? AND env_step = ?", drop)
+        return len(drop)
 
     def drop_orphans(self) -> int:
         """Delete metrics, checkpoints, trajectories and lab results whose run no longer exists

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -332,6 +331,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
     ) -> None:
         """Store a model checkpoint and the trajectories recorded with it (replacing any at the
         same env step); the run's step count moves up to ``env_step`` in the same transaction."""
+        env_step = int(env_step)
         with self._write() as conn:
             conn.execute(
                 "DELETE FROM trajectories WHERE run_id = ? AND env_step = ?", (run_id, env_step)
@@ -339,18 +339,14 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
             conn.execute(
                 "INSERT OR REPLACE INTO checkpoints (run_id, env_step, created_at, blob) "
                 "VALUES (?, ?, ?, ?)",
-                (run_id, int(env_step), time.time(), sqlite3.Binary(blob)),
+                (run_id, env_step, time.time(), blob),
             )
             conn.executemany(
                 "INSERT INTO trajectories (run_id, env_step, idx, blob) VALUES (?, ?, ?, ?)",
-                [
-                    (run_id, int(env_step), i, sqlite3.Binary(traj))
-                    for i, traj in enumerate(trajectories)
-                ],
+                [(run_id, env_step, i, traj) for i, traj in enumerate(trajectories)],
             )
             conn.execute(
-                "UPDATE runs SET env_steps = MAX(env_steps, ?) WHERE id = ?",
-                (int(env_step), run_id),
+                "UPDATE runs SET env_steps = MAX(env_steps, ?) WHERE id = ?", (env_step, run_id)
             )
 
     def checkpoint_steps(self, run_id: str) -> list[int]:
