@@ -39,16 +39,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Episodes recorded with every checkpoint use this seed offset, the same at each checkpoint, so
-#: recordings start from the same initial states and differ only by the policy.
+#: Offsets of the fixed seeds of the episodes recorded with a run's checkpoints and of its
+#: evaluations: each starts from the same initial states every time, so they differ by the policy.
 RECORD_SEED_OFFSET = 10_000
-#: Deterministic evaluations use their own fixed seeds, the same at every evaluation.
 EVAL_SEED_OFFSET = 20_000
 
 
 def eval_seed(config: TrainConfig) -> int:
-    """The seed of a run's deterministic evaluations (the same at each: the same start
-    states at every point of its evaluation curve)."""
+    """The seed of a run's deterministic evaluations (the same at each)."""
     return (config.seed + EVAL_SEED_OFFSET) % (2**31)
 
 
@@ -63,8 +61,7 @@ class UpdateLog:
     since the last row that reported the metric (:attr:`~gae_core.metrics.Metric.window`: their
     mean, or the last value of a clock), at the step and wall time of the last update. An
     update that took no step (no valid row) reports its learning rate only, so its unmeasured
-    losses are not zeros in a mean. (The CartPole preset updates every 40 env steps; a row per
-    update would store millions of rows per study, docs/PERFORMANCE.md.)"""
+    losses are not zeros in a mean. Why not a row per update: docs/PERFORMANCE.md."""
 
     def __init__(self, every: int) -> None:
         self.every = every

@@ -41,9 +41,7 @@ __all__ = ["LocalPool", "WorkerHandle", "main_module_hidden", "pipe_sink", "spaw
 
 #: Workers that die before they are ready this many times in a row fail the sweep.
 MAX_START_FAILURES = 3
-#: How much lower than their coordinator workers are scheduled. On a machine with as many busy
-#: workers as cores the dashboard's server (and a browser on the same machine) would otherwise
-#: wait for CPU behind them; niced workers lose only the time the coordinator actually uses.
+#: How much lower than their coordinator workers are scheduled: they lose only the time it uses.
 NICENESS = 10
 
 

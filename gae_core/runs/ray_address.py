@@ -93,11 +93,10 @@ def check_address(address: str | None) -> None:
     address cannot be compared with the connection's GCS address and counts as another unless
     it is the one joined with.
 
-    Not connected: the address ``ray.init`` would join (``address``; for None or ``auto``,
-    ``RAY_ADDRESS`` or the cluster ``ray start`` last started on this machine, and for ``auto``
-    any running here) must take a TCP connection within :data:`_CONNECT_S`, and a cluster's GCS
-    must answer the probe ``ray.init`` makes first, token authentication included, within
-    :data:`_PROBE_S`. None with no cluster to join starts a local Ray: nothing to check."""
+    Not connected: the address ``ray.init`` would join (:func:`_to_join`) must take a TCP
+    connection within :data:`_CONNECT_S`, and a cluster's GCS must answer the probe ``ray.init``
+    makes first, token authentication included, within :data:`_PROBE_S`. None with no cluster
+    to join starts a local Ray: nothing to check."""
     if ray.is_initialized():
         if address is None or address == "auto":
             return

@@ -140,7 +140,6 @@ class _Trial:
     attempts: int = 0
     status: str = "queued"
     error: str | None = None
-    deleted: bool = False
 
 
 class Sweep:
@@ -249,7 +248,7 @@ class Sweep:
         finally:
             # Nothing stays queued or running (on a full disk, recovery marks them once it can)
             for trial in self._trials:
-                if trial.status in ("queued", "running") and not trial.deleted:
+                if trial.status in ("queued", "running"):
                     trial.status = "failed" if full else "interrupted"
                     trial.error = self._error if full or self.sweep_id is None else (
                         "the sweep ended before this trial did")  # fmt: skip
@@ -313,7 +312,7 @@ class Sweep:
     def _handle(self, backend: Backend, event: Report | Lost, pending: deque[int]) -> None:
         index = event.index
         trial = self._trials[index]
-        if trial.deleted or trial.status != "running":
+        if trial.status != "running":
             return  # a late message of a trial that ended or was deleted
         if isinstance(event, Lost):
             self._retry_or_interrupt(index, event.why, pending)
@@ -325,7 +324,7 @@ class Sweep:
             if event.kind == "flush" and (stop or self._cancelled):
                 backend.stop(index)
         except RunDeleted:  # deleted from the UI or the CLI
-            trial.deleted, trial.status = True, "deleted"
+            trial.status = "deleted"
             backend.stop(index)
 
     def _retry_or_interrupt(self, index: int, why: str, pending: deque[int]) -> None:
@@ -359,7 +358,7 @@ class Sweep:
         """``cancelled`` if the sweep itself was cancelled (:meth:`cancel`) or every trial was
         stopped; else ``failed`` if none finished and some failed, else ``finished``. A trial
         stopped alone (``stop RUN_ID``) is no failure: ``self._error`` counts the stopped ones."""
-        live = [t for t in self._trials if not t.deleted]
+        live = [t for t in self._trials if t.status != "deleted"]
         stopped = [t for t in live if t.status == "stopped"]
         if self._cancelled or (live and len(stopped) == len(live)):
             return "cancelled"
