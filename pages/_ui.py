@@ -338,8 +338,10 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
 
 
 def show_problems(errors: list[str], warnings: list[str]) -> None:
+    """A form's errors and warnings; an error quotes what was typed (``got '[x](…)'``), shown
+    as typed, not as markdown."""
     for error in errors:
-        st.error(error, icon=":material/error:")
+        st.error(markdown_text(error), icon=":material/error:")
     for warning in warnings:
         st.warning(warning, icon=":material/warning:")
 

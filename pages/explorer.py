@@ -3,6 +3,7 @@
 import streamlit as st
 
 from gae_core.agent.config import field_problems
+from gae_core.inert import markdown_text
 from gae_core.insight import explorer, figures
 from gae_core.insight.views import whole_number
 from gae_core.labels import assignment, label
@@ -99,7 +100,7 @@ if source == "fresh recording":
     # text, read on the server: a browser number box refuses a value past 2^53 unsaid
     fresh_seed = whole_number(st.text_input("seed of the fresh episode", "0", key="ex.seed"))
     if problem := field_problems({"seed": fresh_seed}).get("seed"):
-        st.error(f"the fresh episode's {problem}")
+        st.error(markdown_text(f"the fresh episode's {problem}"))  # it quotes what was typed
         st.stop()
 arrays, value_scale = trajectory_arrays(
     run_id,

@@ -159,7 +159,7 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     except ValueError as error:
         settings, problem = None, str(error)
     if problem:
-        st.error(problem)
+        st.error(markdown_text(problem))  # it quotes what was typed
     else:
         samples = settings.batches * settings.batch_size + settings.reference
         st.caption(f"About {samples:,} samples; on CartPole "
@@ -339,7 +339,7 @@ try:
 except ValueError as error:
     settings, problem = None, str(error)
 if problem:
-    st.error(problem)
+    st.error(markdown_text(problem))  # it quotes what was typed
 else:
     st.caption(
         f"At most {settings.env_steps():,} env steps and about {memory.bytes / 2**20:,.0f} MiB "

@@ -1,7 +1,8 @@
 """Shared fixtures and helpers; no test module imports another.
 
 * ``data_dir`` and :func:`app`: an empty store per AppTest and the app at a page.
-* :func:`wait_until`: poll a condition with a deadline; :func:`set_field`: type into a form field.
+* :func:`wait_until`: poll a condition with a deadline; :func:`set_field`: type into a form field;
+  :func:`said`: what the page's errors read as.
 * :func:`cli` and :data:`TINY_FLAGS`: the CLI as a subprocess, and a run it trains in a second.
 * :func:`trajectory_steps`: what the store file holds, for tests that check what was removed.
 * :func:`stored_update_metric`: the rows a run stores of one update metric, worked out from its
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -450,6 +452,12 @@ def set_field(at, key: str, value):
     if name == "first_seed" or (spec is not None and spec.kind == "int"):
         return at.text_input(key=key).set_value(str(value))
     return at.number_input(key=key).set_value(value)
+
+
+def said(alerts) -> list[str]:
+    """What a page's alerts (``at.error``) read as on the page: their markdown escapes (which
+    keep typed text from acting as markdown) taken off."""
+    return [re.sub(r"\\(.)", r"\1", alert.value) for alert in alerts]
 
 
 def handing_to(handed: dict):

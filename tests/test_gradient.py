@@ -250,7 +250,7 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
 
 @pytest.mark.slow
 def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir, monkeypatch):
-    from conftest import TINY, app, wait_until
+    from conftest import TINY, app, said, wait_until
 
     from pages import _ui
 
@@ -266,7 +266,7 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     for key, value in {"lab.g_batches": 3, "lab.g_size": 16, "lab.g_reference": 1000}.items():
         at.text_input(key=key).set_value(str(value)).run()
     at.text_input(key="lab.g_size").set_value("15").run()  # not a multiple of the 2 envs
-    assert "batch size must be a multiple of the run's num_envs (2)" in at.error[0].value
+    assert "batch size must be a multiple of the run's num_envs (2)" in said(at.error)[0]
     assert at.button(key="lab.g_start").disabled
     at.text_input(key="lab.g_size").set_value("16").run()
     at.button(key="lab.g_start").click().run()

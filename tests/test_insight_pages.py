@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY, app, handing_to, runs_of_three_widths, set_field, wait_until
+from conftest import TINY, app, handing_to, runs_of_three_widths, said, set_field, wait_until
 
 import gae_core
 from gae_core import metrics as M
@@ -166,7 +166,7 @@ def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     steps = store.checkpoint_steps(recorded_run)
     at.selectbox(key="ex.source").set_value("fresh recording").run()
     at.text_input(key="ex.seed").set_value("99999999999999999999").run()  # past 2^53: said
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "the fresh episode's seed must be an integer in [0, 2147483647], got 99999999999999999999"
     ]
     at.text_input(key="ex.seed").set_value("7").run()
@@ -250,23 +250,24 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert {"cmp.critic_target", "cmp.critic_lambda"} <= keys()
     at.checkbox(key="cmp.hold_critic").check().run()
     at.text_input(key="cmp.lambdas").set_value("0.5, 0.5, 1").run()
-    assert "λ values: 0.5 given twice" in at.error[0].value  # duplicates reported
+    assert "λ values: 0.5 given twice" in said(at.error)[0]  # duplicates reported
     at.text_input(key="cmp.lambdas").set_value("0.5, 1.5").run()
-    assert "λ values must be in [0, 1], got [1.5]" in at.error[0].value
+    assert "λ values must be in [0, 1], got [1.5]" in said(at.error)[0]
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.lambdas").set_value("0.8, 1").run()
     at.number_input(key="cmp.seeds").set_value(2).run()
     largest = FIELD_SPECS["seed"].max
     at.text_input(key="cmp.first_seed").set_value(str(largest)).run()  # seeds past the largest
-    assert f"must be at most {largest:,} (the largest seed), got {largest + 1:,}" in (
-        at.error[0].value
+    assert (
+        f"must be at most {largest:,} (the largest seed), got {largest + 1:,}"
+        in (said(at.error)[0])
     )
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.first_seed").set_value("7").run()  # fresh replicates: seeds 7, 8
     at.number_input(key="cmp.workers").set_value(1).run()
     at.text_input(key="cmp.total_steps").set_value("1500").run()
     at.text_input(key="cmp.name").set_value("\x07 \x08").run()  # nothing printable: refused
-    assert "sweep name cannot be empty" in at.error[0].value
+    assert "sweep name cannot be empty" in said(at.error)[0]
     assert at.button(key="cmp.launch").disabled
     store = RunStore(data_dir)
     at.text_input(key="cmp.name").set_value("λ study").run()
@@ -660,23 +661,21 @@ def test_lab_inputs_out_of_range_are_said_in_words_and_block_measure(recorded_ru
     assert any("env steps" in c.value for c in at.caption)  # the cost estimate
     at.text_input(key="lab.states").set_value("100,000").run()
     assert not at.exception
-    assert [e.value for e in at.error] == ["states must be an integer in [1, 4096], got 100000"]
+    assert said(at.error) == ["states must be an integer in [1, 4096], got 100000"]
     assert at.button(key="lab.start").disabled
     assert not any("env steps" in c.value for c in at.caption)
     # past 2^53 (a browser number box would refuse it with a red mark alone), or not a number
     at.text_input(key="lab.seed").set_value("99999999999999999999").run()
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "states must be an integer in [1, 4096], got 100000"
     ]  # the first problem first
     at.text_input(key="lab.states").set_value("8").run()
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "seed must be an integer in [0, 2147483647], got 99999999999999999999"
     ]
     assert at.button(key="lab.start").disabled
     at.text_input(key="lab.seed").set_value("seven").run()
-    assert [e.value for e in at.error] == [
-        "seed must be an integer in [0, 2147483647], got 'seven'"
-    ]
+    assert said(at.error) == ["seed must be an integer in [0, 2147483647], got 'seven'"]
     at.text_input(key="lab.seed").set_value("7").run()
     assert not at.error and not at.button(key="lab.start").disabled
     assert any("env steps" in c.value for c in at.caption)

@@ -541,7 +541,7 @@ def test_row_zero_sums_equal_gae_core_at_row_zero():
 @pytest.mark.slow
 def test_the_lab_page_refuses_settings_past_the_memory_limit_with_the_same_message(data_dir):
     """The page shows the lab's own refusal and its Measure button stays disabled."""
-    from conftest import TINY, app
+    from conftest import TINY, app, said
 
     from gae_core.storage.store import RunStore
     from pages import _ui
@@ -561,7 +561,7 @@ def test_the_lab_page_refuses_settings_past_the_memory_limit_with_the_same_messa
     settings = LabSettings(gamma=0.99, states=4096, continuations=4096)
     with pytest.raises(ValueError) as info:
         check_memory("CartPole-v1", settings, critics=critics)
-    assert [e.value for e in at.error] == [str(info.value)]
+    assert said(at.error) == [str(info.value)]
     with RunStore(data_dir) as store:
         assert store.lab_records(run_id) == []
 

@@ -9,7 +9,7 @@ import contextlib
 import sqlite3
 
 import pytest
-from conftest import TINY, app, read_only_folder, set_field, trajectory_steps, wait_until
+from conftest import TINY, app, read_only_folder, said, set_field, trajectory_steps, wait_until
 from streamlit.testing.v1 import AppTest
 
 from gae_core import metrics as M
@@ -47,10 +47,10 @@ def test_train_page_renders_with_a_field_for_every_config_field(data_dir):
 def test_train_form_explains_invalid_values_before_start(data_dir):
     at = app("pages/train.py")
     at.text_input(key="train.hidden_sizes").set_value("64, lots").run()
-    assert "hidden sizes: cannot read '64, lots'; expected 1 to 8 integers" in at.error[0].value
+    assert "hidden sizes: cannot read '64, lots'; expected 1 to 8 integers" in said(at.error)[0]
     assert at.button(key="train.start").disabled
     at.text_input(key="train.hidden_sizes").set_value("64, 0").run()
-    assert "hidden sizes" in at.error[0].value and at.button(key="train.start").disabled
+    assert "hidden sizes" in said(at.error)[0] and at.button(key="train.start").disabled
     at.text_input(key="train.hidden_sizes").set_value("32").run()
     assert not at.error
     # 100 steps is less than one update of 16 envs x 8 steps, whatever the preset says
@@ -404,17 +404,17 @@ def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     at once: one error each, in the form's order, under the labels the form shows."""
     at = app("pages/train.py")
     at.number_input(key="train.gamma").set_value(1.5).run()
-    assert [e.value for e in at.error] == ["γ (gamma) must be in [0.0, 1.0], got 1.5"]
+    assert said(at.error) == ["γ (gamma) must be in [0.0, 1.0], got 1.5"]
     assert at.button(key="train.start").disabled
     at.text_input(key="train.num_envs").set_value("0").run()
     at.text_input(key="train.rollout_steps").set_value("5000").run()
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "γ (gamma) must be in [0.0, 1.0], got 1.5",
         "envs (num_envs) must be an integer in [1, 1024], got 0",
         "rollout steps must be an integer in [1, 4096], got 5000",
     ]
     at.text_input(key="train.total_steps").set_value("0").run()  # a label with parentheses
-    assert "budget (env steps, total_steps) must be an integer in [1, " in at.error[0].value
+    assert "budget (env steps, total_steps) must be an integer in [1, " in said(at.error)[0]
     at.text_input(key="train.total_steps").set_value("10000").run()
     at.number_input(key="train.gamma").set_value(0.99).run()
     at.text_input(key="train.num_envs").set_value("8").run()
@@ -428,14 +428,12 @@ def test_an_int_field_takes_any_text_and_says_in_words_what_is_wrong(data_dir):
     Start is disabled; separators, underscores and spaces are read."""
     at = app("pages/train.py")
     at.text_input(key="train.seed").set_value("99999999999999999999").run()
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "seed must be an integer in [0, 2147483647], got 99999999999999999999"
     ]
     assert at.button(key="train.start").disabled
     at.text_input(key="train.seed").set_value("7 seeds").run()
-    assert [e.value for e in at.error] == [
-        "seed must be an integer in [0, 2147483647], got '7 seeds'"
-    ]
+    assert said(at.error) == ["seed must be an integer in [0, 2147483647], got '7 seeds'"]
     assert at.button(key="train.start").disabled
     at.text_input(key="train.seed").set_value(" 42 ").run()
     assert not at.error and not at.button(key="train.start").disabled
@@ -452,9 +450,15 @@ def test_an_int_field_takes_any_text_and_says_in_words_what_is_wrong(data_dir):
     at.text_input(key="train.total_steps").set_value("1.5e3").run()
     assert any("(1,500) is smaller than one update" in w.value for w in at.warning)
     at.text_input(key="train.total_steps").set_value("1,0").run()  # not a thousands separator
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "budget (env steps, total_steps) must be an integer in [1, 10000000000], got '1,0'"
     ]
+    # what was typed shows as typed: a link, bold or maths does not act (escaped markdown)
+    at.text_input(key="train.total_steps").set_value("[x](e.org) **b** $y$").run()
+    assert [e.value for e in at.error] == [
+        markdown_text("budget (env steps, total_steps) must be an integer in [1, 10000000000], "
+                      "got '[x](e.org) **b** $y$'")
+    ]  # fmt: skip
 
 
 def test_the_sweep_forms_int_fields_and_first_seed_say_in_words_what_is_wrong(data_dir):
@@ -463,19 +467,17 @@ def test_the_sweep_forms_int_fields_and_first_seed_say_in_words_what_is_wrong(da
     at = app("pages/compare.py")
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
     at.text_input(key="cmp.first_seed").set_value("99999999999999999999").run()
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "first seed must be an integer in [0, 2147483647], got 99999999999999999999"
     ]
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.first_seed").set_value("seven").run()
-    assert [e.value for e in at.error] == [
-        "first seed must be an integer in [0, 2147483647], got 'seven'"
-    ]
+    assert said(at.error) == ["first seed must be an integer in [0, 2147483647], got 'seven'"]
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.first_seed").set_value("1,000").run()
     assert not at.error and not at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.total_steps").set_value("99999999999999999999").run()
-    assert [e.value for e in at.error] == [
+    assert said(at.error) == [
         "budget (env steps, total_steps) must be an integer in [1, 10000000000], got "
         "99999999999999999999"
     ]
