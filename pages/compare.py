@@ -46,6 +46,13 @@ view = st.segmented_control(
 )  # fmt: skip
 
 
+def _backend_switched() -> None:  # from Ray back to this machine: at most its cores
+    state = st.session_state
+    state["cmp.workers"] = views.workers_after_switch(
+        state.get("cmp.workers", ""), state.get("cmp.backend"), os.cpu_count() or 1
+    )
+
+
 def sweep_name(sweep_id: str) -> str:
     sweep = store.get_sweep(sweep_id)
     env = sweep.base_config.get("env_id", "?")
@@ -72,11 +79,11 @@ if view == "Launch a sweep":
             "paper's figure 2). Empty: the γ below for every trial.",
         )
         count_column, first_column = st.columns(2)
-        seeds = count_column.number_input(
-            f"seeds per {LAMBDA}", 1, 100, 10, key="cmp.seeds",
-            help=f"Bootstrap intervals need about 10 seeds per {LAMBDA} to rank "
-            f"{LAMBDA} values; "
-            "fewer than 5 give intervals too wide (and too optimistic) to read.",
+        seeds_text = count_column.text_input(  # text, read on the server (as the first seed)
+            f"seeds per {LAMBDA}", str(views.DEFAULT_SEEDS_PER_LAMBDA), key="cmp.seeds",
+            help=f"Bootstrap intervals need about 10 seeds per {LAMBDA} to rank {LAMBDA} values; "
+            "fewer than 5 give intervals too wide (and too optimistic) to read (an integer, "
+            "{} to {}).".format(*views.SEEDS_PER_LAMBDA),
         )  # fmt: skip
         first_seed = first_column.text_input(  # text: a number box's browser side swallows
             "first seed", value="0", key="cmp.first_seed",  # a value past 2^53 unsaid
@@ -84,12 +91,15 @@ if view == "Launch a sweep":
             "past an earlier sweep's seeds for fresh replicates of the same study "
             f"(an integer, 0 to {SEED_SPEC.max:,}).",
         )  # fmt: skip
-        seed_values, seed_errors = views.sweep_seeds(first_seed, int(seeds))
+        seeds, seed_errors = views.typed_count(f"seeds per {LAMBDA}", seeds_text,
+                                               *views.SEEDS_PER_LAMBDA)  # fmt: skip
+        seed_values, first_errors = views.sweep_seeds(first_seed, seeds or 1)
         backend_name, address = "local", None
         if ray_installed():
             backend_name = st.segmented_control(
                 "backend", ["local", "ray"], default="local", key="cmp.backend",
                 format_func={"local": "local processes", "ray": "Ray"}.get,
+                on_change=_backend_switched,
                 help="Local: worker processes on this machine. Ray: each trial (or population "
                 "of trials) a Ray task on any node of a cluster (or a local Ray); the workers "
                 "count is then how many tasks run at once.",
@@ -100,20 +110,16 @@ if view == "Launch a sweep":
                     help="A running cluster's address, e.g. ray://head:10001 or head:6379.",
                 ).strip() or None  # fmt: skip
         cores = os.cpu_count() or 1
-        most = cores if backend_name == "local" else 256
-        # the box's value lives in session state only: a default beside a value set here made
+        fewest, most = views.workers_range(backend_name, cores)
+        # the box's text lives in session state only: a default beside a value set here made
         # Streamlit print a warning on the page after a switch back from Ray
-        if "cmp.workers" not in st.session_state:
-            st.session_state["cmp.workers"] = cores
-        elif st.session_state["cmp.workers"] > most:  # back from Ray to this machine
-            st.session_state["cmp.workers"] = most
-        workers = st.number_input(
-            "worker processes", 1, most,
-            key="cmp.workers",
+        st.session_state.setdefault("cmp.workers", str(cores))
+        workers, worker_errors = views.typed_count("worker processes", st.text_input(
+            "worker processes", key="cmp.workers",
             help=f"Trials train in this many processes at once (this machine has {cores} "
             "cores; with Ray, the cluster's CPUs); a worker that dies costs only the trials it "
-            "held (one, or its population), each retried once.",
-        )  # fmt: skip
+            f"held (one, or its population), each retried once (an integer, {fewest} to {most}).",
+        ), fewest, most)  # fmt: skip
         batched = st.toggle(
             "batched populations", value=True, key="cmp.batched",
             help="Each worker (or Ray task) trains its share of the trials as one population: "
@@ -162,7 +168,7 @@ if view == "Launch a sweep":
                 f"{assignment('lambda_', base.target_lambda)} (the preset's {LAMBDA}). "
                 f"Advantages use each trial's own {LAMBDA}."
             )
-        errors += seed_errors
+        errors += seed_errors + first_errors + worker_errors
         grid = grid_of(lambdas=lambdas, seeds=seed_values, **({"gamma": gammas} if gammas else {}))
         name = st.text_input(
             "sweep name (optional)", key="cmp.name", max_chars=80,
@@ -174,17 +180,18 @@ if view == "Launch a sweep":
             except ValueError as error:  # nothing printable in it, or too long for the grid
                 errors.append(str(error))
         _ui.show_problems(errors + form_errors, warnings)
-        trials = len(lambdas) * max(len(gammas), 1) * int(seeds)
-        plural = "seed" if int(seeds) == 1 else "seeds"
+        seeds, blocked = seeds or 0, bool(errors or form_errors)  # (unread seeds: none)
+        trials = len(lambdas) * max(len(gammas), 1) * seeds
+        plural = "seed" if seeds == 1 else "seeds"
         axes = f"{len(gammas)} γ × " if gammas else ""
-        launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {int(seeds)} {plural})"
-        if st.button(launch, type="primary", disabled=bool(errors or form_errors),
-                     key="cmp.launch"):  # fmt: skip
-            study = {"base": base.to_dict(), "grid": grid, "name": name, "workers": int(workers),
+        launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {seeds} {plural})"
+        # (blocked: a click that reaches this run anyway launches nothing either)
+        if st.button(launch, type="primary", disabled=blocked, key="cmp.launch") and not blocked:
+            study = {"base": base.to_dict(), "grid": grid, "name": name, "workers": workers,
                      "backend": [backend_name, address, batched]}  # fmt: skip
             sweep = _ui.start_once(  # a double click launches one sweep
                 "cmp.launch", study, lambda: start_sweep(
-                    store, base, grid, workers=int(workers), backend=backend, name=name
+                    store, base, grid, workers=workers, backend=backend, name=name
                 ), "this sweep",
             )  # fmt: skip
             if sweep is not None:

@@ -443,13 +443,14 @@ class FullOnCommit:
 
 def set_field(at, key: str, value):
     """Type ``value`` into the form's field ``key`` (``train.seed``, ``cmp.workers``) and return
-    the widget (``.run()`` it): an int field of the config form, and the sweep's first seed, is a
-    text box that takes the value as text; other numbers are number boxes."""
+    the widget (``.run()`` it): an int field of the config form, and the sweep's seeds per λ,
+    first seed and workers, is a text box that takes the value as text; other numbers are number
+    boxes."""
     from gae_core.agent.config import FIELD_SPECS
 
     name = key.split(".", 1)[1]
     spec = FIELD_SPECS.get(name)
-    if name == "first_seed" or (spec is not None and spec.kind == "int"):
+    if name in ("first_seed", "seeds", "workers") or (spec is not None and spec.kind == "int"):
         return at.text_input(key=key).set_value(str(value))
     return at.number_input(key=key).set_value(value)
 

@@ -236,11 +236,11 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
     at = app("pages/compare.py")
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
-    assert at.number_input(key="cmp.seeds").value == 10  # a new study defaults to 10 seeds
+    assert at.text_input(key="cmp.seeds").value == "10"  # a new study defaults to 10 seeds
     # the three study knobs explain themselves
     assert "in [0, 1]" in at.text_input(key="cmp.lambdas").help
-    assert "about 10 seeds" in at.number_input(key="cmp.seeds").help
-    assert "retried once" in at.number_input(key="cmp.workers").help
+    assert "about 10 seeds" in at.text_input(key="cmp.seeds").help
+    assert "retried once" in at.text_input(key="cmp.workers").help
     # held (the default), the critic's target is the checkbox's: the form shows no field of its
     # own for it that would say otherwise; unchecked, the fields are back
     keys = lambda: {w.key for w in at.selectbox} | {w.key for w in at.number_input}  # noqa: E731
@@ -255,7 +255,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert "λ values must be in [0, 1], got [1.5]" in said(at.error)[0]
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.lambdas").set_value("0.8, 1").run()
-    at.number_input(key="cmp.seeds").set_value(2).run()
+    at.text_input(key="cmp.seeds").set_value("2").run()
     largest = FIELD_SPECS["seed"].max
     at.text_input(key="cmp.first_seed").set_value(str(largest)).run()  # seeds past the largest
     assert (
@@ -264,7 +264,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     )
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.first_seed").set_value("7").run()  # fresh replicates: seeds 7, 8
-    at.number_input(key="cmp.workers").set_value(1).run()
+    at.text_input(key="cmp.workers").set_value("1").run()
     at.text_input(key="cmp.total_steps").set_value("1500").run()
     at.text_input(key="cmp.name").set_value("\x07 \x08").run()  # nothing printable: refused
     assert "sweep name cannot be empty" in said(at.error)[0]

@@ -6,6 +6,7 @@ AppTest never fires ``run_every``: the tests call ``run()`` again to refresh a f
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 
 import pytest
@@ -15,6 +16,8 @@ from streamlit.testing.v1 import AppTest
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.inert import markdown_text
+from gae_core.labels import label
+from gae_core.runs.backends import ray_installed
 from gae_core.storage.store import RunStore
 from pages import _ui
 
@@ -484,6 +487,65 @@ def test_the_sweep_forms_int_fields_and_first_seed_say_in_words_what_is_wrong(da
     assert at.button(key="cmp.launch").disabled
     at.text_input(key="cmp.total_steps").set_value(" 1_500 ").run()
     assert not at.error and not at.button(key="cmp.launch").disabled
+
+
+def test_seeds_per_lambda_and_workers_are_typed_named_with_their_range_and_launch_nothing(
+    data_dir,
+):
+    """The sweep's seeds per λ and workers are text read on the server, as its first seed: a
+    value past 2^53, text that is no number or one out of range is named in words with the
+    box's range (a 5,000-digit one by its start and length), Launch is disabled, and a click
+    sent with the typed value (before a rerun disabled it) launches nothing; a value in range
+    clears it."""
+    store = RunStore(data_dir)
+    at = app("pages/compare.py")
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
+    cores = os.cpu_count() or 1
+    assert at.text_input(key="cmp.seeds").value == "10"
+    assert at.text_input(key="cmp.workers").value == str(cores)  # a new study: one per core
+    assert not at.error and not at.button(key="cmp.launch").disabled
+    lam = label("lambda_")
+    for key, name, most in (("cmp.seeds", f"seeds per {lam}", 100),
+                            ("cmp.workers", "worker processes", cores)):  # fmt: skip
+        assert f"an integer, 1 to {most}" in at.text_input(key=key).help
+        for typed, got in (("1e20", "100000000000000000000"), ("abc", "'abc'"), ("0", "0"),
+                           (str(most + 1), str(most + 1)), ("2.5", "'2.5'"),
+                           ("9" * 5000, "'99999999999999999999…' (5,000 digits)")):  # fmt: skip
+            at.text_input(key=key).set_value(typed)  # typed, and Launch clicked before the
+            at.button(key="cmp.launch").click().run()  # rerun that would disable it
+            assert not at.exception and store.list_sweeps() == [], typed
+            assert said(at.error) == [f"{name} must be an integer in [1, {most}], got {got}"]
+            assert at.button(key="cmp.launch").disabled
+            at.text_input(key=key).set_value(" 1 ").run()
+            assert not at.error and not at.button(key="cmp.launch").disabled
+    assert "× 1 seed)" in at.button(key="cmp.launch").label
+    # what was typed shows as typed: a link, bold or a colour directive does not act
+    at.text_input(key="cmp.seeds").set_value("[x](e.org) **b** :red[c]").run()
+    assert [e.value for e in at.error] == [
+        markdown_text(f"seeds per {lam} must be an integer in [1, 100], got "
+                      "'[x](e.org) **b** :red[c]'")
+    ]  # fmt: skip
+
+
+def test_the_workers_box_takes_ray_s_range_and_back_on_this_machine_its_cores(data_dir):
+    """With Ray the workers box allows up to 256 tasks at once; back on this machine a count
+    past its cores becomes its cores (a wrong text stays, named)."""
+    if not ray_installed():
+        pytest.skip("the backend switch shows with Ray installed")
+    at = app("pages/compare.py")
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
+    at.segmented_control(key="cmp.backend").set_value("ray").run()
+    at.text_input(key="cmp.workers").set_value("257").run()
+    assert said(at.error) == ["worker processes must be an integer in [1, 256], got 257"]
+    at.text_input(key="cmp.workers").set_value("256").run()
+    assert not at.error
+    at.segmented_control(key="cmp.backend").set_value("local").run()
+    cores = os.cpu_count() or 1
+    assert at.text_input(key="cmp.workers").value == str(cores) and not at.error
+    at.segmented_control(key="cmp.backend").set_value("ray").run()
+    at.text_input(key="cmp.workers").set_value("many").run()
+    at.segmented_control(key="cmp.backend").set_value("local").run()
+    assert said(at.error) == [f"worker processes must be an integer in [1, {cores}], got 'many'"]
 
 
 def test_rename_confirms_and_retention_thins_checkpoints(data_dir):

@@ -24,7 +24,10 @@ from gae_core.storage.records import RunRecord
 from gae_core.storage.store import RunStore
 
 __all__ = [
+    "DEFAULT_SEEDS_PER_LAMBDA",
     "MAIN_FIELDS",
+    "MOST_WORKERS",
+    "SEEDS_PER_LAMBDA",
     "build_config",
     "config_warnings",
     "field_message",
@@ -36,7 +39,10 @@ __all__ = [
     "progress",
     "status_text",
     "sweep_seeds",
+    "typed_count",
     "whole_number",
+    "workers_after_switch",
+    "workers_range",
 ]
 
 #: Fields shown first in the form; the rest go under "Advanced".
@@ -95,6 +101,37 @@ def whole_number(text: str) -> int | str:
         return parse_int(text)
     except ValueError:
         return str(text)
+
+
+def typed_count(name: str, text: str, low: int, high: int) -> tuple[int | None, list[str]]:
+    """A whole number typed into a box with a range (the sweep launcher's seeds per λ and
+    workers): ``(value, [])``, or ``(None, [message])`` naming the box ``name`` and its range in
+    the words of every whole number (:func:`~gae_core.agent.field_spec.int_problem`)."""
+    value = whole_number(text)
+    problem = int_problem(name, value, low, high)
+    return (None, [problem]) if problem else (value, [])
+
+
+#: The sweep launcher's seeds per λ, the fewest and the most, and a new study's (bootstrap
+#: intervals need about 10 seeds per group to rank the groups).
+SEEDS_PER_LAMBDA, DEFAULT_SEEDS_PER_LAMBDA = (1, 100), 10
+#: The most workers a sweep runs at once (``start_sweep``'s limit): Ray tasks on a cluster.
+MOST_WORKERS = 256
+
+
+def workers_range(backend: str, cores: int) -> tuple[int, int]:
+    """The fewest and most workers a sweep on ``backend`` may have: on this machine (``local``)
+    one per core at most; with Ray, up to :data:`MOST_WORKERS` tasks at once."""
+    return 1, min(cores, MOST_WORKERS) if backend == "local" else MOST_WORKERS
+
+
+def workers_after_switch(text: str, backend: str | None, cores: int) -> str:
+    """The workers box's text after a switch to ``backend`` (None: ``local``): a number past
+    the most it allows (back from Ray, more than this machine's cores) becomes that most;
+    other text stays, for the box to name if it is wrong."""
+    _, most = workers_range(backend or "local", cores)
+    value = whole_number(text)
+    return str(most) if isinstance(value, int) and value > most else text
 
 
 def sweep_seeds(first: str, count: int) -> tuple[range, list[str]]:
