@@ -1,5 +1,6 @@
 """The MuJoCo loop vector env (``agent/mujoco_vector.py``) against gymnasium's own vector env:
-the same observations, rewards and ends, bit for bit, across time limits and autoresets."""
+the same observations (cast to float32, as the trainer gets gymnasium's), rewards and ends,
+bit for bit, across time limits and autoresets."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from gae_core.agent import mujoco_vector
 from gae_core.agent.envs import make_vector_env, quiet_env_warnings
-from gae_core.agent.mujoco_vector import FAST_STEPS, LocomotionVectorEnv
+from gae_core.agent.mujoco_vector import FAST_STEPS, LocomotionVectorEnv, as_float32
 
 pytestmark = pytest.mark.slow  # MuJoCo
 
@@ -31,7 +32,8 @@ def test_the_loop_steps_exactly_as_gymnasium_across_time_limits(env_id, dtype):
     fast, plain = LocomotionVectorEnv(env_id, num_envs), gymnasium_vector_env(env_id, num_envs)
     try:
         limit = plain.envs[0].spec.max_episode_steps
-        np.testing.assert_array_equal(fast.reset(seed=11)[0], plain.reset(seed=11)[0])
+        start = plain.reset(seed=11)[0]
+        np.testing.assert_array_equal(fast.reset(seed=11)[0], as_float32(start))
         rng = np.random.default_rng(0)
         space = plain.single_action_space
         ends = 0
@@ -39,16 +41,17 @@ def test_the_loop_steps_exactly_as_gymnasium_across_time_limits(env_id, dtype):
             actions = rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(dtype)
             if t % 97 == 0:
                 actions[0] = space.high * 3  # out of bounds: both pass it to MuJoCo alike
-            mine, theirs = fast.step(actions), plain.step(actions)
+            mine, (obs, *theirs) = fast.step(actions), plain.step(actions)
             names = ("obs", "reward", "terminated", "truncated")
-            for name, a, b in zip(names, mine[:4], theirs[:4], strict=True):
+            for name, a, b in zip(names, mine[:4], (as_float32(obs), *theirs[:3]), strict=True):
                 np.testing.assert_array_equal(a, b, err_msg=f"{name} at step {t}")
             ends += int(mine[3].sum())
         assert ends == 2 * num_envs  # the time limit was reached twice by every env
         # a reset in the middle of an episode starts both from the same seeds again
-        np.testing.assert_array_equal(fast.reset(seed=12)[0], plain.reset(seed=12)[0])
+        start = plain.reset(seed=12)[0]
+        np.testing.assert_array_equal(fast.reset(seed=12)[0], as_float32(start))
         actions = np.zeros((num_envs, *space.shape), dtype)
-        np.testing.assert_array_equal(fast.step(actions)[0], plain.step(actions)[0])
+        np.testing.assert_array_equal(fast.step(actions)[0], as_float32(plain.step(actions)[0]))
     finally:
         fast.close()
         plain.close()

@@ -21,28 +21,27 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-__all__ = ["FAST_STEPS", "LocomotionVectorEnv", "fast_step_works", "make_locomotion_vector_env"]
+__all__ = [
+    "FAST_STEPS",
+    "LocomotionVectorEnv",
+    "as_float32",
+    "fast_step_works",
+    "make_locomotion_vector_env",
+]
 
 
-def _half_cheetah(env, action: np.ndarray) -> float:
-    """HalfCheetah-v5's step on its MuJoCo data (gymnasium ``half_cheetah_v5.py``): the
-    reward is forward_weight · Δx / dt − ctrl_weight · Σ a², with the control cost in the
-    action's dtype, as gymnasium computes it; it never terminates."""
-    data = env.data
-    x_before = data.qpos[0]
-    data.ctrl[:] = action
-    mujoco.mj_step(env.model, data, nstep=env.frame_skip)
-    # gymnasium's do_simulation also runs mj_rnePostConstraint; it fills derived force
-    # fields (cacc, cfrc_int, cfrc_ext) that HalfCheetah's observation and reward never read,
-    # and the next mj_step recomputes them.
-    x_velocity = (data.qpos[0] - x_before) / env.dt
-    forward = env._forward_reward_weight * x_velocity
-    return forward - env._ctrl_cost_weight * np.sum(np.square(action))
+def _half_cheetah(env, x_before: np.ndarray, x_after: np.ndarray, actions: np.ndarray):
+    """HalfCheetah-v5's rewards for the envs that stepped (gymnasium ``half_cheetah_v5.py``):
+    forward_weight · Δx / dt − ctrl_weight · Σ a², the control cost in the actions' dtype as
+    gymnasium computes it (its row sums equal one env's ``np.sum``); it never terminates."""
+    forward = env._forward_reward_weight * ((x_after - x_before) / env.dt)
+    return forward - env._ctrl_cost_weight * np.sum(np.square(actions), axis=1)
 
 
-#: env id → its step on the unwrapped env (reward; the observation is read by the vector env).
-#: Only envs whose step and observation are written here take the fast path.
-FAST_STEPS: dict[str, Callable[[gym.Env, np.ndarray], float]] = {"HalfCheetah-v5": _half_cheetah}
+#: env id → its rewards from x (qpos[0]) before and after the step, for the envs that stepped;
+#: only envs whose observation is qpos without x, then qvel, and that never terminate, with
+#: their reward written here, take the fast path.
+FAST_STEPS: dict[str, Callable[..., np.ndarray]] = {"HalfCheetah-v5": _half_cheetah}
 
 
 class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
@@ -55,9 +54,18 @@ class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
             [functools.partial(gym.make, env_id) for _ in range(num_envs)],
             autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
         )
-        self._step_one = FAST_STEPS[env_id]
+        self._rewards_of = FAST_STEPS[env_id]
         self._bare = [env.unwrapped for env in self.envs]
         bare = self._bare[0]
+        self._model, self._frame_skip = bare.model, bare.frame_skip
+        # float32 observations, cast once for all envs (gymnasium's vector DtypeObservation
+        # casts env by env); reset observations are float64 and cast with the rest
+        self.single_observation_space = gym.spaces.Box(
+            -np.inf, np.inf, self.single_observation_space.shape, np.float32
+        )
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, num_envs
+        )
         if not bare._exclude_current_positions_from_observation:  # pragma: no cover
             raise ValueError(f"{env_id}: the fast step assumes x is left out of observations")
         self._limit = self.envs[0].spec.max_episode_steps
@@ -70,31 +78,40 @@ class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
             self._elapsed[:] = 0
         else:
             self._elapsed[mask] = 0
-        return super().reset(seed=seed, options=options)
+        observations, infos = super().reset(seed=seed, options=options)
+        return observations.astype(np.float32), infos
 
     def step(self, actions):
         actions = np.asarray(actions)
         observations = self._observations
-        skip = 1  # HalfCheetah leaves x (qpos[0]) out of its observation
-        split = self._qpos_size - skip
-        for i, bare in enumerate(self._bare):
-            if self._autoreset_envs[i]:
-                observations[i], _ = self.envs[i].reset()
-                self._elapsed[i] = 0
-                self._rewards[i] = 0.0
-                self._terminations[i] = False
-                self._truncations[i] = False
-                continue
-            self._rewards[i] = self._step_one(bare, actions[i])
-            data = bare.data
-            observations[i, :split] = data.qpos[skip:]
+        split = self._qpos_size - 1  # x (qpos[0]) is left out of the observation
+        resets = self._autoreset_envs
+        stepped = np.flatnonzero(~resets)
+        before, after = np.empty(len(stepped)), np.empty(len(stepped))
+        for k, i in enumerate(stepped):
+            data = self._bare[i].data
+            before[k] = data.qpos[0]
+            data.ctrl[:] = actions[i]
+            mujoco.mj_step(self._model, data, nstep=self._frame_skip)
+            # gymnasium's do_simulation also runs mj_rnePostConstraint: it fills derived force
+            # fields (cacc, cfrc_int, cfrc_ext) that these observations and rewards never read,
+            # and the next mj_step recomputes them.
+            after[k] = data.qpos[0]
+            observations[i, :split] = data.qpos[1:]
             observations[i, split:] = data.qvel
-            self._elapsed[i] += 1
-            self._terminations[i] = False
-            self._truncations[i] = self._limit is not None and self._elapsed[i] >= self._limit
-        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        for i in np.flatnonzero(resets):
+            observations[i], _ = self.envs[i].reset()
+            self._elapsed[i] = 0
+        self._rewards[resets] = 0.0
+        self._rewards[stepped] = self._rewards_of(self._bare[0], before, after, actions[stepped])
+        self._elapsed[stepped] += 1
+        self._terminations[:] = False
+        self._truncations[:] = False
+        if self._limit is not None:
+            self._truncations[stepped] = self._elapsed[stepped] >= self._limit
+        self._autoreset_envs = self._terminations | self._truncations
         return (
-            observations.copy(),
+            observations.astype(np.float32),
             self._rewards.copy(),
             self._terminations.copy(),
             self._truncations.copy(),
@@ -102,11 +119,16 @@ class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
         )
 
 
+def as_float32(observations: np.ndarray) -> np.ndarray:
+    """gymnasium's observations as the trainer sees them (``envs.make_vector_env`` casts)."""
+    return np.asarray(observations, dtype=np.float32)
+
+
 @functools.cache
 def fast_step_works(env_id: str) -> bool:
     """Whether :class:`LocomotionVectorEnv` steps ``env_id`` exactly as ``gym.make_vec``
-    does in this gymnasium: two envs from one seed, a few fixed actions, equal observations,
-    rewards and ends. Checked once per process and env id (a few milliseconds)."""
+    does in this gymnasium: two envs from one seed, a few fixed actions, equal observations
+    (as float32), rewards and ends. Checked once per process and env id (milliseconds)."""
     steps, num_envs = 6, 2
     fast = LocomotionVectorEnv(env_id, num_envs)
     plain = gym.make_vec(
@@ -116,16 +138,16 @@ def fast_step_works(env_id: str) -> bool:
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
     )
     try:
-        first = [fast.reset(seed=3)[0], plain.reset(seed=3)[0]]
-        if not np.array_equal(*first):
+        if not np.array_equal(fast.reset(seed=3)[0], as_float32(plain.reset(seed=3)[0])):
             return False
         space = plain.single_action_space
         actions = np.linspace(space.low, space.high, steps * num_envs, dtype=space.dtype)
         for t in range(steps):
             chosen = actions[t * num_envs : (t + 1) * num_envs]
-            mine, theirs = fast.step(chosen), plain.step(chosen)
-            if not all(np.array_equal(a, b) for a, b in zip(mine[:4], theirs[:4], strict=True)):
-                return False
+            mine, (obs, *theirs) = fast.step(chosen), plain.step(chosen)
+            for a, b in zip(mine[:4], (as_float32(obs), *theirs[:3]), strict=True):
+                if not np.array_equal(a, b):
+                    return False
         return True
     except Exception:  # any failure of the fast route means: do not take it
         return False
