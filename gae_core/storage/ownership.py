@@ -40,9 +40,7 @@ def _proc_start_token(pid: int) -> str | None:
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     fields = stat[stat.rfind(")") + 2 :].split()
     state, starttime = fields[0], fields[19]
-    if state in ("Z", "X", "x"):
-        return None
-    return starttime
+    return None if state in ("Z", "X", "x") else starttime
 
 
 _HAS_PROC = Path("/proc/self/stat").exists()

@@ -126,9 +126,30 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
                 else row
             )
             params.append((run_id, key, int(env_step), float(wall_time), finite_or_none(value)))
+        sets, values = ["heartbeat_at = ?"], [now]
+        if env_steps is not None:
+            sets.append("env_steps = MAX(env_steps, ?)")
+            values.append(int(env_steps))
+        if summary is not None:
+            columns = {
+                "episodes": summary.episodes,
+                "best_return": finite_or_none(summary.best_return),
+                "final_return": finite_or_none(summary.final_return),
+                "solved": flag(summary.solved),
+                "solved_at_step": summary.solved_at_step,
+                "fell_below_at_step": summary.fell_below_at_step,
+                "stayed_solved": flag(summary.stayed_solved),
+            }
+            if summary.reward_threshold is not None:
+                columns["reward_threshold"] = summary.reward_threshold
+            sets += [f"{column} = ?" for column in columns]
+            values += columns.values()
         with self._write() as conn:
-            exists = conn.execute("SELECT stop_requested FROM runs WHERE id = ?", (run_id,))
-            if exists.fetchone() is None:
+            row = conn.execute(
+                f"UPDATE runs SET {', '.join(sets)} WHERE id = ? RETURNING stop_requested",
+                (*values, run_id),
+            ).fetchone()
+            if row is None:
                 raise StoreError(f"no run {run_id!r} in {self.path} (deleted?)")
             if params:
                 conn.executemany(
@@ -136,28 +157,6 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
                     "VALUES (?, ?, ?, ?, ?)",
                     params,
                 )
-            sets, values = ["heartbeat_at = ?"], [now]
-            if env_steps is not None:
-                sets.append("env_steps = MAX(env_steps, ?)")
-                values.append(int(env_steps))
-            if summary is not None:
-                columns = {
-                    "episodes": summary.episodes,
-                    "best_return": finite_or_none(summary.best_return),
-                    "final_return": finite_or_none(summary.final_return),
-                    "solved": flag(summary.solved),
-                    "solved_at_step": summary.solved_at_step,
-                    "fell_below_at_step": summary.fell_below_at_step,
-                    "stayed_solved": flag(summary.stayed_solved),
-                }
-                if summary.reward_threshold is not None:
-                    columns["reward_threshold"] = summary.reward_threshold
-                sets += [f"{column} = ?" for column in columns]
-                values += columns.values()
-            row = conn.execute(
-                f"UPDATE runs SET {', '.join(sets)} WHERE id = ? RETURNING stop_requested",
-                (*values, run_id),
-            ).fetchone()
         return bool(row[0])
 
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
@@ -289,11 +288,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
     # -- metrics ----------------------------------------------------------------------------
 
     def metrics(
-        self,
-        run_id: str,
-        keys: Sequence[str] | None = None,
-        *,
-        since_step: int | None = None,
+        self, run_id: str, keys: Sequence[str] | None = None, *, since_step: int | None = None
     ) -> pd.DataFrame:
         """Long DataFrame with columns ``env_step, wall_time, key, value`` in insertion order.
 
@@ -323,11 +318,7 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
     # -- checkpoints and trajectories -------------------------------------------------------
 
     def save_checkpoint(
-        self,
-        run_id: str,
-        env_step: int,
-        blob: bytes,
-        trajectories: Sequence[bytes] = (),
+        self, run_id: str, env_step: int, blob: bytes, trajectories: Sequence[bytes] = ()
     ) -> None:
         """Store a model checkpoint and the trajectories recorded with it (replacing any at the
         same env step); the run's step count moves up to ``env_step`` in the same transaction."""
