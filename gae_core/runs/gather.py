@@ -44,10 +44,8 @@ class Gathering:
     """The trials submitted and not yet sent, and how they split into batches.
 
     ``capacity``: the most trials one batch holds (1: every trial alone, no config is read).
-    The backend says how many of its slots are free; :meth:`can_take` tells the coordinator
-    whether one more trial would start at the next :meth:`take` (a trial that trains alone
-    needs a slot of its own, one of another population's kind cannot use the room in this one),
-    and :meth:`take` hands out the batches for the free slots.
+    :meth:`can_take` tells the coordinator whether one more trial would start at the next
+    :meth:`take`, which hands out the batches for the backend's free slots.
 
     A trial is gathered under its *group*: its kind (population key, or :data:`ALONE`) and the
     number of its planned population (:meth:`dispatch_order`; -1 for a trial outside the
@@ -127,9 +125,7 @@ class Gathering:
         the gathered populations: every free slot not yet spoken for by a gathered batch takes
         ``capacity``, plus the room left in the gathered batches."""
         batches, room = self.batches()
-        if batches > free:
-            return 0
-        return (free - batches) * self.capacity + room
+        return 0 if batches > free else (free - batches) * self.capacity + room
 
     def can_take(self, config: dict, free: int, index: int | None = None) -> bool:
         """Whether trial ``index`` with ``config`` would start at the next :meth:`take` with

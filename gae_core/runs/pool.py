@@ -262,12 +262,9 @@ class LocalPool(Gathered):
 
     def _bury(self, worker: WorkerHandle, out: list) -> None:
         worker.process.join(1.0)
+        died = f"worker pid {worker.pid} died (exit code {worker.process.exitcode})"
         for index, steps in worker.trials.items():
-            why = (
-                f"worker pid {worker.pid} died (exit code {worker.process.exitcode}) at env step "
-                f"{steps:,}"
-            )
-            out.append(Lost(index, why))
+            out.append(Lost(index, f"{died} at env step {steps:,}"))
         if not worker.ready:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:

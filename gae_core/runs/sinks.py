@@ -15,15 +15,7 @@ from gae_core.errors import StoreError
 from gae_core.outcome import RunSummary
 from gae_core.storage.store import RunStore
 
-__all__ = [
-    "Lost",
-    "MetricRows",
-    "ProxySink",
-    "Report",
-    "RunDeleted",
-    "RunSink",
-    "apply",
-]
+__all__ = ["Lost", "MetricRows", "ProxySink", "Report", "RunDeleted", "RunSink", "apply"]
 
 #: Metric rows as the store takes them: ``(key, env step, wall seconds, value)``.
 MetricRows = list[tuple[str, int, float, float]]

@@ -89,8 +89,7 @@ class SweepProgress:
 
     @property
     def fraction(self) -> float:
-        """Share of the whole grid's env-step budget spent (ended trials count in full), in
-        [0, 1]."""
+        """Share of the grid's env-step budget spent (ended trials count in full), in [0, 1]."""
         return min(1.0, self.env_steps / self.total_steps) if self.total_steps else 1.0
 
 
@@ -194,10 +193,7 @@ class Sweep:
         """Stop pending trials and ask running ones to stop (at once, not at the coordinator's
         next poll); returns at once."""
         self._cancel.set()
-        if self._backend is not None:
-            for index, trial in enumerate(self._trials):
-                if trial.status == "running":
-                    self._backend.stop(index)
+        self._stop_running(self._backend)  # read once: the coordinator drops it when it ends
 
     def outcomes(self) -> dict[str, tuple[str, str | None]]:
         """``{run id: (status, error)}`` of each trial as the coordinator decided it (what the
@@ -291,8 +287,7 @@ class Sweep:
         return self._final_status()
 
     def _plan(self, backend: Backend) -> list[int]:
-        """The order to submit the trials in: the backend's, each population it will form as
-        a run of consecutive trials (``RuntimeError`` if it is not an order of the trials)."""
+        """The backend's order to submit the trials in (``RuntimeError`` if it is not theirs)."""
         count = len(self._trials)
         order = list(backend.dispatch_order([t.config.to_dict() for t in self._trials]))
         if sorted(order) != list(range(count)):
@@ -350,8 +345,11 @@ class Sweep:
             self.store.request_stop(self._trials[index].run_id)
             self._trials[index].status = "stopped"
         pending.clear()
+        self._stop_running(backend)
+
+    def _stop_running(self, backend: Backend | None) -> None:
         for index, trial in enumerate(self._trials):
-            if trial.status == "running":
+            if trial.status == "running" and backend is not None:
                 backend.stop(index)
 
     def _final_status(self) -> str:
@@ -420,10 +418,7 @@ def start_sweep(
 
 
 def run_sweep(
-    store: RunStore,
-    base: TrainConfig,
-    grid: dict[str, Sequence[Any]],
-    **options: Any,
+    store: RunStore, base: TrainConfig, grid: dict[str, Sequence[Any]], **options: Any
 ) -> SweepProgress:
     """:func:`start_sweep` (same options) and wait for it; Ctrl-C cancels the sweep and waits for
     the trials to stop (their data is kept)."""
