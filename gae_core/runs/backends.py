@@ -68,9 +68,8 @@ BackendFactory = Callable[[int, int, float], Backend]
 
 class ThreadBackend:
     """Each trial trains in a thread of this process, the moment it is submitted: the run
-    manager's default where nothing else shares the process (tests inject fake trainers here;
-    the dashboard uses worker processes, so training never holds its server's GIL). Reports
-    reach the coordinator through a queue, as they would through a pipe."""
+    manager's default without ``processes`` (tests inject fake trainers here). Reports reach
+    the coordinator through a queue, as they would through a pipe."""
 
     name = "threads"
 

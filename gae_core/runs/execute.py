@@ -5,13 +5,13 @@ every sweep trial or population on either backend.
 :func:`execute_run` steps the trainer, and for each member (:class:`~gae_core.runs.member_run.
 MemberRun`) buffers metric rows and hands them to its :class:`~gae_core.runs.sinks.RunSink` at
 least every ``flush_interval`` seconds, evaluates it and saves its checkpoints (with recorded
-episodes) when due and at its end, and closes it as ``finished``, ``stopped``, ``failed`` or
-``deleted``. It checks the stop events between updates (an update is short, so a stop takes
-effect within a second) and each sink's stop flag on every flush, so a run can be stopped from
-another process. A member that is stopped, deleted or blows up ends on its own and the others
-go on; an exception in the trainer itself (its env, its process) fails every member that had
-not ended. Where the data goes is the sink's business: a backend's
-:class:`~gae_core.runs.sinks.ProxySink` streams it to the coordinator, the store's one writer.
+episodes) when due and at its end, and closes it (:func:`execute_run` says how). It checks the
+stop events between updates (an update is short, so a stop takes effect within a second) and
+each sink's stop flag on every flush, so a run can be stopped from another process. A member
+that is stopped, deleted or blows up ends on its own and the others go on; an exception in the
+trainer itself (its env, its process) fails every member that had not ended. Where the data
+goes is the sink's business: a backend's :class:`~gae_core.runs.sinks.ProxySink` streams it
+to the coordinator, the store's one writer.
 """
 
 from __future__ import annotations

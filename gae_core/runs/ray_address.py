@@ -26,8 +26,7 @@ __all__ = ["check_address"]
 #: (its own form of the same address; a later connection to another Ray does not match it).
 _JOINED: dict[str, str] = {}
 #: How long :func:`check_address` waits for a TCP connection (name lookup included), and for a
-#: cluster's GCS to answer the probe a client makes first (a healthy one: well under 1 s, plus
-#: about 1 s for the probe's process to import Ray).
+#: cluster's GCS to answer the probe a client makes first (which imports Ray: about 1 s).
 _CONNECT_S = 3.0
 _PROBE_S = 10.0
 #: Addresses whose GCS answered the probe → when (the compare page checks on every rerun).

@@ -152,9 +152,7 @@ class RayPool(Gathered):
 
     ``address`` is a running cluster's (``ray://host:10001`` or ``host:6379``); None joins the
     Ray already initialised in this process, or starts a local one. ``members``: the most
-    trials one task trains at once as a population, gathered by the rule the local pool uses
-    (:class:`~gae_core.runs.gather.Gathering`), so a sweep splits into the same populations on
-    both backends.
+    trials one task trains at once as a population (:mod:`gae_core.runs.gather`).
     """
 
     name = "ray"
