@@ -20,6 +20,7 @@ from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
+from gae_core.runs.sweep import MOST_WORKERS
 from gae_core.storage.records import RunRecord
 from gae_core.storage.store import RunStore
 
@@ -115,8 +116,6 @@ def typed_count(name: str, text: str, low: int, high: int) -> tuple[int | None, 
 #: The sweep launcher's seeds per λ, the fewest and the most, and a new study's (bootstrap
 #: intervals need about 10 seeds per group to rank the groups).
 SEEDS_PER_LAMBDA, DEFAULT_SEEDS_PER_LAMBDA = (1, 100), 10
-#: The most workers a sweep runs at once (``start_sweep``'s limit): Ray tasks on a cluster.
-MOST_WORKERS = 256
 
 
 def workers_range(backend: str, cores: int) -> tuple[int, int]:

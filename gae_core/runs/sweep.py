@@ -35,6 +35,7 @@ from typing import Any
 
 from gae_core.agent.config import TrainConfig, field_spec
 from gae_core.agent.envs import reward_threshold
+from gae_core.agent.field_spec import int_problem
 from gae_core.errors import ConfigError, StoreError, StoreFull
 from gae_core.labels import assignment
 from gae_core.runs.backends import Backend, BackendFactory
@@ -120,6 +121,8 @@ def cancel_sweep(store: RunStore, sweep_id: str) -> None:
 _LIVE_SWEEPS: weakref.WeakSet[Sweep] = weakref.WeakSet()
 #: At interpreter exit, how long to wait for cancelled sweeps to wind down.
 EXIT_JOIN_S = 15.0
+#: The most workers a sweep runs at once (trials in flight: processes here, or Ray tasks).
+MOST_WORKERS = 256
 
 
 def _cancel_live_sweeps() -> None:
@@ -393,10 +396,9 @@ def start_sweep(
     configs = expand_grid(base, grid)
     if workers is None:
         workers = os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
-        raise ConfigError(f"workers must be an integer in [1, 256], got {workers!r}")
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 10:
-        raise ConfigError(f"retries must be an integer in [0, 10], got {retries!r}")
+    problem = int_problem("workers", workers, 1, MOST_WORKERS)
+    if problem or (problem := int_problem("retries", retries, 0, 10)):
+        raise ConfigError(problem)
     workers = min(workers, len(configs))
     if name:  # refused before anything is stored
         name = checked_name(name, configs, grid)
