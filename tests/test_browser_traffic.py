@@ -38,8 +38,9 @@ from gae_core.storage.store import RunStore
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-#: seconds of traffic recorded once the page has drawn
-WINDOW_S = 10.0
+#: seconds of traffic recorded once the page has drawn: four charts ticks (1.5 s) and three of
+#: the sidebar's (2 s)
+WINDOW_S = 6.0
 #: the app's ``global.minCachedMessageSize`` (.streamlit/config.toml; Streamlit's default is
 #: 10 kB): smaller elements are never sent by hash
 CACHED_FROM_BYTES = tomllib.loads(

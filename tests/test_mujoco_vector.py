@@ -70,8 +70,10 @@ def test_make_vector_env_takes_the_loop_only_where_it_is_written_and_checked(mon
     finally:
         env.close()
 
-    def wrong(bare, action):  # a step that computes otherwise than gymnasium
-        return FAST_STEPS["HalfCheetah-v5"](bare, action) + 1e-9
+    right = FAST_STEPS["HalfCheetah-v5"]
+
+    def wrong(bare, before, after, actions):  # rewards 1e-9 off gymnasium's
+        return right(bare, before, after, actions) + 1e-9
 
     monkeypatch.setitem(FAST_STEPS, "HalfCheetah-v5", wrong)
     mujoco_vector.fast_step_works.cache_clear()
@@ -84,3 +86,32 @@ def test_make_vector_env_takes_the_loop_only_where_it_is_written_and_checked(mon
             env.close()
     finally:
         mujoco_vector.fast_step_works.cache_clear()
+
+
+def test_masked_resets_bad_actions_and_a_step_before_reset_behave_as_gymnasium_says():
+    env_id = "HalfCheetah-v5"
+    quiet_env_warnings(env_id)
+    fast, plain = LocomotionVectorEnv(env_id, 3), gymnasium_vector_env(env_id, 3)
+    try:
+        with pytest.raises(gym.error.ResetNeeded):
+            fast.step(np.zeros((3, 6), np.float32))
+        fast.reset(seed=0)
+        plain.reset(seed=0)
+        for _ in range(50):
+            actions = np.full((3, 6), 0.3, np.float32)
+            fast.step(actions)
+            plain.step(actions)
+        mask = np.array([True, False, False])
+        mine = fast.reset(options={"reset_mask": mask.copy()})[0]
+        theirs = plain.reset(options={"reset_mask": mask.copy()})[0]
+        np.testing.assert_array_equal(mine, as_float32(theirs))  # rows 1–2 as they were
+        for bad in (np.zeros((3, 1)), np.zeros(3), np.zeros((4, 6))):
+            with pytest.raises(ValueError, match="actions must have shape"):
+                fast.step(bad)
+        actions = np.full((3, 6), -0.2, np.float32)
+        mine, (obs, *theirs) = fast.step(actions), plain.step(actions)
+        np.testing.assert_array_equal(mine[0], as_float32(obs))
+        np.testing.assert_array_equal(mine[1], theirs[0])
+    finally:
+        fast.close()
+        plain.close()

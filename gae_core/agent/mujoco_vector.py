@@ -47,7 +47,9 @@ FAST_STEPS: dict[str, Callable[..., np.ndarray]] = {"HalfCheetah-v5": _half_chee
 class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
     """``SyncVectorEnv`` (NEXT_STEP autoreset) whose non-resetting steps call
     :data:`FAST_STEPS` directly: no wrappers, info dicts or per-env observation copies. The
-    time limit is counted here, as gymnasium's ``TimeLimit`` counts it; returns empty infos."""
+    time limit is counted here, as gymnasium's ``TimeLimit`` counts it; returns empty infos.
+    The sub-envs' own wrappers (``envs[i]``: their ``TimeLimit`` counter, the env checker) do
+    not see these steps: step them only through this vector env."""
 
     def __init__(self, env_id: str, num_envs: int):
         super().__init__(
@@ -74,15 +76,21 @@ class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
 
     def reset(self, *, seed=None, options=None):
         mask = None if options is None else options.get("reset_mask")
-        if mask is None:
-            self._elapsed[:] = 0
-        else:
-            self._elapsed[mask] = 0
+        # gymnasium's masked reset refills the other rows from its per-env list, which the
+        # fast step does not keep: give it the rows as they are
+        self._env_obs = list(self._observations)
         observations, infos = super().reset(seed=seed, options=options)
+        self._elapsed[slice(None) if mask is None else mask] = 0
+        self._was_reset = True
         return observations.astype(np.float32), infos
 
     def step(self, actions):
+        if not getattr(self, "_was_reset", False):
+            raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
         actions = np.asarray(actions)
+        expected = (self.num_envs, *self.single_action_space.shape)
+        if actions.shape != expected:
+            raise ValueError(f"actions must have shape {expected}, got {actions.shape}")
         observations = self._observations
         split = self._qpos_size - 1  # x (qpos[0]) is left out of the observation
         resets = self._autoreset_envs
@@ -94,8 +102,9 @@ class LocomotionVectorEnv(gym.vector.SyncVectorEnv):
             data.ctrl[:] = actions[i]
             mujoco.mj_step(self._model, data, nstep=self._frame_skip)
             # gymnasium's do_simulation also runs mj_rnePostConstraint: it fills derived force
-            # fields (cacc, cfrc_int, cfrc_ext) that these observations and rewards never read,
-            # and the next mj_step recomputes them.
+            # fields (cacc, cfrc_int, cfrc_ext) that these observations and rewards never read;
+            # here they stay as the last reset left them (mj_step computes them only for force
+            # sensors, which HalfCheetah has none of).
             after[k] = data.qpos[0]
             observations[i, :split] = data.qpos[1:]
             observations[i, split:] = data.qvel

@@ -7,7 +7,9 @@ inputs were finite (:func:`_finite`), the others nothing. Flags arrive as
 file (or to ``NUMBA_CACHE_DIR``), so only the first process on a machine pays the compile time.
 
 Accumulators are float64 whatever the storage dtype, so float32 results differ from float64
-ones only by the final rounding of each element, not by error that grows along the chain.
+ones only by the final rounding of each element, not by error that grows along the chain (λ-
+returns of N > 1 columns round the advantage, then add V(s_t) in the output's dtype, as
+``gae(...) + values`` does).
 
 The GAE recursion is a chain: step t needs step t+1. With N > 1 columns the N chains advance
 together, one row at a time, vectorised over the row. On one long trajectory (N = 1) a chain
@@ -109,7 +111,8 @@ def _delta(r, v, nv, terminated, gamma):  # pragma: no cover
 
 @nb.njit(inline="always", **_JIT)
 def _decay(terminated, truncated, decay):  # pragma: no cover
-    """γλ(1 − done_t): the recursion never crosses an episode boundary (inlined into loops)."""
+    """γλ(1 − done_t): for finite values the recursion never crosses an episode boundary
+    (inlined into loops; a non-finite one does cross it, as 0 · inf is NaN: see _finite)."""
     return decay * (1 - (terminated | truncated))
 
 

@@ -130,8 +130,9 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_):
         terminated, truncated: same shape, bool or 0/1.
         gamma: discount γ in [0, 1], or one per column (a sequence of N numbers).
         lambda_: λ in [0, 1], or one per column. Per-column values estimate a population of
-            agents in one call (column n uses ``gamma[n]`` and ``lambda_[n]``), exactly as if
-            each column were estimated alone.
+            agents in one call (column n uses ``gamma[n]`` and ``lambda_[n]``), as if each
+            column were estimated alone (equal up to float64 rounding: one column alone takes
+            the kernels' four-steps-a-link chain).
 
     Returns:
         Advantages with the shape of ``rewards``.
