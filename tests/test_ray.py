@@ -58,11 +58,20 @@ def _curves(store: RunStore) -> dict:
     return out
 
 
-def test_the_same_sweep_gives_the_same_trials_on_both_backends(tmp_path, local_ray):
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # CartPole: its native vector env
+        # a MuJoCo task with per-member observation and reward normalisation (its presets')
+        dict(env_id="InvertedPendulum-v5", normalize_observations=True, normalize_rewards=True),
+    ],
+    ids=["CartPole", "MuJoCo-normalised"],
+)
+def test_the_same_sweep_gives_the_same_trials_on_both_backends(tmp_path, local_ray, env):
     """Alone (one trial per worker or task) and as populations (two trials per worker or task,
     gathered by the one rule both backends share): each trial's curve is the same on both
     backends, and populations really formed (their curves are not the lone trials')."""
-    base = TrainConfig(**SMALL, total_steps=3000, checkpoint_every=1000)
+    base = TrainConfig(**SMALL, **env, total_steps=3000, checkpoint_every=1000)
     grid = grid_of(lambdas=[0.9, 1.0], seeds=[0, 1])
     curves, checkpoints = {}, {}
     for members in (1, 2):
