@@ -521,3 +521,30 @@ def test_another_programs_database_is_refused_and_left_unchanged(tmp_path):
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     raw.close()
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_no_connection_is_left_open(
+    tmp_path, monkeypatch
+):
+    """Opening a store whose file is not SQLite tries each URI and names the file; every
+    connection it opened on the way is closed (they were left open before)."""
+    from gae_core.storage import database
+
+    opened = []
+    real_connect = sqlite3.connect
+
+    def tracking_connect(*args, **kwargs):
+        conn = real_connect(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(database.sqlite3, "connect", tracking_connect)
+    store_file = tmp_path / database.DB_FILENAME
+    store_file.write_bytes(b"this is not an SQLite database, just text " * 100)
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="cannot open the run store"):
+            Database(tmp_path, read_only=read_only)
+    assert opened  # every URI was tried with a connection of its own
+    for conn in opened:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")

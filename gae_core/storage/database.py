@@ -170,6 +170,7 @@ class Database:
             uris = [f"file:{self.path}"]
         last: Exception | None = None
         for uri in uris:
+            conn = None
             try:
                 conn = sqlite3.connect(
                     uri,
@@ -182,6 +183,8 @@ class Database:
                 return conn
             except sqlite3.Error as exc:
                 last = exc
+                if conn is not None:  # opened, but not a database: not left open
+                    conn.close()
         raise StoreError(f"cannot open the run store {self.path}: {last}")
 
     def _prepare(self) -> None:
