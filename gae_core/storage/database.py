@@ -36,7 +36,7 @@ from typing import Any, Self
 
 from gae_core.errors import StoreError, StoreFull
 from gae_core.storage.ownership import OWNER_COLUMNS, Owner, owner_alive
-from gae_core.storage.schema import SCHEMA_VERSION, migrate
+from gae_core.storage.schema import SCHEMA_VERSION, migrate, refuse_newer
 
 __all__ = [
     "DATA_ENV_VAR",
@@ -191,12 +191,7 @@ class Database:
         conn = self._conn
         try:
             if self.read_only:
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.path} has schema version {version}; this gae_core reads up to "
-                        f"{SCHEMA_VERSION}"
-                    )
+                refuse_newer(self.path, conn.execute("PRAGMA user_version").fetchone()[0])
             else:
                 self._refuse_foreign()  # before anything in the file is changed
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]

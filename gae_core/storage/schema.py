@@ -116,15 +116,21 @@ def _run_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
-def migrate(conn: sqlite3.Connection, path: object) -> int:
-    """Bring the database to :data:`SCHEMA_VERSION` inside the caller's transaction; returns the
-    version found. ``StoreError`` naming ``path`` for a newer schema."""
-    found = version = conn.execute("PRAGMA user_version").fetchone()[0]
+def refuse_newer(path: object, version: int) -> None:
+    """``StoreError`` naming ``path`` when its schema is newer than this code reads (writing or
+    reading it: this code cannot know what the newer columns mean)."""
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{path} has schema version {version}; this gae_core reads up to "
             f"{SCHEMA_VERSION}. Upgrade gae_core or use another --data-dir."
         )
+
+
+def migrate(conn: sqlite3.Connection, path: object) -> int:
+    """Bring the database to :data:`SCHEMA_VERSION` inside the caller's transaction; returns the
+    version found. ``StoreError`` naming ``path`` for a newer schema."""
+    found = version = conn.execute("PRAGMA user_version").fetchone()[0]
+    refuse_newer(path, version)
     if version == 0:
         _run_script(conn, _SCHEMA_V1)
         version = 1
