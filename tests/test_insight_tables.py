@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import gae_core
 from gae_core.agent.config import FIELD_SPECS
+from gae_core.errors import ConfigError
 from gae_core.insight import compare, explorer, views
 
 
@@ -628,3 +629,14 @@ def test_a_sweeps_seeds_start_at_the_first_seed_typed_as_text():
          f"got {top + 1:,}"),
     ):  # fmt: skip
         assert views.sweep_seeds(text, 2) == (range(0), [error]), text
+
+
+def test_a_list_of_values_names_its_bad_ones_without_echoing_thousands():
+    with pytest.raises(ConfigError, match=r"^λ values must be in \[0, 1\], got 1\.5, 2$"):
+        views.parse_float_list("0.9, 1.5, 2", "λ values")
+    pasted = ", ".join(str(2 + i) for i in range(5000))
+    with pytest.raises(ConfigError) as caught:
+        views.parse_float_list(pasted, "λ values")
+    message = str(caught.value)
+    assert message == "λ values must be in [0, 1], got 2, 3, 4, 5, 6, … (5,000 in all)"
+    assert views.parse_float_list("0.9; 0.95,1", "λ values") == [0.9, 0.95, 1.0]

@@ -350,9 +350,10 @@ def parse_float_list(text: str, name: str, low: float = 0.0, high: float = 1.0) 
         ) from None
     if not values:
         raise ConfigError(f"{name} needs at least one value in [{low:g}, {high:g}]")
-    bad = [v for v in values if not low <= v <= high]
-    if bad:
-        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {bad}")
+    bad = [f"{v:g}" for v in values if not low <= v <= high]
+    if bad:  # the first few, and how many in all (a pasted column could hold thousands)
+        more = f", … ({len(bad):,} in all)" if len(bad) > 5 else ""
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {', '.join(bad[:5])}{more}")
     duplicates = sorted({v for i, v in enumerate(values) if v in values[:i]})
     if duplicates:
         raise ConfigError(f"{name}: {', '.join(f'{v:g}' for v in duplicates)} given twice")
