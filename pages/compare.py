@@ -40,10 +40,11 @@ SOURCES = {"a sweep": "sweep", "pick runs": "runs"}  # the radio's words → the
 if st.session_state.pop("cmp.goto_compare", False):  # "Compare this sweep" was clicked
     st.session_state["cmp.view"] = "Compare"
     st.session_state["cmp.source"] = "a sweep"
+# the starting view lives in the state, not in default=: a widget given both logs a warning
+st.session_state.setdefault("cmp.view", "Compare")
 view = st.segmented_control(
-    "view", ["Launch a sweep", "Compare"], default="Compare", key="cmp.view",
-    label_visibility="collapsed",
-)  # fmt: skip
+    "view", ["Launch a sweep", "Compare"], key="cmp.view", label_visibility="collapsed"
+)
 
 
 def _backend_switched() -> None:  # from Ray back to this machine: at most its cores
