@@ -1,9 +1,9 @@
 """A vector env for MuJoCo tasks whose step is a loop of MuJoCo calls, with the same numbers as
 gymnasium's.
 
-Why: in a HalfCheetah-v5 population the physics (``mj_step``) was 42 % of a worker's time and
-the rest of gymnasium's per-env Python step (wrappers, info dicts, the vector env's merge) about
-a third (``docs/PERFORMANCE.md``). :class:`LocomotionVectorEnv` is gymnasium's
+Why: in a MuJoCo population gymnasium's per-env Python step (wrappers, info dicts, the vector
+env's merge) costs a large share beside the physics (measured in ``docs/PERFORMANCE.md``,
+"HalfCheetah's step as MuJoCo calls"). :class:`LocomotionVectorEnv` is gymnasium's
 ``SyncVectorEnv`` in NEXT_STEP autoreset mode over the same ``gym.make`` envs, so resets,
 seeding, spaces and closing are gymnasium's own; only a step that does not reset is replaced
 by the env's arithmetic on MuJoCo's arrays (:data:`FAST_STEPS`). ``tests/test_mujoco_vector.py``

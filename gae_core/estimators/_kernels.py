@@ -48,9 +48,8 @@ def td_residuals(rewards, values, next_values, terminated, gamma, out):  # pragm
 
 
 #: Steps a single column's kernels take per chunk: two float64 scratch arrays of this length
-#: (256 KB) and the chunk's inputs stay in a core's L2 cache (1 MB here) between the chunk's
-#: passes. Measured on [1e6, 1] against 512 to 32,768 steps: from 512 up, each doubling was
-#: faster (fewer chunks, each with its own slices and calls) until 16,384.
+#: (256 KB) and the chunk's inputs stay in a core's L2 cache between the chunk's passes; fewer,
+#: larger chunks measured faster (``docs/PERFORMANCE.md``, "The estimators against their floor").
 CHUNK = 16_384
 
 
