@@ -104,3 +104,27 @@ def test_ppo_checkpoints_and_runs_stored_before_ppo_open_in_the_explorer(tmp_pat
     )
     assert len(old) > 0 and TrainConfig.from_stored(store.get_run(ids[1]).config).algo == "a2c"
     store.close()
+
+
+def test_a_run_trained_on_a_gpu_opens_where_there_is_none(tmp_path, checkpoints, monkeypatch):
+    """A stored config says where the run ran (``device``), not what it learnt: read back on a
+    machine without CUDA it becomes a CPU config, and the run replays in the explorer as the
+    same run stored from a CPU machine does. Where CUDA exists, the stored device is kept."""
+    import torch
+
+    config, _, late = checkpoints
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    store = RunStore(tmp_path)
+    on_gpu = {**config.to_dict(), "device": "cuda"}
+    ids = [store.create_run(on_gpu), store.create_run(config.to_dict())]
+    for run_id in ids:
+        store.save_checkpoint(run_id, 4000, late)
+    assert TrainConfig.from_stored(store.get_run(ids[0]).config) == config
+    gpu, cpu = (explorer.load_trajectory(store, i, 4000, fresh_seed=4) for i in ids)
+    np.testing.assert_array_equal(gpu.observations, cpu.observations)
+    np.testing.assert_array_equal(gpu.values, cpu.values)
+    with pytest.raises(Exception, match="device 'cuda' is not available"):
+        TrainConfig(device="cuda")  # a new run still cannot ask for it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert TrainConfig.from_stored(on_gpu).device == "cuda"
+    store.close()

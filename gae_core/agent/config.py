@@ -260,10 +260,14 @@ class TrainConfig:
     def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
         """:meth:`from_dict` for a config read back from the store: a field missing from it
         takes the value that gives the behaviour the run had (:data:`STORED_BEFORE`), not
-        today's default."""
+        today's default; a run trained on ``cuda`` reads as ``cpu`` where there is no GPU."""
         if not isinstance(data, dict):
             raise ConfigError(f"config must be a dict, got {type(data).__name__}")
-        return cls.from_dict(with_stored_defaults(data))
+        data = with_stored_defaults(data)
+        if data.get("device") == "cuda" and not _cuda_available():
+            # where it ran, not what it learnt (BOOKKEEPING_FIELDS): it still opens and replays
+            data = {**data, "device": "cpu"}
+        return cls.from_dict(data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -398,13 +402,17 @@ def _check_hidden_sizes(value: Any, meta: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _cuda_available() -> bool:
+    import torch  # only when asked: the form can validate without loading CUDA
+
+    return torch.cuda.is_available()
+
+
 def _check_device(value: Any) -> str:
     if value == "cpu":
         return value
     if value == "cuda":
-        import torch  # only when asked: the form can validate without loading CUDA
-
-        if torch.cuda.is_available():
+        if _cuda_available():
             return value
         raise ConfigError("device 'cuda' is not available on this machine; use 'cpu'")
     raise ConfigError(f"device must be one of ['cpu', 'cuda'], got {value!r}")
