@@ -37,16 +37,19 @@ import numpy as np
 import torch
 
 from gae_core.agent.config import TrainConfig
+from gae_core.agent.played_together import evaluate_replays
 from gae_core.agent.presets import preset_config
 from gae_core.agent.recording import load_replay
-from gae_core.agent.played_together import evaluate_replays
 from gae_core.agent.trainer import Trainer
 from gae_core.storage.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (
-    ("CartPole-v1", "a2c", {}), ("CartPole-v1", "ppo", {}), ("Pendulum-v1", "a2c", {}),
-    ("Pendulum-v1", "ppo", {"rollout_steps": 256}), ("HalfCheetah-v5", "a2c", {}),
+    ("CartPole-v1", "a2c", {}),
+    ("CartPole-v1", "ppo", {}),
+    ("Pendulum-v1", "a2c", {}),
+    ("Pendulum-v1", "ppo", {"rollout_steps": 256}),
+    ("HalfCheetah-v5", "a2c", {}),
     ("HalfCheetah-v5", "ppo", {"rollout_steps": 256}),
 )  # fmt: skip; PPO rollouts cut so the check is quick
 LAMBDAS = (0.9, 0.95, 1.0)
@@ -89,7 +92,8 @@ def same_numbers(updates: int) -> bool:
     ok = True
     for env, algo, extra in CASES:
         rows = preset_config(env, algo, **extra).num_envs * extra.get(
-            "rollout_steps", preset_config(env, algo).rollout_steps)
+            "rollout_steps", preset_config(env, algo).rollout_steps
+        )
         gap, sde = _gradient_gap(env, algo, {**extra, "n_epochs": 2, "minibatch_size": rows}
                                  if algo == "ppo" else extra)  # fmt: skip
         losses, last = {}, {}
@@ -98,8 +102,14 @@ def same_numbers(updates: int) -> bool:
             history = []
             for _ in range(updates):
                 result = trainer.step()
-                history.append([v for i in sorted(result)
-                                for k, v in sorted(result[i].metrics.items()) if "loss" in k])
+                history.append(
+                    [
+                        v
+                        for i in sorted(result)
+                        for k, v in sorted(result[i].metrics.items())
+                        if "loss" in k
+                    ]
+                )
             losses[device] = np.array(history, np.float64)
             last[device] = trainer.parameters.detach().cpu().double()
             trainer.close()
@@ -108,8 +118,10 @@ def same_numbers(updates: int) -> bool:
         verdict = "PASS" if gap <= 1e-4 else "FAIL"
         ok &= verdict == "PASS"
         label = algo + (" gSDE" if sde else "")
-        print(f"  {env:>15} {label:8}: gradient {gap:.2e}  {verdict} (≤ 1e-4); after {updates} "
-              f"updates: max |Δθ|/max |θ| {drift:.2e}, losses {float(loss_gap.max()):.2e}")
+        print(
+            f"  {env:>15} {label:8}: gradient {gap:.2e}  {verdict} (≤ 1e-4); after {updates} "
+            f"updates: max |Δθ|/max |θ| {drift:.2e}, losses {float(loss_gap.max()):.2e}"
+        )
     return ok
 
 
@@ -149,8 +161,10 @@ def opens_on_cpu() -> bool:
                 summary = {}
             good = done.returncode == 0
             ok &= good
-            print(f"  {label} --device cuda: exit {done.returncode} in {wall:.1f} s; "
-                  f"{json.dumps(summary)[:300]}  {'PASS' if good else 'FAIL'}")
+            print(
+                f"  {label} --device cuda: exit {done.returncode} in {wall:.1f} s; "
+                f"{json.dumps(summary)[:300]}  {'PASS' if good else 'FAIL'}"
+            )
             if not good:
                 print("    stderr:", done.stderr[-1500:])
         store = RunStore(data)
@@ -164,8 +178,10 @@ def opens_on_cpu() -> bool:
         statuses = sorted(r.status for r in runs)
         good = statuses == ["finished"] * 3 and loaded > 0
         ok &= good
-        print(f"  runs in the store: {statuses}; checkpoints loaded on the CPU: {loaded}  "
-              f"{'PASS' if good else 'FAIL'}")
+        print(
+            f"  runs in the store: {statuses}; checkpoints loaded on the CPU: {loaded}  "
+            f"{'PASS' if good else 'FAIL'}"
+        )
     return ok
 
 
@@ -188,8 +204,10 @@ def speed(members: list[int]) -> None:
                 wall = time.perf_counter() - started
                 rates[device] = (sum(trainer.member(i).env_steps for i in range(m)) - before) / wall
                 trainer.close()
-            print(f"  {algo} M = {m:3d}: CPU {rates['cpu']:9.0f}  CUDA {rates[GPU]:9.0f}  "
-                  f"CUDA/CPU {rates[GPU] / rates['cpu']:.4f}")
+            print(
+                f"  {algo} M = {m:3d}: CPU {rates['cpu']:9.0f}  CUDA {rates[GPU]:9.0f}  "
+                f"CUDA/CPU {rates[GPU] / rates['cpu']:.4f}"
+            )
 
 
 def main() -> int:
