@@ -410,9 +410,13 @@ def chart_controls(prefix: str) -> dict[str, Any]:
     return {"x": x, "smoothing": smoothing, "log_losses": log_losses}
 
 
-def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str) -> bool:
+def run_charts(
+    run_id: str, *, x: str, smoothing: float, log_losses: bool, prefix: str, live: bool = False
+) -> bool:
     """The metric charts of one run, two per row, each with a link to the CSV of every logged
-    point (smoothed like the chart); whether the episodic return is among them."""
+    point (smoothed like the chart); whether the episodic return is among them. ``live`` (a
+    timer redraws them): the diagnostics change at their own, slower pace
+    (:func:`~gae_core.insight.views.live_snapshot`)."""
     from gae_core.insight import exports, figures
 
     metrics = store().metrics(run_id)
@@ -422,6 +426,13 @@ def run_charts(run_id: str, *, x: str, smoothing: float, log_losses: bool, prefi
         else:  # e.g. a sweep's trial cancelled before its turn
             st.info("No metrics: the run ended before its first update.")
         return False
+    if live:
+        metrics = views.live_snapshot(metrics)
+        st.caption(
+            f"While the run trains, the return redraws every {LIVE_CHARTS_EVERY_S:g} s and the "
+            f"other charts every {views.DIAGNOSTICS_EVERY_S:g} s of its clock; each CSV holds "
+            "every point logged so far."
+        )
     present = set(metrics["key"])
     shown = [m for m in M.LIVE if m.key in present]
     columns = st.columns(2)

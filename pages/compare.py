@@ -240,8 +240,12 @@ if view == "Launch a sweep":
                     },
                 )
                 if state.status == "running":
-                    if st.button("Cancel sweep", key="cmp.cancel"):
-                        cancel_sweep(store, sweep_id)
+                    st.button(
+                        "Cancel sweep",
+                        key="cmp.cancel",
+                        on_click=cancel_sweep,
+                        args=(store, sweep_id),
+                    )  # a callback: see train.py's Stop
                 elif running:
                     st.rerun()
                 else:

@@ -112,8 +112,7 @@ def job_status(job: LabJob, cancel_key: str) -> bool:
     ended. True when it has ended."""
     if not job.done:
         st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
-        if st.button("Cancel", key=cancel_key):
-            job.cancel()
+        st.button("Cancel", key=cancel_key, on_click=job.cancel)  # a callback: see train.py's Stop
         return False
     if job.error:
         st.error(job.error.splitlines()[0])
@@ -361,7 +360,9 @@ job = _ui.lab_jobs().get(st.session_state.get("lab.job", ""))
 def progress() -> None:
     if job is None or not job_status(job, "lab.cancel"):
         return
-    if st.session_state.pop("lab.job", None) is not None and not job.error:
+    # a finished job's results are drawn below: redraw the page once (an error or a cancel
+    # has none, and a rerun would take its message off the page at once)
+    if st.session_state.pop("lab.job", None) is not None and not (job.error or job.cancelled):
         st.rerun()
 
 

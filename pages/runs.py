@@ -136,7 +136,7 @@ def runs_view() -> None:
             st.rerun()
         with st.expander("Config"):
             st.json(run.config)
-        _ui.run_charts(run.id, prefix="runs", **_ui.chart_controls("runs"))
+        _ui.run_charts(run.id, prefix="runs", live=run.active, **_ui.chart_controls("runs"))
     else:
         metric = st.selectbox(
             "metric",

@@ -90,8 +90,10 @@ with live_column:
                                icon=":material/stacked_line_chart:",
                                query_params={"source": "sweep", "sweep": run.sweep_id})  # fmt: skip
         if run.active:
-            if st.button("Stop", key="train.stop", icon=":material/stop:"):
-                manager.stop(run_id)
+            # a callback, not `if st.button(...)`: Streamlit runs it for the click whichever
+            # run takes the click in (the charts' timer may), so a Stop is never dropped
+            st.button("Stop", key="train.stop", icon=":material/stop:", on_click=manager.stop,
+                      args=(run_id,))  # fmt: skip
         elif running:  # it just ended: redraw the page once, without the timers
             st.rerun()
 
@@ -108,7 +110,7 @@ with live_column:
             # drawn a tick ago: rerun the page, so this timer slows to the live pace; before
             # drawing anything (what a fragment draws before a rerun is dropped from the page)
             st.rerun()
-        drew = _ui.run_charts(run_id, prefix="train", **_ui.chart_controls("train"))
+        drew = _ui.run_charts(run_id, prefix="train", live=running, **_ui.chart_controls("train"))
         if waiting and drew:
             st.session_state["train.drawn"] = run_id
 

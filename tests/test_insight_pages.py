@@ -562,21 +562,46 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
 
 @pytest.mark.slow
 def test_a_launched_sweep_takes_the_progress_panel_from_the_one_shown_before(data_dir):
-    """With an earlier sweep in the progress panel, Launch shows the new sweep's progress (and
-    its Cancel): the keyed box kept the earlier one, and the new sweep trained unseen."""
+    """With an earlier sweep in the progress panel, Launch shows the new sweep's progress and
+    its Cancel (the keyed box kept the earlier one, and the new sweep trained unseen), and
+    Cancel (a click callback) stops its running trial, its trained steps kept."""
     store = RunStore(data_dir)
     earlier = run_sweep(store, TrainConfig(**TINY), grid_of(seeds=[0]), workers=1).sweep_id
     at = app("pages/compare.py")
     at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
     assert at.selectbox(key="cmp.progress_sweep").value == earlier
     at.text_input(key="cmp.lambdas").set_value("1").run()
-    for key, value in {**TINY, "seeds": 1, "workers": 1}.items():
+    budget = {**TINY, "total_steps": 5_000_000, "seeds": 1, "workers": 1}
+    for key, value in budget.items():
         set_field(at, f"cmp.{key}", value).run()
     at.button(key="cmp.launch").click().run()
     assert not at.exception
     (launched,) = {s.id for s in store.list_sweeps()} - {earlier}
     assert at.selectbox(key="cmp.progress_sweep").value == launched
-    assert wait_until(lambda: store.get_sweep(launched).status == "finished", 120)
+    (trial,) = store.list_runs(sweep_id=launched)
+    assert wait_until(lambda: store.get_run(trial.id).env_steps > 0, 60)
+    at.run()
+    at.button(key="cmp.cancel").click().run()
+    assert not at.exception
+    assert wait_until(lambda: store.get_sweep(launched).status == "cancelled", 60)
+    stopped = store.get_run(trial.id)
+    assert stopped.status == "stopped" and 0 < stopped.env_steps < 5_000_000
+
+
+@pytest.mark.slow
+def test_the_labs_cancel_stops_a_measurement_and_stores_nothing(recorded_run, data_dir):
+    """Cancel (a click callback) ends a running measurement; the page says that nothing was
+    stored (its message stays: no redraw takes it away), and nothing is."""
+    at = app("pages/lab.py")
+    store = RunStore(data_dir)
+    at.selectbox(key="lab.run").set_value(recorded_run).run()
+    for key, value in {"lab.states": 64, "lab.rollouts": 256, "lab.segment": 200}.items():
+        at.text_input(key=key).set_value(str(value)).run()
+    at.button(key="lab.start").click().run()
+    assert not at.exception
+    at.button(key="lab.cancel").click().run()
+    assert wait_until(lambda: at.run() and any("Cancelled" in w.value for w in at.warning), 60)
+    assert store.lab_records(recorded_run) == []
 
 
 @pytest.mark.slow

@@ -640,3 +640,42 @@ def test_a_list_of_values_names_its_bad_ones_without_echoing_thousands():
     message = str(caught.value)
     assert message == "λ values must be in [0, 1], got 2, 3, 4, 5, 6, … (5,000 in all)"
     assert views.parse_float_list("0.9; 0.95,1", "λ values") == [0.9, 0.95, 1.0]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(sorted(views.WATCHED) + ["loss/value", "perf/sps"]),
+                  st.floats(0.0, 20.0, allow_nan=False)),
+        min_size=1, max_size=40,
+    ),
+    st.floats(0.0, 20.0, allow_nan=False),
+)  # fmt: skip
+def test_live_charts_redraw_diagnostics_only_at_their_own_pace(rows, later):
+    """A live run's rows as its charts draw them: the watched keys whole; another key's rows up
+    to the last multiple of 3 s of the run's clock (all of them while none is that old); and
+    rows logged later in the same 5 s leave the diagnostics' part unchanged, so those charts'
+    figures are identical until the next multiple."""
+    every = views.DIAGNOSTICS_EVERY_S
+    frame = pd.DataFrame(rows, columns=["key", "wall_time"]).sort_values("wall_time")
+    frame["value"] = range(len(frame))
+    shown = views.live_snapshot(frame, every)
+    cutoff = math.floor(frame["wall_time"].max() / every) * every
+    for key, rows_of_key in frame.groupby("key"):
+        drawn = shown[shown["key"] == key]
+        if key in views.WATCHED or rows_of_key["wall_time"].min() > cutoff:
+            expected = rows_of_key
+        else:
+            expected = rows_of_key[rows_of_key["wall_time"] <= cutoff]
+        pd.testing.assert_frame_equal(drawn, expected)
+    # a value-loss row logged later in the same window changes no diagnostic (unless the key
+    # had no row old enough: a young key's charts show everything)
+    stamp = frame["wall_time"].max() + later
+    value_rows = frame[frame["key"] == "loss/value"]
+    old_key = len(value_rows) and value_rows["wall_time"].min() <= cutoff
+    if stamp > cutoff and math.floor(stamp / every) * every == cutoff and old_key:
+        grown = pd.concat([frame, pd.DataFrame([("loss/value", stamp, -1)], columns=frame.columns)])
+        again = views.live_snapshot(grown, every)
+        pd.testing.assert_frame_equal(
+            again[~again["key"].isin(views.WATCHED)], shown[~shown["key"].isin(views.WATCHED)]
+        )
+    assert views.live_snapshot(frame.iloc[:0], every).empty

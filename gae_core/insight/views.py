@@ -286,6 +286,27 @@ def progress(
     return fraction, max(0.0, total - run.env_steps) / rate if rate > 0 else None
 
 
+#: The live charts that redraw at the page's live pace; the others (losses, entropy, explained
+#: variance, speed, length) change once per :data:`DIAGNOSTICS_EVERY_S` of the run's clock.
+WATCHED = frozenset({M.EPISODIC_RETURN.key})
+#: Seconds of a live run's clock between changes of its diagnostic charts.
+DIAGNOSTICS_EVERY_S = 5.0
+
+
+def live_snapshot(metrics: pd.DataFrame, every_s: float = DIAGNOSTICS_EVERY_S) -> pd.DataFrame:
+    """A live run's metric rows as its charts draw them: the :data:`WATCHED` keys whole, the
+    others up to the last multiple of ``every_s`` in the run's clock (``wall_time``), so their
+    figures stay identical between those instants and a live page sends them as references
+    that the browser does not redraw. A key none of whose rows are that old yet keeps them all
+    (a young run's charts appear at once). The CSVs read the store, not this."""
+    if metrics.empty:
+        return metrics
+    cutoff = math.floor(float(metrics["wall_time"].max()) / every_s) * every_s
+    young = metrics.groupby("key")["wall_time"].transform("min") > cutoff
+    keep = metrics["key"].isin(WATCHED) | (metrics["wall_time"] <= cutoff) | young
+    return metrics[keep]
+
+
 #: How far back :func:`measured_rate` looks for the run's last logged rate (env steps).
 RATE_LOOKBACK_STEPS = 20_000
 
