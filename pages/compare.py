@@ -95,6 +95,13 @@ if view == "Launch a sweep":
         seeds, seed_errors = views.typed_count(f"seeds per {LAMBDA}", seeds_text,
                                                *views.SEEDS_PER_LAMBDA)  # fmt: skip
         seed_values, first_errors = views.sweep_seeds(first_seed, seeds or 1)
+        name = st.text_input(
+            "sweep name (optional)", key="cmp.name", max_chars=80,
+            help="Names the sweep and prefixes its trials' names; empty: sweep-<id>.",
+        ).strip() or None  # fmt: skip
+        # what is wrong and Launch sit under the study's boxes, in view beside the progress
+        # panel; the backend and the training config (a long form) come below them
+        launch_slot = st.container()
         backend_name, address = "local", None
         if ray_installed():
             backend_name = st.segmented_control(
@@ -171,23 +178,23 @@ if view == "Launch a sweep":
             )
         errors += seed_errors + first_errors + worker_errors
         grid = grid_of(lambdas=lambdas, seeds=seed_values, **({"gamma": gammas} if gammas else {}))
-        name = st.text_input(
-            "sweep name (optional)", key="cmp.name", max_chars=80,
-            help="Names the sweep and prefixes its trials' names; empty: sweep-<id>.",
-        ).strip() or None  # fmt: skip
         if name and base is not None and not errors:
             try:
                 check_sweep_name(name, base, grid)
             except ValueError as error:  # nothing printable in it, or too long for the grid
                 errors.append(str(error))
-        _ui.show_problems(errors + form_errors, warnings)
         seeds, blocked = seeds or 0, bool(errors or form_errors)  # (unread seeds: none)
         trials = len(lambdas) * max(len(gammas), 1) * seeds
         plural = "seed" if seeds == 1 else "seeds"
         axes = f"{len(gammas)} γ × " if gammas else ""
         launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {seeds} {plural})"
-        # (blocked: a click that reaches this run anyway launches nothing either)
-        if st.button(launch, type="primary", disabled=blocked, key="cmp.launch") and not blocked:
+        if blocked:  # a count from half-read boxes ("0 λ" for "0.9, 1.5") would mislead
+            launch = "Launch: fix what is named above first"
+        with launch_slot:
+            _ui.show_problems(errors + form_errors, warnings)
+            # (blocked: a click that reaches this run anyway launches nothing either)
+            clicked = st.button(launch, type="primary", disabled=blocked, key="cmp.launch")
+        if clicked and not blocked:
             study = {"base": base.to_dict(), "grid": grid, "name": name, "workers": workers,
                      "backend": [backend_name, address, batched]}  # fmt: skip
             sweep = _ui.start_once(  # a double click launches one sweep
@@ -289,7 +296,7 @@ else:
     run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
     _ui.to_url(run=run_ids)
 fields = [name for name in FIELD_SPECS if name != "seed"]
-options = st.columns([2, 2, 2, 2, 1])
+options = st.columns([2, 1.5, 2, 1.5, 2.5])  # the heat map's axis box reads whole
 # the URL's grouping, else the sweep's own axis (not an earlier comparison's grouping)
 wanted_group = st.query_params.get("group", first_axis)
 group = options[0].selectbox(

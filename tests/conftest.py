@@ -33,6 +33,23 @@ from pathlib import Path
 
 import pytest
 
+#: Files whose tests share one server, cluster or store through session and module fixtures and
+#: build on each other's runs: each such family runs in one xdist worker, in file order.
+SERIAL_FAMILIES = {"test_browser": "browser", "test_browser_traffic": "traffic",
+                   "test_ray": "ray", "test_ray_address": "ray"}  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest-xdist's ``--dist loadgroup`` (pyproject's ``addopts``): the
+    :data:`SERIAL_FAMILIES` stay together (two local Ray clusters would also compete for the
+    same two cores); every other test goes to whichever worker is free."""
+    for item in items:
+        family = SERIAL_FAMILIES.get(item.path.stem)
+        if family is not None:
+            item.add_marker(pytest.mark.xdist_group(family))
+
+
 #: A run that trains in about a second: the pages' AppTests and the browser tests use it.
 TINY = {"total_steps": 600, "num_envs": 2, "rollout_steps": 8, "checkpoint_every": 0}
 #: The CLI flags of a small, fast run (the CLI subprocess tests add --total-steps).

@@ -741,15 +741,32 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     log_before = app_server.log_path.read_text(errors="replace")
     page.locator(".st-key-cmp-view").get_by_text("Launch a sweep", exact=True).click()
     field = page.locator(".st-key-cmp-lambdas input")
+    # a bad value: what is wrong and the (disabled) Launch are in view under the boxes, and
+    # Launch does not count trials from the half-read list
+    field.fill("0.9, 1.5")
+    field.press("Enter")
+    message = page.get_by_text("λ values must be in [0, 1], got 1.5")
+    message.wait_for()
+    launch = page.locator(".st-key-cmp-launch button")
+    for element in (message, launch):
+        box = element.bounding_box()
+        assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
+    assert launch.is_disabled() and "fix" in launch.inner_text()
     field.fill("0.5, 1")
     field.press("Enter")
     wait_idle(page)
     set_number(page, "cmp-seeds", 1)
     set_number(page, "cmp-workers", 1)
     set_number(page, "cmp-total_steps", 1500)
-    page.locator(".st-key-cmp-launch button").click()
+    assert launch.inner_text() == "Launch 2 runs (2 λ × 1 seed)"
+    launch.click()
     assert wait_until(lambda: len({s.id for s in store.list_sweeps()} - before) == 1, 30)
     sweep_id = ({s.id for s in store.list_sweeps()} - before).pop()
+    # the progress panel (the other column's top) is in view beside Launch
+    progress = page.get_by_text(re.compile(r"\d+/2 trials ended"))
+    progress.wait_for(timeout=30_000)
+    box = progress.bounding_box()
+    assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
     assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 120), store.get_sweep(
         sweep_id
     ).status

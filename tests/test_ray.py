@@ -6,7 +6,6 @@ skip, except under ``CI=true`` where they fail (CI must exercise the Ray backend
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY_FLAGS, app, cli, cli_env, wait_until
+from conftest import TINY_FLAGS, app, cli_env, wait_until
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.errors import ConfigError
 from gae_core.runs.backends import backend_factory
 from gae_core.runs.sweep import grid_of, run_sweep, start_sweep
-from gae_core.storage.store import RunStore
+from gae_core.storage.store import DB_FILENAME, RunStore
 
 if os.environ.get("CI", "").strip().lower() == "true":
     import ray  # a missing ray is a failure in CI, not a skip
@@ -315,12 +314,11 @@ def test_sigterm_stops_a_ray_sweep_as_ctrl_c_does(tmp_path):
         env={k: v for k, v in cli_env().items() if k != "RAY_ADDRESS"},
     )  # fmt: skip
 
-    def training() -> bool:
-        listed = cli(data, "runs", "--json", timeout=60)
-        if listed.returncode != 0 or not listed.stdout.strip():
+    def training() -> bool:  # a read of the store (a CLI process a poll would cost a core)
+        if not (data / DB_FILENAME).exists():
             return False
-        return any(r["status"] == "running" and r["env_steps"] > 0
-                   for r in json.loads(listed.stdout.splitlines()[-1]))  # fmt: skip
+        with RunStore(data, recover=False) as store:
+            return any(r.status == "running" and r.env_steps > 0 for r in store.list_runs())
 
     try:
         assert wait_until(training, timeout=150, interval=1.0), "no trial started training"
