@@ -150,22 +150,29 @@ REPEAT_WINDOW_S = 3.0
 _STARTS = "gae.starts"
 _starts_lock = threading.Lock()  # held only to read and mark a record, never across a start
 _clock = time.monotonic  # read at each call: the tests move it on instead of sleeping
+#: How long a repeat click's rerun waits for the first click's start, running in another
+#: script thread, to return (a sweep's start creates its rows and threads: well under a second).
+_WAIT_FOR_FIRST_S = 30.0
 _T = TypeVar("_T")
 
 
 def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -> _T | None:
-    """Call ``start()`` once per click burst of the button ``action``; for a repeat, say so
-    ("Already starting …") and return ``None``.
+    """Call ``start()`` once per click burst of the button ``action`` and return what it
+    started; for a repeat, say so ("Already starting …") and return what the burst's first
+    click started (``None`` while that start has not returned in this same thread, or if it
+    failed), so the page can show it whichever of the burst's reruns draws it.
 
     A repeat is a click with the same ``identity`` (what ``start`` would start, as JSON-able
     data) while the previous start of ``action`` has not returned, or within
     :data:`REPEAT_WINDOW_S` of its return or of the last repeat. A double click reaches the
     page as two reruns with the button True once each; the second either follows a first run
     that has returned, or (Streamlit's fast reruns) begins in a new script thread while the
-    first is still inside ``start()``, which it cannot leave before it returns. A click after
-    a quiet window, or with other settings, starts again: identical runs on purpose stay
-    possible. The record lives in the browser session's state; a ``start`` that raises leaves
-    none behind, so the next click retries at once.
+    first is still inside ``start()``: that second run waits for the first's start to return
+    (at most :data:`_WAIT_FOR_FIRST_S`), because the first run is stopped at its next element
+    and never draws what it started. A click after a quiet window, or with other settings,
+    starts again: identical runs on purpose stay possible. The record lives in the browser
+    session's state; a ``start`` that raises leaves none behind, so the next click retries at
+    once.
     """
     key = json.dumps(identity, sort_keys=True, default=str)
     # One dict per session, changed in place: a write to session state from a script thread
@@ -182,7 +189,10 @@ def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -
         if repeat and not before["in_flight"]:
             before["at"] = now  # the burst goes on while the clicks keep coming
         elif not repeat:
-            mine = records[action] = {"identity": key, "in_flight": True, "at": now}
+            mine = records[action] = {
+                "identity": key, "in_flight": True, "at": now, "result": None,
+                "thread": threading.get_ident(), "returned": threading.Event(),
+            }  # fmt: skip
     if repeat:
         st.info(
             f"Already starting {what}: a click within {REPEAT_WINDOW_S:g} s of the last one "
@@ -190,7 +200,9 @@ def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -
             "click again.",
             icon=":material/hourglass_top:",
         )
-        return None
+        if before["thread"] != threading.get_ident():
+            before["returned"].wait(_WAIT_FOR_FIRST_S)
+        return before["result"]
     try:
         result = start()
     except BaseException:
@@ -200,9 +212,11 @@ def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -
                     del records[action]
                 else:
                     records[action] = before
+        mine["returned"].set()
         raise
     with _starts_lock:
-        mine["in_flight"], mine["at"] = False, _clock()
+        mine["in_flight"], mine["at"], mine["result"] = False, _clock(), result
+    mine["returned"].set()
     return result
 
 

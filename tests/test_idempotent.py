@@ -117,3 +117,44 @@ def test_a_click_while_the_start_is_in_flight_does_nothing_and_a_failed_start_re
     # a start that raised left no record: the same click again starts at once
     assert at.session_state.started == ["first", "fails", "retry"]
     assert at.session_state.retried == "retry"
+
+
+def _two_threads_script() -> None:
+    """The second click of a burst reruns in another script thread while the first's start is
+    still running (Streamlit's fast reruns)."""
+    import threading
+    import time
+
+    import streamlit as st
+    from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
+
+    from pages import _ui
+
+    answers = {}
+    entered = threading.Event()
+
+    def second_click() -> None:
+        entered.set()
+        answers["second"] = _ui.start_once("act", {"x": 1}, lambda: "second", "it")
+
+    thread = add_script_run_ctx(threading.Thread(target=second_click), get_script_run_ctx())
+
+    def first_start() -> str:
+        thread.start()
+        entered.wait(10)
+        time.sleep(0.3)  # the second click's rerun has found this start in flight
+        return "first"
+
+    st.session_state.first = _ui.start_once("act", {"x": 1}, first_start, "it")
+    thread.join(30)
+    st.session_state.second = answers.get("second", "no answer")
+
+
+def test_a_second_click_in_another_thread_gets_what_the_first_started(clock):
+    """The first click's run is stopped by Streamlit at its next element and never draws what
+    it started: the second click's run waits for that start and returns it (for the page to
+    show), and starts nothing itself."""
+    at = AppTest.from_function(_two_threads_script).run()
+    assert not at.exception
+    assert at.session_state.first == "first"
+    assert at.session_state.second == "first"
