@@ -141,6 +141,14 @@ LONGTASKS_JS = """() => {
 }"""
 
 
+# What LONGTASKS_JS has counted so far, with the wall time since and the busy fraction.
+BUSY_NOW_JS = """() => {
+  const busy = {...window.__busy, wall_ms: Math.round(performance.now() - window.__busy.since_ms)};
+  busy.busy_fraction = Math.round(10000 * busy.total_ms / busy.wall_ms) / 10000;
+  return busy;
+}"""
+
+
 @pytest.fixture(scope="module", autouse=True)
 def report_timings():
     """Print the measured timings and write them next to the screenshots."""
@@ -330,6 +338,8 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     page.evaluate(SAMPLER_JS, "Episodic return")
     page.wait_for_timeout(REFRESH_WINDOW_S * 1000)
     samples = page.evaluate("() => { clearInterval(window.__sampler); return window.__samples }")
+    # the main thread over the window alone (a live view someone watches; the target ≤ 0.30)
+    watched = page.evaluate(BUSY_NOW_JS)
     text_times = [t / 1000 for t, *_ in changes(samples, 1)]
     chart_times = [t / 1000 for t, *_ in changes(samples, 2)]
     last_steps = [s[2][1] for s in samples if s[2]]
@@ -358,13 +368,11 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     latencies, totals = click_to_redraw(page)
     TIMINGS["x_axis_click_to_redraw_s"] = latencies
     TIMINGS["x_axis_click_to_redraw_incl_playwright_s"] = totals
-    busy = page.evaluate(
-        "() => ({...window.__busy,"
-        " wall_ms: Math.round(performance.now() - window.__busy.since_ms)})"
-    )
-    busy["busy_fraction"] = round(busy["total_ms"] / busy["wall_ms"], 4)  # target ≤ 0.30
-    TIMINGS["main_thread_long_tasks_during_live_view"] = busy
-    print(f"x-axis radio click → redrawn axis: {latencies} s (target ≤ 1); {busy}")
+    busy = page.evaluate(BUSY_NOW_JS)  # the same window and then the two clicks' redraws
+    TIMINGS["main_thread_long_tasks_during_live_view"] = watched
+    TIMINGS["main_thread_long_tasks_live_view_and_two_clicks"] = busy
+    print(f"x-axis radio click → redrawn axis: {latencies} s (target ≤ 1); live view {watched}; "
+          f"with the clicks {busy}")  # fmt: skip
     assert max(latencies) < 30
     screenshot(page, "train")  # mid-run: the script state never rests while the timer runs
 
