@@ -159,8 +159,10 @@ _T = TypeVar("_T")
 def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -> _T | None:
     """Call ``start()`` once per click burst of the button ``action`` and return what it
     started; for a repeat, say so ("Already starting …") and return what the burst's first
-    click started (``None`` while that start has not returned in this same thread, or if it
-    failed), so the page can show it whichever of the burst's reruns draws it.
+    click started, so the page can show it whichever of the burst's reruns draws it (``None``
+    for a repeat made inside that start, or if it has not returned within
+    :data:`_WAIT_FOR_FIRST_S`); a repeat re-raises the error of a first start that failed
+    while it waited, whose own run Streamlit has stopped.
 
     A repeat is a click with the same ``identity`` (what ``start`` would start, as JSON-able
     data) while the previous start of ``action`` has not returned, or within
@@ -200,13 +202,16 @@ def start_once(action: str, identity: Any, start: Callable[[], _T], what: str) -
             "click again.",
             icon=":material/hourglass_top:",
         )
-        if before["thread"] != threading.get_ident():
+        if before.get("thread") != threading.get_ident():
             before["returned"].wait(_WAIT_FOR_FIRST_S)
-        return before["result"]
+        if isinstance(before.get("error"), Exception):
+            raise before["error"]
+        return before.get("result")
     try:
         result = start()
-    except BaseException:
+    except BaseException as error:
         with _starts_lock:
+            mine["error"] = error
             if records.get(action) is mine:
                 if before is None:
                     del records[action]
@@ -444,8 +449,8 @@ def run_charts(
         metrics = views.live_snapshot(metrics)
         st.caption(
             f"While the run trains, the return redraws every {LIVE_CHARTS_EVERY_S:g} s and the "
-            f"other charts every {views.DIAGNOSTICS_EVERY_S:g} s of its clock; each CSV holds "
-            "every point logged so far."
+            f"other charts at most once per {views.DIAGNOSTICS_EVERY_S:g} s of its clock; each "
+            "CSV holds every point logged so far."
         )
     present = set(metrics["key"])
     shown = [m for m in M.LIVE if m.key in present]

@@ -175,8 +175,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     def progress() -> None:
         if job is None or not job_status(job, "lab.g_cancel"):
             return
-        if not st.session_state.get(f"lab.g_shown.{id(job)}"):
-            st.session_state[f"lab.g_shown.{id(job)}"] = True
+        if st.session_state.get("lab.g_shown") is not job:  # (an id can be reused)
+            st.session_state["lab.g_shown"] = job
             st.rerun()
 
     progress()
@@ -353,16 +353,18 @@ if st.button("Measure", type="primary", disabled=bool(problem), key="lab.start")
     _ui.lab_jobs()[run_id] = job
     st.session_state["lab.job"] = run_id
 
-job = _ui.lab_jobs().get(st.session_state.get("lab.job", ""))
+# this run's last job, until the next Measure (an error or a cancel keeps its message)
+job = _ui.lab_jobs().get(run_id) if st.session_state.get("lab.job") == run_id else None
 
 
 @st.fragment(run_every=0.5 if job is not None and not job.done else None)
 def progress() -> None:
     if job is None or not job_status(job, "lab.cancel"):
         return
-    # a finished job's results are drawn below: redraw the page once (an error or a cancel
-    # has none, and a rerun would take its message off the page at once)
-    if st.session_state.pop("lab.job", None) is not None and not (job.error or job.cancelled):
+    # it ended: redraw the page once, without this timer (a finished job's results are drawn
+    # below)
+    if st.session_state.get("lab.shown") is not job:  # the job itself: an id can be reused
+        st.session_state["lab.shown"] = job
         st.rerun()
 
 

@@ -37,7 +37,7 @@ with form_column:
         config, errors, warnings = views.build_config(values)
         if right.button("Start", type="primary", disabled=config is None, key="train.start"):
             run_name = name if name.strip() else None
-            try:  # a double click starts one run (None: the second click of the burst)
+            try:  # a double click starts one run (the second click gets the first's id)
                 run_id = _ui.start_once(
                     "train.start", {"config": config.to_dict(), "name": run_name},
                     lambda: manager.start(config, name=run_name), "this run",

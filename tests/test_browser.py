@@ -330,7 +330,7 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
         "first_return_on_page": round(first_point, 2),
         "returns_stored_when_first_drawn": len(returns),
     }
-    print(f"\nStart → first episodic-return point on the page: {first_point:.2f} s (target ≤ 5)")
+    print(f"\nStart → first episodic-return point on the page: {first_point:.2f} s (target ≤ 1.5)")
     assert first_point < 30
 
     # Live refresh: every change of the progress text / the chart's extent over 8 s.

@@ -13,9 +13,10 @@ in the raw bytes: a frame that carries a whole Plotly chart holds the chart's ti
 Scenarios, each with another run training in a worker process: the Train page with a finished
 run selected (only the sidebar's fragment has a timer), the Runs page with a finished run opened
 (its fragment redraws the table and the opened run every 1.5 s while any run trains), and the
-Train page with the running run (its charts change every flush: the bytes per tick are the
-baseline, recorded, not asserted). Measured numbers are printed and written to
-``browser_traffic.json`` in the browser tests' artifacts folder.
+Train page with the running run (its return chart changes every flush and is re-sent each tick;
+its diagnostic charts change once per 5 s of the run's clock, ``views.live_snapshot``, and go as
+references between: the bytes per tick are recorded, not asserted). Measured numbers are
+printed and written to ``browser_traffic.json`` in the browser tests' artifacts folder.
 """
 
 from __future__ import annotations
@@ -279,8 +280,9 @@ def test_runs_page_does_not_resend_unchanged_charts(runs_page_traffic):
 def test_train_page_running_run_resends_its_charts_each_tick(
     chromium_browser, app_server, live_runs
 ):
-    """The baseline: a running run's charts change every flush, so each charts tick (1.5 s)
-    sends them in full; the bytes per tick are recorded, not asserted."""
+    """A running run's return chart changes every flush, so each charts tick (1.5 s) sends it
+    in full; its diagnostics change once per 5 s of the run's clock, so some ticks send them as
+    references. The bytes per tick are recorded, not asserted."""
     _, training, store = live_runs
     with recording(chromium_browser, app_server, f"train?run={training}") as (page, frames):
         assert page.locator(".st-key-train-view input").input_value().endswith(training)
@@ -289,3 +291,8 @@ def test_train_page_running_run_resends_its_charts_each_tick(
     report("train_page_running_run", summary)
     # the return chart changed between ticks, so it came again in full
     assert summary["charts"]["Episodic return"]["resent_in_full_in_window"] >= 2, summary
+    # in a window of more than one 5 s step, every diagnostic went as a reference at least once
+    diagnostics = {title: chart for title, chart in summary["charts"].items()
+                   if title.startswith(("Policy loss", "Value loss", "Entropy"))}  # fmt: skip
+    assert len(diagnostics) == 3, summary
+    assert all(c["sent_as_ref_hash_in_window"] >= 1 for c in diagnostics.values()), summary

@@ -121,9 +121,9 @@ def test_a_click_while_the_start_is_in_flight_does_nothing_and_a_failed_start_re
 
 def _two_threads_script() -> None:
     """The second click of a burst reruns in another script thread while the first's start is
-    still running (Streamlit's fast reruns)."""
+    still running (Streamlit's fast reruns); the first's start returns, or raises when
+    ``fail`` is set in the session, only once the second has said "Already starting"."""
     import threading
-    import time
 
     import streamlit as st
     from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
@@ -131,30 +131,48 @@ def _two_threads_script() -> None:
     from pages import _ui
 
     answers = {}
-    entered = threading.Event()
+    said = threading.Event()
+    real_info = st.info
+
+    def info(*args, **kwargs):  # the repeat says "Already starting", then waits
+        said.set()
+        return real_info(*args, **kwargs)
 
     def second_click() -> None:
-        entered.set()
-        answers["second"] = _ui.start_once("act", {"x": 1}, lambda: "second", "it")
+        try:
+            answers["second"] = _ui.start_once("act", {"x": 1}, lambda: "second", "it")
+        except ValueError as error:
+            answers["second"] = f"raised {error}"
 
     thread = add_script_run_ctx(threading.Thread(target=second_click), get_script_run_ctx())
 
     def first_start() -> str:
         thread.start()
-        entered.wait(10)
-        time.sleep(0.3)  # the second click's rerun has found this start in flight
+        said.wait(10)  # the second click's rerun found this start in flight
+        if st.session_state.get("fail"):
+            raise ValueError("refused")
         return "first"
 
-    st.session_state.first = _ui.start_once("act", {"x": 1}, first_start, "it")
+    st.info = info
+    try:
+        st.session_state.first = _ui.start_once("act", {"x": 1}, first_start, "it")
+    except ValueError as error:
+        st.session_state.first = f"raised {error}"
+    finally:
+        st.info = real_info
     thread.join(30)
     st.session_state.second = answers.get("second", "no answer")
 
 
-def test_a_second_click_in_another_thread_gets_what_the_first_started(clock):
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_second_click_in_another_thread_gets_what_the_first_started(clock, fail):
     """The first click's run is stopped by Streamlit at its next element and never draws what
     it started: the second click's run waits for that start and returns it (for the page to
-    show), and starts nothing itself."""
-    at = AppTest.from_function(_two_threads_script).run()
+    show), or raises its error (for the page to say), and starts nothing itself."""
+    at = AppTest.from_function(_two_threads_script)
+    at.session_state.fail = fail
+    at.run()
     assert not at.exception
-    assert at.session_state.first == "first"
-    assert at.session_state.second == "first"
+    expected = "raised refused" if fail else "first"
+    assert at.session_state.first == expected
+    assert at.session_state.second == expected

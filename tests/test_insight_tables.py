@@ -644,7 +644,7 @@ def test_a_list_of_values_names_its_bad_ones_without_echoing_thousands():
 
 @given(
     st.lists(
-        st.tuples(st.sampled_from(sorted(views.WATCHED) + ["loss/value", "perf/sps"]),
+        st.tuples(st.sampled_from([*sorted(views.WATCHED), "loss/value", "perf/sps"]),
                   st.floats(0.0, 20.0, allow_nan=False)),
         min_size=1, max_size=40,
     ),
@@ -652,7 +652,7 @@ def test_a_list_of_values_names_its_bad_ones_without_echoing_thousands():
 )  # fmt: skip
 def test_live_charts_redraw_diagnostics_only_at_their_own_pace(rows, later):
     """A live run's rows as its charts draw them: the watched keys whole; another key's rows up
-    to the last multiple of 3 s of the run's clock (all of them while none is that old); and
+    to the last multiple of 5 s of the run's clock (all of them while none is that old); and
     rows logged later in the same 5 s leave the diagnostics' part unchanged, so those charts'
     figures are identical until the next multiple."""
     every = views.DIAGNOSTICS_EVERY_S
@@ -679,3 +679,13 @@ def test_live_charts_redraw_diagnostics_only_at_their_own_pace(rows, later):
             again[~again["key"].isin(views.WATCHED)], shown[~shown["key"].isin(views.WATCHED)]
         )
     assert views.live_snapshot(frame.iloc[:0], every).empty
+
+
+def test_live_charts_keep_rows_without_a_finite_time():
+    """A row whose time cannot be placed is drawn, not dropped; a frame with no finite time is
+    returned whole."""
+    frame = pd.DataFrame({"key": ["loss/value"] * 3, "wall_time": [1.0, np.nan, 7.0],
+                          "value": [1.0, 2.0, 3.0]})  # fmt: skip
+    assert views.live_snapshot(frame, 5.0)["value"].tolist() == [1.0, 2.0]  # 7 s: after 5 s
+    unplaced = frame.assign(wall_time=np.nan)
+    pd.testing.assert_frame_equal(views.live_snapshot(unplaced, 5.0), unplaced)

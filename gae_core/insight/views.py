@@ -11,6 +11,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gae_core import metrics as M
@@ -298,12 +299,16 @@ def live_snapshot(metrics: pd.DataFrame, every_s: float = DIAGNOSTICS_EVERY_S) -
     others up to the last multiple of ``every_s`` in the run's clock (``wall_time``), so their
     figures stay identical between those instants and a live page sends them as references
     that the browser does not redraw. A key none of whose rows are that old yet keeps them all
-    (a young run's charts appear at once). The CSVs read the store, not this."""
-    if metrics.empty:
+    (a young run's charts appear at once); a row whose time is not finite is kept. The CSVs
+    read the store, not this."""
+    clock = metrics["wall_time"]
+    finite = np.isfinite(clock)
+    if not finite.any():
         return metrics
-    cutoff = math.floor(float(metrics["wall_time"].max()) / every_s) * every_s
-    young = metrics.groupby("key")["wall_time"].transform("min") > cutoff
-    keep = metrics["key"].isin(WATCHED) | (metrics["wall_time"] <= cutoff) | young
+    cutoff = math.floor(float(clock[finite].max()) / every_s) * every_s
+    young = clock.where(finite).groupby(metrics["key"]).transform("min") > cutoff
+    # a row without a finite time cannot be placed: drawn as it is, not dropped
+    keep = metrics["key"].isin(WATCHED) | (clock <= cutoff) | young | ~finite
     return metrics[keep]
 
 
