@@ -291,8 +291,10 @@ def test_train_page_running_run_resends_its_charts_each_tick(
     report("train_page_running_run", summary)
     # the return chart changed between ticks, so it came again in full
     assert summary["charts"]["Episodic return"]["resent_in_full_in_window"] >= 2, summary
-    # in a window of more than one 5 s step, every diagnostic went as a reference at least once
+    # the diagnostics change at most twice in the window and the tick before it (under 10 s):
+    # with three ticks or more, each went as a reference at least once
     diagnostics = {title: chart for title, chart in summary["charts"].items()
                    if title.startswith(("Policy loss", "Value loss", "Entropy"))}  # fmt: skip
     assert len(diagnostics) == 3, summary
-    assert all(c["sent_as_ref_hash_in_window"] >= 1 for c in diagnostics.values()), summary
+    if summary["chart_ticks"] >= 3:
+        assert all(c["sent_as_ref_hash_in_window"] >= 1 for c in diagnostics.values()), summary
