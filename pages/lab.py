@@ -107,20 +107,24 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
                        made_by)  # fmt: skip
 
 
-def job_status(job: LabJob, cancel_key: str) -> bool:
+def job_status(job: LabJob, cancel_key: str) -> None:
     """A lab job's progress, ETA and Cancel while it runs; its error or cancellation once it
-    ended. True when it has ended."""
+    ended, when the whole page is redrawn once (its results appear, the fragment's timer
+    stops)."""
     if not job.done:
         st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
         st.button("Cancel", key=cancel_key, on_click=job.cancel)  # a callback: see train.py's Stop
-        return False
+        return
     if job.error:
         st.error(job.error.splitlines()[0])
         with st.expander("Error details"):
             st.code(job.error)
     elif job.cancelled:
         st.warning("Cancelled: nothing was stored.")
-    return True
+    ended = f"{cancel_key}.ended"
+    if st.session_state.get(ended) is not job:  # the job itself: an id can be reused
+        st.session_state[ended] = job
+        st.rerun()
 
 
 def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
@@ -173,11 +177,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
 
     @st.fragment(run_every=0.5 if job is not None and not job.done else None)
     def progress() -> None:
-        if job is None or not job_status(job, "lab.g_cancel"):
-            return
-        if st.session_state.get("lab.g_shown") is not job:  # (an id can be reused)
-            st.session_state["lab.g_shown"] = job
-            st.rerun()
+        if job is not None:
+            job_status(job, "lab.g_cancel")
 
     progress()
     records = [r for r in store.lab_records(run.id) if r.summary.get("kind") == "gradient"]
@@ -359,13 +360,8 @@ job = _ui.lab_jobs().get(run_id) if st.session_state.get("lab.job") == run_id el
 
 @st.fragment(run_every=0.5 if job is not None and not job.done else None)
 def progress() -> None:
-    if job is None or not job_status(job, "lab.cancel"):
-        return
-    # it ended: redraw the page once, without this timer (a finished job's results are drawn
-    # below)
-    if st.session_state.get("lab.shown") is not job:  # the job itself: an id can be reused
-        st.session_state["lab.shown"] = job
-        st.rerun()
+    if job is not None:
+        job_status(job, "lab.cancel")
 
 
 progress()
