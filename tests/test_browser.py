@@ -269,7 +269,13 @@ def start_run(page, key_values: dict) -> float:
 
 def click_to_redraw(page) -> tuple[list[float], list[float]]:
     """Click the x-axis radio to wall time and back; per click, the in-page latency (click
-    event → the return chart's new x-axis title) and the wall time Playwright saw."""
+    event → the return chart's new x-axis title) and the wall time Playwright saw. A click
+    not answered in 10 s is clicked once more and counted in the timings
+    (``x_axis_clicks_repeated``; its latency keeps counting from the first click): on 2 busy
+    cores one such click in about 17 runs of this test was not taken, a Streamlit-side race
+    not yet fixed (the closing note of 2026-11-26)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     latencies, totals = [], []
     for axis in ("wall_time", "env_step"):
         title = figures.X_AXES[axis]  # the radio's label is the axis title (one owner)
@@ -277,7 +283,13 @@ def click_to_redraw(page) -> tuple[list[float], list[float]]:
         radio = page.locator(".st-key-train-x").get_by_text(title, exact=True)
         start = time.monotonic()
         radio.click(force=True)
-        page.wait_for_function("() => window.__redrawnAt !== null", polling=20, timeout=30_000)
+        redrawn = "() => window.__redrawnAt !== null"
+        try:
+            page.wait_for_function(redrawn, polling=20, timeout=10_000)
+        except PlaywrightTimeout:
+            TIMINGS["x_axis_clicks_repeated"] = TIMINGS.get("x_axis_clicks_repeated", 0) + 1
+            radio.click(force=True)
+            page.wait_for_function(redrawn, polling=20, timeout=20_000)
         totals.append(round(time.monotonic() - start, 2))
         watch = page.evaluate("() => [window.__clickAt, window.__redrawnAt]")
         latencies.append(round((watch[1] - watch[0]) / 1000, 2))
