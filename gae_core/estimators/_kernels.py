@@ -47,8 +47,8 @@ def td_residuals(rewards, values, next_values, terminated, gamma, out):  # pragm
             out[t, n] = rewards[t, n] + bootstrap - values[t, n]
 
 
-#: Steps a single column's kernels take per chunk: two float64 scratch arrays of this length
-#: (256 KB) and the chunk's inputs stay in a core's L2 cache between the chunk's passes; fewer,
+#: Steps a single column's kernels take per chunk: a float64 scratch array of this length
+#: (128 KB) and the chunk's inputs stay in a core's L2 cache between the chunk's passes; fewer,
 #: larger chunks measured faster (``docs/PERFORMANCE.md``, "The estimators against their floor").
 CHUNK = 16_384
 
@@ -116,38 +116,49 @@ def _decay(terminated, truncated, decay):  # pragma: no cover
 
 
 @nb.njit(**_JIT)
-def _deltas_and_decays(r, v, nv, te, tr, gamma, decay, d, c):  # pragma: no cover
-    """One chunk's δ_t into ``d`` and γλ(1 − done_t) into ``c`` (float64, vectorised)."""
+def _deltas(r, v, nv, te, gamma, d):  # pragma: no cover
+    """One chunk's δ_t into ``d`` (float64; one vectorised pass)."""
     for k in range(r.shape[0]):
         d[k] = _delta(r[k], v[k], nv[k], te[k], gamma)
-        c[k] = _decay(te[k], tr[k], decay)
 
 
 @nb.njit(**_JIT)
-def _chain(d, c, m, carry, out):  # pragma: no cover
-    """The recursion x_k = d_k + c_k x_{k+1} for k < m, with x_m = ``carry``, into ``out[:m]``;
-    returns x_0 (float64).
+def _chain(d, te, tr, decay, m, carry, out):  # pragma: no cover
+    """The recursion x_k = d_k + c_k x_{k+1}, c_k = γλ(1 − done_k), for k < m, with
+    x_m = ``carry``, into ``out[:m]``; returns x_0 (float64).
 
     One step at a time it is a chain of m dependent multiply-adds, bound by their latency. Four
     steps at a time, x_k = D + C x_{k+4} with D = d_k + c_k d_{k+1} + c_k c_{k+1} d_{k+2}
     + c_k c_{k+1} c_{k+2} d_{k+3} and C = c_k c_{k+1} c_{k+2} c_{k+3}: D and C need no earlier
-    x, so the chain is one multiply-add per four steps, and x_{k+1..k+3} hang off it. The sum is
-    regrouped, so results differ from the one-step chain by float64 rounding only.
+    x, so the chain is one multiply-add per four steps, and x_{k+1..k+3} hang off it. In a link
+    with no done (nearly all of them) every c is γλ, so D and C take the powers a, a², a³, a⁴ of
+    a = γλ and the kernel reads the flags, not a stored c; a link with a done goes one step at a
+    time. The sum is regrouped, so results differ from the one-step chain by float64 rounding
+    only. A done multiplies the carry by 0 rather than dropping it, so a non-finite carry stays
+    non-finite (:func:`_finite`).
     """
+    a = decay
+    a2 = a * a
+    a3 = a2 * a
+    a4 = a2 * a2
     k = m
     while k >= 4:
         k -= 4
-        c0, c1, c2, c3 = c[k], c[k + 1], c[k + 2], c[k + 3]
-        x3 = d[k + 3] + c3 * carry
-        x2 = d[k + 2] + c2 * x3
-        x1 = d[k + 1] + c1 * x2
-        c01 = c0 * c1
-        c012 = c01 * c2
-        carry = ((d[k] + c0 * d[k + 1]) + (c01 * d[k + 2] + c012 * d[k + 3])) + (c012 * c3) * carry
-        out[k], out[k + 1], out[k + 2], out[k + 3] = carry, x1, x2, x3
+        if (
+            te[k] | te[k + 1] | te[k + 2] | te[k + 3] | tr[k] | tr[k + 1] | tr[k + 2] | tr[k + 3]
+        ) == 0:
+            x3 = d[k + 3] + a * carry
+            x2 = d[k + 2] + a * x3
+            x1 = d[k + 1] + a * x2
+            carry = ((d[k] + a * d[k + 1]) + (a2 * d[k + 2] + a3 * d[k + 3])) + a4 * carry
+            out[k], out[k + 1], out[k + 2], out[k + 3] = carry, x1, x2, x3
+        else:
+            for j in range(k + 3, k - 1, -1):
+                carry = d[j] + _decay(te[j], tr[j], decay) * carry
+                out[j] = carry
     while k > 0:
         k -= 1
-        carry = d[k] + c[k] * carry
+        carry = d[k] + _decay(te[k], tr[k], decay) * carry
         out[k] = carry
     return carry
 
@@ -156,32 +167,29 @@ def _chain(d, c, m, carry, out):  # pragma: no cover
 def _gae_column(
     rewards, values, next_values, terminated, truncated, gamma, lambda_, plus_values, out
 ):  # pragma: no cover
-    # One environment, backwards in chunks: a vectorised pass for δ and the decay, then the
-    # recursion four steps a link (:func:`_chain`), both on a chunk that sits in the L2 cache.
+    # One environment, backwards in chunks: a vectorised pass for δ, then the recursion four
+    # steps a link (:func:`_chain`), both on a chunk that sits in the L2 cache.
     decay = gamma * lambda_
     d = np.empty(CHUNK, dtype=np.float64)
-    c = np.empty(CHUNK, dtype=np.float64)
     carry = np.zeros(1, dtype=np.float64)
     end = rewards.shape[0]
     while end > 0:
         start = max(0, end - CHUNK)
-        chunk = (
-            rewards[start:end], values[start:end], next_values[start:end],
-            terminated[start:end], truncated[start:end], gamma, decay,
-        )  # fmt: skip
+        te, tr = terminated[start:end], truncated[start:end]
+        chunk = (rewards[start:end], values[start:end], next_values[start:end], te)
         if plus_values:
             v_after = values[end] if end < values.shape[0] else 0.0
-            _returns_terms(*chunk, v_after, d, c)
+            _returns_terms(*chunk, tr, gamma, decay, v_after, d)
         else:
-            _deltas_and_decays(*chunk, d, c)
-        carry[0] = _chain(d, c, end - start, carry[0], out[start:end])
+            _deltas(*chunk, gamma, d)
+        carry[0] = _chain(d, te, tr, decay, end - start, carry[0], out[start:end])
         end = start
     return _finite(carry)
 
 
 @nb.njit(**_JIT)
-def _returns_terms(r, v, nv, te, tr, gamma, decay, v_after, d, c):  # pragma: no cover
-    """:func:`_deltas_and_decays` for λ-returns: ``d`` gets the terms of their recursion.
+def _returns_terms(r, v, nv, te, tr, gamma, decay, v_after, d):  # pragma: no cover
+    """:func:`_deltas` for λ-returns: ``d`` gets the terms of their recursion.
     From G_t = Â_t + V(s_t) and Â_t = δ_t + c_t Â_{t+1}, G_t = (δ_t + V(s_t) − c_t V(s_{t+1}))
     + c_t G_{t+1}, the same chain as GAE's (c_t is 0 at a done, where V(s_{t+1}) of the next
     row does not belong to t's episode). ``v_after`` is V of the row after the chunk, 0 after
@@ -191,11 +199,11 @@ def _returns_terms(r, v, nv, te, tr, gamma, decay, v_after, d, c):  # pragma: no
     non-finite V(s_t) still reaches the chain (V(s_0) enters no λ-return otherwise)."""
     m = r.shape[0]
     for k in range(m - 1):
-        c[k] = _decay(te[k], tr[k], decay)
-        d[k] = _delta(r[k], v[k], nv[k], te[k], gamma) + (v[k] - c[k] * v[k + 1])
+        c = _decay(te[k], tr[k], decay)
+        d[k] = _delta(r[k], v[k], nv[k], te[k], gamma) + (v[k] - c * v[k + 1])
     k = m - 1
-    c[k] = _decay(te[k], tr[k], decay)
-    d[k] = _delta(r[k], v[k], nv[k], te[k], gamma) + (v[k] - c[k] * v_after)
+    c = _decay(te[k], tr[k], decay)
+    d[k] = _delta(r[k], v[k], nv[k], te[k], gamma) + (v[k] - c * v_after)
 
 
 @nb.njit(**_JIT)
@@ -234,26 +242,20 @@ def gae_sweep(
 def _sweep_column(
     rewards, values, next_values, terminated, truncated, gamma, lambdas, out
 ):  # pragma: no cover
-    # One environment: per chunk, δ and done once (:func:`_deltas_and_decays` with decay 1
-    # gives 1 − done), then each λ's recursion by :func:`_chain` into its own contiguous row.
+    # One environment: per chunk, δ once (:func:`_deltas`), then each λ's recursion by
+    # :func:`_chain` into its own contiguous row.
     n_lambdas = lambdas.shape[0]
     d = np.empty(CHUNK, dtype=np.float64)
-    alive = np.empty(CHUNK, dtype=np.float64)
-    c = np.empty(CHUNK, dtype=np.float64)
     carry = np.zeros(n_lambdas, dtype=np.float64)
     end = rewards.shape[0]
     while end > 0:
         start = max(0, end - CHUNK)
         m = end - start
-        _deltas_and_decays(
-            rewards[start:end], values[start:end], next_values[start:end],
-            terminated[start:end], truncated[start:end], gamma, 1.0, d, alive,
-        )  # fmt: skip
+        te, tr = terminated[start:end], truncated[start:end]
+        _deltas(rewards[start:end], values[start:end], next_values[start:end], te, gamma, d)
         for i in range(n_lambdas):
             decay = gamma * lambdas[i]
-            for k in range(m):
-                c[k] = decay * alive[k]
-            carry[i] = _chain(d, c, m, carry[i], out[i, start:end])
+            carry[i] = _chain(d, te, tr, decay, m, carry[i], out[i, start:end])
         end = start
     return _finite(carry)
 
