@@ -18,13 +18,16 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.losses import (
     ADVANTAGE_EPSILON,
+    a2c_gradients,
     a2c_loss,
     combine,
     masked_mean,
     ppo_loss,
     standardize,
 )
+from gae_core.agent.policy import log_probs_and_entropy
 from gae_core.agent.presets import PPO_PRESETS
+from gae_core.agent.stacked import NARROW_MAX, StackedMLP
 from gae_core.agent.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,3 +271,114 @@ def test_every_ppo_preset_builds_and_trains_two_updates(env_id):
         assert replay.model.sde == config.use_sde
     finally:
         trainer.close()
+
+
+def _stacks(seed: int, members: int, sizes: list[int]) -> tuple[StackedMLP, StackedMLP]:
+    """Two equal float64 stacks of ``members`` random MLPs (tanh between layers)."""
+    torch.manual_seed(seed)
+    nets = []
+    for _ in range(members):
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
+            layers.append(torch.nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(torch.nn.Tanh())
+        nets.append(torch.nn.Sequential(*layers).double())
+    return StackedMLP(nets), StackedMLP(nets)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000), members=st.integers(1, 3), rows=st.integers(1, 12),
+    actions=st.integers(1, 3), discrete=st.booleans(),
+)  # fmt: skip
+def test_a2c_gradients_by_hand_equal_autograd_of_the_loss(seed, members, rows, actions, discrete):
+    """``a2c_gradients`` (module docstring's formulas, then StackedMLP.backward) against
+    autograd of ``a2c_loss`` on the same networks and rows: every weight, bias and log-std
+    gradient and the loss terms, for logits and for Gaussian means, with members whose valid
+    rows differ (one may have none), wide and narrow hidden layers (10 and 4 units)."""
+    sizes_actor, sizes_critic = [3, 10, 4, actions], [3, 10, 1]
+    assert sizes_actor[2] <= NARROW_MAX < sizes_actor[1]
+    actor, actor_ref = _stacks(seed, members, sizes_actor)
+    critic, critic_ref = _stacks(seed + 1, members, sizes_critic)
+    draw, mask = _rows(seed, members, rows)
+    if members > 1:
+        mask[-1] = 0.0  # a member without a valid row gets a zero gradient
+    obs = draw(members, rows, 3)
+    advantages, returns = draw(members, rows), draw(members, rows)
+    value_coef, entropy_coef = draw(members).abs(), draw(members).abs()
+    generator = torch.Generator().manual_seed(seed)
+    if discrete:
+        acts = torch.randint(0, actions, (members, rows), generator=generator)
+        log_std = log_std_ref = None
+    else:
+        acts = draw(members, rows, actions)
+        log_std = (0.3 * draw(members, actions)).requires_grad_(True)
+        log_std_ref = log_std.detach().clone().requires_grad_(True)
+
+    out = actor_ref(obs)
+    values = critic_ref(obs).squeeze(-1)
+    log_probs, entropy = log_probs_and_entropy(
+        out, acts, None if discrete else log_std_ref[:, None, :]
+    )
+    want = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
+                    entropy_coef)  # fmt: skip
+    want.loss.sum().backward()
+
+    got = a2c_gradients(
+        actor, critic, log_std, actor.layers(obs), critic.layers(obs), acts, advantages,
+        returns, mask, value_coef, entropy_coef,
+    )  # fmt: skip
+    for name in ("loss", "policy", "value", "entropy"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name).detach())
+    pairs = list(zip(actor.parameters() + critic.parameters(),
+                     actor_ref.parameters() + critic_ref.parameters(), strict=True))  # fmt: skip
+    if not discrete:
+        pairs.append((log_std, log_std_ref))
+    for ours, reference in pairs:
+        torch.testing.assert_close(ours.grad, reference.grad, rtol=1e-9, atol=1e-12)
+    if members > 1:
+        for ours, _ in pairs:
+            assert not ours.grad[-1].any()
+
+
+@pytest.mark.parametrize(
+    "env_id, overrides",
+    [
+        ("CartPole-v1", dict(normalize_advantages=True, entropy_coef=0.01)),
+        ("Pendulum-v1", dict(normalize_observations=True, normalize_rewards=True)),
+    ],
+)
+def test_a2c_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(env_id, overrides):
+    """A trainer whose A2C gradient comes by hand (the rollout's kept actor activations) and
+    one by autograd, fed the first's rollouts: after each of five updates their weights,
+    log-std and losses agree (float32 rounding: the two sum in different orders)."""
+    import dataclasses
+
+    from gae_core.agent.presets import preset_config
+
+    config = dataclasses.replace(
+        preset_config(env_id, "a2c"), total_steps=10_000, use_sde=False, checkpoint_every=0,
+        eval_every=0, record_episodes=0, **overrides,
+    )  # fmt: skip
+    by_hand, autograd = Trainer(config), Trainer(config)
+    autograd.by_hand = False
+    assert by_hand.by_hand
+    try:
+        for update in range(5):
+            by_hand._members[0].steps_before_update = by_hand._members[0].env_steps
+            by_hand.collect([0])
+            autograd._batch = by_hand._batch
+            autograd.normalizers = by_hand.normalizers
+            autograd._members[0].steps_before_update = by_hand._members[0].steps_before_update
+            want = autograd.update([0])[0]
+            got = by_hand.update([0])[0]
+            ours = by_hand.model_of(0).state_dict()
+            for name, tensor in autograd.model_of(0).state_dict().items():
+                torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=2e-6,
+                                           msg=f"update {update}: {name}")  # fmt: skip
+            for metric in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.GRAD_NORM):
+                assert got[metric.key] == pytest.approx(want[metric.key], rel=1e-4, abs=1e-6)
+    finally:
+        by_hand.close()
+        autograd.close()

@@ -27,6 +27,20 @@ PPO (Schulman et al. 2017, eq. 7; SB3's ``PPO.train``), with r = exp(log π − 
 
 The value loss is the mean squared error (SB3); CleanRL halves it and takes the larger of the
 clipped and unclipped errors, so its ``vf_coef`` weighs half of ours.
+
+A2C's gradient also exists by hand, beside the loss (:func:`a2c_gradients`), because A2C takes
+one step per rollout with the weights that collected it: the rollout's actor activations are
+the update's, so the update needs no second actor pass and no graph. With w_b = mask_b / B_m
+(B_m the member's valid rows), logits z, p = softmax(z), Gaussian means μ with log-std ℓ and
+u = (a − μ) e^{−ℓ}:
+
+    ∂loss/∂z_b = w_b [Â_b (p_b − e_{a_b}) + c_e p_b ⊙ (log p_b + H_b)]
+    ∂loss/∂μ_b = −w_b Â_b u_b e^{−ℓ},   ∂loss/∂ℓ = −Σ_b w_b [Â_b (u_b² − 1) + c_e]
+    ∂loss/∂V_b = −2 c_v w_b (R_b − V_b)
+
+then back through each network (:meth:`~gae_core.agent.stacked.StackedMLP.backward`).
+``tests/test_losses.py`` checks it against autograd of :func:`a2c_loss`;
+``benchmarks/bench_hand_gradient.py`` measures what it buys on whole runs.
 """
 
 from __future__ import annotations
@@ -34,10 +48,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from gae_core.agent.policy import log_probs_and_entropy
+from gae_core.agent.stacked import StackedMLP
 
 __all__ = [
     "ADVANTAGE_EPSILON",
     "LossTerms",
+    "a2c_gradients",
     "a2c_loss",
     "combine",
     "masked_mean",
@@ -106,6 +125,58 @@ def a2c_loss(
     mean_entropy = masked_mean(entropy, mask)
     loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
     return LossTerms(loss, policy, value, mean_entropy)
+
+
+@torch.no_grad()
+def a2c_gradients(
+    actor: StackedMLP,
+    critic: StackedMLP,
+    log_std: torch.Tensor | None,
+    actor_pass: list[torch.Tensor],
+    critic_pass: list[torch.Tensor],
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_coef: torch.Tensor,
+    entropy_coef: torch.Tensor,
+) -> LossTerms:
+    """The gradient of every member's :func:`a2c_loss` by hand (module docstring), written into
+    the ``.grad`` of the actor's and critic's stacks and of ``log_std`` (Gaussian policies;
+    None: logits); returns the loss terms, from :func:`a2c_loss` itself.
+
+    ``actor_pass`` and ``critic_pass`` are :meth:`StackedMLP.layers` of the two networks on
+    the rollout's ``[M, R]`` rows, by the weights being differentiated; the other arguments
+    as :func:`a2c_loss` takes them. Without gSDE only (its noise scale depends on the
+    features)."""
+    out, values = actor_pass[-1], critic_pass[-1].squeeze(-1)
+    log_probs, entropy = log_probs_and_entropy(
+        out, actions, None if log_std is None else log_std[:, None, :]
+    )
+    terms = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
+                     entropy_coef)  # fmt: skip
+    weight = mask / mask.sum(-1, keepdim=True).clamp(min=1.0)  # w_b, as masked_mean weighs
+    errors = returns - values
+    critic.backward(critic_pass, ((-2.0 * value_coef[:, None]) * weight * errors)[..., None])
+    if log_std is None:
+        log_p = F.log_softmax(out, dim=-1)
+        p = log_p.exp()
+        grad_out = p * (log_p + entropy[..., None]) * entropy_coef[:, None, None]
+        grad_out += p * advantages[..., None]
+        grad_out.scatter_add_(-1, actions.long()[..., None], -advantages[..., None])
+        grad_out *= weight[..., None]
+    else:
+        inverse_std = torch.exp(-log_std[:, None, :])  # [M, 1, A]
+        u = (actions - out) * inverse_std
+        weighted = (weight * advantages)[..., None]
+        grad_out = -weighted * u * inverse_std
+        grad_log_std = -(weighted * (u.square() - 1.0)).sum(1)
+        grad_log_std -= (entropy_coef * weight.sum(1))[:, None]  # Σ_b w_b: 1, or 0 if no row
+        if log_std.grad is None:
+            log_std.grad = torch.zeros_like(log_std)
+        log_std.grad.copy_(grad_log_std)
+    actor.backward(actor_pass, grad_out)
+    return terms
 
 
 def ppo_loss(

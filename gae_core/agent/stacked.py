@@ -162,6 +162,48 @@ class StackedMLP:
                 x = self.activation(x)
         return x, features.detach()
 
+    def layers(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's input and the output, ``[x, h_1, …, out]``, without a graph: what
+        :meth:`backward` needs (a rollout keeps its actor's, the update its critic's)."""
+        outputs = [x]
+        last = len(self.weights) - 1
+        with torch.no_grad():
+            for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+                wide = x.shape[0] * x.shape[1] * weight.shape[2] >= TANH_VIA_SIGMOID_MIN_NO_GRAD
+                if i < last and wide and self.activation is stacked_tanh:
+                    # tanh(y) = 2σ(2y) − 1 with 2y from the product itself (×2 is exact) and
+                    # the rest in place: three passes over one buffer (stacked_tanh's form)
+                    x = torch.baddbmm(bias, x, weight, beta=2.0, alpha=2.0).sigmoid_()
+                    x = x.mul_(2.0).sub_(1.0)
+                else:
+                    x = self.linear(bias, x, weight)
+                    if i < last:
+                        x = self.activation(x)
+                outputs.append(x)
+        return outputs
+
+    @torch.no_grad()
+    def backward(self, outputs: Sequence[torch.Tensor], grad: torch.Tensor) -> None:
+        """Write ∂loss/∂W and ∂loss/∂b of every layer into the stacks' ``.grad`` (overwritten,
+        not accumulated), from ``grad`` = ∂loss/∂out ``[M, B, N]`` and :meth:`layers`'s
+        ``outputs`` on the same rows. For y = x W + b and h = tanh(y): ∂W = xᵀ ∂y,
+        ∂b = Σ_rows ∂y, ∂x = ∂y Wᵀ, ∂y = ∂h ⊙ (1 − h²); narrow layers in
+        :func:`stacked_linear`'s forms. ``tests/test_losses.py`` checks it against autograd."""
+        for i in range(len(self.weights) - 1, -1, -1):
+            x, weight, bias = outputs[i], self.weights[i], self.biases[i]
+            if weight.grad is None:
+                weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)
+            narrow = weight.shape[2] <= NARROW_MAX
+            if narrow:
+                weight.grad.copy_(torch.bmm(grad.transpose(1, 2), x).transpose(1, 2))
+            else:
+                weight.grad.copy_(torch.bmm(x.transpose(1, 2), grad))
+            bias.grad.copy_(grad.sum(1, keepdim=True))
+            if i > 0:
+                transposed = weight.transpose(1, 2)
+                grad = grad * transposed if weight.shape[2] == 1 else torch.bmm(grad, transposed)
+                grad = torch.ops.aten.tanh_backward(grad, outputs[i])
+
     def to(self, device: torch.device) -> StackedMLP:
         """Move the stacks to ``device`` (in place; they stay leaves that need a gradient)."""
         with torch.no_grad():

@@ -120,6 +120,11 @@ class Trainer:
         self._bounds = None if self.discrete else (space.low, space.high)
         models = [self._model(c, c.seed, c.ortho_init) for c in configs]
         self.sde = models[0].sde
+        # A2C without gSDE takes its gradient by hand from the rollout's own actor activations
+        # (losses.a2c_gradients); kept here, [M, T, E, width] per layer, from the first rollout
+        self.by_hand = shared.algo == "a2c" and not self.sde
+        self._kept: list[torch.Tensor] | None = None
+        self._kept_for = None  # the rollout whose activations _kept holds
         self.actor = StackedMLP([m.actor for m in models]).to(self.device)
         self.critic = StackedMLP([m.critic for m in models]).to(self.device)
         self.log_std = None
@@ -259,7 +264,7 @@ class Trainer:
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
                 rollout.valid[t] = valid & live_columns
-                actions = self._sample(obs, rng, noise)
+                actions = self._sample(obs, rng, noise, t)
                 rollout.actions[t] = actions
                 env_actions = actions if self._bounds is None else np.clip(actions, *self._bounds)
                 raw, rewards, terminated, truncated, _ = self.env.step(env_actions)
@@ -280,6 +285,7 @@ class Trainer:
                     live &= ~ended
         rollout.observations[-1] = obs
         self._obs = obs
+        self._kept_for = rollout
         for i in active:
             self._members[i].env_steps += int(counted[i])
         return episodes
@@ -300,18 +306,37 @@ class Trainer:
             fresh = self._sde_noise()
             noise[due] = fresh[due]
 
-    def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise) -> np.ndarray:
-        """Every column's action (unclipped; the env sees a clipped copy)."""
+    def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise, t: int) -> np.ndarray:
+        """Every column's action (unclipped; the env sees a clipped copy) at rollout step
+        ``t``; by hand (:attr:`by_hand`), the actor's activations are kept for the update."""
         member_obs = torch.from_numpy(obs).to(self.device).view(self.size, self.envs_per_member, -1)
         if noise is not None:  # gSDE: μ(s) + φ(s)ᵀ W, W held for the rollout
             out, features = self.actor.with_features(member_obs)
             explore = (features[..., None] * noise).sum(-2)
             return (out + explore).reshape(len(obs), -1).cpu().numpy().astype(np.float32)
-        out = self.actor(member_obs).reshape(len(obs), -1).cpu().numpy()
+        if self.by_hand:
+            outputs = self.actor.layers(member_obs)
+            self._keep(outputs[1:], t)
+            out = outputs[-1]
+        else:
+            out = self.actor(member_obs)
+        out = out.reshape(len(obs), -1).cpu().numpy()
         std = None
         if not self.discrete:
             std = np.repeat(self.log_std.detach().exp().cpu().numpy(), self.envs_per_member, 0)
         return sample_actions(out, rng, std)
+
+    def _keep(self, activations: list[torch.Tensor], t: int) -> None:
+        """Keep step ``t``'s actor activations ``[M, E, width]`` for the update."""
+        if self._kept is None:
+            steps, shape = self.shared.rollout_steps, (self.size, self.envs_per_member)
+            with torch.inference_mode(False):  # normal tensors, written inside that mode
+                self._kept = [
+                    torch.empty(shape[0], steps, shape[1], h.shape[-1], device=self.device)
+                    for h in activations
+                ]
+        for kept, h in zip(self._kept, activations, strict=True):
+            kept[:, t] = h
 
     def _finish_episodes(self, t: int, episodes: dict, live_columns: np.ndarray) -> None:
         per = self.envs_per_member
@@ -366,9 +391,14 @@ class Trainer:
         rollout = self._batch
         rows = rollout.rewards.size // self.size  # T·E per member
         observations = self.by_member(rollout.observations)
-        keep_graph = self.shared.algo == "a2c"  # A2C's value loss reuses this pass's values
-        with torch.set_grad_enabled(keep_graph):
-            all_values = self.critic(observations).squeeze(-1)
+        critic_pass = None
+        if self.by_hand:  # the layers' outputs for the gradient, no graph
+            critic_pass = self.critic.layers(observations)
+            all_values = critic_pass[-1].squeeze(-1)
+        else:
+            keep_graph = self.shared.algo == "a2c"  # A2C's value loss reuses these values
+            with torch.set_grad_enabled(keep_graph):
+                all_values = self.critic(observations).squeeze(-1)
         detached = all_values.detach()
         finite = torch.isfinite(detached).all(1).cpu()
         finite_list = finite.tolist()
@@ -385,6 +415,14 @@ class Trainer:
             values=all_values[:, :rows],
             mask=mask,
         )
+        if critic_pass is not None:
+            steps = rollout.rewards.shape[0]
+            if self._kept is not None and self._kept_for is rollout:
+                kept = [k[:, :steps].reshape(self.size, rows, -1) for k in self._kept]
+            else:  # a rollout this trainer did not collect (a test's): the actor's pass anew
+                kept = self.actor.layers(observations[:, :rows])[1:]
+            batch.actor_pass = [observations[:, :rows], *kept]
+            batch.critic_pass = [h[:, :rows] for h in critic_pass]
         spent = [m.steps_before_update for m in self._members]
         self.optimizer.learning_rate = self._rates(spent)
         learning = training & finite & (mask.sum(1).cpu() > 0)

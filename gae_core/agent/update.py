@@ -30,7 +30,14 @@ import torch
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
-from gae_core.agent.losses import LossTerms, a2c_loss, masked_mean, ppo_loss, standardize
+from gae_core.agent.losses import (
+    LossTerms,
+    a2c_gradients,
+    a2c_loss,
+    masked_mean,
+    ppo_loss,
+    standardize,
+)
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import log_probs_and_entropy, sde_std
 from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
@@ -42,7 +49,8 @@ __all__ = ["Batch", "Learned", "Learner"]
 class Batch:
     """One rollout's rows per member, member-major ``[M, R, ...]`` on the trainer's device:
     observations as the policies saw them, actions, GAE advantages, the critic's targets, the
-    critic's values at collection (with their graph for A2C) and the valid-row mask."""
+    critic's values at collection (with their graph for A2C by autograd) and the valid-row
+    mask."""
 
     observations: torch.Tensor
     actions: torch.Tensor
@@ -50,6 +58,10 @@ class Batch:
     returns: torch.Tensor
     values: torch.Tensor
     mask: torch.Tensor
+    #: with A2C's gradient by hand: :meth:`StackedMLP.layers` of the actor and the critic on
+    #: these rows (the rollout's own actor activations)
+    actor_pass: list[torch.Tensor] | None = None
+    critic_pass: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -168,6 +180,13 @@ class Learner:
         if self.any_standardise:
             standardised = standardize(advantages, batch.mask)
             advantages = torch.where(self.standardise[:, None], standardised, advantages)
+        if batch.actor_pass is not None:
+            terms = a2c_gradients(
+                self.actor, self.critic, self.log_std, batch.actor_pass, batch.critic_pass,
+                batch.actions, advantages, batch.returns, batch.mask, self.value_coef,
+                self.entropy_coef,
+            )  # fmt: skip
+            return self._gradient_step(terms, learning, training, sums, failures, by_hand=True)
         log_probs, entropy = self.policy(batch.observations, batch.actions)
         terms = a2c_loss(
             log_probs, entropy, batch.values, advantages, batch.returns, batch.mask,
@@ -229,23 +248,33 @@ class Learner:
         return torch.tensor(ranges, dtype=torch.float32)
 
     def _gradient_step(
-        self, terms: LossTerms, now: torch.Tensor, training, sums: _Sums, failures: dict
+        self,
+        terms: LossTerms,
+        now: torch.Tensor,
+        training,
+        sums: _Sums,
+        failures: dict,
+        by_hand: bool = False,
     ) -> torch.Tensor:
-        """One step of the members ``now`` on ``terms.loss``; returns those that stepped."""
+        """One step of the members ``now`` on ``terms.loss``, its gradient by autograd or
+        already written by hand (``by_hand``); returns those that stepped."""
         finite = torch.isfinite(terms.loss.detach()).cpu()
         for i in torch.nonzero(now & ~finite).flatten().tolist():
             failures.setdefault(i, "loss")
         now = now & finite
         optimizer = self.optimizer
-        for parameters in optimizer.params:  # the trainer's buffer: zeroed in place, kept
-            parameters.grad.zero_()
+        if not by_hand:
+            for parameters in optimizer.params:  # the trainer's buffer: zeroed in place, kept
+                parameters.grad.zero_()
         if not now.any():
             return now
         device_now = now.to(terms.loss.device)
-        with warnings.catch_warnings():
-            # the trainer's gradients are views of one buffer (Trainer._one_buffer), by design
-            warnings.filterwarnings("ignore", message="grad and param do not obey")
-            torch.where(device_now, terms.loss, torch.zeros_like(terms.loss)).sum().backward()
+        if not by_hand:  # (by hand, the rows of members not stepping are zeroed just below)
+            with warnings.catch_warnings():
+                # the trainer's gradients are views of one buffer (Trainer._one_buffer)
+                warnings.filterwarnings("ignore", message="grad and param do not obey")
+                loss = torch.where(device_now, terms.loss, torch.zeros_like(terms.loss))
+                loss.sum().backward()
         norms, finite = clip_per_member(optimizer.params, self.max_norm, device_now)
         finite = finite.cpu()
         for i in torch.nonzero(now & ~finite).flatten().tolist():
