@@ -47,7 +47,10 @@ def cases(quick: bool) -> list[tuple[str, list]]:
 
     return [
         ("CartPole-v1 preset, one run, 100k steps", configs("CartPole-v1", 1, 100_000)),
-        ("CartPole-v1 preset, 35 members × 10k (a study worker)", configs("CartPole-v1", 35, 10_000)),
+        (
+            "CartPole-v1 preset, 35 members × 10k (a worker's share of the λ study)",
+            configs("CartPole-v1", 35, 10_000),
+        ),
         ("HalfCheetah-v5 preset, one run, 20k steps", configs("HalfCheetah-v5", 1, 20_000)),
         ("HalfCheetah-v5 preset, 16 members × 5k", configs("HalfCheetah-v5", 16, 5_000)),
     ]

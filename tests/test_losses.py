@@ -4,6 +4,7 @@ stop act as SB3's do, and the coefficients are combined in one place."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -279,7 +280,7 @@ def _stacks(seed: int, members: int, sizes: list[int]) -> tuple[StackedMLP, Stac
     nets = []
     for _ in range(members):
         layers = []
-        for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
             layers.append(torch.nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(torch.nn.Tanh())
