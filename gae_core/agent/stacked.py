@@ -19,6 +19,7 @@ __all__ = [
     "StackedMLP",
     "clip_per_member",
     "explained_variance",
+    "one_buffer",
     "stacked_linear",
     "stacked_tanh",
 ]
@@ -240,6 +241,38 @@ class StackedMLP:
             for layer, weight, bias in zip(linears, self.weights, self.biases, strict=True):
                 layer.weight.copy_(weight[member].T.cpu())
                 layer.bias.copy_(bias[member, 0].cpu())
+
+
+def one_buffer(
+    nets: Sequence[StackedMLP], log_std: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every member's parameters (the stacks of ``nets``, then ``log_std``) as rows of one
+    tensor ``[M, P]`` (member m's P parameters in row m), and their gradients as rows of
+    another: the stacks and the log-std become leaves that are views of the first, with
+    ``.grad`` views of the second, so autograd (or a gradient written by hand) lands in one
+    tensor. Each member's gradient norm is then one reduction over its row, clipping one
+    multiply, the optimizer one tensor's step (written because it measured faster: 13 stacked
+    tensors spent 0.6 ms of a CartPole population's 4.8 ms step in per-tensor clipping and
+    optimizer ops). Returns the parameters, whose ``.grad`` is the gradient buffer, and the
+    log-std's view (None without one); the stacks are replaced in place."""
+    stacks = [stack for net in nets for stack in (net.weights, net.biases)]
+    tensors = [t for stack in stacks for t in stack]
+    if log_std is not None:
+        tensors.append(log_std)
+    members = tensors[0].shape[0]
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(members, -1) for t in tensors], 1)
+    flat.grad = torch.zeros_like(flat)
+    views, start = [], 0
+    for t in tensors:
+        size = t[0].numel()
+        view = flat[:, start : start + size].view(t.shape).requires_grad_(True)
+        view.grad = flat.grad[:, start : start + size].view(t.shape)
+        views.append(view)
+        start += size
+    for stack in stacks:
+        stack[:] = [views.pop(0) for _ in stack]
+    return flat, (views.pop(0) if log_std is not None else None)
 
 
 def clip_per_member(

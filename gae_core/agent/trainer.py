@@ -55,7 +55,7 @@ from gae_core.agent.played_together import evaluate_replays, record_replays_toge
 from gae_core.agent.policy import ActorCritic, sample_actions
 from gae_core.agent.recording import Replay, checkpoint_bytes
 from gae_core.agent.rollout import Episode, Rollout, StepResult, TrainingDiverged
-from gae_core.agent.stacked import StackedMLP
+from gae_core.agent.stacked import StackedMLP, one_buffer
 from gae_core.agent.update import Batch, Learner
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
@@ -130,7 +130,7 @@ class Trainer:
         self.log_std = None
         if not self.discrete:
             self.log_std = torch.stack([m.log_std.detach() for m in models]).to(self.device)
-        self.parameters = self._one_buffer()
+        self.parameters, self.log_std = one_buffer([self.actor, self.critic], self.log_std)
         self.optimizer = Optimizer([self.parameters], shared.optimizer, self._rates([0] * members))
         self.learner = Learner(configs, self.actor, self.critic, self.log_std, self.optimizer)
         obs_dim = self.env.single_observation_space.shape[0]
@@ -151,36 +151,6 @@ class Trainer:
         self._target_lambda = np.repeat([c.target_lambda for c in configs], per)
         self._started = time.perf_counter()
         self.updates = 0
-
-    def _one_buffer(self) -> torch.Tensor:
-        """Every member's parameters as rows of one tensor ``[M, P]`` (member m's P parameters
-        in row m), and their gradients as rows of another: the stacks and the log-std become
-        leaves that are views of the first, with ``.grad`` views of the second, so autograd
-        accumulates every gradient into one tensor. Each member's gradient norm is then one
-        reduction over its row, clipping one multiply, the optimizer one tensor's step (written
-        because it measured faster: 13 stacked tensors spent 0.6 ms of a CartPole population's
-        4.8 ms step in per-tensor clipping and optimizer ops). Returns the parameters, whose
-        ``.grad`` is the gradient buffer."""
-        stacks = [self.actor.weights, self.actor.biases, self.critic.weights, self.critic.biases]
-        tensors = [t for stack in stacks for t in stack]
-        if self.log_std is not None:
-            tensors.append(self.log_std)
-        members = self.size
-        with torch.no_grad():
-            flat = torch.cat([t.detach().reshape(members, -1) for t in tensors], 1)
-        flat.grad = torch.zeros_like(flat)
-        views, start = [], 0
-        for t in tensors:
-            size = t[0].numel()
-            view = flat[:, start : start + size].view(t.shape).requires_grad_(True)
-            view.grad = flat.grad[:, start : start + size].view(t.shape)
-            views.append(view)
-            start += size
-        for stack in stacks:
-            stack[:] = [views.pop(0) for _ in stack]
-        if self.log_std is not None:
-            self.log_std = views.pop(0)
-        return flat
 
     def _model(self, config: TrainConfig, seed: int, ortho_init: bool) -> ActorCritic:
         return ActorCritic(
@@ -329,12 +299,9 @@ class Trainer:
     def _keep(self, activations: list[torch.Tensor], t: int) -> None:
         """Keep step ``t``'s actor activations ``[M, E, width]`` for the update."""
         if self._kept is None:
-            steps, shape = self.shared.rollout_steps, (self.size, self.envs_per_member)
+            steps = self.shared.rollout_steps
             with torch.inference_mode(False):  # normal tensors, written inside that mode
-                self._kept = [
-                    torch.empty(shape[0], steps, shape[1], h.shape[-1], device=self.device)
-                    for h in activations
-                ]
+                self._kept = [h.new_empty(h.shape[0], steps, *h.shape[1:]) for h in activations]
         for kept, h in zip(self._kept, activations, strict=True):
             kept[:, t] = h
 

@@ -271,7 +271,7 @@ class Learner:
         device_now = now.to(terms.loss.device)
         if not by_hand:  # (by hand, the rows of members not stepping are zeroed just below)
             with warnings.catch_warnings():
-                # the trainer's gradients are views of one buffer (Trainer._one_buffer)
+                # the trainer's gradients are views of one buffer (stacked.one_buffer)
                 warnings.filterwarnings("ignore", message="grad and param do not obey")
                 loss = torch.where(device_now, terms.loss, torch.zeros_like(terms.loss))
                 loss.sum().backward()
