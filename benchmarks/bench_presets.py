@@ -49,8 +49,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-#: What computes our runs today (see ADDED_LATER).
+#: What computes our runs today (see ADDED_LATER): the one trainer, and for A2C without gSDE
+#: its gradient by hand (``engine_of``).
 ENGINE = "trainer"
+ENGINE_BY_HAND = "trainer, A2C by hand"
 sys.path.insert(0, str(ROOT))  # run from anywhere
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "presets.jsonl"
 
@@ -149,11 +151,11 @@ import json, sys, time
 import numpy as np
 from gae_core.agent.presets import preset_config
 from gae_core.agent.trainer import Trainer
-ENGINE = "trainer"  # the one trainer: stacked networks, autograd (bench_presets.ENGINE)
 env_id, algo, seeds = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
 configs = [preset_config(env_id, algo, seed=seed, checkpoint_every=0, record_episodes=0,
                          eval_every=0) for seed in seeds]
 trainer = Trainer(configs)  # one member per seed: a population when there are several
+ENGINE = "trainer, A2C by hand" if trainer.by_hand else "trainer"  # bench_presets.engine_of
 steps, returns = [[] for _ in seeds], [[] for _ in seeds]
 started = time.perf_counter()
 while not trainer.done:
@@ -251,7 +253,8 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
 #: ``engine`` is not a config field but what computed a run: rows run before the NumPy engine
 #: were "autograd" (the single-run torch path), then "numpy" (its hand-derived gradients), and
-#: since the one trainer "trainer" (stacked networks, autograd); trajectories differ in float
+#: since the one trainer "trainer" (stacked networks, autograd), and for A2C without gSDE
+#: since 2026-11-26 "trainer, A2C by hand" (losses.a2c_gradients); trajectories differ in float
 #: rounding and in how a run's actions are drawn, so each engine's rows are its own.
 #: ``normalize_clip``: rows run before it existed never clipped (0.0); ``reward_norm_reset``:
 #: their return restarted at termination only; ``sde_sample_freq``: gSDE's matrices were drawn
@@ -271,15 +274,22 @@ ADDED_LATER = {
 LOGGING_ONLY = ("log_every",)
 
 
-def preset_fingerprint(env_id: str, algo: str = "a2c") -> str:
+def engine_of(config) -> str:
+    """What trains ``config`` today: the trainer, with A2C's gradient by hand where it takes it."""
+    from gae_core.agent.trainer import gradient_by_hand
+
+    return ENGINE_BY_HAND if gradient_by_hand(config) else ENGINE
+
+
+def preset_fingerprint(env_id: str, algo: str = "a2c", engine: str | None = None) -> str:
     """A short hash of today's preset for ``env_id`` and ``algo`` (every field but the seed)
-    and of the engine it trains on."""
+    and of the engine it trains on (today's, or ``engine``)."""
     from gae_core.agent.presets import preset_config
 
     config = preset_config(env_id, algo, seed=0)
     fields = dataclasses.asdict(config)
     fields.pop("seed")
-    fields["engine"] = ENGINE
+    fields["engine"] = engine or engine_of(config)
     for name in LOGGING_ONLY:
         fields.pop(name)
     if not (config.normalize_observations or config.normalize_rewards):
@@ -452,22 +462,22 @@ def compare_engines(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["impl"] == "ours" and r.get("algo", "a2c") == "a2c"
             and r.get("final") is not None]  # fmt: skip
-    print(f"{'env':<26}{'engine':<10}{'seeds':>6}{'median':>10}   vs {args.engine} (p)")
+    print(f"{'env':<26}{'engine':<22}{'seeds':>6}{'median':>10}   vs {args.engine} (p)")
     for env in dict.fromkeys(r["env"] for r in rows):
-        now = {
-            r["seed"]: r["final"]
-            for r in rows
-            if r["env"] == env
-            and r.get("engine") == ENGINE
-            and r.get("preset") == preset_fingerprint(env)
-        }
+        today = preset_fingerprint(env)
+        now = {r["seed"]: r["final"] for r in rows
+               if r["env"] == env and r.get("preset") == today}  # fmt: skip
+        engine = next((r["engine"] for r in rows if r.get("preset") == today), ENGINE)
+        # the older engine's rows of the same preset (its fingerprint under that engine)
+        before = preset_fingerprint(env, engine=args.engine)
         old = {r["seed"]: r["final"] for r in rows if r["env"] == env
-               and r.get("engine", "autograd") == args.engine}  # fmt: skip
-        if not now or not old:
+               and r.get("engine", "autograd") == args.engine
+               and r.get("preset") in (before, None)}  # fmt: skip
+        if not now or not old or engine == args.engine:
             continue
         drop = statistics.median(now.values()) < statistics.median(old.values())
         p = mann_whitney(list(now.values()), list(old.values()))
-        print(f"{env:<26}{ENGINE:<10}{len(now):>6}{statistics.median(now.values()):>10.1f}   "
+        print(f"{env:<26}{engine:<22}{len(now):>6}{statistics.median(now.values()):>10.1f}   "
               f"{args.engine} {len(old)} seeds {statistics.median(old.values()):.1f} "
               f"(p = {p:.3f}) {'LOWER' if drop else 'not lower'}")  # fmt: skip
 

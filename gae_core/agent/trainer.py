@@ -68,6 +68,7 @@ __all__ = [
     "StepResult",
     "Trainer",
     "TrainingDiverged",
+    "gradient_by_hand",
     "population_key",
 ]
 
@@ -78,6 +79,12 @@ SHARED = (
     "algo", "env_id", "num_envs", "rollout_steps", "hidden_sizes", "optimizer", "use_sde",
     "n_epochs", "minibatch_size", "device", "torch_threads", "eval_episodes", "record_episodes",
 )  # fmt: skip
+
+
+def gradient_by_hand(config: TrainConfig) -> bool:
+    """Whether a trainer of ``config`` takes A2C's gradient by hand (``losses.a2c_gradients``,
+    measured faster on whole runs) rather than by autograd: A2C without gSDE."""
+    return config.algo == "a2c" and not config.use_sde
 
 
 def population_key(config: TrainConfig) -> tuple:
@@ -120,9 +127,9 @@ class Trainer:
         self._bounds = None if self.discrete else (space.low, space.high)
         models = [self._model(c, c.seed, c.ortho_init) for c in configs]
         self.sde = models[0].sde
-        # A2C without gSDE takes its gradient by hand from the rollout's own actor activations
-        # (losses.a2c_gradients); kept here, [M, T, E, width] per layer, from the first rollout
-        self.by_hand = shared.algo == "a2c" and not self.sde
+        # the rollout's own actor activations, [M, T, E, width] per layer, for a gradient by
+        # hand (losses.a2c_gradients), kept from the first rollout
+        self.by_hand = gradient_by_hand(shared)
         self._kept: list[torch.Tensor] | None = None
         self._kept_for = None  # the rollout whose activations _kept holds
         self.actor = StackedMLP([m.actor for m in models]).to(self.device)
