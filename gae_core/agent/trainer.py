@@ -12,7 +12,8 @@ gradient step. Each :meth:`Trainer.step` is, for every member still training:
               column's γ and λ → advantages, and the critic's target (λ-returns with
               ``config.target_lambda``)
     update    :mod:`gae_core.agent.update`: A2C's one gradient step or PPO's epochs of
-              minibatches, on the losses of :mod:`gae_core.agent.losses`, by autograd
+              minibatches, on the losses of :mod:`gae_core.agent.losses`, by autograd (A2C
+              without gSDE: by hand, from the rollout's actor activations, :attr:`by_hand`)
 
 What a member gets is what it would get trained alone: its own initial weights (built from its
 seed), its own normalisation statistics (:mod:`gae_core.agent.normalize`), gSDE matrices,
