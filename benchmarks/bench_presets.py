@@ -276,7 +276,7 @@ LOGGING_ONLY = ("log_every",)
 
 def engine_of(config) -> str:
     """What trains ``config`` today: the trainer, with A2C's gradient by hand where it takes it."""
-    from gae_core.agent.trainer import gradient_by_hand
+    from gae_core.agent.update import gradient_by_hand
 
     return ENGINE_BY_HAND if gradient_by_hand(config) else ENGINE
 

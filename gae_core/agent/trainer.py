@@ -57,7 +57,7 @@ from gae_core.agent.policy import ActorCritic, sample_actions
 from gae_core.agent.recording import Replay, checkpoint_bytes
 from gae_core.agent.rollout import Episode, Rollout, StepResult, TrainingDiverged
 from gae_core.agent.stacked import StackedMLP, one_buffer
-from gae_core.agent.update import Batch, Learner
+from gae_core.agent.update import Batch, Learner, gradient_by_hand
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
 
@@ -69,7 +69,6 @@ __all__ = [
     "StepResult",
     "Trainer",
     "TrainingDiverged",
-    "gradient_by_hand",
     "population_key",
 ]
 
@@ -80,12 +79,6 @@ SHARED = (
     "algo", "env_id", "num_envs", "rollout_steps", "hidden_sizes", "optimizer", "use_sde",
     "n_epochs", "minibatch_size", "device", "torch_threads", "eval_episodes", "record_episodes",
 )  # fmt: skip
-
-
-def gradient_by_hand(config: TrainConfig) -> bool:
-    """Whether a trainer of ``config`` takes A2C's gradient by hand (``losses.a2c_gradients``,
-    measured faster on whole runs) rather than by autograd: A2C without gSDE."""
-    return config.algo == "a2c" and not config.use_sde
 
 
 def population_key(config: TrainConfig) -> tuple:
