@@ -689,3 +689,24 @@ def test_live_charts_keep_rows_without_a_finite_time():
     assert views.live_snapshot(frame, 5.0)["value"].tolist() == [1.0, 2.0]  # 7 s: after 5 s
     unplaced = frame.assign(wall_time=np.nan)
     pd.testing.assert_frame_equal(views.live_snapshot(unplaced, 5.0), unplaced)
+
+
+def test_a_comparison_says_a_run_trained_on_a_gpu_ran_there(monkeypatch):
+    """On a machine without CUDA a stored ``device: cuda`` config still opens (it reads as a
+    CPU config, test_explorer), but a comparison of such runs groups and describes them by
+    where they ran: the completed and effective configs keep ``cuda``, and asking which runs
+    have a field set to no effect still reads them."""
+    import torch
+
+    from gae_core.agent.config import TrainConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_gpu = {**TrainConfig().to_dict(), "device": "cuda"}
+    assert compare.completed_config(on_gpu)["device"] == "cuda"
+    assert compare.effective_config(on_gpu)["device"] == "cuda"
+    assert compare.completed_config(TrainConfig().to_dict())["device"] == "cpu"
+
+    class Run:
+        config = on_gpu
+
+    assert compare.idle_in([Run()], "critic_lambda")[0] == 1  # the field follows λ there

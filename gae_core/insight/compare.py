@@ -272,14 +272,19 @@ class ListValue:
 
 def completed_config(config: dict) -> dict | None:
     """A stored config with every field: the value that gives the behaviour the run had where
-    it was stored before a field existed (:meth:`TrainConfig.from_stored`); None if it cannot
-    be read (a damaged row)."""
+    it was stored before a field existed (:meth:`TrainConfig.from_stored`), and the device it
+    trained on (``from_stored`` reads ``cuda`` as ``cpu`` on a machine without one, so that the
+    run opens; a comparison shows where it ran); None if it cannot be read (a damaged row)."""
     if not config:
         return None
     try:
-        return TrainConfig.from_stored(config).to_dict()
+        return _where_it_ran(TrainConfig.from_stored(config).to_dict(), config)
     except ConfigError:
         return None
+
+
+def _where_it_ran(read: dict, stored: dict) -> dict:
+    return {**read, "device": stored.get("device", read["device"])}
 
 
 def effective_config(config: dict, keep: Sequence[str] = ()) -> dict | None:
@@ -294,14 +299,15 @@ def effective_config(config: dict, keep: Sequence[str] = ()) -> dict | None:
     except ConfigError:
         return None
     idle = set(read.idle_fields()) - set(keep)
-    return {k: (None if k in idle else v) for k, v in read.to_dict().items()}
+    fields = _where_it_ran(read.to_dict(), config)
+    return {k: (None if k in idle else v) for k, v in fields.items()}
 
 
 def idle_in(runs: Sequence[Any], field: str) -> tuple[int, str | None]:
     """How many of the runs have ``field`` set to no effect (:meth:`TrainConfig.idle_fields`),
     and why (the first such run's reason): grouped by it, those runs train alike."""
     reasons = [
-        TrainConfig.from_dict(c).idle_fields().get(field)
+        TrainConfig.from_stored(c).idle_fields().get(field)
         for c in (completed_config(r.config) for r in runs)
         if c is not None
     ]
