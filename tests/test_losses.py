@@ -326,6 +326,8 @@ def test_a2c_gradients_by_hand_equal_autograd_of_the_loss(seed, members, rows, a
                     entropy_coef)  # fmt: skip
     want.loss.sum().backward()
 
+    for p in actor.parameters() + critic.parameters() + ([] if discrete else [log_std]):
+        p.grad = torch.full_like(p, 7.0)  # written over, never added to
     got = a2c_gradients(
         actor, critic, log_std, actor.layers(obs), critic.layers(obs), acts, advantages,
         returns, mask, value_coef, entropy_coef,
@@ -344,42 +346,58 @@ def test_a2c_gradients_by_hand_equal_autograd_of_the_loss(seed, members, rows, a
 
 
 @pytest.mark.parametrize(
-    "env_id, overrides",
+    "env_id, members",
     [
-        ("CartPole-v1", dict(normalize_advantages=True, entropy_coef=0.01)),
-        ("Pendulum-v1", dict(normalize_observations=True, normalize_rewards=True)),
+        # three members (their critic pass takes StackedMLP.layers' in-place tanh form), one
+        # with advantages standardised; budgets that end apart and in a cut rollout
+        ("CartPole-v1", [dict(seed=0, lambda_=0.9, total_steps=130),
+                         dict(seed=1, lambda_=1.0, total_steps=250, entropy_coef=0.01),
+                         dict(seed=2, lambda_=0.5, total_steps=250, normalize_advantages=True)]),
+        ("Pendulum-v1", [dict(seed=0, total_steps=400, normalize_observations=True,
+                              normalize_rewards=True)]),
     ],
-)
-def test_a2c_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(env_id, overrides):
-    """A trainer whose A2C gradient comes by hand (the rollout's kept actor activations) and
-    one by autograd, fed the first's rollouts: after each of five updates their weights,
+)  # fmt: skip
+def test_a2c_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(env_id, members):
+    """A trainer whose A2C gradient comes by hand from the rollout's kept actor activations and
+    one by autograd, fed the first's rollouts until every member's budget is spent (members
+    ending at different updates, the last rollout cut short): after each update their weights,
     log-std and losses agree (float32 rounding: the two sum in different orders)."""
     import dataclasses
 
     from gae_core.agent.presets import preset_config
 
-    config = dataclasses.replace(
-        preset_config(env_id, "a2c"), total_steps=10_000, use_sde=False, checkpoint_every=0,
-        eval_every=0, record_episodes=0, **overrides,
-    )  # fmt: skip
-    by_hand, autograd = Trainer(config), Trainer(config)
+    base = dataclasses.replace(preset_config(env_id, "a2c"), use_sde=False, checkpoint_every=0,
+                               eval_every=0, record_episodes=0)  # fmt: skip
+    configs = [dataclasses.replace(base, **m) for m in members]
+    by_hand, autograd = Trainer(configs), Trainer(configs)
     autograd.by_hand = False
-    assert by_hand.by_hand
+    steps_seen = set()
     try:
-        for update in range(5):
-            by_hand._members[0].steps_before_update = by_hand._members[0].env_steps
-            by_hand.collect([0])
+        while not by_hand.done:
+            active = [i for i, m in enumerate(by_hand._members) if m.active]
+            for state in by_hand._members:
+                state.steps_before_update = state.env_steps
+            by_hand.collect(active)
+            steps_seen.add(by_hand._batch.rewards.shape[0])
             autograd._batch = by_hand._batch
             autograd.normalizers = by_hand.normalizers
-            autograd._members[0].steps_before_update = by_hand._members[0].steps_before_update
-            want = autograd.update([0])[0]
-            got = by_hand.update([0])[0]
-            ours = by_hand.model_of(0).state_dict()
-            for name, tensor in autograd.model_of(0).state_dict().items():
-                torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=2e-6,
-                                           msg=f"update {update}: {name}")  # fmt: skip
-            for metric in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.GRAD_NORM):
-                assert got[metric.key] == pytest.approx(want[metric.key], rel=1e-4, abs=1e-6)
+            for mine, theirs in zip(autograd._members, by_hand._members, strict=True):
+                mine.steps_before_update, mine.active = theirs.steps_before_update, theirs.active
+            assert by_hand._kept_for is by_hand._batch  # the kept activations are this rollout's
+            want = autograd.update(active)
+            got = by_hand.update(active)
+            for i in active:
+                ours = by_hand.model_of(i).state_dict()
+                for name, tensor in autograd.model_of(i).state_dict().items():
+                    torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=2e-6,
+                                               msg=f"member {i}: {name}")  # fmt: skip
+                for metric in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.GRAD_NORM):
+                    assert got[i][metric.key] == pytest.approx(want[i][metric.key], rel=1e-4,
+                                                               abs=1e-6)  # fmt: skip
+            for i in active:  # budgets: as Trainer.step ends them
+                if by_hand._members[i].env_steps >= configs[i].total_steps:
+                    by_hand._members[i].active = False
+        assert min(steps_seen) < base.rollout_steps  # a cut rollout was among them
     finally:
         by_hand.close()
         autograd.close()

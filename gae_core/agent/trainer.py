@@ -121,11 +121,9 @@ class Trainer:
         self._bounds = None if self.discrete else (space.low, space.high)
         models = [self._model(c, c.seed, c.ortho_init) for c in configs]
         self.sde = models[0].sde
-        # the rollout's own actor activations, [M, T, E, width] per layer, for a gradient by
-        # hand (losses.a2c_gradients), kept from the first rollout
-        self.by_hand = gradient_by_hand(shared)
-        self._kept: list[torch.Tensor] | None = None
-        self._kept_for = None  # the rollout whose activations _kept holds
+        self.by_hand = gradient_by_hand(shared)  # False forces autograd (tests, benchmarks)
+        # by hand: the rollout's actor activations ([M, T, E, width] a layer), and its rollout
+        self._kept, self._kept_for = None, None
         self.actor = StackedMLP([m.actor for m in models]).to(self.device)
         self.critic = StackedMLP([m.critic for m in models]).to(self.device)
         self.log_std = None
@@ -160,6 +158,10 @@ class Trainer:
         )  # fmt: skip
 
     # -- the trainer as a whole ------------------------------------------------------------
+
+    @property
+    def _hand(self) -> bool:  # (never for PPO or gSDE, whatever by_hand says)
+        return self.by_hand and gradient_by_hand(self.shared)
 
     @property
     def done(self) -> bool:
@@ -256,7 +258,7 @@ class Trainer:
                     live &= ~ended
         rollout.observations[-1] = obs
         self._obs = obs
-        self._kept_for = rollout
+        self._kept_for = rollout if self._hand else None
         for i in active:
             self._members[i].env_steps += int(counted[i])
         return episodes
@@ -278,14 +280,13 @@ class Trainer:
             noise[due] = fresh[due]
 
     def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise, t: int) -> np.ndarray:
-        """Every column's action (unclipped; the env sees a clipped copy) at rollout step
-        ``t``; by hand (:attr:`by_hand`), the actor's activations are kept for the update."""
+        """Every column's action (unclipped; the env sees a clipped copy) at rollout step t."""
         member_obs = torch.from_numpy(obs).to(self.device).view(self.size, self.envs_per_member, -1)
         if noise is not None:  # gSDE: μ(s) + φ(s)ᵀ W, W held for the rollout
             out, features = self.actor.with_features(member_obs)
             explore = (features[..., None] * noise).sum(-2)
             return (out + explore).reshape(len(obs), -1).cpu().numpy().astype(np.float32)
-        if self.by_hand:
+        if self._hand:
             outputs = self.actor.layers(member_obs)
             self._keep(outputs[1:], t)
             out = outputs[-1]
@@ -359,13 +360,11 @@ class Trainer:
         rollout = self._batch
         rows = rollout.rewards.size // self.size  # T·E per member
         observations = self.by_member(rollout.observations)
-        critic_pass = None
-        if self.by_hand:  # the layers' outputs for the gradient, no graph
-            critic_pass = self.critic.layers(observations)
+        critic_pass = self.critic.layers(observations) if self._hand else None  # no graph
+        if critic_pass is not None:
             all_values = critic_pass[-1].squeeze(-1)
-        else:
-            keep_graph = self.shared.algo == "a2c"  # A2C's value loss reuses these values
-            with torch.set_grad_enabled(keep_graph):
+        else:  # A2C's value loss by autograd reuses these values
+            with torch.set_grad_enabled(self.shared.algo == "a2c"):
                 all_values = self.critic(observations).squeeze(-1)
         detached = all_values.detach()
         finite = torch.isfinite(detached).all(1).cpu()

@@ -13,8 +13,8 @@ minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly th
 Every gradient step is the same for both: autograd of the sum of the stepping members' losses
 (:mod:`gae_core.agent.losses`; a member's parameters are its own slice of the stacks, so it
 receives its own loss's gradient), or for A2C without gSDE the same gradient by hand
-(``losses.a2c_gradients``, from the rollout's kept actor activations when the batch carries
-them), each member's gradient norm clipped to its ``max_grad_norm``
+(``losses.a2c_gradients``, when the batch carries the networks' layer outputs: the trainer's
+rollout keeps its actor's), each member's gradient norm clipped to its ``max_grad_norm``
 (:func:`~gae_core.agent.stacked.clip_per_member`), and one optimizer step in which the members
 not stepping keep their parameters and moments. A member whose loss or gradient is not finite
 fails alone.
