@@ -120,14 +120,27 @@ class AppServer:
             return ""
 
 
+class _PortTaken(RuntimeError):
+    """The free port was bound by another process before this server bound it."""
+
+
 def _wait_healthy(server: AppServer, timeout: float) -> None:
+    """Until the server answers ``ok`` on /_stcore/health and its own log names its URL (a
+    health check alone could be answered by another test worker's server that took the port
+    between ``_free_port`` and this server's bind)."""
     deadline = time.monotonic() + timeout
+    port = server.url.rsplit(":", 1)[1]
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"streamlit exited early:\n{server.log_tail()}")
+            tail = server.log_tail()
+            if any(
+                f"Port {port} is {words}" in tail for words in ("not available", "already in use")
+            ):
+                raise _PortTaken(tail)
+            raise RuntimeError(f"streamlit exited early:\n{tail}")
         try:
             with urllib.request.urlopen(f"{server.url}/_stcore/health", timeout=2) as answer:
-                if answer.read().decode().strip() == "ok":
+                if answer.read().decode().strip() == "ok" and f":{port}" in server.log_tail():
                     return
         except (urllib.error.URLError, OSError):
             pass
@@ -149,32 +162,38 @@ def _stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
 @contextmanager
 def running_app(data_dir: Path, log_path: Path, *, timeout: float = 60.0):
     """``streamlit run app.py`` on a free port, repo root as cwd, ``GAE_CORE_DATA=data_dir``;
-    yields once /_stcore/health says ok; stops the server by its PID on exit."""
+    yields once /_stcore/health says ok; stops the server by its PID on exit. A port taken by
+    another process before the server bound it is replaced by another (three tries)."""
+    for attempt in range(3):
+        try:
+            server = _start_app(data_dir, log_path, timeout)
+            break
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    try:
+        yield server
+    finally:
+        _stop(server.process)
+
+
+def _start_app(data_dir: Path, log_path: Path, timeout: float) -> AppServer:
     port = _free_port()
     env = {**os.environ, "GAE_CORE_DATA": str(data_dir), "PYTHONUNBUFFERED": "1"}
     command = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.fileWatcherType",
-        "none",
-        "--browser.gatherUsageStats",
-        "false",
-    ]
+        sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+        "--server.port", str(port), "--server.fileWatcherType", "none",
+        "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = AppServer(f"http://localhost:{port}", Path(data_dir), process, Path(log_path))
     try:
         _wait_healthy(server, timeout)
-        yield server
-    finally:
+    except BaseException:
         _stop(process)
+        raise
+    return server
 
 
 @pytest.fixture(scope="session")
