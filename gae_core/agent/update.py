@@ -48,8 +48,9 @@ __all__ = ["Batch", "Learned", "Learner", "gradient_by_hand"]
 
 
 def gradient_by_hand(config: TrainConfig) -> bool:
-    """Whether a trainer of ``config`` takes A2C's gradient by hand (``losses.a2c_gradients``,
-    measured faster on whole runs) rather than by autograd: A2C without gSDE."""
+    """Whether a trainer of ``config`` takes A2C's gradient by hand (``losses.a2c_gradients``;
+    ``benchmarks/bench_hand_gradient.py`` times both on whole runs) rather than by autograd:
+    A2C without gSDE."""
     return config.algo == "a2c" and not config.use_sde
 
 
