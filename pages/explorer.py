@@ -62,6 +62,14 @@ def _forget(keys: tuple[str, ...]) -> None:
         st.session_state.pop(key, None)
 
 
+def _start_at(key: str, value) -> None:
+    """Give a per-run widget its run's default through Session State, not as its default
+    argument: the browser keeps a keyed widget's value by its key, and only a value set this way
+    replaces what it shows (a picked run's boxes showed the previous run's checkpoints and γ)."""
+    if key not in st.session_state:
+        st.session_state[key] = value
+
+
 _ui.arrive("explorer", ("ex.run", *PER_RUN))
 pick = st.columns([3, 2, 2, 2])
 labels = {r.id: _ui.run_label(r) for r in runs}
@@ -74,27 +82,22 @@ run = store.get_run(run_id)
 steps = store.checkpoint_steps(run_id)
 # the URL's checkpoints count only for the run it names (another run's steps mean nothing here)
 url_run = _ui.from_url("run", [run_id], None) == run_id
-policy_step = pick[1].selectbox(
-    "policy checkpoint (env step)", steps, key="ex.policy",
-    index=steps.index(_ui.from_url("policy", steps if url_run else [], steps[-1])),
-)  # fmt: skip
+_start_at("ex.policy", _ui.from_url("policy", steps if url_run else [], steps[-1]))
+policy_step = pick[1].selectbox("policy checkpoint (env step)", steps, key="ex.policy")
 # the lab's critics are a list (an early one next to the policy's own): the explorer takes the
 # last, the policy's own where the lab's default or its "Measure this checkpoint" set them
-critics_wanted = _ui.all_from_url("critic", steps if url_run else [], [policy_step])
+_start_at("ex.critic", _ui.all_from_url("critic", steps if url_run else [], [policy_step])[-1])
 critic_step = pick[2].selectbox(
     "critic checkpoint (values)",
     steps,
-    index=steps.index(critics_wanted[-1]),
     key="ex.critic",
     help="Re-evaluate V with another checkpoint's critic: an early critic shows how critic "
     "error turns into bias in the advantages.",
 )
 recorded = len(store.trajectory_blobs(run_id, policy_step))
 sources = [f"recorded #{i}" for i in range(recorded)] + ["fresh recording"]
-source = pick[3].selectbox(
-    "trajectory", sources, key="ex.source",
-    index=sources.index(_ui.from_url("trajectory", sources if url_run else [], sources[0])),
-)  # fmt: skip
+_start_at("ex.source", _ui.from_url("trajectory", sources if url_run else [], sources[0]))
+source = pick[3].selectbox("trajectory", sources, key="ex.source")
 fresh_seed = None
 if source == "fresh recording":
     # text, read on the server: a browser number box refuses a value past 2^53 unsaid
@@ -117,15 +120,17 @@ def _sorted(key: str) -> None:
 
 
 knobs = st.columns([2, 3, 3, 3])
+_start_at("ex.gamma", float(run.config["gamma"]))
 gamma = knobs[0].number_input(
-    label("gamma"), 0.0, 1.0, float(run.config["gamma"]), 0.001, format="%.6g", key="ex.gamma",
+    label("gamma"), 0.0, 1.0, step=0.001, format="%.6g", key="ex.gamma",
     help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
 )  # fmt: skip
 # λ moves in the browser (the chart's own slider): the server only says where it starts
 lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID]
 lambda_ = _ui.from_url("lambda", lambda_grid if url_run else [], round(run.config["lambda_"], 2))
+_start_at("ex.t", 0)
 t = knobs[1].slider(
-    "step t for the weights", 0, max(len(arrays[0]) - 1, 0), 0, key="ex.t",
+    "step t for the weights", 0, max(len(arrays[0]) - 1, 0), key="ex.t",
     help="The bottom panel's step: how GAE weighs each Â^(k) there, with the steps left in "
     "its segment.",
 )  # fmt: skip

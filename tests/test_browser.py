@@ -215,21 +215,23 @@ def download_csv(page, locator) -> tuple[str, pd.DataFrame]:
         return download.suggested_filename, pd.read_csv(io.BytesIO(handle.read()))
 
 
-def choose_run(page, run_id: str) -> None:
-    """Pick the run in the Train page's "run" selectbox (unless it is already shown)."""
+def choose_run(page, run_id: str, key: str = "train-view") -> None:
+    """Pick the run in the "run" selectbox of widget key ``key`` (the Train page's by default)
+    unless it is already shown."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    field = page.locator(".st-key-train-view input")
+    field = page.locator(f".st-key-{key} input")
     for _ in range(5):  # a rerun (the sidebar's timer) can close the list under the click
         if field.input_value().endswith(run_id):
             return
-        page.locator('.st-key-train-view button[aria-label="Open"]').click()
+        page.locator(f'.st-key-{key} button[aria-label="Open"]').click()
+        field.fill(run_id)  # the list filters on what is typed (a long list shows only a window)
         option = page.get_by_role("option").filter(has_text=run_id)
         try:
             option.click(timeout=5_000)
             page.wait_for_function(
                 "([sel, id]) => document.querySelector(sel).value.endsWith(id)",
-                arg=[".st-key-train-view input", run_id],
+                arg=[f".st-key-{key} input", run_id],
                 timeout=5_000,
             )
         except PlaywrightTimeout:
@@ -611,7 +613,7 @@ def test_explorer_lambda_slider_moves_gae_in_the_browser_and_csv_matches_gae_cor
     with two runs training; the drawn GAE equals gae_core's at that λ and the CSV's column."""
     page = app_page
     with two_runs_training(app_server):
-        open_page(page, app_server, "explorer")
+        open_page(page, app_server, f"explorer?run={recorded_run}")
         page.locator(".st-key-ex-main .js-plotly-plot").wait_for()
         wait_idle(page)
         assert page.locator(".st-key-ex-run input").input_value().endswith(recorded_run)
@@ -1057,3 +1059,38 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     look_for_cut_text("train (MuJoCo)")
     no_exception()
     assert cut == {}
+
+
+@pytest.fixture(scope="module")
+def other_recorded_run(app_server):
+    """A second recorded run whose checkpoints and γ differ from ``recorded_run``'s."""
+    manager = RunManager(RunStore(app_server.data_dir, recover=False))
+    run_id = manager.start({**TINY, "total_steps": 900, "checkpoint_every": 300, "gamma": 0.9})
+    assert manager.wait(run_id, 120)
+    manager.shutdown(timeout=10)
+    return run_id
+
+
+def test_explorer_boxes_show_the_picked_runs_own_checkpoints_and_gamma(
+    app_page, app_server, recorded_run, other_recorded_run
+):
+    """After another run is picked, the checkpoint boxes and γ show that run's own values, as
+    the chart uses them (the browser keeps a keyed widget's value by its key: the boxes used to
+    show the previous run's checkpoints and γ, and the γ stepper stepped from the stale one)."""
+    store = store_of(app_server)
+    page = app_page
+    open_page(page, app_server, f"explorer?run={recorded_run}")
+    page.locator(".st-key-ex-main .js-plotly-plot").wait_for()
+    wait_idle(page)
+    for run_id in (other_recorded_run, recorded_run, other_recorded_run):
+        choose_run(page, run_id, key="ex-run")
+        wait_idle(page)
+        last = f"{store.checkpoint_steps(run_id)[-1]}"
+        gamma = store.get_run(run_id).config["gamma"]
+        for box in ("policy", "critic"):
+            page.wait_for_function(
+                "([sel, v]) => document.querySelector(sel).value == v",
+                arg=[f".st-key-ex-{box} input", last], timeout=10_000,
+            )  # fmt: skip
+        shown = page.locator(".st-key-ex-gamma input").input_value()
+        assert float(shown) == pytest.approx(gamma), (run_id, shown)
