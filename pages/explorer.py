@@ -65,7 +65,7 @@ def _forget(keys: tuple[str, ...]) -> None:
 def _start_at(key: str, value) -> None:
     """Give a per-run widget its run's default through Session State, not as its default
     argument: the browser keeps a keyed widget's value by its key, and only a value set this way
-    replaces what it shows (a picked run's boxes showed the previous run's checkpoints and γ)."""
+    replaces what it shows, so a picked run's boxes show its own checkpoints and γ."""
     if key not in st.session_state:
         st.session_state[key] = value
 
