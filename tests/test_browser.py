@@ -780,7 +780,11 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     set_number(page, "cmp-seeds", 1)
     set_number(page, "cmp-workers", 1)
     set_number(page, "cmp-total_steps", 1500)
-    assert launch.inner_text() == "Launch 2 runs (2 λ × 1 seed)"
+    # a committed value's rerun may not have begun when wait_idle looks (the app reads idle
+    # until it does), so wait for the label rather than read it once
+    from playwright.sync_api import expect
+
+    expect(launch).to_have_text("Launch 2 runs (2 λ × 1 seed)", timeout=30_000)
     launch.click()
     assert wait_until(lambda: len({s.id for s in store.list_sweeps()} - before) == 1, 30)
     sweep_id = ({s.id for s in store.list_sweeps()} - before).pop()
