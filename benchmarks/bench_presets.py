@@ -49,10 +49,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-#: What computes our runs today (see ADDED_LATER): the one trainer, and for A2C without gSDE
-#: its gradient by hand (``engine_of``).
+#: What computes our runs today (see ADDED_LATER): the one trainer, and without gSDE its
+#: gradient by hand (``engine_of``), A2C's or PPO's.
 ENGINE = "trainer"
-ENGINE_BY_HAND = "trainer, A2C by hand"
+ENGINE_BY_HAND = {"a2c": "trainer, A2C by hand", "ppo": "trainer, PPO by hand"}
 sys.path.insert(0, str(ROOT))  # run from anywhere
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "presets.jsonl"
 
@@ -155,7 +155,8 @@ env_id, algo, seeds = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3].spl
 configs = [preset_config(env_id, algo, seed=seed, checkpoint_every=0, record_episodes=0,
                          eval_every=0) for seed in seeds]
 trainer = Trainer(configs)  # one member per seed: a population when there are several
-ENGINE = "trainer, A2C by hand" if trainer.by_hand else "trainer"  # bench_presets.engine_of
+ENGINE = {"a2c": "trainer, A2C by hand", "ppo": "trainer, PPO by hand"}[algo] \
+    if trainer.by_hand else "trainer"  # bench_presets.engine_of
 steps, returns = [[] for _ in seeds], [[] for _ in seeds]
 started = time.perf_counter()
 while not trainer.done:
@@ -253,8 +254,9 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: not disown every earlier row, and any preset that sets it otherwise gets a new fingerprint.
 #: ``engine`` is not a config field but what computed a run: rows run before the NumPy engine
 #: were "autograd" (the single-run torch path), then "numpy" (its hand-derived gradients), and
-#: since the one trainer "trainer" (stacked networks, autograd), and for A2C without gSDE
-#: since 2026-11-26 "trainer, A2C by hand" (losses.a2c_gradients); trajectories differ in float
+#: since the one trainer "trainer" (stacked networks, autograd), and without gSDE "trainer, A2C
+#: by hand" since 2026-11-26 (losses.a2c_gradients) and "trainer, PPO by hand" since 2026-11-27
+#: (losses.ppo_gradients); trajectories differ in float
 #: rounding and in how a run's actions are drawn, so each engine's rows are its own.
 #: ``normalize_clip``: rows run before it existed never clipped (0.0); ``reward_norm_reset``:
 #: their return restarted at termination only; ``sde_sample_freq``: gSDE's matrices were drawn
@@ -275,10 +277,10 @@ LOGGING_ONLY = ("log_every",)
 
 
 def engine_of(config) -> str:
-    """What trains ``config`` today: the trainer, with A2C's gradient by hand where it takes it."""
+    """What trains ``config`` today: the trainer, with its gradient by hand where it takes it."""
     from gae_core.agent.update import gradient_by_hand
 
-    return ENGINE_BY_HAND if gradient_by_hand(config) else ENGINE
+    return ENGINE_BY_HAND[config.algo] if gradient_by_hand(config) else ENGINE
 
 
 def preset_fingerprint(env_id: str, algo: str = "a2c", engine: str | None = None) -> str:
@@ -457,19 +459,19 @@ def mann_whitney(a: list[float], b: list[float]) -> float:
 
 
 def compare_engines(args: argparse.Namespace) -> None:
-    """Today's engine against an older one's rows of the same preset (the A2C rerun after a
+    """Today's engine against an older one's rows of the same preset (the rerun after a
     trainer change): per env, the medians and the Mann-Whitney p of the final returns."""
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["impl"] == "ours" and r.get("algo", "a2c") == "a2c"
+    rows = [r for r in rows if r["impl"] == "ours" and r.get("algo", "a2c") == args.algo
             and r.get("final") is not None]  # fmt: skip
     print(f"{'env':<26}{'engine':<22}{'seeds':>6}{'median':>10}   vs {args.engine} (p)")
     for env in dict.fromkeys(r["env"] for r in rows):
-        today = preset_fingerprint(env)
+        today = preset_fingerprint(env, args.algo)
         now = {r["seed"]: r["final"] for r in rows
                if r["env"] == env and r.get("preset") == today}  # fmt: skip
         engine = next((r["engine"] for r in rows if r.get("preset") == today), ENGINE)
         # the older engine's rows of the same preset (its fingerprint under that engine)
-        before = preset_fingerprint(env, engine=args.engine)
+        before = preset_fingerprint(env, args.algo, engine=args.engine)
         old = {r["seed"]: r["final"] for r in rows if r["env"] == env
                and r.get("engine", "autograd") == args.engine
                and r.get("preset") in (before, None)}  # fmt: skip
@@ -521,8 +523,9 @@ def main() -> None:
     runner.add_argument("--population", action="store_true",
                         help="our seeds of an env as one trainer (one process)")  # fmt: skip
     runner.set_defaults(handler=run)
-    engines = sub.add_parser("engines", help="today's A2C rows against an older engine's")
+    engines = sub.add_parser("engines", help="today's rows against an older engine's")
     engines.add_argument("--out", default=str(DEFAULT_OUT))
+    engines.add_argument("--algo", choices=["a2c", "ppo"], default="a2c")
     engines.add_argument("--engine", default="numpy", help="the older rows' engine")
     engines.set_defaults(handler=compare_engines)
     reporter = sub.add_parser("report")

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gae_core import metrics as M
+from gae_core.agent import update as update_module
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.losses import (
     ADVANTAGE_EPSILON,
@@ -23,6 +24,7 @@ from gae_core.agent.losses import (
     a2c_loss,
     combine,
     masked_mean,
+    ppo_gradients,
     ppo_loss,
     standardize,
 )
@@ -288,16 +290,22 @@ def _stacks(seed: int, members: int, sizes: list[int]) -> tuple[StackedMLP, Stac
     return StackedMLP(nets), StackedMLP(nets)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 10_000), members=st.integers(1, 3), rows=st.integers(1, 12),
-    actions=st.integers(1, 3), discrete=st.booleans(),
+    actions=st.integers(1, 3), discrete=st.booleans(), algo=st.sampled_from(["a2c", "ppo"]),
+    value_clip=st.booleans(),
 )  # fmt: skip
-def test_a2c_gradients_by_hand_equal_autograd_of_the_loss(seed, members, rows, actions, discrete):
-    """``a2c_gradients`` (module docstring's formulas, then StackedMLP.backward) against
-    autograd of ``a2c_loss`` on the same networks and rows: every weight, bias and log-std
-    gradient and the loss terms, for logits and for Gaussian means, with members whose valid
-    rows differ (one may have none), wide and narrow hidden layers (10 and 4 units)."""
+def test_gradients_by_hand_equal_autograd_of_the_loss(
+    seed, members, rows, actions, discrete, algo, value_clip
+):
+    """``a2c_gradients`` and ``ppo_gradients`` (module docstring's formulas, then
+    StackedMLP.backward) against autograd of ``a2c_loss`` and ``ppo_loss`` on the same networks
+    and rows: every weight, bias and log-std gradient and the loss terms, for logits and for
+    Gaussian means, with members whose valid rows differ (one may have none), wide and narrow
+    hidden layers (10 and 4 units). PPO's rows take every branch of the clipped surrogate
+    (ratios inside and outside [1 − ε, 1 + ε], ties at ratio 1) and of the value clip (old
+    values near and far, equal ones; or ε_v = ∞)."""
     sizes_actor, sizes_critic = [3, 10, 4, actions], [3, 10, 1]
     assert sizes_actor[2] <= NARROW_MAX < sizes_actor[1]
     actor, actor_ref = _stacks(seed, members, sizes_actor)
@@ -322,18 +330,29 @@ def test_a2c_gradients_by_hand_equal_autograd_of_the_loss(seed, members, rows, a
     log_probs, entropy = log_probs_and_entropy(
         out, acts, None if discrete else log_std_ref[:, None, :]
     )
-    want = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
-                    entropy_coef)  # fmt: skip
+    if algo == "a2c":
+        rest = (advantages, returns, mask, value_coef, entropy_coef)
+        want = a2c_loss(log_probs, entropy, values, *rest)
+    else:
+        same = torch.rand(members, rows, generator=generator) < 0.3  # ratio 1, value unmoved
+        old_log_probs = torch.where(same, log_probs.detach(), log_probs.detach() + 0.4 * draw(
+            members, rows))  # fmt: skip
+        old_values = torch.where(same, values.detach(), values.detach() + draw(members, rows))
+        clip_range = 0.05 + 0.4 * torch.rand(members, generator=generator, dtype=torch.float64)
+        clip_range_vf = clip_range.clone() if value_clip else torch.full((members,), math.inf)
+        rest = (old_log_probs, old_values, advantages, returns, mask, clip_range, clip_range_vf,
+                value_coef, entropy_coef)  # fmt: skip
+        old, old_v, *tail = rest
+        want = ppo_loss(log_probs, old, entropy, values, old_v, *tail)
     want.loss.sum().backward()
 
     for p in actor.parameters() + critic.parameters() + ([] if discrete else [log_std]):
         p.grad = torch.full_like(p, 7.0)  # written over, never added to
-    got = a2c_gradients(
-        actor, critic, log_std, actor.layers(obs), critic.layers(obs), acts, advantages,
-        returns, mask, value_coef, entropy_coef,
-    )  # fmt: skip
-    for name in ("loss", "policy", "value", "entropy"):
-        torch.testing.assert_close(getattr(got, name), getattr(want, name).detach())
+    by_hand = a2c_gradients if algo == "a2c" else ppo_gradients
+    got = by_hand(actor, critic, log_std, actor.layers(obs), critic.layers(obs), acts, *rest)
+    for name in ("loss", "policy", "value", "entropy", "approx_kl", "clip_fraction"):
+        if getattr(want, name) is not None:
+            torch.testing.assert_close(getattr(got, name), getattr(want, name).detach())
     pairs = list(zip(actor.parameters() + critic.parameters(),
                      actor_ref.parameters() + critic_ref.parameters(), strict=True))  # fmt: skip
     if not discrete:
@@ -346,31 +365,47 @@ def test_a2c_gradients_by_hand_equal_autograd_of_the_loss(seed, members, rows, a
 
 
 @pytest.mark.parametrize(
-    "env_id, members",
+    "algo, env_id, members",
     [
         # three members (their critic pass takes StackedMLP.layers' in-place tanh form), one
         # with advantages standardised; budgets that end apart and in a cut rollout
-        ("CartPole-v1", [dict(seed=0, lambda_=0.9, total_steps=130),
-                         dict(seed=1, lambda_=1.0, total_steps=250, entropy_coef=0.01),
-                         dict(seed=2, lambda_=0.5, total_steps=250, normalize_advantages=True)]),
-        ("Pendulum-v1", [dict(seed=0, total_steps=400, normalize_observations=True,
-                              normalize_rewards=True)]),
+        ("a2c", "CartPole-v1", [
+            dict(seed=0, lambda_=0.9, total_steps=130),
+            dict(seed=1, lambda_=1.0, total_steps=250, entropy_coef=0.01),
+            dict(seed=2, lambda_=0.5, total_steps=250, normalize_advantages=True)]),
+        ("a2c", "Pendulum-v1", [dict(seed=0, total_steps=400, normalize_observations=True,
+                                     normalize_rewards=True)]),
+        # PPO: minibatch epochs (one member stops early on its target KL), a value clip,
+        # advantages standardised per minibatch, a linear clip schedule
+        ("ppo", "CartPole-v1", [
+            dict(seed=0, lambda_=0.9, total_steps=700, n_epochs=3, minibatch_size=64),
+            dict(seed=1, lambda_=1.0, total_steps=500, n_epochs=3, minibatch_size=64,
+                 clip_range_vf=0.2, entropy_coef=0.01, target_kl=0.002)]),
+        ("ppo", "Pendulum-v1", [dict(seed=0, total_steps=600, n_epochs=3, rollout_steps=128,
+                                     minibatch_size=64, normalize_observations=True,
+                                     normalize_rewards=True)]),
     ],
 )  # fmt: skip
-def test_a2c_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(env_id, members):
-    """A trainer whose A2C gradient comes by hand from the rollout's kept actor activations and
-    one by autograd, fed the first's rollouts until every member's budget is spent (members
-    ending at different updates, the last rollout cut short): after each update their weights,
-    log-std and losses agree (float32 rounding: the two sum in different orders)."""
+def test_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(
+    algo, env_id, members, monkeypatch
+):
+    """A trainer whose gradient comes by hand (A2C's from the rollout's kept actor activations,
+    PPO's from each minibatch's passes) and one by autograd, fed the first's rollouts until
+    every member's budget is spent (members ending at different updates, the last rollout cut
+    short): after each update their weights, log-std and losses agree (float32 rounding: the
+    two sum in different orders)."""
     import dataclasses
 
     from gae_core.agent.presets import preset_config
 
-    base = dataclasses.replace(preset_config(env_id, "a2c"), use_sde=False, checkpoint_every=0,
+    base = dataclasses.replace(preset_config(env_id, algo), use_sde=False, checkpoint_every=0,
                                eval_every=0, record_episodes=0)  # fmt: skip
     configs = [dataclasses.replace(base, **m) for m in members]
     by_hand, autograd = Trainer(configs), Trainer(configs)
     autograd.by_hand = False
+    hand_steps = []  # PPO's minibatch steps by hand (the autograd trainer takes none)
+    monkeypatch.setattr(update_module, "ppo_gradients",
+                        lambda *a: hand_steps.append(1) or ppo_gradients(*a))  # fmt: skip
     steps_seen = set()
     try:
         while not by_hand.done:
@@ -383,7 +418,8 @@ def test_a2c_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(env_id,
             autograd.normalizers = by_hand.normalizers
             for mine, theirs in zip(autograd._members, by_hand._members, strict=True):
                 mine.steps_before_update, mine.active = theirs.steps_before_update, theirs.active
-            assert by_hand._kept_for is by_hand._batch  # the kept activations are this rollout's
+            if algo == "a2c":  # the kept activations are this rollout's
+                assert by_hand._kept_for is by_hand._batch
             want = autograd.update(active)
             got = by_hand.update(active)
             for i in active:
@@ -391,13 +427,16 @@ def test_a2c_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(env_id,
                 for name, tensor in autograd.model_of(i).state_dict().items():
                     torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=2e-6,
                                                msg=f"member {i}: {name}")  # fmt: skip
-                for metric in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.GRAD_NORM):
+                for metric in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.GRAD_NORM) + (
+                    (M.APPROX_KL, M.CLIP_FRACTION) if algo == "ppo" else ()
+                ):
                     assert got[i][metric.key] == pytest.approx(want[i][metric.key], rel=1e-4,
                                                                abs=1e-6)  # fmt: skip
             for i in active:  # budgets: as Trainer.step ends them
                 if by_hand._members[i].env_steps >= configs[i].total_steps:
                     by_hand._members[i].active = False
         assert min(steps_seen) < base.rollout_steps  # a cut rollout was among them
+        assert bool(hand_steps) == (algo == "ppo")
     finally:
         by_hand.close()
         autograd.close()

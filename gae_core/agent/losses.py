@@ -29,19 +29,27 @@ PPO (Schulman et al. 2017, eq. 7; SB3's ``PPO.train``), with r = exp(log π − 
 The value loss is the mean squared error (SB3); CleanRL halves it and takes the larger of the
 clipped and unclipped errors, so its ``vf_coef`` weighs half of ours.
 
-A2C's gradient also exists by hand, beside the loss (:func:`a2c_gradients`), because A2C takes
-one step per rollout with the weights that collected it: the rollout's actor activations are
-the update's, so the update needs no second actor pass and no graph. With w_b = mask_b / B_m
-(B_m the member's valid rows), logits z, p = softmax(z), Gaussian means μ with log-std ℓ and
-u = (a − μ) e^{−ℓ}:
+Both gradients also exist by hand, beside their losses (:func:`a2c_gradients`,
+:func:`ppo_gradients`; gSDE excepted, its noise scale depends on the features): at a small
+network's few hundred rows, autograd's graph costs more than the arithmetic. A2C steps once per
+rollout with the weights that collected it, so its update also reuses the rollout's actor
+activations. Each writes, per row b, g_b = ∂loss/∂log π(a_b|s_b), h_b = ∂loss/∂H_b and
+v_b = ∂loss/∂V_b, with w_b = mask_b / B_m (B_m the member's valid rows):
 
-    ∂loss/∂z_b = w_b [Â_b (p_b − e_{a_b}) + c_e p_b ⊙ (log p_b + H_b)]
-    ∂loss/∂μ_b = −w_b Â_b u_b e^{−ℓ},   ∂loss/∂ℓ = −Σ_b w_b [Â_b (u_b² − 1) + c_e]
-    ∂loss/∂V_b = −2 c_v w_b (R_b − V_b)
+    A2C:  g_b = −w_b Â_b,          h_b = −c_e w_b,   v_b = −2 c_v w_b (R_b − V_b)
+    PPO:  g_b = −w_b Â_b r_b κ_b,  h_b = −c_e w_b,   v_b = −2 c_v w_b (R_b − V_clip,b) ι_b
 
-then back through each network (:meth:`~gae_core.agent.stacked.StackedMLP.backward`).
-``tests/test_losses.py`` checks it against autograd of :func:`a2c_loss`;
-``benchmarks/bench_hand_gradient.py`` measures what it buys on whole runs.
+where κ_b = 1[1 − ε ≤ r_b ≤ 1 + ε] where the clipped term clip(r)·Â is the smaller, else 1
+(the two tie only inside the range or where Â = 0, so this is ``torch.minimum``'s gradient),
+and ι_b = 1[|V_b − V_old,b| ≤ ε_v]. Then, with logits z, p = softmax(z), Gaussian means μ
+with log-std ℓ and u = (a − μ) e^{−ℓ}:
+
+    ∂loss/∂z_b = g_b (e_{a_b} − p_b) − h_b p_b ⊙ (log p_b + H_b)
+    ∂loss/∂μ_b = g_b u_b e^{−ℓ},   ∂loss/∂ℓ = Σ_b [g_b (u_b² − 1) + h_b]
+
+and back through each network (:meth:`~gae_core.agent.stacked.StackedMLP.backward`).
+``tests/test_losses.py`` checks both against autograd of their losses;
+``benchmarks/bench_hand_gradient.py`` measures what they buy on whole runs.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ __all__ = [
     "a2c_loss",
     "combine",
     "masked_mean",
+    "ppo_gradients",
     "ppo_loss",
     "standardize",
 ]
@@ -147,37 +156,116 @@ def a2c_gradients(
     None: logits); returns the loss terms, from :func:`a2c_loss` itself.
 
     ``actor_pass`` and ``critic_pass`` are :meth:`StackedMLP.layers` of the two networks on
-    the rollout's ``[M, R]`` rows, by the weights being differentiated; the other arguments
-    as :func:`a2c_loss` takes them. Without gSDE only (its noise scale depends on the
-    features)."""
-    out, values = actor_pass[-1], critic_pass[-1].squeeze(-1)
-    log_probs, entropy = log_probs_and_entropy(
-        out, actions, None if log_std is None else log_std[:, None, :]
-    )
+    the rows, by the weights being differentiated; the other arguments as :func:`a2c_loss`
+    takes them. Without gSDE only (its noise scale depends on the features)."""
+    log_probs, entropy, values = _outputs(actor_pass, critic_pass, actions, log_std)
     terms = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
                      entropy_coef)  # fmt: skip
-    weight = mask / mask.sum(-1, keepdim=True).clamp(min=1.0)  # w_b, as masked_mean weighs
-    errors = returns - values
-    critic.backward(critic_pass, ((-2.0 * value_coef[:, None]) * weight * errors)[..., None])
+    weight = _weight(mask)
+    _backward(
+        actor, critic, log_std, actor_pass, critic_pass, actions, entropy,
+        log_prob_grad=-weight * advantages,
+        entropy_grad=-entropy_coef[:, None] * weight,
+        value_grad=(-2.0 * value_coef[:, None]) * weight * (returns - values),
+    )  # fmt: skip
+    return terms
+
+
+@torch.no_grad()
+def ppo_gradients(
+    actor: StackedMLP,
+    critic: StackedMLP,
+    log_std: torch.Tensor | None,
+    actor_pass: list[torch.Tensor],
+    critic_pass: list[torch.Tensor],
+    actions: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    old_values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: torch.Tensor,
+    clip_range_vf: torch.Tensor,
+    value_coef: torch.Tensor,
+    entropy_coef: torch.Tensor,
+) -> LossTerms:
+    """The gradient of every member's :func:`ppo_loss` by hand (module docstring), written as
+    :func:`a2c_gradients` writes A2C's; returns the loss terms, from :func:`ppo_loss` itself.
+    ``actor_pass`` and ``critic_pass`` as there, the other arguments as :func:`ppo_loss` takes
+    them. Without gSDE only."""
+    log_probs, entropy, values = _outputs(actor_pass, critic_pass, actions, log_std)
+    terms = ppo_loss(
+        log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
+        clip_range, clip_range_vf, value_coef, entropy_coef,
+    )  # fmt: skip
+    epsilon, epsilon_v = clip_range[:, None], clip_range_vf[:, None]
+    ratio = (log_probs - old_log_probs).exp()
+    clamped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
+    unclipped, clipped = ratio * advantages, clamped * advantages
+    inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
+    choice = torch.where(clipped < unclipped, inside, 1.0)  # κ
+    change = values - old_values
+    clipped_values = old_values + change.clamp(-epsilon_v, epsilon_v)
+    within = ((change >= -epsilon_v) & (change <= epsilon_v)).to(values.dtype)  # ι
+    weight = _weight(mask)
+    _backward(
+        actor, critic, log_std, actor_pass, critic_pass, actions, entropy,
+        log_prob_grad=-weight * advantages * ratio * choice,
+        entropy_grad=-entropy_coef[:, None] * weight,
+        value_grad=(-2.0 * value_coef[:, None]) * weight * (returns - clipped_values) * within,
+    )  # fmt: skip
+    return terms
+
+
+def _outputs(
+    actor_pass: list[torch.Tensor],
+    critic_pass: list[torch.Tensor],
+    actions: torch.Tensor,
+    log_std: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log π(a|s), the entropy and V(s) per row from the networks' passes."""
+    log_probs, entropy = log_probs_and_entropy(
+        actor_pass[-1], actions, None if log_std is None else log_std[:, None, :]
+    )
+    return log_probs, entropy, critic_pass[-1].squeeze(-1)
+
+
+def _weight(mask: torch.Tensor) -> torch.Tensor:
+    """w_b = mask_b / B_m: each row's share of its member's mean, as :func:`masked_mean`."""
+    return mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def _backward(
+    actor: StackedMLP,
+    critic: StackedMLP,
+    log_std: torch.Tensor | None,
+    actor_pass: list[torch.Tensor],
+    critic_pass: list[torch.Tensor],
+    actions: torch.Tensor,
+    entropy: torch.Tensor,
+    log_prob_grad: torch.Tensor,
+    entropy_grad: torch.Tensor,
+    value_grad: torch.Tensor,
+) -> None:
+    """Write every parameter's gradient from g, h and v per row (the module docstring's last
+    formulas, then :meth:`StackedMLP.backward` of each network)."""
+    critic.backward(critic_pass, value_grad[..., None])
+    out, g = actor_pass[-1], log_prob_grad[..., None]
     if log_std is None:
         log_p = F.log_softmax(out, dim=-1)
         p = log_p.exp()
-        grad_out = p * (log_p + entropy[..., None]) * entropy_coef[:, None, None]
-        grad_out += p * advantages[..., None]
-        grad_out.scatter_add_(-1, actions.long()[..., None], -advantages[..., None])
-        grad_out *= weight[..., None]
+        grad_out = p * (log_p + entropy[..., None]) * (-entropy_grad)[..., None]
+        grad_out -= p * g
+        grad_out.scatter_add_(-1, actions.long()[..., None], g)
     else:
         inverse_std = torch.exp(-log_std[:, None, :])  # [M, 1, A]
         u = (actions - out) * inverse_std
-        weighted = (weight * advantages)[..., None]
-        grad_out = -weighted * u * inverse_std
-        grad_log_std = -(weighted * (u.square() - 1.0)).sum(1)
-        grad_log_std -= (entropy_coef * weight.sum(1))[:, None]  # Σ_b w_b: 1, or 0 if no row
+        grad_out = g * u * inverse_std
+        grad_log_std = (g * (u.square() - 1.0)).sum(1) + entropy_grad.sum(1)[:, None]
         if log_std.grad is None:
             log_std.grad = torch.zeros_like(log_std)
         log_std.grad.copy_(grad_log_std)
     actor.backward(actor_pass, grad_out)
-    return terms
 
 
 def ppo_loss(
@@ -203,7 +291,7 @@ def ppo_loss(
         ratio * advantages, ratio.clamp(1.0 - epsilon, 1.0 + epsilon) * advantages
     )
     policy = -masked_mean(surrogate, mask)
-    clipped = old_values + torch.maximum(torch.minimum(values - old_values, epsilon_v), -epsilon_v)
+    clipped = old_values + (values - old_values).clamp(-epsilon_v, epsilon_v)
     value = masked_mean((returns - clipped).square(), mask)
     mean_entropy = masked_mean(entropy, mask)
     loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)

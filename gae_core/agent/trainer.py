@@ -12,8 +12,8 @@ gradient step. Each :meth:`Trainer.step` is, for every member still training:
               column's γ and λ → advantages, and the critic's target (λ-returns with
               ``config.target_lambda``)
     update    :mod:`gae_core.agent.update`: A2C's one gradient step or PPO's epochs of
-              minibatches, on the losses of :mod:`gae_core.agent.losses`, by autograd (A2C
-              without gSDE: by hand, from the rollout's actor activations, :attr:`by_hand`)
+              minibatches, on the losses of :mod:`gae_core.agent.losses`, by autograd or,
+              without gSDE, by hand (:attr:`by_hand`; A2C's from the rollout's activations)
 
 What a member gets is what it would get trained alone: its own initial weights (built from its
 seed), its own normalisation statistics (:mod:`gae_core.agent.normalize`), gSDE matrices,
@@ -160,8 +160,8 @@ class Trainer:
     # -- the trainer as a whole ------------------------------------------------------------
 
     @property
-    def _hand(self) -> bool:  # (never for PPO or gSDE, whatever by_hand says)
-        return self.by_hand and gradient_by_hand(self.shared)
+    def _hand(self) -> bool:  # A2C by hand (never with gSDE): the rollout keeps activations
+        return self.by_hand and gradient_by_hand(self.shared) and self.shared.algo == "a2c"
 
     @property
     def done(self) -> bool:
@@ -393,7 +393,8 @@ class Trainer:
         spent = [m.steps_before_update for m in self._members]
         self.optimizer.learning_rate = self._rates(spent)
         learning = training & finite & (mask.sum(1).cpu() > 0)
-        result = self.learner.learn(batch, learning, training, spent)
+        by_hand = self.by_hand and gradient_by_hand(self.shared)
+        result = self.learner.learn(batch, learning, training, spent, by_hand)
         self._fail({i: what for i, what in result.failures.items() if i in active})
         rates = np.broadcast_to(self.optimizer.learning_rate, self.size)
         out = {}

@@ -12,9 +12,10 @@ minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly th
 
 Every gradient step is the same for both: autograd of the sum of the stepping members' losses
 (:mod:`gae_core.agent.losses`; a member's parameters are its own slice of the stacks, so it
-receives its own loss's gradient), or for A2C without gSDE the same gradient by hand
-(``losses.a2c_gradients``, when the batch carries the networks' layer outputs: the trainer's
-rollout keeps its actor's), each member's gradient norm clipped to its ``max_grad_norm``
+receives its own loss's gradient), or without gSDE the same gradient by hand
+(``losses.a2c_gradients`` when the batch carries the networks' layer outputs, which the
+trainer's rollout keeps for its actor; ``losses.ppo_gradients`` from each minibatch's passes),
+each member's gradient norm clipped to its ``max_grad_norm``
 (:func:`~gae_core.agent.stacked.clip_per_member`), and one optimizer step in which the members
 not stepping keep their parameters and moments. A member whose loss or gradient is not finite
 fails alone.
@@ -37,6 +38,7 @@ from gae_core.agent.losses import (
     a2c_gradients,
     a2c_loss,
     masked_mean,
+    ppo_gradients,
     ppo_loss,
     standardize,
 )
@@ -48,10 +50,10 @@ __all__ = ["Batch", "Learned", "Learner", "gradient_by_hand"]
 
 
 def gradient_by_hand(config: TrainConfig) -> bool:
-    """Whether a trainer of ``config`` takes A2C's gradient by hand (``losses.a2c_gradients``;
-    ``benchmarks/bench_hand_gradient.py`` times both on whole runs) rather than by autograd:
-    A2C without gSDE."""
-    return config.algo == "a2c" and not config.use_sde
+    """Whether a trainer of ``config`` takes its loss's gradient by hand
+    (``losses.a2c_gradients``, ``losses.ppo_gradients``; ``benchmarks/bench_hand_gradient.py``
+    times both routes on whole runs) rather than by autograd: without gSDE."""
+    return not config.use_sde
 
 
 @dataclass
@@ -164,12 +166,19 @@ class Learner:
         return log_probs_and_entropy(out, actions, log_std)
 
     def learn(
-        self, batch: Batch, learning: torch.Tensor, training: torch.Tensor, spent: Sequence[int]
+        self,
+        batch: Batch,
+        learning: torch.Tensor,
+        training: torch.Tensor,
+        spent: Sequence[int],
+        by_hand: bool = False,
     ) -> Learned:
         """Update the members ``learning`` (CPU bool ``[M]``) on ``batch``; ``training``: the
         members still training (those not stepping keep their optimizer state); ``spent``:
-        each member's env steps before this update (for the schedules)."""
-        self._spent = spent
+        each member's env steps before this update (for the schedules); ``by_hand``: PPO's
+        gradient by hand (:func:`gradient_by_hand`; A2C's is when the batch carries the
+        passes)."""
+        self._spent, self._by_hand = spent, by_hand
         sums, failures = _Sums(len(learning)), {}
         mask = batch.mask
         with torch.no_grad():  # the rollout's own numbers, before any step
@@ -227,20 +236,29 @@ class Learner:
                 if self.any_standardise:
                     standardised = standardize(advantages, mask)
                     advantages = torch.where(self.standardise[:, None], standardised, advantages)
-                log_probs, entropy = self.policy(observations, _take(batch.actions, index))
-                values = self.critic(observations).squeeze(-1)
-                terms = ppo_loss(
-                    log_probs, _take(old_log_probs, index), entropy, values,
-                    _take(old_values, index), advantages, _take(batch.returns, index), mask,
-                    clip_range, self.clip_range_vf, self.value_coef, self.entropy_coef,
-                )  # fmt: skip
+                actions = _take(batch.actions, index)
+                rows_of = (_take(old_log_probs, index), _take(old_values, index), advantages,
+                           _take(batch.returns, index), mask)  # fmt: skip
+                coefficients = (clip_range, self.clip_range_vf, self.value_coef,
+                                self.entropy_coef)  # fmt: skip
+                if self._by_hand:
+                    terms = ppo_gradients(
+                        self.actor, self.critic, self.log_std, self.actor.layers(observations),
+                        self.critic.layers(observations), actions, *rows_of, *coefficients,
+                    )  # fmt: skip
+                else:
+                    log_probs, entropy = self.policy(observations, actions)
+                    values = self.critic(observations).squeeze(-1)
+                    old, old_v, *rest = rows_of
+                    terms = ppo_loss(log_probs, old, entropy, values, old_v, *rest,
+                                     *coefficients)  # fmt: skip
                 sums.add(M.APPROX_KL.key, terms.approx_kl, now)
                 sums.add(M.CLIP_FRACTION.key, terms.clip_fraction, now)
                 kl = terms.approx_kl.detach().double().cpu()
                 over = now & (self.target_kl > 0) & (kl > 1.5 * self.target_kl)
                 stopped |= over
                 now &= ~over
-                now = self._gradient_step(terms, now, training, sums, failures)
+                now = self._gradient_step(terms, now, training, sums, failures, self._by_hand)
                 if failures:  # a member that blew up takes no more steps on this rollout
                     learning[list(failures)] = False
                 stepped |= now
