@@ -586,19 +586,21 @@ def test_normalisation_counts_what_vecnormalize_counts_as_gymnasiums_running_mea
     updates=st.integers(1, 12),
     shape=st.sampled_from([(), (3,)]),
     seed=st.integers(0, 2**31 - 1),
+    share=st.sampled_from([0.6, 1.0]),
 )
 def test_running_moments_are_gymnasiums_running_mean_std_per_member(
-    members, rows, updates, shape, seed
+    members, rows, updates, shape, seed, share
 ):
     """RunningMoments of M streams, each update counting any subset of each member's rows (none
-    included), is M gymnasium RunningMeanStd fed each member's counted rows (an update with
-    none leaves a member as it was)."""
+    included; or, with ``share`` 1, every row: its unweighted form), is M gymnasium
+    RunningMeanStd fed each member's counted rows (an update with none leaves a member as it
+    was)."""
     rng = np.random.default_rng(seed)
     ours = RunningMoments(members, shape)
     theirs = [RunningMeanStd(shape=shape) for _ in range(members)]
     for _ in range(updates):
         x = rng.normal(rng.normal(0, 5), rng.uniform(0.01, 10), (members, rows, *shape))
-        counted = rng.random((members, rows)) < 0.6
+        counted = rng.random((members, rows)) < share
         ours.update(x, counted)
         for k in range(members):
             if counted[k].any():

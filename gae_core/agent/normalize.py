@@ -52,22 +52,30 @@ class RunningMoments:
 
     def update(self, x: np.ndarray, counted: np.ndarray) -> None:
         """Add the samples ``x [M, B, *shape]`` where ``counted [M, B]`` is true."""
-        weights = counted.astype(np.float64)
-        n = weights.sum(1)
-        if not n.any():
-            return
-        w = weights.reshape(*weights.shape, *([1] * (x.ndim - 2)))
-        safe = np.maximum(n, 1.0).reshape(-1, *([1] * (x.ndim - 2)))
-        batch_mean = (x * w).sum(1) / safe
-        batch_var = (np.square(x - batch_mean[:, None]) * w).sum(1) / safe
+        column = (-1, *([1] * (x.ndim - 2)))
+        if counted.all():  # every row (most steps): the same sums without the weights
+            rows = float(counted.shape[1])
+            n, moved = np.full(len(counted), rows), None
+            batch_mean = x.sum(1) / rows
+            batch_var = np.square(x - batch_mean[:, None]).sum(1) / rows
+        else:
+            weights = counted.astype(np.float64)
+            n = weights.sum(1)
+            if not n.any():
+                return
+            w = weights.reshape(*weights.shape, *([1] * (x.ndim - 2)))
+            safe = np.maximum(n, 1.0).reshape(column)
+            batch_mean = (x * w).sum(1) / safe
+            batch_var = (np.square(x - batch_mean[:, None]) * w).sum(1) / safe
+            moved = (n > 0).reshape(column)
         total = self.count + n
-        share = (n / total).reshape(safe.shape)
+        share = (n / total).reshape(column)
         delta = batch_mean - self.mean
-        old = (self.count / total).reshape(safe.shape)
-        moved = n > 0
+        old = (self.count / total).reshape(column)
         m2 = self.var * old + batch_var * share + np.square(delta) * old * share
-        self.mean = np.where(moved.reshape(safe.shape), self.mean + delta * share, self.mean)
-        self.var = np.where(moved.reshape(safe.shape), m2, self.var)
+        mean = self.mean + delta * share
+        self.mean = mean if moved is None else np.where(moved, mean, self.mean)
+        self.var = m2 if moved is None else np.where(moved, m2, self.var)
         self.count = total
 
 
@@ -89,6 +97,10 @@ class Normalizers:
         self._ended = np.zeros(members * per, bool)
         self.any_observations = bool(self.observations_on.any())
         self.any_rewards = bool(self.rewards_on.any())
+        # per-step work skipped where every member agrees (one run: always)
+        self._rewards_on_columns = np.repeat(self.rewards_on, per)
+        self._all_episode = bool(self.episode_reset.all())
+        self._no_episode = not self.episode_reset.any()
 
     def _members(self, x: np.ndarray) -> np.ndarray:
         return x.reshape(len(self.clip), self.per, *x.shape[1:])
@@ -110,14 +122,11 @@ class Normalizers:
             return observations
         counting = ~ended if live is None else ~ended & live
         counted = self._members(counting) & self.observations_on[:, None]
-        self.obs.update(self._members(observations.astype(np.float64)), counted)
-        mean = np.repeat(self.obs.mean, self.per, axis=0)
-        std = np.sqrt(np.repeat(self.obs.var, self.per, axis=0) + NORMALIZATION_EPSILON)
-        normalised = (observations - mean) / std
-        clip = np.repeat(self.clip, self.per)[:, None]
-        normalised = np.where(clip > 0, np.clip(normalised, -clip, clip), normalised)
-        on = np.repeat(self.observations_on, self.per)[:, None]
-        return np.where(on, normalised, observations).astype(np.float32)
+        x = self._members(observations.astype(np.float64))  # [M, E, D]
+        self.obs.update(x, counted)
+        std = np.sqrt(self.obs.var + NORMALIZATION_EPSILON)
+        normalised = self._clipped((x - self.obs.mean[:, None]) / std[:, None])
+        return self._where_on(self.observations_on, normalised, x, observations.shape)
 
     def scale_rewards(
         self,
@@ -131,24 +140,42 @@ class Normalizers:
         if not self.any_rewards:
             return rewards
         rewards = np.asarray(rewards, np.float64)
-        episode = self.episode_reset
+        episode, accumulated = self.episode_reset, self._accumulated
         active = ~self._ended  # a NEXT_STEP reset row follows an end: no transition
-        by_episode = np.where(active, self._accumulated * self.gamma + rewards, 0.0)
-        by_termination = np.where(
-            active, self._accumulated * self.gamma * (1.0 - terminated) + rewards, self._accumulated
-        )
-        self._accumulated = np.where(episode, by_episode, by_termination)
-        counted = active & np.repeat(self.rewards_on, self.per)
+        if not self._no_episode:
+            by_episode = np.where(active, accumulated * self.gamma + rewards, 0.0)
+        if not self._all_episode:
+            by_termination = np.where(
+                active, accumulated * self.gamma * (1.0 - terminated) + rewards, accumulated
+            )
+        self._accumulated = (
+            by_episode if self._all_episode else by_termination if self._no_episode
+            else np.where(episode, by_episode, by_termination)
+        )  # fmt: skip
+        counted = active & self._rewards_on_columns
         if live is not None:
             counted &= live
         self.returns.update(self._members(self._accumulated), self._members(counted))
         self._ended = terminated | truncated
         self._accumulated[self._ended & episode] = 0.0
-        std = np.sqrt(np.repeat(self.returns.var, self.per) + NORMALIZATION_EPSILON)
-        scaled = rewards / std
-        clip = np.repeat(self.clip, self.per)
-        scaled = np.where(clip > 0, np.clip(scaled, -clip, clip), scaled)
-        return np.where(np.repeat(self.rewards_on, self.per), scaled, rewards).astype(np.float32)
+        std = np.sqrt(self.returns.var + NORMALIZATION_EPSILON)
+        x = self._members(rewards)
+        scaled = self._clipped(x / std[:, None])
+        return self._where_on(self.rewards_on, scaled, x, rewards.shape)
+
+    def _clipped(self, x: np.ndarray) -> np.ndarray:
+        """Each member's values ``[M, E, ...]`` clipped to ±its ``normalize_clip`` (0: not)."""
+        clip = self.clip.reshape(-1, *([1] * (x.ndim - 1)))
+        if (self.clip == self.clip[0]).all():  # one clip for all (one run: always)
+            return np.clip(x, -self.clip[0], self.clip[0]) if self.clip[0] > 0 else x
+        return np.where(clip > 0, np.clip(x, -clip, clip), x)
+
+    def _where_on(self, on: np.ndarray, normalised, raw, shape) -> np.ndarray:
+        """Each member's normalised values where it normalises, else its raw ones, as float32
+        in the vector env's ``shape``."""
+        if not on.all():
+            normalised = np.where(on.reshape(-1, *([1] * (raw.ndim - 1))), normalised, raw)
+        return normalised.reshape(shape).astype(np.float32)
 
     def state(self, member: int) -> dict[str, np.ndarray]:
         """Member ``member``'s statistics as its checkpoint stores them (only those its config
