@@ -40,6 +40,18 @@ def test_smoothing_is_tensorboards_debiased_ema():
         figures.smooth(np.array([1.0]), 1.0)
 
 
+def test_an_empty_metric_figure_says_so_instead_of_inventing_axes():
+    empty = pd.DataFrame({"key": [], "env_step": [], "wall_time": [], "value": []})
+    figure, frame = figures.metric_figure(empty, M.EPISODIC_RETURN.key)
+    assert frame.empty and all(len(trace.x) == 0 for trace in figure.data)
+    assert [a.text for a in figure.layout.annotations] == ["no points yet"]
+    assert figure.layout.xaxis.showticklabels is False is figure.layout.yaxis.showticklabels
+    one = pd.DataFrame({"key": [M.EPISODIC_RETURN.key], "env_step": [10], "wall_time": [0.1],
+                        "value": [3.0]})  # fmt: skip
+    figure, _ = figures.metric_figure(one, M.EPISODIC_RETURN.key)
+    assert not figure.layout.annotations and figure.layout.xaxis.showticklabels is not False
+
+
 def test_metric_figure_draws_a_downsample_and_exports_every_point():
     metrics = pd.concat([long_metrics(5000), long_metrics(3, M.VALUE_LOSS.key)])
     figure, frame = figures.metric_figure(metrics, M.EPISODIC_RETURN.key, smoothing=0.6)

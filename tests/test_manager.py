@@ -64,6 +64,15 @@ def test_run_to_finish_with_checkpoints(manager):
     assert manager.active() == []
 
 
+def test_a_run_without_a_name_is_named_by_its_algorithm_env_lambda_gamma_and_seed(manager):
+    for algo in ("a2c", "ppo"):
+        config = TrainConfig(**{**SMALL, "total_steps": 64}, algo=algo, lambda_=0.9, seed=3)
+        run_id = manager.start(config)
+        assert manager.wait(run_id, timeout=60)
+        name = manager.store.get_run(run_id).name
+        assert name == f"{algo.upper()} {config.env_id} λ = 0.9 γ = {config.gamma} seed = 3"
+
+
 def test_stop_within_one_second_and_no_thread_left(manager):
     run_id = manager.start(TrainConfig(**LONG))
     # Metrics reach the store while it runs: flushed at least every second.

@@ -190,6 +190,11 @@ def metric_figure(
     steps = frame[x_column].unique()
     if len(steps) == 1 and steps[0] > 0:  # one point: from 0 to it, not ±0.5 env steps around
         figure.update_xaxes(range=[0, 1.05 * float(steps[0])])
+    if frame.empty:  # not Plotly's −1…6 by −1…4 in made-up units: no ticks, and a word
+        figure.update_xaxes(showticklabels=False)
+        figure.update_yaxes(showticklabels=False)
+        figure.add_annotation(text="no points yet", showarrow=False, x=0.5, y=0.5,
+                              xref="paper", yref="paper", font={"color": "#888"})  # fmt: skip
     if log_y:
         figure.update_yaxes(type="log")
     else:

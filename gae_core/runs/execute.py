@@ -75,10 +75,10 @@ class RunOutcome:
 
 
 def default_run_name(config: TrainConfig) -> str:
-    """``CartPole-v1 λ = 0.95 γ = 0.99 seed = 0`` (``PPO`` before it for a PPO run)."""
+    """``A2C CartPole-v1 λ = 0.95 γ = 0.99 seed = 0``: the algorithm, the env, λ, γ, the seed."""
     fields = ("lambda_", "gamma", "seed")
-    prefix = ["PPO"] if config.algo == "ppo" else []
-    return " ".join([*prefix, config.env_id, *(assignment(f, getattr(config, f)) for f in fields)])
+    head = [config.algo.upper(), config.env_id]
+    return " ".join([*head, *(assignment(f, getattr(config, f)) for f in fields)])
 
 
 def execute_trials(
