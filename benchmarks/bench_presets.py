@@ -152,11 +152,11 @@ import numpy as np
 from gae_core.agent.presets import preset_config
 from gae_core.agent.trainer import Trainer
 env_id, algo, seeds = sys.argv[1], sys.argv[2], [int(s) for s in sys.argv[3].split(",")]
+ENGINE = sys.argv[4]  # bench_presets.engine_of, checked against the trainer below
 configs = [preset_config(env_id, algo, seed=seed, checkpoint_every=0, record_episodes=0,
                          eval_every=0) for seed in seeds]
 trainer = Trainer(configs)  # one member per seed: a population when there are several
-ENGINE = {"a2c": "trainer, A2C by hand", "ppo": "trainer, PPO by hand"}[algo] \
-    if trainer.by_hand else "trainer"  # bench_presets.engine_of
+assert trainer.by_hand == (ENGINE != "trainer"), (ENGINE, trainer.by_hand)
 steps, returns = [[] for _ in seeds], [[] for _ in seeds]
 started = time.perf_counter()
 while not trainer.done:
@@ -255,9 +255,9 @@ def summarize(raw: dict, env_id: str) -> dict:
 #: ``engine`` is not a config field but what computed a run: rows run before the NumPy engine
 #: were "autograd" (the single-run torch path), then "numpy" (its hand-derived gradients), and
 #: since the one trainer "trainer" (stacked networks, autograd), and without gSDE "trainer, A2C
-#: by hand" since 2026-11-26 (losses.a2c_gradients) and "trainer, PPO by hand" since 2026-11-27
-#: (losses.ppo_gradients); trajectories differ in float
-#: rounding and in how a run's actions are drawn, so each engine's rows are its own.
+#: by hand" (losses.a2c_gradients) and "trainer, PPO by hand" (losses.ppo_gradients), both since
+#: 2026-11-26; trajectories differ in float rounding and in how a run's actions are drawn, so
+#: each engine's rows are its own.
 #: ``normalize_clip``: rows run before it existed never clipped (0.0); ``reward_norm_reset``:
 #: their return restarted at termination only; ``sde_sample_freq``: gSDE's matrices were drawn
 #: once per rollout. Each is left out of the fingerprint of a preset whose normalisation it does
@@ -312,7 +312,10 @@ def preset_fingerprint(env_id: str, algo: str = "a2c", engine: str | None = None
 def run_one(impl: str, env_id: str, seeds: list[int], algo: str = "a2c") -> list[dict]:
     """Our runs of ``seeds`` (one trainer of them all) or SB3's of one seed; one row per seed."""
     if impl == "ours":
-        command = [sys.executable, "-c", _OURS, env_id, algo, ",".join(map(str, seeds))]
+        from gae_core.agent.presets import preset_config
+
+        engine = engine_of(preset_config(env_id, algo))
+        command = [sys.executable, "-c", _OURS, env_id, algo, ",".join(map(str, seeds)), engine]
     else:
         zoo = (ZOO if algo == "a2c" else ZOO_PPO)[env_id]
         command = [sys.executable, "-c", _SB3, env_id, str(seeds[0]), json.dumps(zoo), algo]
@@ -464,6 +467,8 @@ def compare_engines(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["impl"] == "ours" and r.get("algo", "a2c") == args.algo
             and r.get("final") is not None]  # fmt: skip
+    if args.engine is None:
+        args.engine = "numpy" if args.algo == "a2c" else ENGINE
     print(f"{'env':<26}{'engine':<22}{'seeds':>6}{'median':>10}   vs {args.engine} (p)")
     for env in dict.fromkeys(r["env"] for r in rows):
         today = preset_fingerprint(env, args.algo)
@@ -526,7 +531,11 @@ def main() -> None:
     engines = sub.add_parser("engines", help="today's rows against an older engine's")
     engines.add_argument("--out", default=str(DEFAULT_OUT))
     engines.add_argument("--algo", choices=["a2c", "ppo"], default="a2c")
-    engines.add_argument("--engine", default="numpy", help="the older rows' engine")
+    engines.add_argument(
+        "--engine",
+        default=None,
+        help="the older rows' engine (default: numpy for A2C, trainer for PPO)",
+    )
     engines.set_defaults(handler=compare_engines)
     reporter = sub.add_parser("report")
     reporter.add_argument("--out", default=str(DEFAULT_OUT))

@@ -303,9 +303,10 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
     StackedMLP.backward) against autograd of ``a2c_loss`` and ``ppo_loss`` on the same networks
     and rows: every weight, bias and log-std gradient and the loss terms, for logits and for
     Gaussian means, with members whose valid rows differ (one may have none), wide and narrow
-    hidden layers (10 and 4 units). PPO's rows take every branch of the clipped surrogate
-    (ratios inside and outside [1 − ε, 1 + ε], ties at ratio 1) and of the value clip (old
-    values near and far, equal ones; or ε_v = ∞)."""
+    hidden layers (10 and 4 units). PPO's rows take the clipped surrogate's branches (ratios
+    inside and outside [1 − ε, 1 + ε], ties at ratio 1; float32 ties outside the range: the
+    test below) and the value clip's (ε_v one row's |V − V_old| exactly, that row on its edge,
+    0 when that row's V = V_old; or ε_v = ∞)."""
     sizes_actor, sizes_critic = [3, 10, 4, actions], [3, 10, 1]
     assert sizes_actor[2] <= NARROW_MAX < sizes_actor[1]
     actor, actor_ref = _stacks(seed, members, sizes_actor)
@@ -339,7 +340,11 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
             members, rows))  # fmt: skip
         old_values = torch.where(same, values.detach(), values.detach() + draw(members, rows))
         clip_range = 0.05 + 0.4 * torch.rand(members, generator=generator, dtype=torch.float64)
-        clip_range_vf = clip_range.clone() if value_clip else torch.full((members,), math.inf)
+        # ε_v: one row's |V − V_old| exactly (that row on the clip's edge; 0 for a row with
+        # V = V_old, where every other row is clipped), or no clip
+        edge = torch.randint(0, rows, (members, 1), generator=generator)
+        change = (values.detach() - old_values).abs().gather(1, edge).squeeze(1)
+        clip_range_vf = change if value_clip else torch.full((members,), math.inf)
         rest = (old_log_probs, old_values, advantages, returns, mask, clip_range, clip_range_vf,
                 value_coef, entropy_coef)  # fmt: skip
         old, old_v, *tail = rest
@@ -364,6 +369,41 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
             assert not ours.grad[-1].any()
 
 
+@pytest.mark.parametrize("side", [1.0, -1.0])
+def test_ppo_gradient_by_hand_splits_float32_ties_as_torch_minimum_does(side, monkeypatch):
+    """In float32 a ratio a few ulps outside [1 − ε, 1 + ε] can give r·Â and clip(r)·Â that
+    round to one number; ``torch.minimum`` then splits its gradient, and so must κ. The rows'
+    ∂loss/∂log π by hand (captured where ``ppo_gradients`` hands them on) against autograd of
+    ``ppo_loss`` on leaf log-probs, with ties among them."""
+    from gae_core.agent import losses
+
+    rows = 4000
+    epsilon = torch.tensor([0.2])
+    bound = 1.0 + side * epsilon
+    x = torch.log(bound)  # the smallest float32 log-ratio whose exp is beyond the bound
+    while not (x.exp() - bound) * side > 0:
+        x = torch.nextafter(x, x + side)
+    generator = torch.Generator().manual_seed(0)
+    log_probs = x.expand(1, rows).clone()
+    advantages = torch.randn(1, rows, generator=generator)
+    entropy, values = torch.rand(1, rows), torch.randn(1, rows)
+    args = (torch.zeros(1, rows), torch.randn(1, rows), advantages, torch.randn(1, rows),
+            torch.ones(1, rows), epsilon, torch.tensor([math.inf]), torch.tensor([0.5]),
+            torch.tensor([0.0]))  # fmt: skip
+    ratio = log_probs.exp()
+    ties = ratio * advantages == ratio.clamp(1 - epsilon, 1 + epsilon) * advantages
+    assert 0 < int(ties.sum()) < rows  # the case this test is about happened
+    captured = {}
+    monkeypatch.setattr(losses, "_outputs", lambda *a: (log_probs, entropy, values))
+    capture = lambda *a, log_prob_grad, **k: captured.update(g=log_prob_grad)  # noqa: E731
+    monkeypatch.setattr(losses, "_backward", capture)
+    losses.ppo_gradients(None, None, None, None, None, None, *args)
+    leaf = log_probs.clone().requires_grad_(True)
+    old, old_v, *rest = args
+    ppo_loss(leaf, old, entropy, values, old_v, *rest).loss.sum().backward()
+    torch.testing.assert_close(captured["g"], leaf.grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "algo, env_id, members",
     [
@@ -376,11 +416,11 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
         ("a2c", "Pendulum-v1", [dict(seed=0, total_steps=400, normalize_observations=True,
                                      normalize_rewards=True)]),
         # PPO: minibatch epochs (one member stops early on its target KL), a value clip,
-        # advantages standardised per minibatch, a linear clip schedule
+        # advantages standardised per minibatch
         ("ppo", "CartPole-v1", [
             dict(seed=0, lambda_=0.9, total_steps=700, n_epochs=3, minibatch_size=64),
             dict(seed=1, lambda_=1.0, total_steps=500, n_epochs=3, minibatch_size=64,
-                 clip_range_vf=0.2, entropy_coef=0.01, target_kl=0.002)]),
+                 clip_range_vf=0.2, entropy_coef=0.01, target_kl=0.0002)]),
         ("ppo", "Pendulum-v1", [dict(seed=0, total_steps=600, n_epochs=3, rollout_steps=128,
                                      minibatch_size=64, normalize_observations=True,
                                      normalize_rewards=True)]),
@@ -406,6 +446,16 @@ def test_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(
     hand_steps = []  # PPO's minibatch steps by hand (the autograd trainer takes none)
     monkeypatch.setattr(update_module, "ppo_gradients",
                         lambda *a: hand_steps.append(1) or ppo_gradients(*a))  # fmt: skip
+    stepped = {id(by_hand.learner): [], id(autograd.learner): []}  # each step's members
+    gradient_step = update_module.Learner._gradient_step
+
+    def counted_step(learner, *args, **kwargs):
+        now = gradient_step(learner, *args, **kwargs)
+        stepped[id(learner)].append(now.clone())
+        return now
+
+    monkeypatch.setattr(update_module.Learner, "_gradient_step", counted_step)
+    stopped_early = False
     steps_seen = set()
     try:
         while not by_hand.done:
@@ -420,8 +470,17 @@ def test_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(
                 mine.steps_before_update, mine.active = theirs.steps_before_update, theirs.active
             if algo == "a2c":  # the kept activations are this rollout's
                 assert by_hand._kept_for is by_hand._batch
+            for steps in stepped.values():
+                steps.clear()
             want = autograd.update(active)
             got = by_hand.update(active)
+            # the same members step at every minibatch on both routes (the KL stop included)
+            ours, theirs = (torch.stack(stepped[id(t.learner)]) for t in (by_hand, autograd))
+            assert torch.equal(ours, theirs)
+            counts = ours.sum(0)[active]  # (in a full rollout every member has valid rows
+            # in every minibatch, so a member that took fewer steps stopped on its KL)
+            full = by_hand._batch.rewards.shape[0] == base.rollout_steps
+            stopped_early |= full and bool(counts.min() < counts.max())
             for i in active:
                 ours = by_hand.model_of(i).state_dict()
                 for name, tensor in autograd.model_of(i).state_dict().items():
@@ -437,6 +496,7 @@ def test_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(
                     by_hand._members[i].active = False
         assert min(steps_seen) < base.rollout_steps  # a cut rollout was among them
         assert bool(hand_steps) == (algo == "ppo")
+        assert stopped_early == any("target_kl" in m for m in members)
     finally:
         by_hand.close()
         autograd.close()

@@ -39,10 +39,11 @@ v_b = ∂loss/∂V_b, with w_b = mask_b / B_m (B_m the member's valid rows):
     A2C:  g_b = −w_b Â_b,          h_b = −c_e w_b,   v_b = −2 c_v w_b (R_b − V_b)
     PPO:  g_b = −w_b Â_b r_b κ_b,  h_b = −c_e w_b,   v_b = −2 c_v w_b (R_b − V_clip,b) ι_b
 
-where κ_b = 1[1 − ε ≤ r_b ≤ 1 + ε] where the clipped term clip(r)·Â is the smaller, else 1
-(the two tie only inside the range or where Â = 0, so this is ``torch.minimum``'s gradient),
-and ι_b = 1[|V_b − V_old,b| ≤ ε_v]. Then, with logits z, p = softmax(z), Gaussian means μ
-with log-std ℓ and u = (a − μ) e^{−ℓ}:
+where κ_b is ``torch.minimum``'s gradient through both terms: 1 where r·Â < clip(r, 1 − ε,
+1 + ε)·Â, 0 where it is greater, and on a tie ½(1 + 1[1 − ε ≤ r_b ≤ 1 + ε]) (every row inside
+the range ties, and in float32 so can a row a few ulps outside it); and
+ι_b = 1[|V_b − V_old,b| ≤ ε_v]. Then, with logits z, p = softmax(z), Gaussian means μ with
+log-std ℓ and u = (a − μ) e^{−ℓ}:
 
     ∂loss/∂z_b = g_b (e_{a_b} − p_b) − h_b p_b ⊙ (log p_b + H_b)
     ∂loss/∂μ_b = g_b u_b e^{−ℓ},   ∂loss/∂ℓ = Σ_b [g_b (u_b² − 1) + h_b]
@@ -203,7 +204,8 @@ def ppo_gradients(
     clamped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
     unclipped, clipped = ratio * advantages, clamped * advantages
     inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
-    choice = torch.where(clipped < unclipped, inside, 1.0)  # κ
+    tie = (unclipped == clipped).to(ratio.dtype)
+    choice = (unclipped < clipped).to(ratio.dtype) + 0.5 * tie * (1.0 + inside)  # κ
     change = values - old_values
     clipped_values = old_values + change.clamp(-epsilon_v, epsilon_v)
     within = ((change >= -epsilon_v) & (change <= epsilon_v)).to(values.dtype)  # ι

@@ -53,7 +53,7 @@ class RunningMoments:
     def update(self, x: np.ndarray, counted: np.ndarray) -> None:
         """Add the samples ``x [M, B, *shape]`` where ``counted [M, B]`` is true."""
         column = (-1, *([1] * (x.ndim - 2)))
-        if counted.all():  # every row (most steps): the same sums without the weights
+        if counted.all() and counted.shape[1]:  # every row (most steps): no weights needed
             rows = float(counted.shape[1])
             n, moved = np.full(len(counted), rows), None
             batch_mean = x.sum(1) / rows
