@@ -6,6 +6,12 @@ memory (``ru_maxrss``) and the seconds the first ``step()`` took. ``ours`` is
 ``gae_core.agent.optim.Optimizer``; ``torch.optim`` is ``torch.optim.Adam`` with the same
 hyperparameters. ``tests/test_trainer.py`` checks the two agree step for step.
 
+Then, in this process, the time of one Adam step on a trainer's parameter buffer (every
+parameter of a CartPole run's actor and critic in one ``[M, P]`` tensor, ``stacked.one_buffer``)
+for one run and for 16 members, ours against ``torch.optim.Adam`` with foreach kernels (what our
+optimizer ran before it took torch's fused kernel) and with ``fused=True`` (the same kernel, through
+``torch.optim``), alternating, best of five.
+
     python benchmarks/bench_optimizer.py
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,5 +75,53 @@ def main() -> None:
     print(f"ratio peak memory ours / torch.optim = {ours['peak_mb'] / theirs['peak_mb']:.4f}")
 
 
+def step_times(members: int, repeats: int = 5, steps: int = 2000) -> dict[str, float]:
+    """Microseconds per Adam step on one ``[members, P]`` buffer, best of ``repeats``."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from gae_core.agent.optim import Optimizer
+    from gae_core.agent.presets import preset_config
+    from gae_core.agent.trainer import Trainer
+
+    trainer = Trainer(preset_config("CartPole-v1", "ppo"))
+    size = trainer.parameters.shape[1]  # the actor's and the critic's parameters
+    trainer.close()
+    torch.set_num_threads(1)
+    cases = {}
+    for name in ("ours", "torch.optim foreach", "torch.optim fused"):
+        param = torch.zeros(members, size, requires_grad=True)
+        param.grad = torch.randn(members, size)
+        if name == "ours":
+            optimizer = Optimizer([param], "adam", 3e-4)
+            rows = torch.ones(members, dtype=torch.bool)
+            step = lambda o=optimizer, r=rows: o.step(rows=r)  # noqa: E731
+        else:
+            fused = name.endswith("fused")
+            optimizer = torch.optim.Adam([param], lr=3e-4, eps=1e-5, foreach=not fused,
+                                         fused=fused)  # fmt: skip
+            step = optimizer.step
+        cases[name] = step
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(repeats):
+        for name, step in cases.items():
+            for _ in range(50):
+                step()
+            started = time.perf_counter()
+            for _ in range(steps):
+                step()
+            best[name] = min(best[name], (time.perf_counter() - started) / steps * 1e6)
+    return best
+
+
+def print_step_times() -> None:
+    for members in (1, 16):
+        best = step_times(members)
+        cells = "  ".join(f"{name} {us:.2f} µs" for name, us in best.items())
+        ratio = best["torch.optim foreach"] / best["ours"]
+        print(f"one Adam step, {members} member(s): {cells}; foreach / ours = {ratio:.4f}")
+
+
 if __name__ == "__main__":
     main()
+    print_step_times()

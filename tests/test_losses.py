@@ -500,3 +500,58 @@ def test_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(
     finally:
         by_hand.close()
         autograd.close()
+
+
+def test_a_ppo_epoch_of_one_minibatch_takes_the_rows_in_any_order(monkeypatch):
+    """Where one minibatch holds every row (CartPole's Zoo row: 8 envs × 32 steps, minibatches
+    of 256), the update draws no order and gathers nothing, because each member's loss is a
+    mean over its rows: fed the same rollout with its rows permuted (each member its own
+    permutation), two trainers end every update at the same weights (to float32 rounding),
+    member by member, with advantages standardised and a value clip."""
+    import dataclasses
+
+    from gae_core.agent.presets import preset_config
+
+    base = dataclasses.replace(preset_config("CartPole-v1", "ppo"), n_epochs=4, checkpoint_every=0,
+                               eval_every=0, record_episodes=0, clip_range_vf=0.2)  # fmt: skip
+    assert base.minibatch_size == base.rollout_steps * base.num_envs
+    configs = [dataclasses.replace(base, seed=s, total_steps=10**6) for s in range(2)]
+    ordered, permuted = Trainer(configs), Trainer(configs)
+    gathered = []
+    monkeypatch.setattr(update_module, "_take", lambda *a: gathered.append(1))
+    generator = torch.Generator().manual_seed(0)
+    learn = permuted.learner.learn
+
+    def learn_permuted(batch, *args, **kwargs):
+        members, rows = batch.mask.shape
+        order = torch.stack([torch.randperm(rows, generator=generator) for _ in range(members)])
+        assert not torch.equal(order[0], torch.arange(rows))
+        batch = update_module.Batch(*(
+            x.gather(1, order if x.dim() == 2 else order[..., None].expand_as(x))
+            for x in (batch.observations, batch.actions, batch.advantages, batch.returns,
+                      batch.values, batch.mask)
+        ))  # fmt: skip
+        return learn(batch, *args, **kwargs)
+
+    permuted.learner.learn = learn_permuted
+    try:
+        for _ in range(3):
+            active = [0, 1]
+            for state in ordered._members:
+                state.steps_before_update = state.env_steps
+            ordered.collect(active)
+            permuted._batch, permuted.normalizers = ordered._batch, ordered.normalizers
+            for mine, theirs in zip(permuted._members, ordered._members, strict=True):
+                mine.steps_before_update = theirs.steps_before_update
+            want, got = ordered.update(active), permuted.update(active)
+            for i in active:
+                ours = permuted.model_of(i).state_dict()
+                for name, tensor in ordered.model_of(i).state_dict().items():
+                    torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=2e-6,
+                                               msg=f"member {i}: {name}")  # fmt: skip
+                assert got[i][M.POLICY_LOSS.key] == pytest.approx(want[i][M.POLICY_LOSS.key],
+                                                                  rel=1e-4, abs=1e-6)  # fmt: skip
+        assert not gathered
+    finally:
+        ordered.close()
+        permuted.close()

@@ -131,9 +131,10 @@ def a2c_loss(
 ) -> LossTerms:
     """The A2C loss of each member (module docstring); every row argument ``[M, R]``, the
     coefficients ``[M]``. ``advantages`` are used as given (standardised or not)."""
-    policy = -masked_mean(advantages * log_probs, mask)
-    value = masked_mean((returns - values).square(), mask)
-    mean_entropy = masked_mean(entropy, mask)
+    weight = _weight(mask)
+    policy = -_mean(advantages * log_probs, weight)
+    value = _mean((returns - values).square(), weight)
+    mean_entropy = _mean(entropy, weight)
     loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
     return LossTerms(loss, policy, value, mean_entropy)
 
@@ -195,26 +196,17 @@ def ppo_gradients(
     ``actor_pass`` and ``critic_pass`` as there, the other arguments as :func:`ppo_loss` takes
     them. Without gSDE only."""
     log_probs, entropy, values = _outputs(actor_pass, critic_pass, actions, log_std)
-    terms = ppo_loss(
+    terms, (ratio, unclipped, clipped, inside, within, weight) = _ppo_terms(
         log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
         clip_range, clip_range_vf, value_coef, entropy_coef,
     )  # fmt: skip
-    epsilon, epsilon_v = clip_range[:, None], clip_range_vf[:, None]
-    ratio = (log_probs - old_log_probs).exp()
-    clamped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
-    unclipped, clipped = ratio * advantages, clamped * advantages
-    inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
     tie = (unclipped == clipped).to(ratio.dtype)
-    choice = (unclipped < clipped).to(ratio.dtype) + 0.5 * tie * (1.0 + inside)  # κ
-    change = values - old_values
-    clipped_values = old_values + change.clamp(-epsilon_v, epsilon_v)
-    within = ((change >= -epsilon_v) & (change <= epsilon_v)).to(values.dtype)  # ι
-    weight = _weight(mask)
+    choice = (unclipped < clipped).to(ratio.dtype).add_(0.5 * tie * (1.0 + inside))  # κ
     _backward(
         actor, critic, log_std, actor_pass, critic_pass, actions, entropy,
-        log_prob_grad=-weight * advantages * ratio * choice,
+        log_prob_grad=-weight * advantages * ratio * choice,  # autograd's order of products
         entropy_grad=-entropy_coef[:, None] * weight,
-        value_grad=(-2.0 * value_coef[:, None]) * weight * (returns - clipped_values) * within,
+        value_grad=(-2.0 * value_coef[:, None]) * weight * within,
     )  # fmt: skip
     return terms
 
@@ -235,6 +227,12 @@ def _outputs(
 def _weight(mask: torch.Tensor) -> torch.Tensor:
     """w_b = mask_b / B_m: each row's share of its member's mean, as :func:`masked_mean`."""
     return mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def _mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Each member's mean of ``x [M, R]`` over its valid rows, from :func:`_weight`'s weights
+    (:func:`masked_mean` of the same rows; one product and one sum)."""
+    return (x * weight).sum(-1)
 
 
 def _backward(
@@ -286,18 +284,45 @@ def ppo_loss(
 ) -> LossTerms:
     """The PPO loss of each member (module docstring); every row argument ``[M, R]``, the
     coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: the value is not clipped)."""
+    return _ppo_terms(
+        log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
+        clip_range, clip_range_vf, value_coef, entropy_coef,
+    )[0]  # fmt: skip
+
+
+def _ppo_terms(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: torch.Tensor,
+    clip_range_vf: torch.Tensor,
+    value_coef: torch.Tensor,
+    entropy_coef: torch.Tensor,
+) -> tuple[LossTerms, tuple[torch.Tensor, ...]]:
+    """:func:`ppo_loss`'s terms and the per-row numbers :func:`ppo_gradients` takes from them
+    (detached): r, r·Â, clip(r)·Â, 1[r within the clip range], (R − V_clip)·ι and w."""
     epsilon, epsilon_v = clip_range[:, None], clip_range_vf[:, None]
+    weight = _weight(mask)
     log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
-    surrogate = torch.minimum(
-        ratio * advantages, ratio.clamp(1.0 - epsilon, 1.0 + epsilon) * advantages
-    )
-    policy = -masked_mean(surrogate, mask)
-    clipped = old_values + (values - old_values).clamp(-epsilon_v, epsilon_v)
-    value = masked_mean((returns - clipped).square(), mask)
-    mean_entropy = masked_mean(entropy, mask)
+    clamped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
+    unclipped, clipped = ratio * advantages, clamped * advantages
+    policy = -_mean(torch.minimum(unclipped, clipped), weight)
+    change = values - old_values
+    limited = change.clamp(-epsilon_v, epsilon_v)
+    error = returns - (old_values + limited)
+    value = _mean(error.square(), weight)
+    mean_entropy = _mean(entropy, weight)
     loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask)
-        clip_fraction = masked_mean(((ratio - 1.0).abs() > epsilon).to(ratio.dtype), mask)
-    return LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction)
+        approx_kl = _mean((ratio - 1.0) - log_ratio, weight)
+        inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
+        clip_fraction = _mean(((ratio - 1.0).abs() > epsilon).to(ratio.dtype), weight)
+        within = error * (limited == change).to(error.dtype)  # (R − V_clip)·ι
+    terms = LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction)
+    return terms, (ratio, unclipped, clipped, inside, within, weight)

@@ -1,4 +1,6 @@
-"""Adam and RMSprop with ``torch.optim``'s update rules, on foreach kernels.
+"""Adam and RMSprop with ``torch.optim``'s update rules: Adam on torch's fused kernel (the one
+``torch.optim.Adam(fused=True)`` runs) when every stepping member is at one step count and one
+step size, otherwise (and RMSprop always) on foreach kernels.
 
 Why not ``torch.optim`` itself: it cannot step some members of a stacked parameter and leave the
 others as they were (a population's members step as their single runs would, see
@@ -98,6 +100,17 @@ class Optimizer:
         # Adam: m ← β1·m + (1−β1)g;  v ← β2·v + (1−β2)g²;
         # θ ← θ − lr/(1−β1^t) · m / (√v/√(1−β2^t) + ε)
         first = [self.first_moments[i] for i in index]
+        if not isinstance(steps, np.ndarray) and not per_row:
+            # every member at one step count and one step size: torch's fused Adam kernel (the
+            # one torch.optim.Adam(fused=True) calls), one pass over each tensor instead of
+            # seven (python benchmarks/bench_optimizer.py; docs/PERFORMANCE.md)
+            count = torch.tensor(float(steps), device=params[0].device)
+            torch._fused_adam_(
+                params, grads, first, second, [], [count] * len(params),
+                lr=float(self.learning_rate), beta1=self.beta1, beta2=self.beta2,
+                weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False,
+            )  # fmt: skip
+            return
         torch._foreach_lerp_(first, grads, 1.0 - self.beta1)
         torch._foreach_mul_(second, self.beta2)
         torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.beta2)

@@ -198,8 +198,8 @@ class StackedMLP:
             if narrow:
                 weight.grad.copy_(torch.bmm(grad.transpose(1, 2), x).transpose(1, 2))
             else:
-                weight.grad.copy_(torch.bmm(x.transpose(1, 2), grad))
-            bias.grad.copy_(grad.sum(1, keepdim=True))
+                torch.bmm(x.transpose(1, 2), grad, out=weight.grad)
+            torch.sum(grad, 1, keepdim=True, out=bias.grad)
             if i > 0:
                 transposed = weight.transpose(1, 2)
                 grad = grad * transposed if weight.shape[2] == 1 else torch.bmm(grad, transposed)

@@ -6,7 +6,9 @@ passes over the rollout, each in a fresh order drawn by the member's own generat
 minibatches of ``minibatch_size`` rows (the last takes what is left), with advantages
 standardised per minibatch where the member asks; before each minibatch's step it compares the
 approximate KL with ``1.5 × target_kl`` and, past it, the member takes no more steps on this
-rollout (SB3's rule). Rows are the rollout's rows; a member's NEXT_STEP reset rows and rows past
+rollout (SB3's rule). Where one minibatch holds every row (CartPole's Zoo row) there is no
+order to draw: each member's loss is a mean over its rows, so the order changes nothing, and
+every epoch takes the rows as they are. Rows are the rollout's rows; a member's NEXT_STEP reset rows and rows past
 its budget are in its minibatches with weight 0 (its means run over its valid rows), so a
 minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly that many.
 
@@ -87,14 +89,15 @@ class Learned:
 
 class _Sums:
     """Per-member means of metrics over an update's gradient steps: each ``add`` keeps a
-    member's value where ``rows`` is true; :meth:`means` reads them all in one conversion."""
+    member's value where ``rows`` is true; :meth:`means` reads them all in one conversion.
+    ``rows`` is kept as it is, not copied: the update never changes a mask in place."""
 
     def __init__(self, members: int) -> None:
         self.members = members
         self.entries: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def add(self, key: str, value: torch.Tensor, rows: torch.Tensor) -> None:
-        self.entries.setdefault(key, []).append((value.detach(), rows.clone()))
+        self.entries.setdefault(key, []).append((value.detach(), rows))
 
     def means(self) -> list[dict[str, float]]:
         keys = list(self.entries)
@@ -149,6 +152,7 @@ class Learner:
         self.standardise = torch.tensor([c.normalize_advantages for c in configs], device=device)
         self.any_standardise = bool(self.standardise.any())
         self.target_kl = torch.tensor([c.target_kl for c in configs], dtype=torch.float64)
+        self.any_target_kl = bool((self.target_kl > 0).any())
         self.configs = configs
         # each member's own order of minibatches (a member draws as it would alone)
         self._orders = [np.random.default_rng([c.seed, 1]) for c in configs]
@@ -218,29 +222,30 @@ class Learner:
         device = batch.mask.device
         with torch.no_grad():
             old_log_probs, _ = self.policy(batch.observations, batch.actions)
-        old_values = batch.values.detach()
-        clip_range = self._clip_ranges().to(device)
+        columns = (batch.observations, batch.actions, old_log_probs, batch.values.detach(),
+                   batch.advantages, batch.returns, batch.mask)  # fmt: skip
+        coefficients = (self._clip_ranges().to(device), self.clip_range_vf, self.value_coef,
+                        self.entropy_coef)  # fmt: skip
         stepped = torch.zeros(members, dtype=torch.bool)
         stopped = torch.zeros(members, dtype=torch.bool)
+        # One minibatch holding every row (CartPole's Zoo row): each member's loss is a mean
+        # over its rows, so their order changes nothing, and the rows, their standardised
+        # advantages and the members with a valid row are the same at every epoch.
+        whole = self._minibatch(columns) if self.minibatch >= rows else None
         for _ in range(self.epochs):
-            order = np.stack([rng.permutation(rows) for rng in self._orders])
-            order = torch.from_numpy(order).to(device)
-            for start in range(0, rows, self.minibatch):
-                index = order[:, start : start + self.minibatch]
-                mask = _take(batch.mask, index)
-                now = learning & ~stopped & (mask.sum(1).cpu() > 0)
+            if whole is None:
+                order = np.stack([rng.permutation(rows) for rng in self._orders])
+                order = torch.from_numpy(order).to(device)
+                parts = (
+                    self._minibatch(columns, order[:, start : start + self.minibatch])
+                    for start in range(0, rows, self.minibatch)
+                )
+            else:
+                parts = (whole,)
+            for (observations, actions, *rows_of), counted in parts:
+                now = learning & ~stopped & counted
                 if not now.any():
                     continue
-                observations = _take(batch.observations, index)
-                advantages = _take(batch.advantages, index)
-                if self.any_standardise:
-                    standardised = standardize(advantages, mask)
-                    advantages = torch.where(self.standardise[:, None], standardised, advantages)
-                actions = _take(batch.actions, index)
-                rows_of = (_take(old_log_probs, index), _take(old_values, index), advantages,
-                           _take(batch.returns, index), mask)  # fmt: skip
-                coefficients = (clip_range, self.clip_range_vf, self.value_coef,
-                                self.entropy_coef)  # fmt: skip
                 if self._by_hand:
                     terms = ppo_gradients(
                         self.actor, self.critic, self.log_std, self.actor.layers(observations),
@@ -254,15 +259,30 @@ class Learner:
                                      *coefficients)  # fmt: skip
                 sums.add(M.APPROX_KL.key, terms.approx_kl, now)
                 sums.add(M.CLIP_FRACTION.key, terms.clip_fraction, now)
-                kl = terms.approx_kl.detach().double().cpu()
-                over = now & (self.target_kl > 0) & (kl > 1.5 * self.target_kl)
-                stopped |= over
-                now &= ~over
+                if self.any_target_kl:
+                    kl = terms.approx_kl.detach().double().cpu()
+                    over = now & (self.target_kl > 0) & (kl > 1.5 * self.target_kl)
+                    stopped = stopped | over
+                    now = now & ~over
                 now = self._gradient_step(terms, now, training, sums, failures, self._by_hand)
                 if failures:  # a member that blew up takes no more steps on this rollout
                     learning[list(failures)] = False
-                stepped |= now
+                stepped = stepped | now
         return stepped
+
+    def _minibatch(
+        self, columns: tuple[torch.Tensor, ...], index: torch.Tensor | None = None
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The rows ``index [M, B]`` (None: all) of each of ``columns`` (observations, actions,
+        old log-probs, old values, advantages, returns, mask), the advantages standardised for
+        the members that ask, and which members have a valid row among them (CPU ``[M]``)."""
+        if index is not None:
+            columns = tuple(_take(column, index) for column in columns)
+        *head, advantages, returns, mask = columns
+        if self.any_standardise:
+            standardised = standardize(advantages, mask)
+            advantages = torch.where(self.standardise[:, None], standardised, advantages)
+        return (*head, advantages, returns, mask), mask.sum(1).cpu() > 0
 
     def _clip_ranges(self) -> torch.Tensor:
         """Each member's PPO clip range for this update: constant, or decayed linearly with
