@@ -49,7 +49,11 @@ class Optimizer:
             p.grad = None
 
     @torch.no_grad()
-    def step(self, rows: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> None:
+    def step(
+        self,
+        rows: np.ndarray | torch.Tensor | None = None,
+        keep: np.ndarray | torch.Tensor | None = None,
+    ) -> None:
         """One step of every parameter with a gradient. With ``rows`` (CPU bool ``[M]``), the
         members that step: only theirs count, and those in ``keep`` (default: every other
         member) are left as they were. A population passes the members that train on as
@@ -59,11 +63,11 @@ class Optimizer:
         if rows is None:
             self._step(index, self.steps)
             return
-        rows = rows.numpy()  # the bookkeeping in NumPy: small ops without torch's dispatch cost
+        rows = torch.as_tensor(rows).numpy()  # the bookkeeping in NumPy: no torch dispatch cost
         if self.row_steps is None:
             self.row_steps = np.zeros(len(rows), np.int64)
         self.row_steps += rows
-        idle = np.flatnonzero(~rows if keep is None else keep.numpy() & ~rows)
+        idle = np.flatnonzero(~rows if keep is None else torch.as_tensor(keep).numpy() & ~rows)
         kept = []
         if len(idle):  # rare: a member without a valid row, or stopped by PPO's target_kl
             idle = torch.from_numpy(idle).to(self.params[0].device)

@@ -8,9 +8,10 @@ standardised per minibatch where the member asks; before each minibatch's step i
 approximate KL with ``1.5 × target_kl`` and, past it, the member takes no more steps on this
 rollout (SB3's rule). Where one minibatch holds every row (CartPole's Zoo row) there is no
 order to draw: each member's loss is a mean over its rows, so the order changes nothing, and
-every epoch takes the rows as they are. Rows are the rollout's rows; a member's NEXT_STEP reset rows and rows past
-its budget are in its minibatches with weight 0 (its means run over its valid rows), so a
-minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly that many.
+every epoch takes the rows as they are. Rows are the rollout's rows; a member's NEXT_STEP reset
+rows and rows past its budget are in its minibatches with weight 0 (its means run over its
+valid rows), so a minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly
+that many.
 
 Every gradient step is the same for both: autograd of the sum of the stepping members' losses
 (:mod:`gae_core.agent.losses`; a member's parameters are its own slice of the stacks, so it
@@ -96,8 +97,9 @@ class _Sums:
         self.members = members
         self.entries: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def add(self, key: str, value: torch.Tensor, rows: torch.Tensor) -> None:
-        self.entries.setdefault(key, []).append((value.detach(), rows))
+    def add(self, key: str, value: torch.Tensor, rows: np.ndarray) -> None:
+        value = value.detach() if value.requires_grad else value  # (a detach is an op too)
+        self.entries.setdefault(key, []).append((value, rows))
 
     def means(self) -> list[dict[str, float]]:
         keys = list(self.entries)
@@ -110,7 +112,7 @@ class _Sums:
         # one transfer for every value, then NumPy: an update's few dozen small sums cost a µs
         # each there against several in torch's dispatch (docs/PERFORMANCE.md)
         table = torch.stack(values).cpu().numpy().astype(np.float64)
-        rows = torch.stack([r for _, r in flat]).numpy()
+        rows = np.stack([r for _, r in flat])
         owner = np.repeat(np.arange(len(keys)), [len(self.entries[key]) for key in keys])
         totals = np.zeros((len(keys), self.members))
         counts = np.zeros((len(keys), self.members))
@@ -151,7 +153,7 @@ class Learner:
         self.clip_range_vf = column([c.clip_range_vf or math.inf for c in configs])
         self.standardise = torch.tensor([c.normalize_advantages for c in configs], device=device)
         self.any_standardise = bool(self.standardise.any())
-        self.target_kl = torch.tensor([c.target_kl for c in configs], dtype=torch.float64)
+        self.target_kl = np.array([c.target_kl for c in configs], np.float64)
         self.any_target_kl = bool((self.target_kl > 0).any())
         self.configs = configs
         # each member's own order of minibatches (a member draws as it would alone)
@@ -181,8 +183,14 @@ class Learner:
         members still training (those not stepping keep their optimizer state); ``spent``:
         each member's env steps before this update (for the schedules); ``by_hand``: PPO's
         gradient by hand (:func:`gradient_by_hand`; A2C's is when the batch carries the
-        passes)."""
+        passes).
+
+        Which members step is bookkeeping on M booleans, kept in NumPy: a few dozen such ops a
+        minibatch cost a µs each there against several in torch's dispatch."""
         self._spent, self._by_hand = spent, by_hand
+        learning, training = (
+            np.array(torch.as_tensor(x).numpy(), bool) for x in (learning, training)
+        )
         sums, failures = _Sums(len(learning)), {}
         mask = batch.mask
         with torch.no_grad():  # the rollout's own numbers, before any step
@@ -191,13 +199,13 @@ class Learner:
             raw_std = masked_mean(centred, mask).sqrt()
             explained = explained_variance(batch.values.detach(), batch.returns, mask)
         step = self._a2c if self.algo == "a2c" else self._ppo
-        stepped = step(batch, learning.clone(), training, sums, failures)
+        stepped = step(batch, learning, training, sums, failures)
         for key, value in ((M.ADVANTAGE_MEAN.key, raw_mean), (M.ADVANTAGE_STD.key, raw_std),
                            (M.EXPLAINED_VARIANCE.key, explained)):  # fmt: skip
             sums.add(key, value, stepped)
         return Learned(sums.means(), stepped.tolist(), failures)
 
-    def _a2c(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> torch.Tensor:
+    def _a2c(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> np.ndarray:
         advantages = batch.advantages
         if self.any_standardise:
             standardised = standardize(advantages, batch.mask)
@@ -217,7 +225,7 @@ class Learner:
         learning = self._gradient_step(terms, learning, training, sums, failures)
         return learning
 
-    def _ppo(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> torch.Tensor:
+    def _ppo(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> np.ndarray:
         members, rows = batch.mask.shape
         device = batch.mask.device
         with torch.no_grad():
@@ -226,8 +234,7 @@ class Learner:
                    batch.advantages, batch.returns, batch.mask)  # fmt: skip
         coefficients = (self._clip_ranges().to(device), self.clip_range_vf, self.value_coef,
                         self.entropy_coef)  # fmt: skip
-        stepped = torch.zeros(members, dtype=torch.bool)
-        stopped = torch.zeros(members, dtype=torch.bool)
+        stepped, stopped = np.zeros(members, bool), np.zeros(members, bool)
         # One minibatch holding every row (CartPole's Zoo row): each member's loss is a mean
         # over its rows, so their order changes nothing, and the rows, their standardised
         # advantages and the members with a valid row are the same at every epoch.
@@ -260,7 +267,7 @@ class Learner:
                 sums.add(M.APPROX_KL.key, terms.approx_kl, now)
                 sums.add(M.CLIP_FRACTION.key, terms.clip_fraction, now)
                 if self.any_target_kl:
-                    kl = terms.approx_kl.detach().double().cpu()
+                    kl = terms.approx_kl.detach().cpu().numpy().astype(np.float64)
                     over = now & (self.target_kl > 0) & (kl > 1.5 * self.target_kl)
                     stopped = stopped | over
                     now = now & ~over
@@ -282,7 +289,7 @@ class Learner:
         if self.any_standardise:
             standardised = standardize(advantages, mask)
             advantages = torch.where(self.standardise[:, None], standardised, advantages)
-        return (*head, advantages, returns, mask), mask.sum(1).cpu() > 0
+        return (*head, advantages, returns, mask), mask.sum(1).cpu().numpy() > 0
 
     def _clip_ranges(self) -> torch.Tensor:
         """Each member's PPO clip range for this update: constant, or decayed linearly with
@@ -297,16 +304,16 @@ class Learner:
     def _gradient_step(
         self,
         terms: LossTerms,
-        now: torch.Tensor,
-        training,
+        now: np.ndarray,
+        training: np.ndarray,
         sums: _Sums,
         failures: dict,
         by_hand: bool = False,
-    ) -> torch.Tensor:
+    ) -> np.ndarray:
         """One step of the members ``now`` on ``terms.loss``, its gradient by autograd or
         already written by hand (``by_hand``); returns those that stepped."""
-        finite = torch.isfinite(terms.loss.detach()).cpu()
-        for i in torch.nonzero(now & ~finite).flatten().tolist():
+        finite = torch.isfinite(terms.loss.detach()).cpu().numpy()
+        for i in np.flatnonzero(now & ~finite).tolist():
             failures.setdefault(i, "loss")
         now = now & finite
         optimizer = self.optimizer
@@ -315,7 +322,7 @@ class Learner:
                 parameters.grad.zero_()
         if not now.any():
             return now
-        device_now = now.to(terms.loss.device)
+        device_now = torch.from_numpy(now).to(terms.loss.device)
         if not by_hand:  # (by hand, the rows of members not stepping are zeroed just below)
             with warnings.catch_warnings():
                 # the trainer's gradients are views of one buffer (stacked.one_buffer)
@@ -323,8 +330,8 @@ class Learner:
                 loss = torch.where(device_now, terms.loss, torch.zeros_like(terms.loss))
                 loss.sum().backward()
         norms, finite = clip_per_member(optimizer.params, self.max_norm, device_now)
-        finite = finite.cpu()
-        for i in torch.nonzero(now & ~finite).flatten().tolist():
+        finite = finite.cpu().numpy()
+        for i in np.flatnonzero(now & ~finite).tolist():
             failures.setdefault(i, "gradient")
         now = now & finite
         if now.any():
