@@ -95,7 +95,7 @@ class _Sums:
 
     def __init__(self, members: int) -> None:
         self.members = members
-        self.entries: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.entries: dict[str, list[tuple[torch.Tensor, np.ndarray]]] = {}
 
     def add(self, key: str, value: torch.Tensor, rows: np.ndarray) -> None:
         value = value.detach() if value.requires_grad else value  # (a detach is an op too)
@@ -279,7 +279,7 @@ class Learner:
 
     def _minibatch(
         self, columns: tuple[torch.Tensor, ...], index: torch.Tensor | None = None
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    ) -> tuple[tuple[torch.Tensor, ...], np.ndarray]:
         """The rows ``index [M, B]`` (None: all) of each of ``columns`` (observations, actions,
         old log-probs, old values, advantages, returns, mask), the advantages standardised for
         the members that ask, and which members have a valid row among them (CPU ``[M]``)."""
