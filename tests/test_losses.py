@@ -494,7 +494,7 @@ def test_updates_by_hand_equal_autograd_updates_on_the_same_rollouts(
             for i in active:  # budgets: as Trainer.step ends them
                 if by_hand._members[i].env_steps >= configs[i].total_steps:
                     by_hand._members[i].active = False
-        assert min(steps_seen) < base.rollout_steps  # a cut rollout was among them
+        assert steps_seen != {base.rollout_steps}  # a last rollout of its own length too
         assert bool(hand_steps) == (algo == "ppo")
         assert stopped_early == any("target_kl" in m for m in members)
     finally:

@@ -131,7 +131,7 @@ def test_episodes_report_step_return_and_length():
 def test_reset_rows_masked_and_truncation_flagged():
     trainer = Trainer(tiny(CONSTANT_ID, num_envs=2, rollout_steps=12))
     trainer.collect([0])
-    rollout = trainer._rollout
+    rollout = trainer._batch
     # Row 9 is the time limit (truncated, not terminated); row 10 is the env's reset row.
     assert rollout.truncated[:, 0].tolist() == [False] * 9 + [True] + [False] * 2
     assert not rollout.terminated.any()
@@ -233,7 +233,7 @@ def test_nan_weights_end_the_run_with_training_diverged(part, what, algo):
 
 
 def test_checkpoint_round_trip_and_evaluate_values():
-    config = tiny(checkpoint_every=32)
+    config = tiny(checkpoint_every=32, total_steps=1000)  # (the last rollout ends on 64)
     trainer = Trainer(config)
     member = trainer.member(0)
     assert not member.checkpoint_due()
@@ -389,6 +389,32 @@ def test_last_rollout_is_cut_at_the_budget():
         assert trainer._batch.rewards.shape[0] < config.rollout_steps  # the last one was cut
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_a_run_never_ends_on_a_rollout_of_a_few_rows(algo):
+    """Reset rows do not count, so a last rollout cut to the steps a budget needs could fall a
+    few steps short and leave a rollout of a few rows after it (PPO then took its epochs over
+    them: a Pendulum run ended on 16 rows). The last rollout runs on until the budget is
+    counted, up to a quarter of a rollout past its length: over many budgets every rollout
+    holds at least a quarter of ``rollout_steps``, a run ends less than ``num_envs`` past its
+    budget, and some last rollouts ran past ``rollout_steps``."""
+    lengths_past = 0
+    for total in range(150, 260, 7):  # 10-step episodes in lockstep, then a reset row each
+        config = tiny(CONSTANT_ID, algo=algo, num_envs=2, rollout_steps=8, total_steps=total,
+                      minibatch_size=8)  # fmt: skip
+        trainer = Trainer(config)
+        try:
+            lengths = []
+            while not trainer.done:
+                trainer.step()
+                lengths.append(trainer._batch.rewards.shape[0])
+            assert min(lengths) >= 2, (total, lengths)
+            assert total <= steps_of(trainer) < total + config.num_envs
+            lengths_past += max(lengths) > config.rollout_steps
+        finally:
+            trainer.close()
+    assert lengths_past
 
 
 # ----------------------------------------------------------------------------- issue 9 features

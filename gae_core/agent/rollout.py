@@ -56,8 +56,9 @@ class Rollout:
         self.valid = np.ones((steps, columns), bool)
 
     def head(self, steps: int) -> Rollout:
-        """Views of the first ``steps`` rows (and ``steps + 1`` observations): the last rollout
-        of a run is cut so the run stops at its budget instead of a whole rollout past it."""
+        """Views of the first ``steps`` rows (and ``steps + 1`` observations): a run's last
+        rollout is as long as its budget needs (``Trainer.collect``), shorter or a little
+        longer than ``rollout_steps``."""
         view = object.__new__(Rollout)
         view.observations = self.observations[: steps + 1]
         for name in ("actions", "rewards", "terminated", "truncated", "valid"):

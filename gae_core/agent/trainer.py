@@ -62,15 +62,9 @@ from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
 
 __all__ = [
-    "SHARED",
-    "Episode",
-    "Member",
-    "Rollout",
-    "StepResult",
-    "Trainer",
-    "TrainingDiverged",
+    "SHARED", "Episode", "Member", "Rollout", "StepResult", "Trainer", "TrainingDiverged",
     "population_key",
-]
+]  # fmt: skip
 
 #: Fields every member of one trainer shares: the env and its vector shape, the networks' shape,
 #: the optimizer's kind, the algorithm and its update's shape, the device, and what the run loop
@@ -136,8 +130,8 @@ class Trainer:
         self.normalizers = Normalizers(configs, per, obs_dim)
         seeds = [int(c.seed) for c in configs]
         self._rng = np.random.default_rng(seeds)
-        self._rollout = Rollout(shared.rollout_steps, members * per, self.env)
-        self._batch = self._rollout
+        self.capacity = shared.rollout_steps + -(-shared.rollout_steps // 4)  # (collect)
+        self._rollout = self._batch = Rollout(self.capacity, members * per, self.env)
         raw, _ = self.env.reset(seed=seeds[0])
         self._obs = self.normalizers.reset(raw)
         self._reset_next = np.zeros(members * per, bool)
@@ -209,9 +203,11 @@ class Trainer:
         episodes.
 
         A member's budget ends in this rollout once it has counted ``need`` more env steps:
-        from there its rows are not its own (invalid) and its last row is a rollout end (a
-        bootstrap), so no member overshoots its budget by ``num_envs`` steps or more. The
-        rollout is as long as the member furthest from its end needs.
+        from there its rows are invalid and its last row is a rollout end (a bootstrap), so no
+        member overshoots its budget by ``num_envs`` steps or more. A rollout that can end every
+        budget within :attr:`capacity` steps runs on until each is counted (reset rows do not
+        count): a run never ends on a rollout of a few rows, which PPO would take ``n_epochs``
+        passes over.
 
         NEXT_STEP autoreset: the step after an episode end only resets that env (action
         ignored, reward 0), so that row is invalid; the observation returned at an episode's
@@ -221,7 +217,8 @@ class Trainer:
         need = np.zeros(members, np.int64)
         for i in active:
             need[i] = self.configs[i].total_steps - self._members[i].env_steps
-        steps = min(shared.rollout_steps, max(int(-(-need.max() // per)), 1))
+        last = -(-need.max() // per) <= self.capacity
+        steps = self.capacity if last else shared.rollout_steps
         rollout = self._batch = self._rollout.head(steps)
         obs, rng, normalizers = self._obs, self._rng, self.normalizers
         episodes: dict[int, list[Episode]] = {i: [] for i in active}
@@ -253,9 +250,12 @@ class Trainer:
                     self._finish_episodes(t, episodes, live_columns)
                 counted += rollout.valid[t].reshape(members, per).sum(1)
                 ended = live & (counted >= need)
-                if ended.any() and t < steps - 1:
+                if ended.any():
                     rollout.truncated[t, np.repeat(ended, per)] = True  # its rollout ends here
                     live &= ~ended
+                    if last and not live.any():
+                        break
+        rollout = self._batch = self._rollout.head(t + 1)
         rollout.observations[-1] = obs
         self._obs = obs
         self._kept_for = rollout if self._hand else None
@@ -301,7 +301,7 @@ class Trainer:
     def _keep(self, activations: list[torch.Tensor], t: int) -> None:
         """Keep step ``t``'s actor activations ``[M, E, width]`` for the update."""
         if self._kept is None:
-            steps = self.shared.rollout_steps
+            steps = self.capacity
             with torch.inference_mode(False):  # normal tensors, written inside that mode
                 self._kept = [h.new_empty(h.shape[0], steps, *h.shape[1:]) for h in activations]
         for kept, h in zip(self._kept, activations, strict=True):
