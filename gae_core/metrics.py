@@ -133,7 +133,8 @@ UPDATE: tuple[Metric, ...] = (
     LEARNING_RATE,
 )
 
-#: The live training view's charts, in order.
+#: The live training view's charts, in order (each drawn where the run logged it: the two
+#: PPO diagnostics for PPO runs).
 LIVE: tuple[Metric, ...] = (
     EPISODIC_RETURN,
     EVAL_RETURN,
@@ -142,6 +143,8 @@ LIVE: tuple[Metric, ...] = (
     VALUE_LOSS,
     ENTROPY,
     EXPLAINED_VARIANCE,
+    APPROX_KL,
+    CLIP_FRACTION,
     STEPS_PER_SECOND,
 )
 

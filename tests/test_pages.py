@@ -618,3 +618,29 @@ def test_the_train_form_keeps_what_the_user_typed_across_pages(data_dir):
     assert at.selectbox(key="train.env_id").value == "Pendulum-v1"
     assert at.text_input(key="train.seed").value == "7"
     assert at.number_input(key="train.gamma").value == 0.95
+
+
+def test_a_ppo_runs_page_draws_its_kl_and_clip_fraction_and_an_a2c_runs_does_not(data_dir):
+    """PPO's two diagnostics (approximate KL, clip fraction) are charts of the run's page
+    wherever the run logged them, with their CSV links; an A2C run, which logs neither, shows
+    no empty chart for them."""
+    store = RunStore(data_dir)
+    ids = {}
+    for algo in ("ppo", "a2c"):
+        ids[algo] = store.create_run(TrainConfig(algo=algo).to_dict(), name=f"{algo} run")
+        keys = [M.EPISODIC_RETURN, M.POLICY_LOSS] + (
+            [M.APPROX_KL, M.CLIP_FRACTION] if algo == "ppo" else []
+        )
+        rows = [(m.key, 256 * k, 0.1 * k, 0.01 * (k + 1)) for m in keys for k in range(1, 6)]
+        store.flush(ids[algo], rows, env_steps=1280)
+        store.finish_run(ids[algo], "finished")
+    for algo, run_id in ids.items():
+        at = AppTest.from_file("../dashboard.py", default_timeout=60)
+        at.query_params["run"] = run_id
+        at.run()
+        at.switch_page("pages/runs.py").run()
+        assert not at.exception
+        charts = " ".join(str(c.proto.spec) for c in at.get("plotly_chart"))
+        drawn = [m.title for m in (M.APPROX_KL, M.CLIP_FRACTION) if m.title in charts]
+        assert "Policy loss" in charts
+        assert drawn == ([M.APPROX_KL.title, M.CLIP_FRACTION.title] if algo == "ppo" else [])
