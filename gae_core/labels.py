@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label"]
+__all__ = [
+    "ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label", "stored_algo",
+]  # fmt: skip
 
 #: The algorithms' names as people write them (``TrainConfig.algo`` → name).
 ALGORITHMS: dict[str, str] = {"a2c": "A2C", "ppo": "PPO"}
@@ -21,6 +24,12 @@ ALGORITHMS: dict[str, str] = {"a2c": "A2C", "ppo": "PPO"}
 def algorithm_name(algo: Any) -> str:
     """``"ppo"`` → ``PPO``; several or unknown: ``A2C or PPO``."""
     return ALGORITHMS.get(algo, " or ".join(ALGORITHMS.values()))
+
+
+def stored_algo(config: Mapping[str, Any]) -> str:
+    """The algorithm a stored run's config trained with (``TrainConfig.algo``): a run stored
+    before PPO joined has no ``algo`` and trained A2C."""
+    return config.get("algo", "a2c")
 
 
 LABELS: dict[str, str] = {

@@ -21,7 +21,7 @@ from gae_core.env_modules import registered_env_ids
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import exports, views
-from gae_core.labels import algorithm_name
+from gae_core.labels import algorithm_name, stored_algo
 from gae_core.runs.manager import RunManager
 from gae_core.storage.store import RunStore
 
@@ -376,8 +376,9 @@ STATUS_ICONS = {
 
 
 def run_label(run: Any) -> str:
-    """Stable label (no status: a label that changes under a selectbox resets it)."""
-    return f"{run.name} · {run.id}"
+    """Stable label (no status: a label that changes under a selectbox resets it), with the
+    algorithm: a store holds A2C and PPO runs."""
+    return f"{run.name} · {algorithm_name(stored_algo(run.config))} · {run.id}"
 
 
 #: How often live charts redraw while a run trains (seconds). Slower than the status line: a

@@ -14,7 +14,7 @@ from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, grid, provenance, stats, views
-from gae_core.labels import assignment, format_value, label
+from gae_core.labels import algorithm_name, assignment, format_value, label, stored_algo
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
@@ -57,8 +57,9 @@ def _backend_switched() -> None:  # from Ray back to this machine: at most its c
 def sweep_name(sweep_id: str) -> str:
     sweep = store.get_sweep(sweep_id)
     env = sweep.base_config.get("env_id", "?")
+    algo = algorithm_name(stored_algo(sweep.base_config))
     when = dt.datetime.fromtimestamp(sweep.created_at).strftime("%Y-%m-%d %H:%M")
-    return f"{sweep.name} · {env} · {when}"  # no status: a label that changes resets the box
+    return f"{sweep.name} · {algo} · {env} · {when}"  # no status: a label that changes resets it
 
 
 if view == "Launch a sweep":

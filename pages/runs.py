@@ -10,7 +10,7 @@ from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text
 from gae_core.insight import exports, figures, views
-from gae_core.labels import label
+from gae_core.labels import algorithm_name, label
 from gae_core.storage.records import STATUSES
 from gae_core.storage.table import runs_frame
 from pages import _ui
@@ -72,11 +72,11 @@ def runs_view() -> None:
     table_key = f"runs.table.{digest}"
     wanted = [shown_ids.index(i) for i in _ui.all_from_url("run", shown_ids, [])]
     on_screen = [
-        "name", "run_id", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
+        "name", "run_id", "algo", "env_id", "lambda_", "gamma", "seed", "status", "env_steps",
         "best_return", "final_return", "solved_at_step", "started_at", "wall_seconds", "error",
     ]  # fmt: skip
     selection = st.dataframe(
-        shown,
+        shown.assign(algo=shown["algo"].map(algorithm_name)),  # "ppo" reads as PPO
         hide_index=True,
         on_select="rerun",
         selection_mode="multi-row",
@@ -86,6 +86,7 @@ def runs_view() -> None:
         column_config={
             "name": st.column_config.TextColumn(label("name")),
             "run_id": st.column_config.TextColumn(label("run_id")),
+            "algo": st.column_config.TextColumn(label("algo")),
             "env_id": st.column_config.TextColumn(label("env_id")),
             "lambda_": st.column_config.NumberColumn(label("lambda_"), format="%.3g"),
             "gamma": st.column_config.NumberColumn(label("gamma"), format="%.4g"),

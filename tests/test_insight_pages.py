@@ -299,8 +299,9 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert at.selectbox(key="cmp.sweep_pick").value == sweep_id
     # sweeps are listed by name, env and date, not by id alone
     (listed,) = at.selectbox(key="cmp.sweep_pick").options
-    name, env, when = listed.split(" · ")
+    name, algo, env, when = listed.split(" · ")
     assert name == store.get_sweep(sweep_id).name and env == "CartPole-v1"
+    assert algo == {"a2c": "A2C", "ppo": "PPO"}[store.get_sweep(sweep_id).base_config["algo"]]
     assert dt.datetime.strptime(when, "%Y-%m-%d %H:%M")
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert sum(trace.get("fill") == "tonexty" for trace in spec["data"]) == 2

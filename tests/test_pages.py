@@ -644,3 +644,11 @@ def test_a_ppo_runs_page_draws_its_kl_and_clip_fraction_and_an_a2c_runs_does_not
         drawn = [m.title for m in (M.APPROX_KL, M.CLIP_FRACTION) if m.title in charts]
         assert "Policy loss" in charts
         assert drawn == ([M.APPROX_KL.title, M.CLIP_FRACTION.title] if algo == "ppo" else [])
+    # the table and the run pickers say which algorithm each run trained with; a run stored
+    # before PPO joined (no algo in its config) trained A2C
+    old = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="old run")
+    store.finish_run(old, "finished")
+    at.run()
+    table = at.dataframe[0].value.set_index("run_id")["algo"]
+    assert table.to_dict() == {ids["ppo"]: "PPO", ids["a2c"]: "A2C", old: "A2C"}
+    assert _ui.run_label(store.get_run(ids["ppo"])) == f"ppo run · PPO · {ids['ppo']}"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from gae_core.labels import stored_algo
 from gae_core.storage.database import finite_or_none
 from gae_core.storage.records import RunRecord
 
@@ -21,6 +22,7 @@ __all__ = ["RUN_COLUMNS", "run_row", "runs_frame"]
 RUN_COLUMNS = (
     "run_id",
     "name",
+    "algo",
     "env_id",
     "lambda_",
     "gamma",
@@ -58,6 +60,7 @@ def run_row(run: RunRecord) -> dict[str, Any]:
     return {
         "run_id": run.id,
         "name": run.name,
+        "algo": stored_algo(config),
         "env_id": config.get("env_id"),
         "lambda_": config.get("lambda_"),
         "gamma": config.get("gamma"),
