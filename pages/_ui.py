@@ -330,13 +330,19 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
     def load_preset() -> None:
         chosen = st.session_state[env_key]
         algo = st.session_state.get(algo_key, FIELD_SPECS["algo"].default)
+        changed = []  # the fields whose value the preset changes, named in the toast
         for name, value in preset_values(chosen, algo).items():
             if name not in exclude and name in TUNED_FIELDS:
-                st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
+                key, new = f"{prefix}.{name}", _widget_value(FIELD_SPECS[name], value)
+                if key in st.session_state and st.session_state[key] != new:
+                    changed.append(FIELD_SPECS[name].label)
+                st.session_state[key] = new
         where = "its preset" if preset_of(chosen, algo) else "the field defaults (it has no preset)"
-        name = algorithm_name(algo)
-        st.toast(f"{chosen}, {name}: the tuned settings are {where}; the others are as you "
-                 "left them.")  # fmt: skip
+        more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+        said = ", ".join(changed[:6]) + more
+        st.toast(f"{chosen}, {algorithm_name(algo)}: the tuned settings are {where}"
+                 f"{f' (changed: {said})' if changed else ''}; the others are as you left "
+                 "them.")  # fmt: skip
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs(exclude)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 
 import pytest
@@ -372,7 +373,8 @@ def test_delete_removes_the_opened_run_even_after_another_process_deleted_one(da
 
 
 def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_dir):
-    from gae_core.agent.presets import preset_values
+    from gae_core.agent.config import FIELD_SPECS
+    from gae_core.agent.presets import TUNED_FIELDS, preset_values
 
     at = app("pages/train.py")
     assert at.text_input(key="train.total_steps").value == "500000"  # CartPole's preset
@@ -380,10 +382,14 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     at.text_input(key="train.seed").set_value("7").run()  # a choice no preset makes
     at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
     assert at.text_input(key="train.seed").value == "7"  # kept
-    assert [t.value for t in at.toast] == [
-        "Pendulum-v1, A2C: the tuned settings are its preset; the others are as you left them."
-    ]
-    preset = preset_values("Pendulum-v1")
+    (toast,) = [t.value for t in at.toast]
+    # it names what the preset changed (six fields, then a count), and keeps the rest
+    said = re.fullmatch(r"Pendulum-v1, A2C: the tuned settings are its preset \(changed: (.*)\); "
+                        r"the others are as you left them\.", toast)  # fmt: skip
+    named, _, more = said.group(1).partition(" and ")
+    before, preset = preset_values("CartPole-v1"), preset_values("Pendulum-v1")
+    differ = [FIELD_SPECS[n].label for n in preset if n in TUNED_FIELDS and before[n] != preset[n]]
+    assert named.split(", ") == differ[:6] and more == f"{len(differ) - 6} more"
     assert at.text_input(key="train.total_steps").value == str(preset["total_steps"]) == "1000000"
     assert at.number_input(key="train.gamma").value == 0.9
     assert at.checkbox(key="train.normalize_observations").value is True
