@@ -83,13 +83,16 @@ steps = store.checkpoint_steps(run_id)
 # the URL's checkpoints count only for the run it names (another run's steps mean nothing here)
 url_run = _ui.from_url("run", [run_id], None) == run_id
 _start_at("ex.policy", _ui.from_url("policy", steps if url_run else [], steps[-1]))
-policy_step = pick[1].selectbox("policy checkpoint (env step)", steps, key="ex.policy")
+policy_step = pick[1].selectbox(
+    "policy checkpoint (env step)", steps, format_func="{:,}".format, key="ex.policy"
+)
 # the lab's critics are a list (an early one next to the policy's own): the explorer takes the
 # last, the policy's own where the lab's default or its "Measure this checkpoint" set them
 _start_at("ex.critic", _ui.all_from_url("critic", steps if url_run else [], [policy_step])[-1])
 critic_step = pick[2].selectbox(
     "critic checkpoint (values)",
     steps,
+    format_func="{:,}".format,
     key="ex.critic",
     help="Re-evaluate V with another checkpoint's critic: an early critic shows how critic "
     "error turns into bias in the advantages.",

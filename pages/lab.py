@@ -298,7 +298,9 @@ if "lab.critics" not in st.session_state or not set(st.session_state["lab.critic
     fallback = list(dict.fromkeys([steps[0], steps[-1]]))
     st.session_state["lab.critics"] = _ui.all_from_url("critic", url_steps, fallback)
 pick = st.columns([2, 3])
-policy_step = pick[0].selectbox("policy checkpoint (env step)", steps, key="lab.policy")
+policy_step = pick[0].selectbox(
+    "policy checkpoint (env step)", steps, format_func="{:,}".format, key="lab.policy"
+)
 critic_steps = pick[1].multiselect(
     "critic checkpoints (an early one next to a late one is the interesting contrast)",
     steps,

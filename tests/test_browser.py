@@ -678,7 +678,7 @@ def test_a_pasted_link_opens_the_same_view_and_measure_carries_it_to_the_lab(
         page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=60_000)
         wait_idle(page)
         assert page.locator(".st-key-ex-run input").input_value().endswith(recorded_run)
-        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]}"
+        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]:,}"
         assert slider_lambda(page) == pytest.approx(0.3)
         assert f"run={recorded_run}" in page.url and "lambda=0.3" in page.url
 
@@ -688,13 +688,13 @@ def test_a_pasted_link_opens_the_same_view_and_measure_carries_it_to_the_lab(
         wait_idle(page)
         assert f"run={recorded_run}" in page.url and f"policy={steps[0]}" in page.url
         assert page.locator(".st-key-lab-run input").input_value().endswith(recorded_run)
-        assert page.locator(".st-key-lab-policy input").input_value() == f"{steps[0]}"
+        assert page.locator(".st-key-lab-policy input").input_value() == f"{steps[0]:,}"
 
         page.go_back()
         page.wait_for_function("() => location.pathname.endsWith('/explorer')", timeout=30_000)
         page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=30_000)
         wait_idle(page)
-        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]}"
+        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]:,}"
     finally:
         context.close()
 
@@ -999,7 +999,7 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     wait_idle(page)
     assert f"run={run_id}" in page.url and f"policy={policy}" in page.url
     assert page.locator(".st-key-lab-run input").input_value().endswith(run_id)
-    assert page.locator(".st-key-lab-policy input").input_value() == f"{policy}"
+    assert page.locator(".st-key-lab-policy input").input_value() == f"{policy:,}"
     for key, value in {"states": 4, "rollouts": 4, "k": 4, "segment": 20}.items():
         set_number(page, f"lab-{key}", value)
     page.locator(".st-key-lab-start button").click()
