@@ -89,6 +89,9 @@ class LossTerms:
     entropy: torch.Tensor
     approx_kl: torch.Tensor | None = None
     clip_fraction: torch.Tensor | None = None
+    #: PPO: per row r, r·Â, clip(r)·Â, 1[r within the clip range], (R − V_clip)·ι and w,
+    #: what :func:`ppo_gradients` (which runs without a graph) takes from the loss
+    rows: tuple[torch.Tensor, ...] | None = None
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -196,10 +199,11 @@ def ppo_gradients(
     ``actor_pass`` and ``critic_pass`` as there, the other arguments as :func:`ppo_loss` takes
     them. Without gSDE only."""
     log_probs, entropy, values = _outputs(actor_pass, critic_pass, actions, log_std)
-    terms, (ratio, unclipped, clipped, inside, within, weight) = _ppo_terms(
+    terms = ppo_loss(
         log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
         clip_range, clip_range_vf, value_coef, entropy_coef,
     )  # fmt: skip
+    ratio, unclipped, clipped, inside, within, weight = terms.rows
     tie = (unclipped == clipped).to(ratio.dtype)
     choice = (unclipped < clipped).to(ratio.dtype).add_(0.5 * tie * (1.0 + inside))  # κ
     _backward(
@@ -283,29 +287,8 @@ def ppo_loss(
     entropy_coef: torch.Tensor,
 ) -> LossTerms:
     """The PPO loss of each member (module docstring); every row argument ``[M, R]``, the
-    coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: the value is not clipped)."""
-    return _ppo_terms(
-        log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
-        clip_range, clip_range_vf, value_coef, entropy_coef,
-    )[0]  # fmt: skip
-
-
-def _ppo_terms(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    entropy: torch.Tensor,
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: torch.Tensor,
-    clip_range_vf: torch.Tensor,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor,
-) -> tuple[LossTerms, tuple[torch.Tensor, ...]]:
-    """:func:`ppo_loss`'s terms and the per-row numbers :func:`ppo_gradients` takes from them
-    (detached): r, r·Â, clip(r)·Â, 1[r within the clip range], (R − V_clip)·ι and w."""
+    coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: the value is not clipped).
+    :attr:`LossTerms.rows` holds the per-row numbers :func:`ppo_gradients` takes from it."""
     epsilon, epsilon_v = clip_range[:, None], clip_range_vf[:, None]
     weight = _weight(mask)
     log_ratio = log_probs - old_log_probs
@@ -324,5 +307,5 @@ def _ppo_terms(
         inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
         clip_fraction = _mean(((ratio - 1.0).abs() > epsilon).to(ratio.dtype), weight)
         within = error * (limited == change).to(error.dtype)  # (R − V_clip)·ι
-    terms = LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction)
-    return terms, (ratio, unclipped, clipped, inside, within, weight)
+    rows = (ratio, unclipped, clipped, inside, within, weight)
+    return LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction, rows)
