@@ -1089,7 +1089,7 @@ def test_explorer_boxes_show_the_picked_runs_own_checkpoints_and_gamma(
     for run_id in (other_recorded_run, recorded_run, other_recorded_run):
         choose_run(page, run_id, key="ex-run")
         wait_idle(page)
-        last = f"{store.checkpoint_steps(run_id)[-1]}"
+        last = f"{store.checkpoint_steps(run_id)[-1]:,}"
         gamma = store.get_run(run_id).config["gamma"]
         for box in ("policy", "critic"):
             page.wait_for_function(

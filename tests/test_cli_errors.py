@@ -219,9 +219,10 @@ def test_names_are_inert_in_csv_and_terminal_output(tmp_path):
     assert csv.returncode == 0
     frame = pd.read_csv(io.StringIO(csv.stdout))
     assert frame.loc[0, "name"] == "'" + formula  # OWASP: a quote before a formula
-    assert frame.loc[0, "lambda_"] == 0.95 and list(frame.columns)[:3] == [
+    assert frame.loc[0, "lambda_"] == 0.95 and list(frame.columns)[:4] == [
         "run_id",
         "name",
+        "algo",
         "env_id",
     ]
     for prefix in ("+", "-", "@", "\t", "\r"):
