@@ -197,8 +197,10 @@ class StackedMLP:
             narrow = weight.shape[2] <= NARROW_MAX
             if narrow:
                 weight.grad.copy_(torch.bmm(grad.transpose(1, 2), x).transpose(1, 2))
-            else:
+            elif weight.grad.is_contiguous():  # one member: its rows of the buffer, in place
                 torch.bmm(x.transpose(1, 2), grad, out=weight.grad)
+            else:  # (into the members' strided rows, out= measured slower than a copy)
+                weight.grad.copy_(torch.bmm(x.transpose(1, 2), grad))
             torch.sum(grad, 1, keepdim=True, out=bias.grad)
             if i > 0:
                 transposed = weight.transpose(1, 2)

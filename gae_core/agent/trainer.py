@@ -299,9 +299,9 @@ class Trainer:
         return sample_actions(out, rng, std)
 
     def _keep(self, activations: list[torch.Tensor], t: int) -> None:
-        """Keep step ``t``'s actor activations ``[M, E, width]`` for the update."""
-        if self._kept is None:
-            steps = self.capacity
+        """Keep step ``t``'s actor activations ``[M, E, width]`` (buffers the rollout's length)."""
+        steps = self._batch.rewards.shape[0]
+        if self._kept is None or self._kept[0].shape[1] != steps:  # (update: views, no copy)
             with torch.inference_mode(False):  # normal tensors, written inside that mode
                 self._kept = [h.new_empty(h.shape[0], steps, *h.shape[1:]) for h in activations]
         for kept, h in zip(self._kept, activations, strict=True):
