@@ -383,8 +383,13 @@ STATUS_ICONS = {
 
 def run_label(run: Any) -> str:
     """Stable label (no status: a label that changes under a selectbox resets it), with the
-    algorithm: a store holds A2C and PPO runs."""
-    return f"{run.name} · {algorithm_name(stored_algo(run.config))} · {run.id}"
+    algorithm where the name does not start with it: a store holds A2C and PPO runs."""
+    algo = algorithm_name(stored_algo(run.config))
+    return (
+        f"{run.name} · {run.id}"
+        if run.name.startswith(f"{algo} ")
+        else (f"{run.name} · {algo} · {run.id}")
+    )
 
 
 #: How often live charts redraw while a run trains (seconds). Slower than the status line: a

@@ -658,3 +658,5 @@ def test_a_ppo_runs_page_draws_its_kl_and_clip_fraction_and_an_a2c_runs_does_not
     table = at.dataframe[0].value.set_index("run_id")["algo"]
     assert table.to_dict() == {ids["ppo"]: "PPO", ids["a2c"]: "A2C", old: "A2C"}
     assert _ui.run_label(store.get_run(ids["ppo"])) == f"ppo run · PPO · {ids['ppo']}"
+    store.rename_run(ids["ppo"], "PPO CartPole-v1 seed = 0")  # (a default name says it already)
+    assert _ui.run_label(store.get_run(ids["ppo"])) == f"PPO CartPole-v1 seed = 0 · {ids['ppo']}"
