@@ -1081,6 +1081,8 @@ def test_explorer_boxes_show_the_picked_runs_own_checkpoints_and_gamma(
     """After another run is picked, the checkpoint boxes and γ show that run's own values, as
     the chart uses them (the browser keeps a keyed widget's value by its key: the boxes used to
     show the previous run's checkpoints and γ, and the γ stepper stepped from the stale one)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     store = store_of(app_server)
     page = app_page
     open_page(page, app_server, f"explorer?run={recorded_run}")
@@ -1096,5 +1098,14 @@ def test_explorer_boxes_show_the_picked_runs_own_checkpoints_and_gamma(
                 "([sel, v]) => document.querySelector(sel).value == v",
                 arg=[f".st-key-ex-{box} input", last], timeout=10_000,
             )  # fmt: skip
+        # γ's box comes later in the script than the checkpoints (after the trajectory is
+        # loaded), so its value can arrive in a later message of the same rerun: wait for it too
+        try:
+            page.wait_for_function(
+                "([sel, v]) => Math.abs(parseFloat(document.querySelector(sel).value) - v) < 1e-6",
+                arg=[".st-key-ex-gamma input", gamma], timeout=10_000,
+            )  # fmt: skip
+        except PlaywrightTimeout:
+            pass  # the assertion below names the value shown
         shown = page.locator(".st-key-ex-gamma input").input_value()
         assert float(shown) == pytest.approx(gamma), (run_id, shown)
