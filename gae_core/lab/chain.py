@@ -32,12 +32,11 @@ non-error part of δ_l has zero mean for l ≥ 1, so the sums telescope to
 so δ's bias is γ ε_1 and λ = 1 (or k ≥ L) leaves γ^L E[e(s_L)·1{not terminated}]: unbiased
 only when every path terminates within L rows or the critic is exact.
 
-**Why these defaults.** Transitions are deterministic and a_0 is fixed, so δ_0 has zero
-variance and all its error is the critic's bias γ e(s_1); λ = 1 trades that bias for the
-variance of the walk (reach +1 or 0, after a random number of steps). With p = 0.6, γ = 0.95, 7
-positions and ``critic_with_error(V^π, 0.2, seed=0)``, the segment of L = 8 from (3, right) has
-MSE(λ) minimal near λ ≈ 0.3, ~1.7× below δ's and ~12× below λ = 1's: the U-shaped trade-off the
-lab exists to show. ``step_reward = 0`` keeps every value in [0, 1].
+**Why these defaults.** With deterministic moves and a fixed a_0, δ_0 has zero variance and all its
+error is the critic's bias γ e(s_1); λ = 1 trades that bias for the variance of the walk (+1 or 0,
+after a random number of steps). With p = 0.6, γ = 0.95, 7 positions and critic_with_error(V^π, 0.2,
+seed=0), the segment of L = 8 from (3, right) has MSE(λ) minimal near λ ≈ 0.3, ~1.7× below δ's and
+~12× below λ = 1's: the lab's U-shaped trade-off. step_reward = 0 keeps values in [0, 1].
 """
 
 from __future__ import annotations
@@ -328,8 +327,9 @@ class EstimatorMoments:
 
 
 def _moments(prob: np.ndarray, values: np.ndarray, target: float) -> Moments:
-    mean = prob @ values
-    return Moments(mean, prob @ (values - mean) ** 2, target)  # two-pass: no cancellation
+    shifted = values - values[0]  # a value equal on every path: variance exactly 0
+    offset = prob @ shifted
+    return Moments(values[0] + offset, prob @ (shifted - offset) ** 2, target)
 
 
 def _target(spec: ChainSpec, policy, critic, gamma: float, s0: int, a0: int) -> tuple[float, float]:
