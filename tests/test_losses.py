@@ -394,7 +394,7 @@ def test_ppo_gradient_by_hand_splits_float32_ties_as_torch_minimum_does(side, mo
     ties = ratio * advantages == ratio.clamp(1 - epsilon, 1 + epsilon) * advantages
     assert 0 < int(ties.sum()) < rows  # the case this test is about happened
     captured = {}
-    monkeypatch.setattr(losses, "_outputs", lambda *a: (log_probs, entropy, values))
+    monkeypatch.setattr(losses, "_outputs", lambda *a: (log_probs, entropy, values, []))
     capture = lambda *a, log_prob_grad, **k: captured.update(g=log_prob_grad)  # noqa: E731
     monkeypatch.setattr(losses, "_backward", capture)
     losses.ppo_gradients(None, None, None, None, None, None, *args)

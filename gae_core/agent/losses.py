@@ -24,7 +24,7 @@ PPO (Schulman et al. 2017, eq. 7; SB3's ``PPO.train``), with r = exp(log π − 
     policy  = −mean(min(r · Â, clip(r, 1 − ε, 1 + ε) · Â))
     value   = mean((R − V_clip)²),  V_clip = V_old + clip(V − V_old, −ε_v, ε_v)  (ε_v = ∞: V)
     approx_kl = mean((r − 1) − log r)       (SB3's estimator of KL(π_old ‖ π), for target_kl)
-    clip_fraction = mean(|r − 1| > ε)
+    clip_fraction = mean(r ∉ [1 − ε, 1 + ε])  (SB3's |r − 1| > ε, up to rounding)
 
 The value loss is the mean squared error (SB3); CleanRL halves it and takes the larger of the
 clipped and unclipped errors, so its ``vf_coef`` weighs half of ours.
@@ -58,7 +58,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from gae_core.agent.policy import log_probs_and_entropy
 from gae_core.agent.stacked import StackedMLP
@@ -116,10 +115,13 @@ def combine(
     value: torch.Tensor,
     entropy: torch.Tensor,
     value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor,
+    entropy_coef: torch.Tensor | None,
 ) -> torch.Tensor:
-    """policy + c_v · value − c_e · entropy, per member ``[M]`` (the module docstring)."""
-    return policy + value_coef * value - entropy_coef * entropy
+    """policy + c_v · value − c_e · entropy, per member ``[M]`` (the module docstring);
+    ``entropy_coef`` None: no member weighs the entropy (c_e = 0, and its gradient is not
+    written)."""
+    loss = policy + value_coef * value
+    return loss if entropy_coef is None else loss - entropy_coef * entropy
 
 
 def a2c_loss(
@@ -130,14 +132,16 @@ def a2c_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor,
+    entropy_coef: torch.Tensor | None,
 ) -> LossTerms:
     """The A2C loss of each member (module docstring); every row argument ``[M, R]``, the
-    coefficients ``[M]``. ``advantages`` are used as given (standardised or not)."""
+    coefficients ``[M]`` (``entropy_coef`` None: every member's is 0, :func:`combine`).
+    ``advantages`` are used as given (standardised or not)."""
     weight = _weight(mask)
-    policy = -_mean(advantages * log_probs, weight)
-    value = _mean((returns - values).square(), weight)
-    mean_entropy = _mean(entropy, weight)
+    surrogate, value, mean_entropy = _means(
+        weight, advantages * log_probs, (returns - values).square(), entropy
+    )
+    policy = -surrogate
     loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
     return LossTerms(loss, policy, value, mean_entropy)
 
@@ -154,7 +158,7 @@ def a2c_gradients(
     returns: torch.Tensor,
     mask: torch.Tensor,
     value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor,
+    entropy_coef: torch.Tensor | None,
 ) -> LossTerms:
     """The gradient of every member's :func:`a2c_loss` by hand (module docstring), written into
     the ``.grad`` of the actor's and critic's stacks and of ``log_std`` (Gaussian policies;
@@ -163,14 +167,14 @@ def a2c_gradients(
     ``actor_pass`` and ``critic_pass`` are :meth:`StackedMLP.layers` of the two networks on
     the rows, by the weights being differentiated; the other arguments as :func:`a2c_loss`
     takes them. Without gSDE only (its noise scale depends on the features)."""
-    log_probs, entropy, values = _outputs(actor_pass, critic_pass, actions, log_std)
+    log_probs, entropy, values, probs = _outputs(actor_pass, critic_pass, actions, log_std)
     terms = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
                      entropy_coef)  # fmt: skip
     weight = _weight(mask)
     _backward(
-        actor, critic, log_std, actor_pass, critic_pass, actions, entropy,
+        actor, critic, log_std, actor_pass, critic_pass, actions, entropy, probs,
         log_prob_grad=-weight * advantages,
-        entropy_grad=-entropy_coef[:, None] * weight,
+        entropy_grad=None if entropy_coef is None else -entropy_coef[:, None] * weight,
         value_grad=(-2.0 * value_coef[:, None]) * weight * (returns - values),
     )  # fmt: skip
     return terms
@@ -190,26 +194,27 @@ def ppo_gradients(
     returns: torch.Tensor,
     mask: torch.Tensor,
     clip_range: torch.Tensor,
-    clip_range_vf: torch.Tensor,
+    clip_range_vf: torch.Tensor | None,
     value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor,
+    entropy_coef: torch.Tensor | None,
 ) -> LossTerms:
     """The gradient of every member's :func:`ppo_loss` by hand (module docstring), written as
     :func:`a2c_gradients` writes A2C's; returns the loss terms, from :func:`ppo_loss` itself.
     ``actor_pass`` and ``critic_pass`` as there, the other arguments as :func:`ppo_loss` takes
     them. Without gSDE only."""
-    log_probs, entropy, values = _outputs(actor_pass, critic_pass, actions, log_std)
+    log_probs, entropy, values, probs = _outputs(actor_pass, critic_pass, actions, log_std)
     terms = ppo_loss(
         log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
         clip_range, clip_range_vf, value_coef, entropy_coef,
     )  # fmt: skip
     ratio, unclipped, clipped, inside, within, weight = terms.rows
-    tie = (unclipped == clipped).to(ratio.dtype)
-    choice = (unclipped < clipped).to(ratio.dtype).add_(0.5 * tie * (1.0 + inside))  # κ
+    # κ = 1[r·Â < clip(r)·Â] + ½ 1[tie] + ½ 1[inside] (a row inside the range always ties)
+    choice = (unclipped < clipped).to(ratio.dtype)
+    choice.add_((unclipped == clipped).to(ratio.dtype).add_(inside), alpha=0.5)
     _backward(
-        actor, critic, log_std, actor_pass, critic_pass, actions, entropy,
+        actor, critic, log_std, actor_pass, critic_pass, actions, entropy, probs,
         log_prob_grad=-weight * advantages * ratio * choice,  # autograd's order of products
-        entropy_grad=-entropy_coef[:, None] * weight,
+        entropy_grad=None if entropy_coef is None else -entropy_coef[:, None] * weight,
         value_grad=(-2.0 * value_coef[:, None]) * weight * within,
     )  # fmt: skip
     return terms
@@ -220,12 +225,14 @@ def _outputs(
     critic_pass: list[torch.Tensor],
     actions: torch.Tensor,
     log_std: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log π(a|s), the entropy and V(s) per row from the networks' passes."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """log π(a|s), the entropy and V(s) per row from the networks' passes, and (logits) log p
+    and p of every action."""
+    probs: list[torch.Tensor] = []
     log_probs, entropy = log_probs_and_entropy(
-        actor_pass[-1], actions, None if log_std is None else log_std[:, None, :]
+        actor_pass[-1], actions, None if log_std is None else log_std[:, None, :], probs
     )
-    return log_probs, entropy, critic_pass[-1].squeeze(-1)
+    return log_probs, entropy, critic_pass[-1].squeeze(-1), probs
 
 
 def _weight(mask: torch.Tensor) -> torch.Tensor:
@@ -233,10 +240,11 @@ def _weight(mask: torch.Tensor) -> torch.Tensor:
     return mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
 
 
-def _mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Each member's mean of ``x [M, R]`` over its valid rows, from :func:`_weight`'s weights
-    (:func:`masked_mean` of the same rows; one product and one sum)."""
-    return (x * weight).sum(-1)
+def _means(weight: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each member's mean ``[M]`` of each of ``rows`` (``[M, R]`` each) over its valid rows,
+    from :func:`_weight`'s weights (:func:`masked_mean` of the same rows): one stack, one
+    product and one sum for all of them."""
+    return (torch.stack(rows) * weight).sum(-1).unbind(0)
 
 
 def _backward(
@@ -247,25 +255,31 @@ def _backward(
     critic_pass: list[torch.Tensor],
     actions: torch.Tensor,
     entropy: torch.Tensor,
+    probs: list[torch.Tensor],
     log_prob_grad: torch.Tensor,
-    entropy_grad: torch.Tensor,
+    entropy_grad: torch.Tensor | None,
     value_grad: torch.Tensor,
 ) -> None:
     """Write every parameter's gradient from g, h and v per row (the module docstring's last
-    formulas, then :meth:`StackedMLP.backward` of each network)."""
+    formulas, then :meth:`StackedMLP.backward` of each network); ``probs``: log p and p from
+    :func:`_outputs` (logits); ``entropy_grad`` None: h = 0."""
     critic.backward(critic_pass, value_grad[..., None])
     out, g = actor_pass[-1], log_prob_grad[..., None]
     if log_std is None:
-        log_p = F.log_softmax(out, dim=-1)
-        p = log_p.exp()
-        grad_out = p * (log_p + entropy[..., None]) * (-entropy_grad)[..., None]
-        grad_out -= p * g
+        log_p, p = probs
+        if entropy_grad is None:
+            grad_out = (p * g).neg_()
+        else:
+            grad_out = p * (log_p + entropy[..., None]) * (-entropy_grad)[..., None]
+            grad_out -= p * g
         grad_out.scatter_add_(-1, actions.long()[..., None], g)
     else:
         inverse_std = torch.exp(-log_std[:, None, :])  # [M, 1, A]
         u = (actions - out) * inverse_std
         grad_out = g * u * inverse_std
-        grad_log_std = (g * (u.square() - 1.0)).sum(1) + entropy_grad.sum(1)[:, None]
+        grad_log_std = (g * (u.square() - 1.0)).sum(1)
+        if entropy_grad is not None:
+            grad_log_std = grad_log_std + entropy_grad.sum(1)[:, None]
         if log_std.grad is None:
             log_std.grad = torch.zeros_like(log_std)
         log_std.grad.copy_(grad_log_std)
@@ -282,30 +296,37 @@ def ppo_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     clip_range: torch.Tensor,
-    clip_range_vf: torch.Tensor,
+    clip_range_vf: torch.Tensor | None,
     value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor,
+    entropy_coef: torch.Tensor | None,
 ) -> LossTerms:
     """The PPO loss of each member (module docstring); every row argument ``[M, R]``, the
-    coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: the value is not clipped).
+    coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: that member's value is not
+    clipped; None: no member's is, V_clip = V; ``entropy_coef`` None as :func:`combine`).
     :attr:`LossTerms.rows` holds the per-row numbers :func:`ppo_gradients` takes from it."""
-    epsilon, epsilon_v = clip_range[:, None], clip_range_vf[:, None]
+    epsilon = clip_range[:, None]
     weight = _weight(mask)
     log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
     clamped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
     unclipped, clipped = ratio * advantages, clamped * advantages
-    policy = -_mean(torch.minimum(unclipped, clipped), weight)
-    change = values - old_values
-    limited = change.clamp(-epsilon_v, epsilon_v)
-    error = returns - (old_values + limited)
-    value = _mean(error.square(), weight)
-    mean_entropy = _mean(entropy, weight)
-    loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
+    if clip_range_vf is None:
+        error = within = returns - values
+    else:
+        epsilon_v = clip_range_vf[:, None]
+        change = values - old_values
+        limited = change.clamp(-epsilon_v, epsilon_v)
+        error = returns - (old_values + limited)
     with torch.no_grad():
-        approx_kl = _mean((ratio - 1.0) - log_ratio, weight)
         inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
-        clip_fraction = _mean(((ratio - 1.0).abs() > epsilon).to(ratio.dtype), weight)
-        within = error * (limited == change).to(error.dtype)  # (R − V_clip)·ι
+        if clip_range_vf is not None:
+            within = error * (limited == change).to(error.dtype)  # (R − V_clip)·ι
+        # the diagnostics: r outside [1 − ε, 1 + ε] (|r − 1| > ε up to rounding), and the KL
+        diagnostics = ((ratio - 1.0) - log_ratio, 1.0 - inside)
+    surrogate, value, mean_entropy, approx_kl, clip_fraction = _means(
+        weight, torch.minimum(unclipped, clipped), error.square(), entropy, *diagnostics
+    )
+    policy = -surrogate
+    loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
     rows = (ratio, unclipped, clipped, inside, within, weight)
     return LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction, rows)

@@ -64,7 +64,10 @@ def sample_actions(out: np.ndarray, rng: np.random.Generator, std: np.ndarray | 
 
 
 def log_probs_and_entropy(
-    out: torch.Tensor, actions: torch.Tensor, log_std: torch.Tensor | None
+    out: torch.Tensor,
+    actions: torch.Tensor,
+    log_std: torch.Tensor | None,
+    keep: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(a|s) and the policy's entropy per row from the actor's outputs ``out [..., A]``:
     logits (``log_std`` None), or Gaussian means with ``log_std`` broadcastable to ``out`` (one
@@ -73,11 +76,16 @@ def log_probs_and_entropy(
 
     Categorical: log p_a = log_softmax(z)_a, H = −Σ_a p_a log p_a. Diagonal Gaussian:
     log π = Σ_i [−½ ((a_i − μ_i)/σ_i)² − log σ_i − ½ log 2π], H = Σ_i [½ + ½ log 2π + log σ_i].
+    With logits, ``keep`` (a list) receives log p and p of every action, which a gradient by
+    hand takes instead of computing them again.
     """
     if log_std is None:
         log_p = F.log_softmax(out, dim=-1)
+        p = log_p.exp()
+        if keep is not None:
+            keep += [log_p, p]
         log_probs = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-        return log_probs, -(log_p.exp() * log_p).sum(-1)
+        return log_probs, -(p * log_p).sum(-1)
     log_std = log_std.expand(out.shape)
     z = (actions - out) * torch.exp(-log_std)
     log_probs = (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(-1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -19,6 +20,7 @@ __all__ = [
     "StackedMLP",
     "clip_per_member",
     "explained_variance",
+    "host",
     "one_buffer",
     "stacked_linear",
     "stacked_tanh",
@@ -277,29 +279,46 @@ def one_buffer(
     return flat, (views.pop(0) if log_std is not None else None)
 
 
+def host(x: torch.Tensor) -> np.ndarray:
+    """``x`` as a NumPy array on the host, without a torch call where it is already there
+    (a ``.cpu()`` and a ``.detach()`` are calls of a few µs each)."""
+    if x.requires_grad:
+        x = x.detach()
+    return (x if x.device.type == "cpu" else x.cpu()).numpy()
+
+
 def clip_per_member(
-    params: Sequence[torch.Tensor], max_norm: torch.Tensor, learning: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    params: Sequence[torch.Tensor], max_norm: np.ndarray, learning: np.ndarray
+) -> tuple[torch.Tensor, np.ndarray]:
     """Clip each member's global gradient norm (over every stacked parameter, member on the
-    first axis) to its ``max_norm [M]`` (inf: no clipping), as ``torch.nn.utils.clip_grad_norm_``
-    does for one network, and zero the gradient slices of members not ``learning [M]`` or whose
-    norm is not finite (0 × NaN is NaN; the optimizer leaves them out of its step,
-    :meth:`~gae_core.agent.optim.Optimizer.step`). Returns (the norms before clipping, whether
-    each is finite)."""
-    size = max_norm.shape[0]
+    first axis) to its ``max_norm [M]`` (float32; inf: no clipping), as
+    ``torch.nn.utils.clip_grad_norm_`` does for one network, and zero the gradient slices of
+    members not ``learning [M]`` (bool) or whose norm is not finite (0 × NaN is NaN; the
+    optimizer leaves them out of its step, :meth:`~gae_core.agent.optim.Optimizer.step`).
+    Returns (the norms before clipping, whether each is finite (NumPy)). The M numbers between
+    the norms and the multiply are NumPy's: a dozen torch calls fewer a step."""
+    size = len(max_norm)
     grads = [p.grad.reshape(size, -1) for p in params if p.grad is not None]
-    norms = torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(g, dim=1) for g in grads], dim=1), dim=1
-    )  # [M], in the gradients' dtype, as clip_grad_norm_ computes it
-    finite = torch.isfinite(norms)
-    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    if len(grads) == 1:  # one buffer (one_buffer): the norm of one norm is itself
+        norms = torch.linalg.vector_norm(grads[0], dim=1)
+    else:
+        norms = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, dim=1) for g in grads], dim=1), dim=1
+        )  # [M], in the gradients' dtype, as clip_grad_norm_ computes it
+    values = host(norms)
+    finite = np.isfinite(values)
+    with np.errstate(all="ignore"):  # a norm of ∞ or NaN: its member is zeroed below
+        coef = np.minimum(max_norm / (values + values.dtype.type(1e-6)), 1.0)
+    coef = coef.astype(values.dtype, copy=False)
     idle = ~(finite & learning)
-    any_idle = bool(idle.any())
+    clipping = bool((coef != 1.0).any())
     for p in params:
         if p.grad is not None:
-            p.grad.mul_(coef.to(p.grad.dtype).view(size, *([1] * (p.grad.dim() - 1))))
-            if any_idle:
-                p.grad[idle] = 0.0
+            shape = (size, *([1] * (p.grad.dim() - 1)))
+            if clipping:
+                p.grad.mul_(torch.from_numpy(coef).to(p.grad.device).view(shape))
+            if idle.any():
+                p.grad[torch.from_numpy(idle).to(p.grad.device)] = 0.0
     return norms, finite
 
 

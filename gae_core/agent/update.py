@@ -47,7 +47,7 @@ from gae_core.agent.losses import (
 )
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import log_probs_and_entropy, sde_std
-from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance
+from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance, host
 
 __all__ = ["Batch", "Learned", "Learner", "gradient_by_hand"]
 
@@ -148,9 +148,14 @@ class Learner:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
         self.value_coef = column([c.value_coef for c in configs])
-        self.entropy_coef = column([c.entropy_coef for c in configs])
-        self.max_norm = column([c.max_grad_norm or math.inf for c in configs])
-        self.clip_range_vf = column([c.clip_range_vf or math.inf for c in configs])
+        # None where no member uses one: the losses then skip the term (losses.combine)
+        weighs_entropy = any(c.entropy_coef for c in configs)
+        self.entropy_coef = column([c.entropy_coef for c in configs]) if weighs_entropy else None
+        clips_value = any(c.clip_range_vf for c in configs)
+        self.clip_range_vf = (
+            column([c.clip_range_vf or math.inf for c in configs]) if clips_value else None
+        )
+        self.max_norm = np.array([c.max_grad_norm or math.inf for c in configs], np.float32)
         self.standardise = torch.tensor([c.normalize_advantages for c in configs], device=device)
         self.any_standardise = bool(self.standardise.any())
         self.target_kl = np.array([c.target_kl for c in configs], np.float64)
@@ -312,7 +317,7 @@ class Learner:
     ) -> np.ndarray:
         """One step of the members ``now`` on ``terms.loss``, its gradient by autograd or
         already written by hand (``by_hand``); returns those that stepped."""
-        finite = torch.isfinite(terms.loss.detach()).cpu().numpy()
+        finite = np.isfinite(host(terms.loss))
         for i in np.flatnonzero(now & ~finite).tolist():
             failures.setdefault(i, "loss")
         now = now & finite
@@ -322,15 +327,14 @@ class Learner:
                 parameters.grad.zero_()
         if not now.any():
             return now
-        device_now = torch.from_numpy(now).to(terms.loss.device)
         if not by_hand:  # (by hand, the rows of members not stepping are zeroed just below)
+            device_now = torch.from_numpy(now).to(terms.loss.device)
             with warnings.catch_warnings():
                 # the trainer's gradients are views of one buffer (stacked.one_buffer)
                 warnings.filterwarnings("ignore", message="grad and param do not obey")
                 loss = torch.where(device_now, terms.loss, torch.zeros_like(terms.loss))
                 loss.sum().backward()
-        norms, finite = clip_per_member(optimizer.params, self.max_norm, device_now)
-        finite = finite.cpu().numpy()
+        norms, finite = clip_per_member(optimizer.params, self.max_norm, now)
         for i in np.flatnonzero(now & ~finite).tolist():
             failures.setdefault(i, "gradient")
         now = now & finite
