@@ -310,6 +310,54 @@ def _writer(tmp_path, seed, mode):
     )
 
 
+class _BusyAtFirst:
+    """A SQLite connection whose first ``busy`` answers to ``PRAGMA journal_mode`` are
+    "database is locked" at once, as SQLite answers where its busy timeout could deadlock."""
+
+    def __init__(self, conn: sqlite3.Connection, busy: int) -> None:
+        self.conn, self.busy = conn, busy
+
+    def execute(self, sql, *args):
+        if sql.startswith("PRAGMA journal_mode") and self.busy:
+            self.busy -= 1
+            error = sqlite3.OperationalError("database is locked")
+            error.sqlite_errorcode, error.sqlite_errorname = sqlite3.SQLITE_BUSY, "SQLITE_BUSY"
+            raise error
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize("busy", [1, 3])
+def test_a_store_busy_while_it_opens_is_waited_for_and_its_runs_kept(tmp_path, monkeypatch, busy):
+    """Opening a store another process holds for a moment waits for it (it used to refuse the
+    store as "damaged or not a run store" when three workers opened one new store at once)."""
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run({"seed": 7})
+    connect = Database._connect
+    monkeypatch.setattr(
+        Database, "_connect", lambda self, timeout: _BusyAtFirst(connect(self, timeout), busy)
+    )
+    with RunStore(tmp_path) as store:
+        assert [r.id for r in store.list_runs()] == [run_id]
+
+
+def test_a_store_locked_past_the_busy_timeout_says_so_and_not_that_it_is_damaged(
+    tmp_path, monkeypatch
+):
+    RunStore(tmp_path).close()
+    connect = Database._connect
+    monkeypatch.setattr(
+        Database, "_connect", lambda self, timeout: _BusyAtFirst(connect(self, timeout), 10**6)
+    )
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="stayed locked by another process for 0.3 s") as info:
+        RunStore(tmp_path, busy_timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert "damaged" not in str(info.value)
+
+
 @pytest.mark.slow
 def test_processes_write_concurrently(tmp_path):
     procs = [_writer(tmp_path, seed, "finish") for seed in range(3)]

@@ -110,6 +110,10 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
+class _Busy(Exception):
+    """SQLite answered busy while a store was being opened (:meth:`Database._prepare_when_free`)."""
+
+
 class Database:
     """Thread-safe handle on the run database; share one per process.
 
@@ -135,7 +139,7 @@ class Database:
         self.last_refusal: str | None = None
         self._conn = self._connect(busy_timeout_s)
         try:
-            self._prepare()
+            self._prepare_when_free(busy_timeout_s)
         except BaseException:
             self._conn.close()
             raise
@@ -187,6 +191,27 @@ class Database:
                     conn.close()
         raise StoreError(f"cannot open the run store {self.path}: {last}")
 
+    def _prepare_when_free(self, busy_timeout_s: float) -> None:
+        """:meth:`_prepare`, again while another process holds the file. SQLite answers
+        "database is locked" at once, without its busy timeout, where waiting could deadlock
+        (e.g. while another connection turns a new file to WAL): several workers opening one
+        new store at once met it (``tests/test_store.py``)."""
+        deadline = time.monotonic() + busy_timeout_s
+        pause = 0.01
+        while True:
+            try:
+                self._prepare()
+                return
+            except _Busy as busy:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"{self.path} stayed locked by another process for "
+                        f"{busy_timeout_s:g} s (SQLite: {busy.__cause__}); try again when it "
+                        "is done"
+                    ) from None
+                time.sleep(pause)
+                pause = min(2 * pause, 0.2)
+
     def _prepare(self) -> None:
         conn = self._conn
         try:
@@ -215,6 +240,11 @@ class Database:
         except sqlite3.DatabaseError as exc:
             if is_disk_full(exc):
                 raise self._refused(exc) from None
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (
+                sqlite3.SQLITE_BUSY,
+                sqlite3.SQLITE_LOCKED,
+            ):
+                raise _Busy from exc  # another process holds it: not damage (above)
             if self.read_only:
                 raise StoreError(f"{self.path} cannot be read as a run store: {exc}") from None
             raise StoreError(
