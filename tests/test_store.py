@@ -352,7 +352,7 @@ def test_a_store_locked_past_the_busy_timeout_says_so_and_not_that_it_is_damaged
         Database, "_connect", lambda self, timeout: _BusyAtFirst(connect(self, timeout), 10**6)
     )
     started = time.monotonic()
-    with pytest.raises(StoreError, match="stayed locked by another process for 0.3 s") as info:
+    with pytest.raises(StoreError, match=r"stayed locked by another process for 0\.3 s") as info:
         RunStore(tmp_path, busy_timeout_s=0.3)
     assert 0.3 <= time.monotonic() - started < 5
     assert "damaged" not in str(info.value)
