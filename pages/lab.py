@@ -376,21 +376,22 @@ if not records:
 by_batch: dict[tuple, list] = {}
 for record in records:  # the results of one Measure (one per critic) are shown together
     by_batch.setdefault(record.summary.get("batch", record.id), []).append(record)
-batches = list(by_batch.values())
+batches = [sorted(batch, key=lambda r: r.critic_step) for batch in by_batch.values()]
 index = st.selectbox(
     "stored measurements (newest first)",
     range(len(batches)),
     format_func=lambda i: (
-        f"policy {batches[i][0].policy_step:,} · critics "
-        + ", ".join(f"{r.critic_step:,}" for r in batches[i])
-        + f" · {batches[i][0].summary.get('states')} states · {LAMBDA}* = "
-        + ", ".join(f"{r.summary.get('best_lambda'):g}" for r in batches[i])
+        f"policy {batches[i][0].policy_step:,} · {batches[i][0].summary.get('states')} states · "
+        + ", ".join(
+            f"critic {r.critic_step:,}: {LAMBDA}* = {r.summary.get('best_lambda'):g}"
+            for r in batches[i]
+        )
     ),
     key="lab.stored",
 )
 results = {
     f"critic {r.critic_step:,}": LabResult.from_json(store.load_lab_result(r.id))
-    for r in sorted(batches[index], key=lambda r: r.critic_step)
+    for r in batches[index]
 }
 st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batches[index][0].policy_step:,}")
 made_by = {"run_id": run_id, "policy_step": batches[index][0].policy_step,

@@ -635,6 +635,11 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         r.critic_step: LabResult.from_json(store.load_lab_result(r.id))
         for r in store.lab_records(recorded_run)
     }
+    # the stored measurement's label: each critic with its own λ*, in checkpoint order
+    (label,) = at.selectbox(key="lab.stored").options
+    assert label.endswith(", ".join(
+        f"critic {step:,}: λ* = {stored[step].best_lambda():g}" for step in sorted(stored)
+    ))  # fmt: skip
     level = next(iter(stored.values())).settings.confidence
     assert any(
         f"Bands: {level * 100:g} % percentile bootstrap across the 4 states" in c.value
