@@ -166,7 +166,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     else:
         samples = settings.batches * settings.batch_size + settings.reference
         st.caption(f"About {samples:,} samples; on CartPole "
-                   "the defaults take about 30 s, on HalfCheetah a few minutes.")  # fmt: skip
+                   "the defaults took 30–45 s on a 2-core CPU, on HalfCheetah a few "
+                   "minutes (the ETA settles once the first episodes have ended).")  # fmt: skip
     if st.button("Measure the gradient", type="primary", disabled=bool(problem),
                  key="lab.g_start"):  # fmt: skip
         _ui.lab_jobs()[f"gradient {run.id}"] = LabJob(
