@@ -163,6 +163,20 @@ def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
                            entropy_coef[m])  # fmt: skip
         torch.testing.assert_close(terms.loss[m], expected)
 
+    # no member clipping its value (None): V_clip = V, the plain squared error; no member
+    # weighing the entropy (None): c_e = 0
+    plain = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,
+                     epsilon, None, value_coef, None)  # fmt: skip
+    unclipped = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,
+                         epsilon, torch.full_like(epsilon, math.inf), value_coef,
+                         torch.zeros_like(value_coef))  # fmt: skip
+    for name in ("loss", "policy", "value", "entropy", "approx_kl", "clip_fraction"):
+        torch.testing.assert_close(getattr(plain, name), getattr(unclipped, name))
+    for m in range(members):
+        value = _mean((returns[m] - values[m]) ** 2, mask[m])
+        torch.testing.assert_close(plain.value[m], value)
+        torch.testing.assert_close(plain.loss[m], plain.policy[m] + value_coef[m] * value)
+
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), members=st.integers(1, 4), rows=st.integers(1, 30))
@@ -294,10 +308,10 @@ def _stacks(seed: int, members: int, sizes: list[int]) -> tuple[StackedMLP, Stac
 @given(
     seed=st.integers(0, 10_000), members=st.integers(1, 3), rows=st.integers(1, 12),
     actions=st.integers(1, 3), discrete=st.booleans(), algo=st.sampled_from(["a2c", "ppo"]),
-    value_clip=st.booleans(),
+    value_clip=st.sampled_from(["edge", "inf", "none"]), weigh_entropy=st.booleans(),
 )  # fmt: skip
 def test_gradients_by_hand_equal_autograd_of_the_loss(
-    seed, members, rows, actions, discrete, algo, value_clip
+    seed, members, rows, actions, discrete, algo, value_clip, weigh_entropy
 ):
     """``a2c_gradients`` and ``ppo_gradients`` (module docstring's formulas, then
     StackedMLP.backward) against autograd of ``a2c_loss`` and ``ppo_loss`` on the same networks
@@ -306,7 +320,8 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
     hidden layers (10 and 4 units). PPO's rows take the clipped surrogate's branches (ratios
     inside and outside [1 − ε, 1 + ε], ties at ratio 1; float32 ties outside the range: the
     test below) and the value clip's (ε_v one row's |V − V_old| exactly, that row on its edge,
-    0 when that row's V = V_old; or ε_v = ∞)."""
+    0 when that row's V = V_old; ε_v = ∞; or None, no member clips). ``entropy_coef`` None
+    (no member weighs the entropy) leaves the entropy's gradient out."""
     sizes_actor, sizes_critic = [3, 10, 4, actions], [3, 10, 1]
     assert sizes_actor[2] <= NARROW_MAX < sizes_actor[1]
     actor, actor_ref = _stacks(seed, members, sizes_actor)
@@ -317,6 +332,8 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
     obs = draw(members, rows, 3)
     advantages, returns = draw(members, rows), draw(members, rows)
     value_coef, entropy_coef = draw(members).abs(), draw(members).abs()
+    if not weigh_entropy:
+        entropy_coef = None
     generator = torch.Generator().manual_seed(seed)
     if discrete:
         acts = torch.randint(0, actions, (members, rows), generator=generator)
@@ -344,7 +361,9 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
         # V = V_old, where every other row is clipped), or no clip
         edge = torch.randint(0, rows, (members, 1), generator=generator)
         change = (values.detach() - old_values).abs().gather(1, edge).squeeze(1)
-        clip_range_vf = change if value_clip else torch.full((members,), math.inf)
+        clip_range_vf = {"edge": change, "inf": torch.full((members,), math.inf), "none": None}[
+            value_clip
+        ]
         rest = (old_log_probs, old_values, advantages, returns, mask, clip_range, clip_range_vf,
                 value_coef, entropy_coef)  # fmt: skip
         old, old_v, *tail = rest
