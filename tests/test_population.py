@@ -30,6 +30,7 @@ from gae_core.agent.stacked import (
     TANH_VIA_SIGMOID_MIN,
     TANH_VIA_SIGMOID_MIN_NO_GRAD,
     StackedMLP,
+    clip_per_member,
     stacked_linear,
     stacked_tanh,
 )
@@ -187,6 +188,47 @@ def test_stacked_linear_is_baddbmm_with_its_gradients(members, rows, fan_in, fan
                 torch.testing.assert_close(mine.grad, reference.grad, rtol=1e-5, atol=1e-4)
     with torch.no_grad():
         torch.testing.assert_close(stacked_linear(bias, x, weight), expected.detach())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    members=st.integers(1, 5), shapes=st.sampled_from([[(7,)], [(3, 4), (5,), (2, 2)]]),
+    scale=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 10_000),
+)  # fmt: skip
+def test_clip_per_member_is_clip_grad_norm_of_each_member(members, shapes, scale, seed):
+    """Each member's gradient (its slice of every stack) is what ``clip_grad_norm_`` leaves of
+    that member's tensors alone, with its own max norm (∞: none); a member not learning, or
+    whose norm is not finite, is zeroed and reported as such; one stack (the trainer's one
+    buffer) or several."""
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.zeros(members, *shape, requires_grad=True) for shape in shapes]
+    for p in params:
+        p.grad = scale * torch.randn(p.shape, generator=generator)
+    rng = np.random.default_rng(seed)
+    max_norm = np.where(rng.random(members) < 0.3, np.inf, rng.random(members) * 2 * scale)
+    max_norm = max_norm.astype(np.float32)
+    learning = rng.random(members) < 0.8
+    broken = members > 1 and rng.random() < 0.5
+    if broken:
+        params[0].grad[-1].view(-1)[0] = float("nan")
+    alone = []
+    for m in range(members):
+        copies = [torch.zeros_like(p[m]).requires_grad_(True) for p in params]
+        for c, p in zip(copies, params, strict=True):
+            c.grad = p.grad[m].clone()
+        norm = torch.nn.utils.clip_grad_norm_(copies, float(max_norm[m]))
+        alone.append((norm, [c.grad for c in copies]))
+    norms, finite = clip_per_member(params, max_norm, learning)
+    assert isinstance(finite, np.ndarray) and finite.dtype == bool
+    for m, (norm, grads) in enumerate(alone):
+        torch.testing.assert_close(norms[m], norm, equal_nan=True)
+        assert finite[m] == bool(torch.isfinite(norm))
+        for p, grad in zip(params, grads, strict=True):
+            if learning[m] and finite[m]:
+                torch.testing.assert_close(p.grad[m], grad)
+            else:
+                assert not p.grad[m].any()
+    assert not broken or not finite[-1]
 
 
 def test_a_stacked_network_is_its_members_networks():
