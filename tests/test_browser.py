@@ -175,6 +175,26 @@ def wait_idle(page) -> None:
     page.wait_for_selector(APP_READY)
 
 
+def expect(target, message: str | None = None):
+    """Playwright's retrying ``expect`` (imported when called: without Playwright this module
+    still collects and its tests skip). Use it, not a one-shot read, for what a rerun the test
+    set off draws: the app can read idle (:func:`wait_idle`) before that rerun has begun, and
+    a rerun sends its elements one message at a time."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(target, message)
+
+
+def ends_with(text: str) -> re.Pattern:
+    """A value ending in ``text`` (``str.endswith``), for :func:`expect`'s ``to_have_value``."""
+    return re.compile(re.escape(text) + "$")
+
+
+def holds(text: str) -> re.Pattern:
+    """A URL holding ``text`` (``text in page.url``), for :func:`expect`'s ``to_have_url``."""
+    return re.compile(re.escape(text))
+
+
 def screenshot(page, name: str) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
@@ -306,7 +326,10 @@ def test_home_starts_with_an_empty_data_folder(app_page, app_server):
     open_page(page, app_server)
     assert page.locator("h1").first.inner_text() == "GAE Lab"
     assert nav_labels(page) == PAGES
-    assert page.get_by_text("Runs in progress: 0").is_visible()
+    # the sidebar is drawn after the page: open_page waited for the page's h1 only
+    expect(
+        page.get_by_text("Runs in progress: 0"), "the sidebar's 'Runs in progress: 0'"
+    ).to_be_visible(timeout=30_000)
     assert page.locator('[data-testid="stException"]').count() == 0
     assert store_of(app_server).list_runs() == []
     # Nothing in the data folder but the (empty) store the app created.
@@ -320,7 +343,9 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     latency, Stop → ``stopped`` in the store and on the page."""
     page = app_page
     open_page(page, app_server, "train")
-    assert page.get_by_text("No runs yet").is_visible()
+    expect(page.get_by_text("No runs yet"), "the Train page's 'No runs yet'").to_be_visible(
+        timeout=30_000
+    )
     assert page.locator(".st-key-train-env_id input").input_value() == "CartPole-v1"
     start = page.locator(".st-key-train-start button").bounding_box()  # before any scrolling
     assert start["y"] + start["height"] <= VIEWPORT_HEIGHT, start  # Start is in view at 1400×900
@@ -432,10 +457,10 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     page.get_by_text(re.compile(r"stopped at step [\d,]+")).wait_for(timeout=30_000)
     TIMINGS["stop_click_to_stopped_on_page_s"] = round(time.monotonic() - start, 2)
     stopped = store.get_run(run.id)
-    assert (
-        f"stopped at step {stopped.env_steps:,}"
-        in page.locator('[data-testid="stMain"]').inner_text()
-    )
+    # the step the store holds, not only some "stopped at step N" (a redraw may still follow)
+    expect(
+        page.locator('[data-testid="stMain"]'), "the Train page's stopped status line"
+    ).to_contain_text(f"stopped at step {stopped.env_steps:,}", use_inner_text=True, timeout=15_000)
     # the Stop button goes with the redraw that follows (stale elements linger until then)
     page.locator(".st-key-train-stop").wait_for(state="detached", timeout=15_000)
     # Cross-check: after the final redraw the chart shows every stored point (≤ MAX_POINTS).
@@ -686,15 +711,22 @@ def test_a_pasted_link_opens_the_same_view_and_measure_carries_it_to_the_lab(
         page.wait_for_function("() => location.pathname.endsWith('/lab')", timeout=30_000)
         page.locator(".st-key-lab-policy").wait_for(timeout=30_000)
         wait_idle(page)
-        assert f"run={recorded_run}" in page.url and f"policy={steps[0]}" in page.url
-        assert page.locator(".st-key-lab-run input").input_value().endswith(recorded_run)
-        assert page.locator(".st-key-lab-policy input").input_value() == f"{steps[0]:,}"
+        for part in (f"run={recorded_run}", f"policy={steps[0]}"):
+            expect(page, f"the lab's URL holds {part}").to_have_url(holds(part), timeout=30_000)
+        expect(
+            page.locator(".st-key-lab-run input"), f"the lab's run box: {recorded_run}"
+        ).to_have_value(ends_with(recorded_run), timeout=30_000)
+        expect(
+            page.locator(".st-key-lab-policy input"), f"the lab's policy box: {steps[0]:,}"
+        ).to_have_value(f"{steps[0]:,}", timeout=30_000)
 
         page.go_back()
         page.wait_for_function("() => location.pathname.endsWith('/explorer')", timeout=30_000)
         page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=30_000)
         wait_idle(page)
-        assert page.locator(".st-key-ex-policy input").input_value() == f"{steps[0]:,}"
+        expect(
+            page.locator(".st-key-ex-policy input"), f"the explorer's policy box: {steps[0]:,}"
+        ).to_have_value(f"{steps[0]:,}", timeout=30_000)
     finally:
         context.close()
 
@@ -718,7 +750,9 @@ def test_a_lab_job_left_running_shows_in_the_sidebar_with_a_way_back(
     page.wait_for_function("() => location.pathname.endsWith('/lab')", timeout=30_000)
     page.locator(".st-key-lab-run").wait_for(timeout=30_000)
     wait_idle(page)
-    assert page.locator(".st-key-lab-run input").input_value().endswith(recorded_run)
+    expect(
+        page.locator(".st-key-lab-run input"), f"the lab's run box: {recorded_run}"
+    ).to_have_value(ends_with(recorded_run), timeout=30_000)
     # let it finish before the next test (it is stored with the run)
     store = store_of(app_server)
     assert wait_until(lambda: len(store.lab_records(recorded_run)) >= 1, 120)
@@ -770,10 +804,14 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     message = page.get_by_text("λ values must be in [0, 1], got 1.5")
     message.wait_for()
     launch = page.locator(".st-key-cmp-launch button")
+    # Launch is drawn after the message, in a later message of the same rerun: wait for it
+    expect(launch, "Launch disabled by the bad λ").to_be_disabled(timeout=30_000)
+    expect(launch, "Launch's label: fix …").to_contain_text(
+        "fix", use_inner_text=True, timeout=30_000
+    )
     for element in (message, launch):
         box = element.bounding_box()
         assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
-    assert launch.is_disabled() and "fix" in launch.inner_text()
     field.fill("0.5, 1")
     field.press("Enter")
     wait_idle(page)
@@ -782,8 +820,6 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     set_number(page, "cmp-total_steps", 1500)
     # a committed value's rerun may not have begun when wait_idle looks (the app reads idle
     # until it does), so wait for the label rather than read it once
-    from playwright.sync_api import expect
-
     expect(launch).to_have_text("Launch 2 runs (2 λ × 1 seed)", timeout=30_000)
     launch.click()
     assert wait_until(lambda: len({s.id for s in store.list_sweeps()} - before) == 1, 30)
@@ -849,7 +885,9 @@ def test_a_direct_link_on_a_fresh_server_gets_the_apps_navigation(
         page.wait_for_selector(APP_READY)
         assert nav_labels(page) == PAGES
         assert page.url.rstrip("/").endswith("/runs")
-        assert page.get_by_text("No runs in the store yet").is_visible()
+        expect(
+            page.get_by_text("No runs in the store yet"), "the Runs page's empty-store note"
+        ).to_be_visible(timeout=30_000)
     finally:
         context.close()
 
@@ -973,7 +1011,9 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     assert wait_until(lambda: store.get_run(run_id).status == "finished", 120)
     page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
     wait_idle(page)
-    assert f"run={run_id}" in page.url
+    expect(page, f"the Train page's URL holds run={run_id}").to_have_url(
+        holds(f"run={run_id}"), timeout=30_000
+    )
     config = store.get_run(run_id).config
     _, frame = download_csv(page, page.locator(".st-key-train-csv-episodic_return a"))
     says_what_it_holds(frame, run_id=run_id, lambda_=config["lambda_"], seed=config["seed"])
@@ -984,7 +1024,9 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     page.wait_for_function("() => location.pathname.endsWith('/explorer')", timeout=30_000)
     page.locator(".st-key-ex-main .js-plotly-plot").wait_for(timeout=60_000)
     wait_idle(page)
-    assert page.locator(".st-key-ex-run input").input_value().endswith(run_id)
+    expect(page.locator(".st-key-ex-run input"), f"the explorer's run box: {run_id}").to_have_value(
+        ends_with(run_id), timeout=30_000
+    )
     policy = store.checkpoint_steps(run_id)[-1]
     for key in ("ex-csv", "ex-heat_csv", "ex-weights_csv"):
         _, frame = download_csv(page, page.locator(f".st-key-{key} button"))
@@ -997,9 +1039,14 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     page.wait_for_function("() => location.pathname.endsWith('/lab')", timeout=30_000)
     page.locator(".st-key-lab-start button").wait_for(timeout=30_000)
     wait_idle(page)
-    assert f"run={run_id}" in page.url and f"policy={policy}" in page.url
-    assert page.locator(".st-key-lab-run input").input_value().endswith(run_id)
-    assert page.locator(".st-key-lab-policy input").input_value() == f"{policy:,}"
+    for part in (f"run={run_id}", f"policy={policy}"):
+        expect(page, f"the lab's URL holds {part}").to_have_url(holds(part), timeout=30_000)
+    expect(page.locator(".st-key-lab-run input"), f"the lab's run box: {run_id}").to_have_value(
+        ends_with(run_id), timeout=30_000
+    )
+    expect(
+        page.locator(".st-key-lab-policy input"), f"the lab's policy box: {policy:,}"
+    ).to_have_value(f"{policy:,}", timeout=30_000)
     for key, value in {"states": 4, "rollouts": 4, "k": 4, "segment": 20}.items():
         set_number(page, f"lab-{key}", value)
     page.locator(".st-key-lab-start button").click()
@@ -1032,7 +1079,9 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     page.locator(".st-key-cmp-go_compare button").click(timeout=60_000)
     page.locator(".st-key-cmp-curves .js-plotly-plot").wait_for(timeout=60_000)
     wait_idle(page)
-    assert f"sweep={sweep_id}" in page.url
+    expect(page, f"the Compare page's URL holds sweep={sweep_id}").to_have_url(
+        holds(f"sweep={sweep_id}"), timeout=30_000
+    )
     for key in ("curves_csv", "bands_csv", "summary_csv"):
         _, frame = download_csv(page, page.locator(f".st-key-cmp-{key} button"))
         says_what_it_holds(frame, sweep_id=sweep_id)
