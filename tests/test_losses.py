@@ -163,6 +163,17 @@ def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
                            entropy_coef[m])  # fmt: skip
         torch.testing.assert_close(terms.loss[m], expected)
 
+    # a member that does not clip (ε_v = ∞) has, bit for bit, the numbers it has alone with
+    # None (V_clip = V): whether another member clips changes nothing of its own
+    for m in range(members):
+        if math.isinf(epsilon_v[m]):
+            own = (x[m : m + 1] for x in (log_probs, old, entropy, values, old_values, advantages,
+                                          returns, mask))  # fmt: skip
+            alone = ppo_loss(*own, epsilon[m : m + 1], None, value_coef[m : m + 1],
+                             entropy_coef[m : m + 1])  # fmt: skip
+            for name in ("loss", "policy", "value", "entropy", "approx_kl", "clip_fraction"):
+                torch.testing.assert_close(getattr(alone, name)[0], getattr(terms, name)[m],
+                                           rtol=0, atol=0)  # fmt: skip
     # no member clipping its value (None): V_clip = V, the plain squared error; no member
     # weighing the entropy (None): c_e = 0
     plain = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,

@@ -352,10 +352,30 @@ def test_a_store_locked_past_the_busy_timeout_says_so_and_not_that_it_is_damaged
         Database, "_connect", lambda self, timeout: _BusyAtFirst(connect(self, timeout), 10**6)
     )
     started = time.monotonic()
-    with pytest.raises(StoreError, match=r"stayed locked by another process for 0\.3 s") as info:
+    with pytest.raises(StoreError, match=r"stayed locked by another connection for 0\.3 s") as info:
         RunStore(tmp_path, busy_timeout_s=0.3)
     assert 0.3 <= time.monotonic() - started < 5
     assert "damaged" not in str(info.value)
+
+
+def test_a_read_only_open_of_a_store_a_writer_holds_says_so_and_reads_nothing_stale(tmp_path):
+    """A read-only open falls back to SQLite's immutable mode only where the file cannot be
+    opened read-only otherwise (a read-only folder), never past a writer's lock: immutable
+    reads ignore locks and the journal, so it would show what the writer is replacing."""
+    with RunStore(tmp_path) as store:
+        store.create_run({"seed": 1})
+    writer = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)
+    try:
+        writer.execute("PRAGMA journal_mode = DELETE")  # a lock that blocks readers
+        writer.execute("BEGIN EXCLUSIVE")
+        writer.execute("DELETE FROM runs")
+        with pytest.raises(StoreError, match="locked by another connection"):
+            RunStore(tmp_path, read_only=True, busy_timeout_s=0.2)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    with RunStore(tmp_path, read_only=True) as store:  # once it is released: read as usual
+        assert len(store.list_runs()) == 1
 
 
 @pytest.mark.slow

@@ -316,7 +316,10 @@ def ppo_loss(
         epsilon_v = clip_range_vf[:, None]
         change = values - old_values
         limited = change.clamp(-epsilon_v, epsilon_v)
-        error = returns - (old_values + limited)
+        # a member that does not clip takes V itself, as it would alone (V_old + (V − V_old)
+        # can round away from V): its numbers never depend on whether another member clips
+        clipped_values = torch.where(epsilon_v.isinf(), values, old_values + limited)
+        error = returns - clipped_values
     with torch.no_grad():
         inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
         if clip_range_vf is not None:

@@ -311,14 +311,14 @@ def clip_per_member(
         coef = np.minimum(max_norm / (values + values.dtype.type(1e-6)), 1.0)
     coef = coef.astype(values.dtype, copy=False)
     idle = ~(finite & learning)
-    clipping = bool((coef != 1.0).any())
+    scale = torch.from_numpy(coef).to(norms.device) if (coef != 1.0).any() else None
+    zeroed = torch.from_numpy(idle).to(norms.device) if idle.any() else None
     for p in params:
         if p.grad is not None:
-            shape = (size, *([1] * (p.grad.dim() - 1)))
-            if clipping:
-                p.grad.mul_(torch.from_numpy(coef).to(p.grad.device).view(shape))
-            if idle.any():
-                p.grad[torch.from_numpy(idle).to(p.grad.device)] = 0.0
+            if scale is not None:
+                p.grad.mul_(scale.view(size, *([1] * (p.grad.dim() - 1))))
+            if zeroed is not None:
+                p.grad[zeroed] = 0.0
     return norms, finite
 
 

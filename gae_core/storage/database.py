@@ -110,6 +110,12 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
+def _busy(exc: BaseException) -> bool:
+    """Whether SQLite answered that another connection holds the file (busy or locked)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary result code
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 class _Busy(Exception):
     """SQLite answered busy while a store was being opened (:meth:`Database._prepare_when_free`)."""
 
@@ -189,6 +195,11 @@ class Database:
                 last = exc
                 if conn is not None:  # opened, but not a database: not left open
                     conn.close()
+                if _busy(exc):  # held by a writer: immutable would read around its lock
+                    raise StoreError(
+                        f"{self.path} is locked by another connection (SQLite: {exc}); try "
+                        "again when it is done"
+                    ) from None
         raise StoreError(f"cannot open the run store {self.path}: {last}")
 
     def _prepare_when_free(self, busy_timeout_s: float) -> None:
@@ -205,7 +216,7 @@ class Database:
             except _Busy as busy:
                 if time.monotonic() >= deadline:
                     raise StoreError(
-                        f"{self.path} stayed locked by another process for "
+                        f"{self.path} stayed locked by another connection for "
                         f"{busy_timeout_s:g} s (SQLite: {busy.__cause__}); try again when it "
                         "is done"
                     ) from None
@@ -240,10 +251,7 @@ class Database:
         except sqlite3.DatabaseError as exc:
             if is_disk_full(exc):
                 raise self._refused(exc) from None
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (
-                sqlite3.SQLITE_BUSY,
-                sqlite3.SQLITE_LOCKED,
-            ):
+            if _busy(exc):
                 raise _Busy from exc  # another process holds it: not damage (above)
             if self.read_only:
                 raise StoreError(f"{self.path} cannot be read as a run store: {exc}") from None
