@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from unittest import mock
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gae_core import metrics as M
+from gae_core.agent import stacked as stacked_module
 from gae_core.agent import update as update_module
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.normalize import NORMALIZATION_EPSILON, Normalizers, RunningMoments
@@ -122,12 +124,19 @@ def test_members_start_from_the_single_runs_weights(env_id, sde):
     rows=st.integers(1, 700),
     scale=st.sampled_from([1e-4, 0.1, 1.0, 4.0, 30.0]),
     seed=st.integers(0, 2**31 - 1),
+    form_on_cpu=st.booleans(),
 )
-def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed):
+def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed, form_on_cpu):
     """tanh(x) = 2·σ(2x) − 1 (its form above TANH_VIA_SIGMOID_MIN elements with a gradient,
     TANH_VIA_SIGMOID_MIN_NO_GRAD without) agrees with torch.tanh to 4e-7 at any scale of x,
-    with the gradient (1 − tanh²(x))·g, with grad enabled or not; below the threshold it is
-    torch.tanh itself. NaN and ±inf map as tanh's."""
+    with the gradient (1 − tanh²(x))·g, with grad enabled or not; below the threshold, and at
+    any size on a CPU that does not take the form (TANH_VIA_SIGMOID_ON_CPU), it is torch.tanh
+    itself. NaN and ±inf map as tanh's. Both CPU rules are checked on any CPU."""
+    with mock.patch.object(stacked_module, "TANH_VIA_SIGMOID_ON_CPU", form_on_cpu):
+        _check_stacked_tanh(rows, scale, seed, form_on_cpu)
+
+
+def _check_stacked_tanh(rows: int, scale: float, seed: int, form_on_cpu: bool) -> None:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(3, rows, 64, generator=generator) * scale
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
@@ -135,13 +144,13 @@ def test_stacked_tanh_is_tanh_and_its_gradient_is_tanhs(rows, scale, seed):
     with torch.no_grad():
         got = stacked_tanh(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=4e-7, equal_nan=True)
-    if x.numel() < TANH_VIA_SIGMOID_MIN_NO_GRAD:
+    if x.numel() < TANH_VIA_SIGMOID_MIN_NO_GRAD or not form_on_cpu:
         assert torch.equal(got.nan_to_num(), expected.nan_to_num())
     leaf = x.clone().requires_grad_(True)
     grad = torch.randn(x.shape, generator=generator)
     forward = stacked_tanh(leaf)
     torch.testing.assert_close(forward.detach(), expected, rtol=0, atol=4e-7, equal_nan=True)
-    if x.numel() < TANH_VIA_SIGMOID_MIN:
+    if x.numel() < TANH_VIA_SIGMOID_MIN or not form_on_cpu:
         assert torch.equal(forward.detach().nan_to_num(), expected.nan_to_num())
     (gradient,) = torch.autograd.grad(forward, leaf, grad)
     exact = (1 - expected.square()) * grad
@@ -229,6 +238,30 @@ def test_clip_per_member_is_clip_grad_norm_of_each_member(members, shapes, scale
             else:
                 assert not p.grad[m].any()
     assert not broken or not finite[-1]
+
+
+@pytest.mark.parametrize("form_on_cpu", [True, False])
+def test_a_stacked_networks_layers_are_its_members_layers(form_on_cpu):
+    """StackedMLP.layers (each layer's input and the output, no graph; its tanh in the sigmoid
+    form's in-place variant where that form is taken) is every member's own forward pass,
+    layer by layer, whichever CPU rule holds."""
+    observations = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    nets = [
+        ActorCritic(observations, gym.spaces.Discrete(2), (64, 64), seed, 0.0).actor
+        for seed in range(3)
+    ]
+    x = 3.0 * torch.randn(3, 300, 4, generator=torch.Generator().manual_seed(1))
+    assert x.shape[0] * x.shape[1] * 64 >= TANH_VIA_SIGMOID_MIN_NO_GRAD
+    with mock.patch.object(stacked_module, "TANH_VIA_SIGMOID_ON_CPU", form_on_cpu):
+        outputs = StackedMLP(nets).layers(x)
+    with torch.no_grad():
+        for i, net in enumerate(nets):
+            h = x[i]
+            for layer, got in zip([m for m in net if isinstance(m, torch.nn.Linear)],
+                                  outputs[1:], strict=True):  # fmt: skip
+                h = layer(h)
+                h = torch.tanh(h) if got is not outputs[-1] else h
+                torch.testing.assert_close(got[i], h, rtol=1e-5, atol=2e-6)
 
 
 def test_a_stacked_network_is_its_members_networks():

@@ -17,6 +17,7 @@ __all__ = [
     "NARROW_MAX",
     "TANH_VIA_SIGMOID_MIN",
     "TANH_VIA_SIGMOID_MIN_NO_GRAD",
+    "TANH_VIA_SIGMOID_ON_CPU",
     "StackedMLP",
     "clip_per_member",
     "explained_variance",
@@ -24,6 +25,7 @@ __all__ = [
     "one_buffer",
     "stacked_linear",
     "stacked_tanh",
+    "tanh_via_sigmoid",
 ]
 
 #: Tensors of at least this many elements take :func:`stacked_tanh`'s sigmoid form when they
@@ -31,6 +33,20 @@ __all__ = [
 #: :data:`TANH_VIA_SIGMOID_MIN_NO_GRAD` when they do not (a rollout's forward pass).
 TANH_VIA_SIGMOID_MIN = 32_768
 TANH_VIA_SIGMOID_MIN_NO_GRAD = 8_192
+
+#: Whether CPU tensors take the sigmoid form at all: where torch runs its AVX-512 kernels,
+#: ``torch.tanh`` is the cheaper (an Intel Xeon: 0.26–0.39 of the form's time on a population's
+#: activations, whole population updates 1.02–1.04× faster; ``benchmarks/bench_population.py``,
+#: docs/PERFORMANCE.md); the form was measured faster on an AVX2 CPU. Fixed per machine, so a
+#: seed's run repeats itself there. CUDA tensors keep the thresholds (not measured on a GPU).
+TANH_VIA_SIGMOID_ON_CPU = not torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def tanh_via_sigmoid(elements: int, device: torch.device, threshold: int) -> bool:
+    """Whether activations of ``elements`` on ``device`` take tanh's sigmoid form
+    (:func:`stacked_tanh`): from ``threshold`` elements, on a CPU where it is the cheaper
+    (:data:`TANH_VIA_SIGMOID_ON_CPU`) or off the CPU."""
+    return elements >= threshold and (TANH_VIA_SIGMOID_ON_CPU or device.type != "cpu")
 
 
 class _TanhViaSigmoid(torch.autograd.Function):
@@ -58,18 +74,19 @@ def _tanh_via_sigmoid(x: torch.Tensor) -> torch.Tensor:
 def stacked_tanh(x: torch.Tensor) -> torch.Tensor:
     """``torch.tanh`` for a population's stacked activations, faster on large tensors.
 
-    Computes tanh(x) = 2·σ(2x) − 1 in one buffer, because ``torch.sigmoid`` is much cheaper
-    per element than ``torch.tanh`` on the CPUs this project runs on (measured in
-    docs/PERFORMANCE.md, section "Hand-written forms and the measurements behind them"). The
-    two agree to within 4e-7 (a few float32 ulps of 1; ``tests/test_population.py``). Tensors
-    under :data:`TANH_VIA_SIGMOID_MIN` elements keep ``torch.tanh``: there the custom autograd
-    node's overhead outweighs the gain. Without a gradient (a rollout's forward pass) there is
-    no node to pay for, so the threshold is the lower :data:`TANH_VIA_SIGMOID_MIN_NO_GRAD`."""
+    Computes tanh(x) = 2·σ(2x) − 1 in one buffer where ``torch.sigmoid`` is much cheaper per
+    element than ``torch.tanh`` (an AVX2 CPU: measured in docs/PERFORMANCE.md, section
+    "Hand-written forms and the measurements behind them"; not where torch runs AVX-512
+    kernels, :data:`TANH_VIA_SIGMOID_ON_CPU`). The two agree to within 4e-7 (a few float32
+    ulps of 1; ``tests/test_population.py``). Tensors under :data:`TANH_VIA_SIGMOID_MIN`
+    elements keep ``torch.tanh``: there the custom autograd node's overhead outweighs the gain.
+    Without a gradient (a rollout's forward pass) there is no node to pay for, so the threshold
+    is the lower :data:`TANH_VIA_SIGMOID_MIN_NO_GRAD`."""
     if x.requires_grad and torch.is_grad_enabled():
-        if x.numel() < TANH_VIA_SIGMOID_MIN:
+        if not tanh_via_sigmoid(x.numel(), x.device, TANH_VIA_SIGMOID_MIN):
             return torch.tanh(x)
         return _TanhViaSigmoid.apply(x)
-    if x.numel() < TANH_VIA_SIGMOID_MIN_NO_GRAD:
+    if not tanh_via_sigmoid(x.numel(), x.device, TANH_VIA_SIGMOID_MIN_NO_GRAD):
         return torch.tanh(x)
     return _tanh_via_sigmoid(x)
 
@@ -172,7 +189,8 @@ class StackedMLP:
         last = len(self.weights) - 1
         with torch.no_grad():
             for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
-                wide = x.shape[0] * x.shape[1] * weight.shape[2] >= TANH_VIA_SIGMOID_MIN_NO_GRAD
+                elements = x.shape[0] * x.shape[1] * weight.shape[2]
+                wide = tanh_via_sigmoid(elements, x.device, TANH_VIA_SIGMOID_MIN_NO_GRAD)
                 if i < last and wide and self.activation is stacked_tanh:
                     # tanh(y) = 2σ(2y) − 1 with 2y from the product itself (×2 is exact) and
                     # the rest in place: three passes over one buffer (stacked_tanh's form)
