@@ -804,14 +804,14 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     message = page.get_by_text("λ values must be in [0, 1], got 1.5")
     message.wait_for()
     launch = page.locator(".st-key-cmp-launch button")
+    for element in (message, launch):  # in view where the error shows (measured at once)
+        box = element.bounding_box()
+        assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
     # Launch is drawn after the message, in a later message of the same rerun: wait for it
     expect(launch, "Launch disabled by the bad λ").to_be_disabled(timeout=30_000)
     expect(launch, "Launch's label: fix …").to_contain_text(
         "fix", use_inner_text=True, timeout=30_000
     )
-    for element in (message, launch):
-        box = element.bounding_box()
-        assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
     field.fill("0.5, 1")
     field.press("Enter")
     wait_idle(page)
