@@ -34,11 +34,10 @@ __all__ = [
 TANH_VIA_SIGMOID_MIN = 32_768
 TANH_VIA_SIGMOID_MIN_NO_GRAD = 8_192
 
-#: Whether CPU tensors take the sigmoid form at all: where torch runs its AVX-512 kernels,
-#: ``torch.tanh`` is the cheaper (an Intel Xeon: 0.26–0.39 of the form's time on a population's
-#: activations, whole population updates 1.02–1.04× faster; ``benchmarks/bench_population.py``,
-#: docs/PERFORMANCE.md); the form was measured faster on an AVX2 CPU. Fixed per machine, so a
-#: seed's run repeats itself there. CUDA tensors keep the thresholds (not measured on a GPU).
+#: Whether CPU tensors take the sigmoid form at all: not where torch runs its AVX-512 kernels,
+#: whose ``torch.tanh`` is the cheaper (``benchmarks/bench_population.py``; figures in
+#: docs/PERFORMANCE.md). Fixed per machine, so a seed's run repeats itself there. CUDA tensors
+#: keep the thresholds.
 TANH_VIA_SIGMOID_ON_CPU = not torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
@@ -314,7 +313,7 @@ def clip_per_member(
     members not ``learning [M]`` (bool) or whose norm is not finite (0 × NaN is NaN; the
     optimizer leaves them out of its step, :meth:`~gae_core.agent.optim.Optimizer.step`).
     Returns (the norms before clipping, whether each is finite (NumPy)). The M numbers between
-    the norms and the multiply are NumPy's: a dozen torch calls fewer a step."""
+    the norms and the multiply are NumPy's, where they cost no torch dispatch."""
     size = len(max_norm)
     grads = [p.grad.reshape(size, -1) for p in params if p.grad is not None]
     if len(grads) == 1:  # one buffer (one_buffer): the norm of one norm is itself

@@ -203,10 +203,9 @@ class Database:
         raise StoreError(f"cannot open the run store {self.path}: {last}")
 
     def _prepare_when_free(self, busy_timeout_s: float) -> None:
-        """:meth:`_prepare`, again while another process holds the file. SQLite answers
-        "database is locked" at once, without its busy timeout, where waiting could deadlock
-        (e.g. while another connection turns a new file to WAL): several workers opening one
-        new store at once met it (``tests/test_store.py``)."""
+        """:meth:`_prepare`, again while another connection holds the file, for up to
+        ``busy_timeout_s``: SQLite answers "database is locked" at once, without its busy
+        timeout, where waiting could deadlock (e.g. several workers opening one new store)."""
         deadline = time.monotonic() + busy_timeout_s
         pause = 0.01
         while True:
