@@ -167,11 +167,21 @@ def _check_stacked_tanh(rows: int, scale: float, seed: int, form_on_cpu: bool) -
     fan_out=st.sampled_from([1, 2, 3, NARROW_MAX, NARROW_MAX + 1]),
     grads=st.sampled_from(["all", "no input", "none"]),
     seed=st.integers(0, 2**31 - 1),
+    form_on_cpu=st.booleans(),
 )
-def test_stacked_linear_is_baddbmm_with_its_gradients(members, rows, fan_in, fan_out, grads, seed):
+def test_stacked_linear_is_baddbmm_with_its_gradients(
+    members, rows, fan_in, fan_out, grads, seed, form_on_cpu
+):
     """stacked_linear(b, x, W) = baddbmm(b, x, W) (narrow layers take transposed forms), and
     its gradients with respect to b, x and W are baddbmm's, for any shapes, whichever inputs
-    need a gradient, and without one."""
+    need a gradient, and without one. Both CPU rules for the narrow product
+    (NARROW_FORWARD_ON_CPU) are checked on any CPU; where it is not taken, the product is
+    baddbmm's to the bit."""
+    with mock.patch.object(stacked_module, "NARROW_FORWARD_ON_CPU", form_on_cpu):
+        _check_stacked_linear(members, rows, fan_in, fan_out, grads, seed, form_on_cpu)
+
+
+def _check_stacked_linear(members, rows, fan_in, fan_out, grads, seed, form_on_cpu) -> None:
     generator = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
     bias, x, weight = (
@@ -186,6 +196,8 @@ def test_stacked_linear_is_baddbmm_with_its_gradients(members, rows, fan_in, fan
     out = stacked_linear(*ours)
     expected = torch.baddbmm(*theirs)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    if not form_on_cpu:
+        assert torch.equal(out, expected)
     assert out.shape == (members, rows, fan_out) and out.is_contiguous()
     if inputs:
         out.backward(grad)
@@ -243,8 +255,8 @@ def test_clip_per_member_is_clip_grad_norm_of_each_member(members, shapes, scale
 @pytest.mark.parametrize("form_on_cpu", [True, False])
 def test_a_stacked_networks_layers_are_its_members_layers(form_on_cpu):
     """StackedMLP.layers (each layer's input and the output, no graph; its tanh in the sigmoid
-    form's in-place variant where that form is taken) is every member's own forward pass,
-    layer by layer, whichever CPU rule holds."""
+    form's in-place variant where that form is taken, its last product in the narrow form where
+    that is) is every member's own forward pass, layer by layer, whichever CPU rules hold."""
     observations = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     nets = [
         ActorCritic(observations, gym.spaces.Discrete(2), (64, 64), seed, 0.0).actor
@@ -252,7 +264,10 @@ def test_a_stacked_networks_layers_are_its_members_layers(form_on_cpu):
     ]
     x = 3.0 * torch.randn(3, 300, 4, generator=torch.Generator().manual_seed(1))
     assert x.shape[0] * x.shape[1] * 64 >= TANH_VIA_SIGMOID_MIN_NO_GRAD
-    with mock.patch.object(stacked_module, "TANH_VIA_SIGMOID_ON_CPU", form_on_cpu):
+    with (
+        mock.patch.object(stacked_module, "TANH_VIA_SIGMOID_ON_CPU", form_on_cpu),
+        mock.patch.object(stacked_module, "NARROW_FORWARD_ON_CPU", form_on_cpu),
+    ):
         outputs = StackedMLP(nets).layers(x)
     with torch.no_grad():
         for i, net in enumerate(nets):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "NARROW_FORWARD_ON_CPU",
     "NARROW_MAX",
     "TANH_VIA_SIGMOID_MIN",
     "TANH_VIA_SIGMOID_MIN_NO_GRAD",
@@ -34,11 +35,15 @@ __all__ = [
 TANH_VIA_SIGMOID_MIN = 32_768
 TANH_VIA_SIGMOID_MIN_NO_GRAD = 8_192
 
-#: Whether CPU tensors take the sigmoid form at all: not where torch runs its AVX-512 kernels,
-#: whose ``torch.tanh`` is the cheaper (``benchmarks/bench_population.py``; figures in
-#: docs/PERFORMANCE.md). Fixed per machine, so a seed's run repeats itself there. CUDA tensors
-#: keep the thresholds.
-TANH_VIA_SIGMOID_ON_CPU = not torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+#: Whether torch runs its AVX-512 kernels on this machine's CPU. There ``torch.tanh`` and
+#: ``torch.baddbmm`` into a narrow layer are the cheaper forms; on the AVX2 CPU where this
+#: module's forms were written, they were the slower (``benchmarks/bench_population.py``;
+#: figures in docs/PERFORMANCE.md). Fixed per machine, so a seed's run repeats itself there.
+_AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+#: Whether CPU tensors take the sigmoid form at all (not with AVX-512 kernels); CUDA tensors keep
+#: the thresholds.
+TANH_VIA_SIGMOID_ON_CPU = not _AVX512
 
 
 def tanh_via_sigmoid(elements: int, device: torch.device, threshold: int) -> bool:
@@ -94,6 +99,10 @@ def stacked_tanh(x: torch.Tensor) -> torch.Tensor:
 #: :func:`stacked_linear`'s narrow forms.
 NARROW_MAX = 8
 
+#: Whether a narrow layer's product on CPU tensors takes the transposed form (not with AVX-512
+#: kernels, where ``baddbmm`` is the cheaper; the gradients keep their narrow forms there too).
+NARROW_FORWARD_ON_CPU = not _AVX512
+
 
 class _NarrowLinear(torch.autograd.Function):
     """``bias + x @ weight`` for ``x [M, B, K]``, ``weight [M, K, N]`` with N ≤ NARROW_MAX, in
@@ -102,7 +111,9 @@ class _NarrowLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        return _narrow_forward(bias, x, weight)
+        if _transposed_here(x):
+            return _narrow_forward(bias, x, weight)
+        return torch.baddbmm(bias, x, weight)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -118,6 +129,10 @@ class _NarrowLinear(torch.autograd.Function):
         return grad_bias, grad_x, grad_weight
 
 
+def _transposed_here(x: torch.Tensor) -> bool:
+    return NARROW_FORWARD_ON_CPU or x.device.type != "cpu"
+
+
 def _narrow_forward(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.baddbmm(bias.transpose(1, 2), weight.transpose(1, 2), x.transpose(1, 2))
     return out.transpose(1, 2).contiguous()
@@ -131,14 +146,17 @@ def stacked_linear(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     :data:`NARROW_MAX` outputs compute the product as ``(weightᵀ @ xᵀ)ᵀ``, the weight gradient
     as ``(gradᵀ @ x)ᵀ`` and, with one output (the critic), the input gradient as a broadcast
     multiply: several times faster for a population's rows (docs/PERFORMANCE.md, section
-    "Hand-written forms and the measurements behind them"). Wider layers keep ``baddbmm``, where
-    the transposed forms gain nothing. ``tests/test_population.py`` checks values and gradients
-    against ``baddbmm``'s."""
+    "Hand-written forms and the measurements behind them"). Where torch runs AVX-512 kernels,
+    the product itself is ``baddbmm``'s, the cheaper there (:data:`NARROW_FORWARD_ON_CPU`).
+    Wider layers keep ``baddbmm``, where the transposed forms gain nothing.
+    ``tests/test_population.py`` checks values and gradients against ``baddbmm``'s."""
     if weight.shape[2] > NARROW_MAX or bias.dim() != 3 or bias.shape[1] != 1:
         return torch.baddbmm(bias, x, weight)  # (the narrow forms take one bias row each)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _NarrowLinear.apply(bias, x, weight)
-    return _narrow_forward(bias, x, weight)
+    if _transposed_here(x):
+        return _narrow_forward(bias, x, weight)
+    return torch.baddbmm(bias, x, weight)
 
 
 class StackedMLP:
