@@ -43,6 +43,8 @@ class Optimizer:
         self.row_steps: np.ndarray | None = None  # each member's steps, with ``rows``
         self.first_moments = [torch.zeros_like(p) for p in params]  # Adam only
         self.second_moments = [torch.zeros_like(p) for p in params]
+        # the fused kernel's step count, filled at each step (a new tensor costs several µs)
+        self._count = torch.zeros((), device=params[0].device) if params else None
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -63,11 +65,11 @@ class Optimizer:
         if rows is None:
             self._step(index, self.steps)
             return
-        rows = torch.as_tensor(rows).numpy()  # the bookkeeping in NumPy: no torch dispatch cost
+        rows = _numpy(rows)  # the bookkeeping in NumPy: no torch dispatch cost
         if self.row_steps is None:
             self.row_steps = np.zeros(len(rows), np.int64)
         self.row_steps += rows
-        idle = np.flatnonzero(~rows if keep is None else torch.as_tensor(keep).numpy() & ~rows)
+        idle = np.flatnonzero(~rows if keep is None else _numpy(keep) & ~rows)
         kept = []
         if len(idle):  # rare: a member without a valid row, or stopped by PPO's target_kl
             idle = torch.from_numpy(idle).to(self.params[0].device)
@@ -108,7 +110,7 @@ class Optimizer:
             # every member at one step count and one step size: torch's fused Adam kernel (the
             # one torch.optim.Adam(fused=True) calls), one pass over each tensor instead of
             # seven (python benchmarks/bench_optimizer.py; docs/PERFORMANCE.md)
-            count = torch.tensor(float(steps), device=params[0].device)
+            count = self._count.fill_(float(steps))  # (the kernel reads it, never writes it)
             torch._fused_adam_(
                 params, grads, first, second, [], [count] * len(params),
                 lr=float(self.learning_rate), beta1=self.beta1, beta2=self.beta2,
@@ -134,6 +136,11 @@ class Optimizer:
         torch._foreach_add_(denominators, self.eps)
         step_size = self.learning_rate / correction1
         torch._foreach_addcdiv_(params, first, denominators, value=-step_size)
+
+
+def _numpy(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A CPU bool ``[M]`` as NumPy: an array as it is, a tensor through ``.numpy()``."""
+    return x if isinstance(x, np.ndarray) else torch.as_tensor(x).numpy()
 
 
 def _by_row(values: np.ndarray | float, param: torch.Tensor, shape: tuple | None = None):

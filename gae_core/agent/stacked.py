@@ -346,11 +346,15 @@ def clip_per_member(
         coef = np.minimum(max_norm / (values + values.dtype.type(1e-6)), 1.0)
     coef = coef.astype(values.dtype, copy=False)
     idle = ~(finite & learning)
-    scale = torch.from_numpy(coef).to(norms.device) if (coef != 1.0).any() else None
+    scale = None
+    if (coef != 1.0).any():  # one member: a number (no tensor to make), the same product
+        scale = float(coef[0]) if size == 1 else torch.from_numpy(coef).to(norms.device)
     zeroed = torch.from_numpy(idle).to(norms.device) if idle.any() else None
     for p in params:
         if p.grad is not None:
-            if scale is not None:
+            if isinstance(scale, float):
+                p.grad.mul_(scale)
+            elif scale is not None:
                 p.grad.mul_(scale.view(size, *([1] * (p.grad.dim() - 1))))
             if zeroed is not None:
                 p.grad[zeroed] = 0.0
