@@ -24,6 +24,7 @@ from gae_core.agent.losses import (
     a2c_loss,
     combine,
     masked_mean,
+    ppo_fixed,
     ppo_gradients,
     ppo_loss,
     standardize,
@@ -187,6 +188,49 @@ def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
         value = _mean((returns[m] - values[m]) ** 2, mask[m])
         torch.testing.assert_close(plain.value[m], value)
         torch.testing.assert_close(plain.loss[m], plain.policy[m] + value_coef[m] * value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), members=st.integers(1, 3), rows=st.integers(1, 20),
+       entropy=st.booleans())  # fmt: skip
+def test_ppo_fixed_is_its_formulas_and_changes_no_bit_of_the_loss(seed, members, rows, entropy):
+    """PPOFixed's fields are w_b = mask_b / B_m, 1 ∓ ε, −w_b Â_b, −c_e w_b (None without an
+    entropy coefficient) and −2 c_v w_b; the loss and the gradients by hand given them are, to
+    the bit, those that compute them."""
+    draw, mask = _rows(seed, members, rows)
+    advantages, returns = draw(members, rows), draw(members, rows)
+    epsilon = draw(members).abs() * 0.3 + 0.01
+    value_coef = draw(members).abs()
+    entropy_coef = draw(members).abs() if entropy else None
+    fixed = ppo_fixed(advantages, mask, epsilon, value_coef, entropy_coef)
+    for m in range(members):
+        weight = mask[m] / max(float(mask[m].sum()), 1.0)
+        torch.testing.assert_close(fixed.weight[m], weight)
+        torch.testing.assert_close(fixed.low[m, 0], 1 - epsilon[m])
+        torch.testing.assert_close(fixed.high[m, 0], 1 + epsilon[m])
+        torch.testing.assert_close(fixed.policy_grad[m], -weight * advantages[m])
+        torch.testing.assert_close(fixed.value_grad[m], -2 * value_coef[m] * weight)
+        if entropy:
+            torch.testing.assert_close(fixed.entropy_grad[m], -entropy_coef[m] * weight)
+    assert (fixed.entropy_grad is None) == (not entropy)
+
+    actor, _ = _stacks(seed, members, [3, 10, 4, 2])
+    critic, _ = _stacks(seed + 1, members, [3, 10, 1])
+    x = draw(members, rows, 3)
+    actions = torch.randint(0, 2, (members, rows), generator=torch.Generator().manual_seed(seed))
+    old = draw(members, rows) - 0.7
+    args = (actions, old, draw(members, rows), advantages, returns, mask, epsilon, None,
+            value_coef, entropy_coef)  # fmt: skip
+    found = []
+    for passed in (None, fixed):
+        for p in (*actor.parameters(), *critic.parameters()):
+            p.grad = None
+        terms = ppo_gradients(actor, critic, None, actor.layers(x), critic.layers(x), *args,
+                              passed)  # fmt: skip
+        found.append([terms.loss, *(p.grad.clone() for p in (*actor.parameters(),
+                                                              *critic.parameters()))])  # fmt: skip
+    for computed, kept in zip(*found, strict=True):
+        assert torch.equal(computed, kept)
 
 
 @settings(max_examples=40, deadline=None)

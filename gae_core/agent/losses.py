@@ -65,10 +65,12 @@ from gae_core.agent.stacked import StackedMLP
 __all__ = [
     "ADVANTAGE_EPSILON",
     "LossTerms",
+    "PPOFixed",
     "a2c_gradients",
     "a2c_loss",
     "combine",
     "masked_mean",
+    "ppo_fixed",
     "ppo_gradients",
     "ppo_loss",
     "standardize",
@@ -91,6 +93,42 @@ class LossTerms:
     #: PPO: per row r, r·Â, clip(r)·Â, 1[r within the clip range], (R − V_clip)·ι and w,
     #: what :func:`ppo_gradients` (which runs without a graph) takes from the loss
     rows: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PPOFixed:
+    """What :func:`ppo_loss` and :func:`ppo_gradients` take from a minibatch's mask and
+    advantages and the members' coefficients alone: the same at every epoch over that
+    minibatch, so an update whose one minibatch holds every row (CartPole's Zoo row, 20 epochs)
+    computes it once (:func:`ppo_fixed`)."""
+
+    #: w_b = mask_b / B_m, each row's share of its member's mean ``[M, R]``
+    weight: torch.Tensor
+    #: the clip range's bounds 1 − ε and 1 + ε ``[M, 1]``
+    low: torch.Tensor
+    high: torch.Tensor
+    #: −w_b Â_b, g_b before its r_b κ_b; −c_e w_b (None without entropy); −2 c_v w_b
+    policy_grad: torch.Tensor
+    entropy_grad: torch.Tensor | None
+    value_grad: torch.Tensor
+
+
+def ppo_fixed(
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: torch.Tensor,
+    value_coef: torch.Tensor,
+    entropy_coef: torch.Tensor | None,
+) -> PPOFixed:
+    """:class:`PPOFixed` of these rows ``[M, R]`` and coefficients ``[M]``, as
+    :func:`ppo_loss` takes them."""
+    weight = _weight(mask)
+    epsilon = clip_range[:, None]
+    entropy_grad = None if entropy_coef is None else -entropy_coef[:, None] * weight
+    return PPOFixed(
+        weight, 1.0 - epsilon, 1.0 + epsilon, -weight * advantages, entropy_grad,
+        (-2.0 * value_coef[:, None]) * weight,
+    )  # fmt: skip
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -197,25 +235,28 @@ def ppo_gradients(
     clip_range_vf: torch.Tensor | None,
     value_coef: torch.Tensor,
     entropy_coef: torch.Tensor | None,
+    fixed: PPOFixed | None = None,
 ) -> LossTerms:
     """The gradient of every member's :func:`ppo_loss` by hand (module docstring), written as
     :func:`a2c_gradients` writes A2C's; returns the loss terms, from :func:`ppo_loss` itself.
     ``actor_pass`` and ``critic_pass`` as there, the other arguments as :func:`ppo_loss` takes
     them. Without gSDE only."""
+    if fixed is None:
+        fixed = ppo_fixed(advantages, mask, clip_range, value_coef, entropy_coef)
     log_probs, entropy, values, probs = _outputs(actor_pass, critic_pass, actions, log_std)
     terms = ppo_loss(
         log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
-        clip_range, clip_range_vf, value_coef, entropy_coef,
+        clip_range, clip_range_vf, value_coef, entropy_coef, fixed,
     )  # fmt: skip
-    ratio, unclipped, clipped, inside, within, weight = terms.rows
+    ratio, unclipped, clipped, inside, within, _ = terms.rows
     # κ = 1[r·Â < clip(r)·Â] + ½ 1[tie] + ½ 1[inside] (a row inside the range always ties)
     choice = (unclipped < clipped).to(ratio.dtype)
     choice.add_((unclipped == clipped).to(ratio.dtype).add_(inside), alpha=0.5)
     _backward(
         actor, critic, log_std, actor_pass, critic_pass, actions, entropy, probs,
-        log_prob_grad=-weight * advantages * ratio * choice,  # autograd's order of products
-        entropy_grad=None if entropy_coef is None else -entropy_coef[:, None] * weight,
-        value_grad=(-2.0 * value_coef[:, None]) * weight * within,
+        log_prob_grad=fixed.policy_grad * ratio * choice,  # autograd's order of products
+        entropy_grad=fixed.entropy_grad,
+        value_grad=fixed.value_grad * within,
     )  # fmt: skip
     return terms
 
@@ -299,16 +340,19 @@ def ppo_loss(
     clip_range_vf: torch.Tensor | None,
     value_coef: torch.Tensor,
     entropy_coef: torch.Tensor | None,
+    fixed: PPOFixed | None = None,
 ) -> LossTerms:
     """The PPO loss of each member (module docstring); every row argument ``[M, R]``, the
     coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: that member's value is not
-    clipped; None: no member's is, V_clip = V; ``entropy_coef`` None as :func:`combine`).
+    clipped; None: no member's is, V_clip = V; ``entropy_coef`` None as :func:`combine`);
+    ``fixed``: :func:`ppo_fixed` of the same arguments, where the caller kept it.
     :attr:`LossTerms.rows` holds the per-row numbers :func:`ppo_gradients` takes from it."""
-    epsilon = clip_range[:, None]
-    weight = _weight(mask)
+    if fixed is None:
+        fixed = ppo_fixed(advantages, mask, clip_range, value_coef, entropy_coef)
+    weight = fixed.weight
     log_ratio = log_probs - old_log_probs
     ratio = log_ratio.exp()
-    clamped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
+    clamped = ratio.clamp(fixed.low, fixed.high)
     unclipped, clipped = ratio * advantages, clamped * advantages
     if clip_range_vf is None:
         error = within = returns - values

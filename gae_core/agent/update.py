@@ -38,9 +38,11 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.losses import (
     LossTerms,
+    PPOFixed,
     a2c_gradients,
     a2c_loss,
     masked_mean,
+    ppo_fixed,
     ppo_gradients,
     ppo_loss,
     standardize,
@@ -243,32 +245,32 @@ class Learner:
         # One minibatch holding every row (CartPole's Zoo row): each member's loss is a mean
         # over its rows, so their order changes nothing, and the rows, their standardised
         # advantages and the members with a valid row are the same at every epoch.
-        whole = self._minibatch(columns) if self.minibatch >= rows else None
+        whole = self._minibatch(columns, coefficients) if self.minibatch >= rows else None
         for _ in range(self.epochs):
             if whole is None:
                 order = np.stack([rng.permutation(rows) for rng in self._orders])
                 order = torch.from_numpy(order).to(device)
                 parts = (
-                    self._minibatch(columns, order[:, start : start + self.minibatch])
+                    self._minibatch(columns, coefficients, order[:, start : start + self.minibatch])
                     for start in range(0, rows, self.minibatch)
                 )
             else:
                 parts = (whole,)
-            for (observations, actions, *rows_of), counted in parts:
+            for (observations, actions, *rows_of), fixed, counted in parts:
                 now = learning & ~stopped & counted
                 if not now.any():
                     continue
                 if self._by_hand:
                     terms = ppo_gradients(
                         self.actor, self.critic, self.log_std, self.actor.layers(observations),
-                        self.critic.layers(observations), actions, *rows_of, *coefficients,
+                        self.critic.layers(observations), actions, *rows_of, *coefficients, fixed,
                     )  # fmt: skip
                 else:
                     log_probs, entropy = self.policy(observations, actions)
                     values = self.critic(observations).squeeze(-1)
                     old, old_v, *rest = rows_of
                     terms = ppo_loss(log_probs, old, entropy, values, old_v, *rest,
-                                     *coefficients)  # fmt: skip
+                                     *coefficients, fixed)  # fmt: skip
                 sums.add(M.APPROX_KL.key, terms.approx_kl, now)
                 sums.add(M.CLIP_FRACTION.key, terms.clip_fraction, now)
                 if self.any_target_kl:
@@ -283,18 +285,25 @@ class Learner:
         return stepped
 
     def _minibatch(
-        self, columns: tuple[torch.Tensor, ...], index: torch.Tensor | None = None
-    ) -> tuple[tuple[torch.Tensor, ...], np.ndarray]:
+        self,
+        columns: tuple[torch.Tensor, ...],
+        coefficients: tuple,
+        index: torch.Tensor | None = None,
+    ) -> tuple[tuple[torch.Tensor, ...], PPOFixed, np.ndarray]:
         """The rows ``index [M, B]`` (None: all) of each of ``columns`` (observations, actions,
         old log-probs, old values, advantages, returns, mask), the advantages standardised for
-        the members that ask, and which members have a valid row among them (CPU ``[M]``)."""
+        the members that ask; their :class:`~gae_core.agent.losses.PPOFixed` under
+        ``coefficients`` (clip range, value clip range, value and entropy coefficients); and
+        which members have a valid row among them (CPU ``[M]``)."""
         if index is not None:
             columns = tuple(_take(column, index) for column in columns)
         *head, advantages, returns, mask = columns
         if self.any_standardise:
             standardised = standardize(advantages, mask)
             advantages = torch.where(self.standardise[:, None], standardised, advantages)
-        return (*head, advantages, returns, mask), mask.sum(1).cpu().numpy() > 0
+        clip_range, _, value_coef, entropy_coef = coefficients
+        fixed = ppo_fixed(advantages, mask, clip_range, value_coef, entropy_coef)
+        return (*head, advantages, returns, mask), fixed, mask.sum(1).cpu().numpy() > 0
 
     def _clip_ranges(self) -> torch.Tensor:
         """Each member's PPO clip range for this update: constant, or decayed linearly with
