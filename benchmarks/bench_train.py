@@ -4,6 +4,7 @@ CartPole-v1 config, in one go on this machine. Run by hand, not by pytest:
     python benchmarks/bench_train.py            # seeds 0..4
     python benchmarks/bench_train.py --quick    # seeds 0 1, shorter throughput runs
     python benchmarks/bench_train.py --seeds 0 1 2
+    python benchmarks/bench_train.py --repeats 5  # throughput runs per side (default 3)
 
 Every measurement runs in its own subprocess, one at a time, so each peak memory
 (``ru_maxrss``) is that of one run and runs do not compete for cores. Both sides use one torch
@@ -186,6 +187,18 @@ def spawn(side: str, task: str, arg: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def throughput(algo: str, steps: dict[str, int], repeats: int) -> dict[str, dict]:
+    """Each side's median env steps/s over ``repeats`` runs, the sides alternating (one run
+    each is at the mercy of a shared machine's moment); prints every pair's ratio."""
+    rates: dict[str, list[float]] = {"ours": [], "sb3": []}
+    for _ in range(repeats):
+        for side in ("ours", "sb3"):
+            rates[side].append(spawn(side + algo, "throughput", steps[side])["steps_per_second"])
+    pairs = ", ".join(f"{o / b:.4f}" for o, b in zip(rates["ours"], rates["sb3"], strict=True))
+    print(f"{(algo[1:] or 'a2c').upper()} throughput, ours / SB3 run by run: {pairs}", flush=True)
+    return {side: {"steps_per_second": statistics.median(r)} for side, r in rates.items()}
+
+
 def median_time(runs: list[dict]) -> float:
     return statistics.median(r["seconds"] if r["solved"] else float("inf") for r in runs)
 
@@ -194,6 +207,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 3 4")
     parser.add_argument("--quick", action="store_true", help="seeds 0 1, short throughput runs")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="throughput runs per side, alternating; their medians (default 3)",
+    )
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -215,9 +234,8 @@ def main() -> None:
                 f"{r['env_steps']:>10} {r['peak_mb']:>8.1f}",
                 flush=True,
             )
-    rate = {side: spawn(side, "throughput", throughput_steps[side]) for side in ("ours", "sb3")}
-    ppo = {side: spawn(f"{side}-ppo", "throughput", throughput_steps[side] // 2)
-           for side in ("ours", "sb3")}  # fmt: skip
+    rate = throughput("", throughput_steps, args.repeats)
+    ppo = throughput("-ppo", {side: n // 2 for side, n in throughput_steps.items()}, args.repeats)
     ppo_ratio = ppo["ours"]["steps_per_second"] / ppo["sb3"]["steps_per_second"]
 
     ours_time, sb3_time = median_time(runs["ours"]), median_time(runs["sb3"])

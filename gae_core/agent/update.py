@@ -26,6 +26,7 @@ fails alone.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -206,7 +207,11 @@ class Learner:
             raw_std = masked_mean(centred, mask).sqrt()
             explained = explained_variance(batch.values.detach(), batch.returns, mask)
         step = self._a2c if self.algo == "a2c" else self._ppo
-        stepped = step(batch, learning, training, sums, failures)
+        # by hand nothing needs a graph: inference mode spares every call autograd's dispatch
+        # (docs/PERFORMANCE.md); by autograd, the losses need their graphs
+        hand = by_hand if self.algo == "ppo" else batch.actor_pass is not None
+        with torch.inference_mode() if hand else contextlib.nullcontext():
+            stepped = step(batch, learning, training, sums, failures)
         for key, value in ((M.ADVANTAGE_MEAN.key, raw_mean), (M.ADVANTAGE_STD.key, raw_std),
                            (M.EXPLAINED_VARIANCE.key, explained)):  # fmt: skip
             sums.add(key, value, stepped)
