@@ -191,8 +191,8 @@ def throughput(algo: str, steps: dict[str, int], repeats: int) -> dict[str, dict
     """Each side's median env steps/s over ``repeats`` runs, the sides alternating (one run
     each is at the mercy of a shared machine's moment); prints every pair's ratio."""
     rates: dict[str, list[float]] = {"ours": [], "sb3": []}
-    for _ in range(repeats):
-        for side in ("ours", "sb3"):
+    for repeat in range(repeats):  # who goes first alternates too
+        for side in ("ours", "sb3") if repeat % 2 == 0 else ("sb3", "ours"):
             rates[side].append(spawn(side + algo, "throughput", steps[side])["steps_per_second"])
     pairs = ", ".join(f"{o / b:.4f}" for o, b in zip(rates["ours"], rates["sb3"], strict=True))
     print(f"{(algo[1:] or 'a2c').upper()} throughput, ours / SB3 run by run: {pairs}", flush=True)
@@ -215,6 +215,8 @@ def main() -> None:
     )
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1 (got {args.repeats})")
     if args.worker:
         worker(args.worker[0], args.worker[1], int(args.worker[2]))
         return

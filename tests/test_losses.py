@@ -203,15 +203,15 @@ def test_ppo_fixed_is_its_formulas_and_changes_no_bit_of_the_loss(seed, members,
     value_coef = draw(members).abs()
     entropy_coef = draw(members).abs() if entropy else None
     fixed = ppo_fixed(advantages, mask, epsilon, value_coef, entropy_coef)
-    for m in range(members):
-        weight = mask[m] / max(float(mask[m].sum()), 1.0)
-        torch.testing.assert_close(fixed.weight[m], weight)
-        torch.testing.assert_close(fixed.low[m, 0], 1 - epsilon[m])
-        torch.testing.assert_close(fixed.high[m, 0], 1 + epsilon[m])
-        torch.testing.assert_close(fixed.policy_grad[m], -weight * advantages[m])
-        torch.testing.assert_close(fixed.value_grad[m], -2 * value_coef[m] * weight)
+    for m in range(members):  # each member's own numbers, in the order the loss takes them
+        weight = mask[m] / mask[m].sum().clamp(min=1.0)
+        assert torch.equal(fixed.weight[m], weight)
+        assert torch.equal(fixed.low[m, 0], 1.0 - epsilon[m])
+        assert torch.equal(fixed.high[m, 0], 1.0 + epsilon[m])
+        assert torch.equal(fixed.policy_grad[m], -weight * advantages[m])
+        assert torch.equal(fixed.value_grad[m], (-2.0 * value_coef[m]) * weight)
         if entropy:
-            torch.testing.assert_close(fixed.entropy_grad[m], -entropy_coef[m] * weight)
+            assert torch.equal(fixed.entropy_grad[m], -entropy_coef[m] * weight)
     assert (fixed.entropy_grad is None) == (not entropy)
 
     actor, _ = _stacks(seed, members, [3, 10, 4, 2])
@@ -231,6 +231,36 @@ def test_ppo_fixed_is_its_formulas_and_changes_no_bit_of_the_loss(seed, members,
                                                               *critic.parameters()))])  # fmt: skip
     for computed, kept in zip(*found, strict=True):
         assert torch.equal(computed, kept)
+
+
+@pytest.mark.parametrize("minibatch", [64, 256])
+def test_the_updates_minibatch_carries_the_fixed_part_of_its_own_rows(minibatch):
+    """Learner._minibatch's PPOFixed is ppo_fixed of the rows it hands on (the standardised
+    advantages, its own mask) under the update's coefficients, to the bit: for one minibatch
+    of every row and for a drawn subset."""
+    configs = [TrainConfig(env_id="CartPole-v1", algo="ppo", seed=s, num_envs=2,
+                           rollout_steps=128, minibatch_size=minibatch,
+                           normalize_advantages=s == 0, entropy_coef=0.01 * s,
+                           clip_range=0.1 + 0.1 * s) for s in range(2)]  # fmt: skip
+    learner = Trainer(configs).learner
+    learner._spent = [0, 0]
+    generator = torch.Generator().manual_seed(0)
+    rows = 256
+    columns = (torch.randn(2, rows, 4, generator=generator),
+               torch.randint(0, 2, (2, rows), generator=generator),
+               *(torch.randn(2, rows, generator=generator) for _ in range(4)),
+               (torch.rand(2, rows, generator=generator) < 0.8).float())  # fmt: skip
+    coefficients = (learner._clip_ranges(), learner.clip_range_vf, learner.value_coef,
+                    learner.entropy_coef)  # fmt: skip
+    index = None if minibatch >= rows else torch.randperm(rows, generator=generator)[:64]
+    index = None if index is None else index.expand(2, -1)
+    (*_, advantages, _, mask), fixed, counted = learner._minibatch(columns, coefficients, index)
+    assert not torch.equal(advantages[0], columns[4][0] if index is None else
+                           columns[4][0, index[0]])  # member 0 standardises  # fmt: skip
+    expected = ppo_fixed(advantages, mask, *coefficients[:1], *coefficients[2:])
+    for name in ("weight", "low", "high", "policy_grad", "entropy_grad", "value_grad"):
+        assert torch.equal(getattr(fixed, name), getattr(expected, name)), name
+    assert counted.tolist() == (mask.sum(1) > 0).tolist()
 
 
 @settings(max_examples=40, deadline=None)
@@ -629,3 +659,22 @@ def test_a_ppo_epoch_of_one_minibatch_takes_the_rows_in_any_order(monkeypatch):
     finally:
         ordered.close()
         permuted.close()
+
+
+def test_gradient_buffers_made_in_inference_mode_stay_usable_outside_it():
+    """The update's gradients by hand run in inference mode; a ``.grad`` they create there is
+    a normal tensor: zeroed in place and accumulated into by autograd outside the mode."""
+    actor, _ = _stacks(0, 2, [3, 10, 4, 2])
+    critic, _ = _stacks(1, 2, [3, 10, 1])
+    draw, mask = _rows(0, 2, 6)
+    log_std = (0.1 * draw(2, 2)).requires_grad_(True)
+    obs, actions = draw(2, 6, 3), draw(2, 6, 2)
+    with torch.inference_mode():
+        a2c_gradients(actor, critic, log_std, actor.layers(obs), critic.layers(obs), actions,
+                      draw(2, 6), draw(2, 6), mask, draw(2).abs(), None)  # fmt: skip
+    params = [*actor.parameters(), *critic.parameters(), log_std]
+    assert all(p.grad is not None and not p.grad.is_inference() for p in params)
+    for p in params:
+        p.grad.zero_()
+    (actor(obs).sum() + critic(obs).sum() + log_std.sum()).backward()
+    assert all(bool(p.grad.abs().sum() > 0) for p in params)

@@ -321,8 +321,9 @@ def _backward(
         grad_log_std = (g * (u.square() - 1.0)).sum(1)
         if entropy_grad is not None:
             grad_log_std = grad_log_std + entropy_grad.sum(1)[:, None]
-        if log_std.grad is None:
-            log_std.grad = torch.zeros_like(log_std)
+        if log_std.grad is None:  # a normal tensor, even when written in inference mode
+            with torch.inference_mode(False):
+                log_std.grad = torch.zeros_like(log_std)
         log_std.grad.copy_(grad_log_std)
     actor.backward(actor_pass, grad_out)
 

@@ -44,7 +44,7 @@ class Optimizer:
         self.first_moments = [torch.zeros_like(p) for p in params]  # Adam only
         self.second_moments = [torch.zeros_like(p) for p in params]
         # the fused kernel's step count, filled at each step (a new tensor costs several µs)
-        self._count = torch.zeros((), device=params[0].device) if params else None
+        self._count = torch.zeros((), dtype=torch.float32, device=params[0].device)
 
     def zero_grad(self) -> None:
         for p in self.params:

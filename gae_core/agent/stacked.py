@@ -105,8 +105,9 @@ NARROW_FORWARD_ON_CPU = not _AVX512
 
 
 class _NarrowLinear(torch.autograd.Function):
-    """``bias + x @ weight`` for ``x [M, B, K]``, ``weight [M, K, N]`` with N ≤ NARROW_MAX, in
-    the transposed forms :func:`stacked_linear` explains."""
+    """``bias + x @ weight`` for ``x [M, B, K]``, ``weight [M, K, N]`` with N ≤ NARROW_MAX: the
+    gradients in the transposed forms :func:`stacked_linear` explains, the product too where
+    :data:`NARROW_FORWARD_ON_CPU` (or off the CPU), else ``baddbmm``'s."""
 
     @staticmethod
     def forward(ctx, bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -229,8 +230,9 @@ class StackedMLP:
         :func:`stacked_linear`'s forms. ``tests/test_losses.py`` checks it against autograd."""
         for i in range(len(self.weights) - 1, -1, -1):
             x, weight, bias = outputs[i], self.weights[i], self.biases[i]
-            if weight.grad is None:
-                weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)
+            if weight.grad is None:  # normal tensors, even when written in inference mode
+                with torch.inference_mode(False):
+                    weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)
             narrow = weight.shape[2] <= NARROW_MAX
             if narrow:
                 weight.grad.copy_(torch.bmm(grad.transpose(1, 2), x).transpose(1, 2))
