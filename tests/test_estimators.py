@@ -523,6 +523,43 @@ def test_short_cpu_tensors_take_the_numpy_loop_and_agree(steps, dtype, monkeypat
     assert len(calls) == (2 if steps <= LOOP_MAX_STEPS else 0)
 
 
+@settings(max_examples=40, deadline=None)
+@given(batch=rollouts, data=st.data(), dtype=st.sampled_from([np.float32, np.float64]))
+def test_gae_unchecked_equals_gae_checked_on_a_trainers_rollout(batch, data, dtype):
+    """``validate=False`` on what a trainer passes (2-D CPU tensors of one float dtype, bool
+    flags, one float64 γ and λ a column) gives exactly the checked result, dtype included;
+    the short-rollout loop runs whenever the rollout is short enough."""
+    columns = batch[0].shape[1]
+    gamma = np.array(data.draw(st.lists(unit, min_size=columns, max_size=columns)))
+    lambda_ = np.array(data.draw(st.lists(unit, min_size=columns, max_size=columns)))
+    tensors = as_tensors([x.astype(dtype) if x.dtype.kind == "f" else x for x in batch])
+    checked = gae_core.gae(*tensors, gamma=gamma, lambda_=lambda_)
+    unchecked = gae_core.gae(*tensors, gamma=gamma, lambda_=lambda_, validate=False)
+    assert unchecked.dtype == checked.dtype == tensors[0].dtype
+    np.testing.assert_array_equal(unchecked.numpy(), checked.numpy())
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        lambda b: b,  # NumPy arrays
+        lambda b: [x[:, 0] for x in as_tensors(b)],  # 1-D tensors
+        lambda b: as_tensors([np.concatenate([x] * 6) for x in b]),  # longer than the loop's
+    ],
+)
+def test_gae_unchecked_checks_anything_but_a_trainers_short_rollout(inputs):
+    """``validate=False`` skips the checks only on the trainer's short 2-D CPU tensors: any
+    other input is checked all the same (a γ out of range is still named)."""
+    batch = inputs(good())
+    assert len(batch[0]) > LOOP_MAX_STEPS or batch[0].ndim == 1 or isinstance(batch[0], np.ndarray)
+    with pytest.raises(ValueError, match=_escape("gamma must be in [0, 1], got 1.5")):
+        gae_core.gae(*batch, gamma=1.5, lambda_=0.9, validate=False)
+    np.testing.assert_array_equal(
+        np.asarray(gae_core.gae(*batch, gamma=0.9, lambda_=0.8, validate=False)),
+        np.asarray(gae_core.gae(*batch, gamma=0.9, lambda_=0.8)),
+    )
+
+
 @pytest.mark.parametrize("steps", [0, 3])
 def test_the_numpy_loop_takes_one_dim_and_empty_rollouts(steps):
     rng = np.random.default_rng(5)

@@ -31,7 +31,12 @@ from gae_core.agent.losses import (
 )
 from gae_core.agent.policy import log_probs_and_entropy
 from gae_core.agent.presets import PPO_PRESETS
-from gae_core.agent.stacked import NARROW_MAX, StackedMLP
+from gae_core.agent.stacked import (
+    NARROW_MAX,
+    StackedMLP,
+    explained_variance,
+    masked_moments,
+)
 from gae_core.agent.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -678,3 +683,35 @@ def test_gradient_buffers_made_in_inference_mode_stay_usable_outside_it():
         p.grad.zero_()
     (actor(obs).sum() + critic(obs).sum() + log_std.sum()).backward()
     assert all(bool(p.grad.abs().sum() > 0) for p in params)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    members=st.integers(1, 4),
+    rows=st.integers(1, 12),
+    spread=st.sampled_from([0.0, 1e-3, 1.0, 100.0]),
+)
+def test_masked_moments_and_explained_variance_are_their_formulas_per_member(
+    seed, members, rows, spread
+):
+    """Each member's mean and variance over its valid rows, and 1 − Var(G − V) / Var(G),
+    equal NumPy's on those rows alone; 0 for a member without a valid row (its mean) or
+    whose returns do not vary (its explained variance)."""
+    rng = np.random.default_rng(seed)
+    returns = (spread * rng.standard_normal((members, rows))).astype(np.float32)
+    values = returns + rng.standard_normal((members, rows)).astype(np.float32)
+    mask = (rng.random((members, rows)) < 0.7).astype(np.float32)
+    mean, var = masked_moments(returns, mask)
+    explained = explained_variance(values, returns, mask)
+    assert mean.dtype == var.dtype == explained.dtype == np.float64
+    for m in range(members):
+        kept = mask[m] == 1
+        if not kept.any():
+            assert mean[m] == var[m] == explained[m] == 0.0
+            continue
+        g, v = returns[m, kept].astype(np.float64), values[m, kept].astype(np.float64)
+        np.testing.assert_allclose(mean[m], g.mean(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(var[m], g.var(), rtol=1e-9, atol=1e-12)
+        expected = 1.0 - (g - v).var() / g.var() if g.var() > 0 else 0.0
+        np.testing.assert_allclose(explained[m], expected, rtol=1e-9, atol=1e-12)

@@ -56,7 +56,7 @@ from gae_core.agent.played_together import evaluate_replays, record_replays_toge
 from gae_core.agent.policy import ActorCritic, sample_actions
 from gae_core.agent.recording import Replay, checkpoint_bytes
 from gae_core.agent.rollout import Episode, Rollout, StepResult, TrainingDiverged
-from gae_core.agent.stacked import StackedMLP, one_buffer
+from gae_core.agent.stacked import StackedMLP, host, one_buffer
 from gae_core.agent.update import Batch, Learner, gradient_by_hand
 from gae_core.estimators import gae
 from gae_core.trajectory import Trajectory
@@ -347,18 +347,20 @@ class Trainer:
             torch.from_numpy(rollout.terminated).to(device),
             torch.from_numpy(rollout.truncated).to(device),
         )
-        advantages = gae(*inputs, gamma=self._gamma, lambda_=self._lambda)
+
+        def gae_of(lambda_: np.ndarray) -> torch.Tensor:  # right by construction: unchecked
+            return gae(*inputs, gamma=self._gamma, lambda_=lambda_, validate=False)
+
+        advantages = gae_of(self._lambda)
         same = np.array_equal(self._target_lambda, self._lambda)
-        critic = (
-            advantages if same else gae(*inputs, gamma=self._gamma, lambda_=self._target_lambda)
-        )
+        critic = advantages if same else gae_of(self._target_lambda)
         return self.by_member(advantages), self.by_member(critic + values[:-1])
 
     def update(self, active: list[int]) -> dict[int, dict[str, float]]:
         """Estimate and learn from the rollout just collected; each active member's metrics
         (a member that took no step, for want of a valid row, reports its learning rate only)."""
         rollout = self._batch
-        rows = rollout.rewards.size // self.size  # T·E per member
+        steps, rows = rollout.rewards.shape[0], rollout.rewards.size // self.size  # T, T·E
         observations = self.by_member(rollout.observations)
         critic_pass = self.critic.layers(observations) if self._hand else None  # no graph
         if critic_pass is not None:
@@ -367,13 +369,12 @@ class Trainer:
             with torch.set_grad_enabled(self.shared.algo == "a2c"):
                 all_values = self.critic(observations).squeeze(-1)
         detached = all_values.detach()
-        finite = torch.isfinite(detached).all(1).cpu()
-        finite_list = finite.tolist()
-        self._fail({i: "critic values" for i in active if not finite_list[i]})
+        finite = host(torch.isfinite(detached).all(1))
+        self._fail({i: "critic values" for i in active if not finite[i]})
         # a blown-up member's columns enter GAE as zeros: its results are never used
         advantages, returns = self.estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
         mask = self.by_member(rollout.valid).to(advantages.dtype)
-        training = torch.tensor([m.active for m in self._members])
+        training = np.array([m.active for m in self._members])
         batch = Batch(
             observations=observations[:, :rows],
             actions=self.by_member(rollout.actions),
@@ -383,7 +384,6 @@ class Trainer:
             mask=mask,
         )
         if critic_pass is not None:
-            steps = rollout.rewards.shape[0]
             if self._kept is not None and self._kept_for is rollout:
                 kept = [k[:, :steps].reshape(self.size, rows, -1) for k in self._kept]
             else:  # a rollout this trainer did not collect (a test's): the actor's pass anew
@@ -392,7 +392,7 @@ class Trainer:
             batch.critic_pass = [h[:, :rows] for h in critic_pass]
         spent = [m.steps_before_update for m in self._members]
         self.optimizer.learning_rate = self._rates(spent)
-        learning = training & finite & (mask.sum(1).cpu() > 0)
+        learning = training & finite & rollout.valid.reshape(steps, self.size, -1).any((0, 2))
         by_hand = self.by_hand and gradient_by_hand(self.shared)
         result = self.learner.learn(batch, learning, training, spent, by_hand)
         self._fail({i: what for i, what in result.failures.items() if i in active})

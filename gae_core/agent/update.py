@@ -42,7 +42,6 @@ from gae_core.agent.losses import (
     PPOFixed,
     a2c_gradients,
     a2c_loss,
-    masked_mean,
     ppo_fixed,
     ppo_gradients,
     ppo_loss,
@@ -50,7 +49,13 @@ from gae_core.agent.losses import (
 )
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import log_probs_and_entropy, sde_std
-from gae_core.agent.stacked import StackedMLP, clip_per_member, explained_variance, host
+from gae_core.agent.stacked import (
+    StackedMLP,
+    clip_per_member,
+    explained_variance,
+    host,
+    masked_moments,
+)
 
 __all__ = ["Batch", "Learned", "Learner", "gradient_by_hand"]
 
@@ -100,8 +105,9 @@ class _Sums:
         self.members = members
         self.entries: dict[str, list[tuple[torch.Tensor, np.ndarray]]] = {}
 
-    def add(self, key: str, value: torch.Tensor, rows: np.ndarray) -> None:
-        value = value.detach() if value.requires_grad else value  # (a detach is an op too)
+    def add(self, key: str, value: torch.Tensor | np.ndarray, rows: np.ndarray) -> None:
+        if isinstance(value, torch.Tensor) and value.requires_grad:  # (a detach is an op too)
+            value = value.detach()
         self.entries.setdefault(key, []).append((value, rows))
 
     def means(self) -> list[dict[str, float]]:
@@ -109,12 +115,16 @@ class _Sums:
         if not keys:
             return [{} for _ in range(self.members)]
         flat = [entry for key in keys for entry in self.entries[key]]
-        values = [v for v, _ in flat]
-        if any(v.dtype != values[0].dtype for v in values):
-            values = [v.to(torch.float64) for v in values]
-        # one transfer for every value, then NumPy: an update's few dozen small sums cost a µs
-        # each there against several in torch's dispatch (docs/PERFORMANCE.md)
-        table = torch.stack(values).cpu().numpy().astype(np.float64)
+        tensors = [v for v, _ in flat if isinstance(v, torch.Tensor)]
+        if tensors:
+            if any(v.dtype != tensors[0].dtype for v in tensors):
+                tensors = [v.to(torch.float64) for v in tensors]
+            # one transfer for every tensor, then NumPy: an update's few dozen small sums
+            # cost a µs each there against several in torch's dispatch (docs/PERFORMANCE.md)
+            moved = iter(torch.stack(tensors).cpu().numpy())
+        table = np.stack([
+            next(moved) if isinstance(v, torch.Tensor) else v for v, _ in flat
+        ]).astype(np.float64)  # fmt: skip
         rows = np.stack([r for _, r in flat])
         owner = np.repeat(np.arange(len(keys)), [len(self.entries[key]) for key in keys])
         totals = np.zeros((len(keys), self.members))
@@ -182,37 +192,34 @@ class Learner:
     def learn(
         self,
         batch: Batch,
-        learning: torch.Tensor,
-        training: torch.Tensor,
+        learning: np.ndarray | torch.Tensor,
+        training: np.ndarray | torch.Tensor,
         spent: Sequence[int],
         by_hand: bool = False,
     ) -> Learned:
-        """Update the members ``learning`` (CPU bool ``[M]``) on ``batch``; ``training``: the
-        members still training (those not stepping keep their optimizer state); ``spent``:
-        each member's env steps before this update (for the schedules); ``by_hand``: PPO's
-        gradient by hand (:func:`gradient_by_hand`; A2C's is when the batch carries the
-        passes).
+        """Update the members ``learning`` (bool ``[M]``, NumPy or a CPU tensor) on ``batch``;
+        ``training``: the members still training (those not stepping keep their optimizer
+        state); ``spent``: each member's env steps before this update (for the schedules);
+        ``by_hand``: PPO's gradient by hand (:func:`gradient_by_hand`; A2C's is when the batch
+        carries the passes).
 
         Which members step is bookkeeping on M booleans, kept in NumPy: a few dozen such ops a
         minibatch cost a µs each there against several in torch's dispatch."""
         self._spent, self._by_hand = spent, by_hand
-        learning, training = (
-            np.array(torch.as_tensor(x).numpy(), bool) for x in (learning, training)
-        )
+        learning, training = (np.array(x, bool) for x in (learning, training))
         sums, failures = _Sums(len(learning)), {}
-        mask = batch.mask
-        with torch.no_grad():  # the rollout's own numbers, before any step
-            raw_mean = masked_mean(batch.advantages, mask)
-            centred = (batch.advantages - raw_mean[:, None]).square()
-            raw_std = masked_mean(centred, mask).sqrt()
-            explained = explained_variance(batch.values.detach(), batch.returns, mask)
+        # the rollout's own numbers, before any step
+        mask, returns = host(batch.mask), host(batch.returns)
+        raw_mean, raw_var = masked_moments(host(batch.advantages), mask)
+        explained = explained_variance(host(batch.values), returns, mask)
         step = self._a2c if self.algo == "a2c" else self._ppo
         # by hand nothing needs a graph: inference mode spares every call autograd's dispatch
         # (docs/PERFORMANCE.md); by autograd, the losses need their graphs
         hand = by_hand if self.algo == "ppo" else batch.actor_pass is not None
         with torch.inference_mode() if hand else contextlib.nullcontext():
             stepped = step(batch, learning, training, sums, failures)
-        for key, value in ((M.ADVANTAGE_MEAN.key, raw_mean), (M.ADVANTAGE_STD.key, raw_std),
+        for key, value in ((M.ADVANTAGE_MEAN.key, raw_mean),
+                           (M.ADVANTAGE_STD.key, np.sqrt(raw_var)),
                            (M.EXPLAINED_VARIANCE.key, explained)):  # fmt: skip
             sums.add(key, value, stepped)
         return Learned(sums.means(), stepped.tolist(), failures)
