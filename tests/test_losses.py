@@ -715,3 +715,31 @@ def test_masked_moments_and_explained_variance_are_their_formulas_per_member(
         np.testing.assert_allclose(var[m], g.var(), rtol=1e-9, atol=1e-12)
         expected = 1.0 - (g - v).var() / g.var() if g.var() > 0 else 0.0
         np.testing.assert_allclose(explained[m], expected, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), members=st.integers(1, 4), keys=st.integers(1, 4))
+def test_an_updates_metric_is_each_members_mean_over_the_steps_it_took(seed, members, keys):
+    """``_Sums``: a key's value for a member is the mean of what was added for it over the
+    steps where its ``rows`` was true (tensors of either float dtype and NumPy arrays mixed);
+    a member with no such step has no value for that key."""
+    rng = np.random.default_rng(seed)
+    sums, added = update_module._Sums(members), {}
+    for k in range(keys):
+        for _ in range(int(rng.integers(1, 5))):
+            value = rng.standard_normal(members)
+            rows = rng.random(members) < 0.6
+            kind = int(rng.integers(3))
+            stored = (torch.tensor(value, dtype=torch.float32) if kind == 0
+                      else torch.tensor(value) if kind == 1 else value)  # fmt: skip
+            sums.add(f"key{k}", stored, rows)
+            exact = np.float32(value).astype(np.float64) if kind == 0 else value
+            added.setdefault(f"key{k}", []).append((exact, rows))
+    means = sums.means()
+    for m in range(members):
+        for key, entries in added.items():
+            taken = [value[m] for value, rows in entries if rows[m]]
+            if taken:
+                np.testing.assert_allclose(means[m][key], np.mean(taken), rtol=1e-12)
+            else:
+                assert key not in means[m]

@@ -126,11 +126,10 @@ class _Sums:
             next(moved) if isinstance(v, torch.Tensor) else v for v, _ in flat
         ]).astype(np.float64)  # fmt: skip
         rows = np.stack([r for _, r in flat])
-        owner = np.repeat(np.arange(len(keys)), [len(self.entries[key]) for key in keys])
-        totals = np.zeros((len(keys), self.members))
-        counts = np.zeros((len(keys), self.members))
-        np.add.at(totals, owner, np.where(rows, table, 0.0))
-        np.add.at(counts, owner, rows)
+        # each key's entries are consecutive rows: one reduceat sums them all
+        starts = np.cumsum([0] + [len(self.entries[key]) for key in keys[:-1]])
+        totals = np.add.reduceat(np.where(rows, table, 0.0), starts)
+        counts = np.add.reduceat(rows.astype(np.float64), starts)
         means = (totals / np.maximum(counts, 1.0)).tolist()
         seen = (counts > 0).tolist()
         return [
