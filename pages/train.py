@@ -77,24 +77,26 @@ with live_column:
     def status() -> None:
         run = store.get_run(run_id)
         _ui.run_header(run)
-        # where to take this run next, the run in the link (the explorer and the lab once it
-        # has a checkpoint, which a training run gains as it goes)
-        links = st.columns(3)
-        if store.checkpoint_steps(run_id):
-            links[0].page_link("pages/explorer.py", label="Explore this run",
-                               icon=":material/biotech:", query_params={"run": run_id})  # fmt: skip
-            links[1].page_link("pages/lab.py", label="Measure it in the lab",
-                               icon=":material/science:", query_params={"run": run_id})  # fmt: skip
-        if run.sweep_id is not None:
-            links[2].page_link("pages/compare.py", label="Compare its sweep",
-                               icon=":material/stacked_line_chart:",
-                               query_params={"source": "sweep", "sweep": run.sweep_id})  # fmt: skip
         if run.active:
             # a callback, not `if st.button(...)`: Streamlit runs it for the click whichever
             # run takes the click in (the charts' timer may), so a Stop is never dropped
             st.button("Stop", key="train.stop", icon=":material/stop:", on_click=manager.stop,
                       args=(run_id,))  # fmt: skip
-        elif running:  # it just ended: redraw the page once, without the timers
+        # where to take this run next, the run in the link: the explorer and the lab, open once
+        # it has a checkpoint (a training run gains one as it goes). Drawn from the start, so
+        # nothing below moves when they open (a click in flight would land elsewhere).
+        links = st.columns(3)
+        closed = None if store.checkpoint_steps(run_id) else "Open once the run has a checkpoint."
+        where = {"query_params": {"run": run_id}, "disabled": bool(closed), "help": closed}
+        links[0].page_link("pages/explorer.py", label="Explore this run",
+                           icon=":material/biotech:", **where)  # fmt: skip
+        links[1].page_link("pages/lab.py", label="Measure it in the lab",
+                           icon=":material/science:", **where)  # fmt: skip
+        if run.sweep_id is not None:
+            links[2].page_link("pages/compare.py", label="Compare its sweep",
+                               icon=":material/stacked_line_chart:",
+                               query_params={"source": "sweep", "sweep": run.sweep_id})  # fmt: skip
+        if running and not run.active:  # it just ended: redraw the page once, without timers
             st.rerun()
 
     # a run just started looks for its first points often (for its first 10 s at most: long

@@ -660,3 +660,22 @@ def test_a_ppo_runs_page_draws_its_kl_and_clip_fraction_and_an_a2c_runs_does_not
     assert _ui.run_label(store.get_run(ids["ppo"])) == f"ppo run · PPO · {ids['ppo']}"
     store.rename_run(ids["ppo"], "PPO CartPole-v1 seed = 0")  # (a default name says it already)
     assert _ui.run_label(store.get_run(ids["ppo"])) == f"PPO CartPole-v1 seed = 0 · {ids['ppo']}"
+
+
+def test_the_train_pages_links_are_drawn_closed_before_the_first_checkpoint(data_dir):
+    """The explorer and lab links are on the page from the start, closed with a reason until
+    the run has a checkpoint, then open on it: the page's layout never shifts under a click
+    when the first checkpoint lands."""
+    store = RunStore(data_dir)
+    run_id = store.create_run(TrainConfig(**TINY).to_dict(), name="no checkpoint yet")
+    at = app("pages/train.py")
+    links = {link.proto.label: link.proto for link in at.get("page_link")}
+    for name in ("Explore this run", "Measure it in the lab"):
+        assert links[name].disabled, name
+        assert links[name].help == "Open once the run has a checkpoint."
+    store.save_checkpoint(run_id, 100, b"x" * 100, [])
+    at.run()
+    links = {link.proto.label: link.proto for link in at.get("page_link")}
+    for name, page in (("Explore this run", "explorer"), ("Measure it in the lab", "lab")):
+        assert not links[name].disabled, name
+        assert (links[name].page, links[name].query_string) == (page, f"run={run_id}")
