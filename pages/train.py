@@ -86,7 +86,10 @@ with live_column:
         # it has a checkpoint (a training run gains one as it goes). Drawn from the start, so
         # nothing below moves when they open (a click in flight would land elsewhere).
         links = st.columns(3)
-        closed = None if store.checkpoint_steps(run_id) else "Open once the run has a checkpoint."
+        closed = None
+        if not store.checkpoint_steps(run_id):
+            closed = ("Open once the run has a checkpoint." if run.active
+                      else "This run saved no checkpoint.")  # fmt: skip
         where = {"query_params": {"run": run_id}, "disabled": bool(closed), "help": closed}
         links[0].page_link("pages/explorer.py", label="Explore this run",
                            icon=":material/biotech:", **where)  # fmt: skip

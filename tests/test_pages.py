@@ -679,3 +679,11 @@ def test_the_train_pages_links_are_drawn_closed_before_the_first_checkpoint(data
     for name, page in (("Explore this run", "explorer"), ("Measure it in the lab", "lab")):
         assert not links[name].disabled, name
         assert (links[name].page, links[name].query_string) == (page, f"run={run_id}")
+    # a run that ended without one says so, rather than promising one
+    ended = store.create_run(TrainConfig(**TINY).to_dict(), name="ended without one")
+    store.finish_run(ended, "stopped")
+    at.run()  # (the run box lists it)
+    at.selectbox(key="train.view").set_value(ended).run()
+    links = {link.proto.label: link.proto for link in at.get("page_link")}
+    assert links["Explore this run"].disabled
+    assert links["Explore this run"].help == "This run saved no checkpoint."
