@@ -539,25 +539,63 @@ def test_gae_unchecked_equals_gae_checked_on_a_trainers_rollout(batch, data, dty
     np.testing.assert_array_equal(unchecked.numpy(), checked.numpy())
 
 
+def test_gae_unchecked_skips_the_checks_on_a_trainers_rollout(monkeypatch):
+    """On the trainer's rollout ``validate=False`` runs no check (none of ``prepare``, nor the
+    parameter checks), and a non-finite reward gives non-finite advantages where the checked
+    call names it."""
+    from gae_core.estimators import advantages as module
+
+    tensors = as_tensors(rollout(np.random.default_rng(4), 5, 3, dtype=np.float32))
+    tensors[0][2, 1] = float("nan")
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        gae_core.gae(*tensors, gamma=0.99, lambda_=0.95)
+
+    def no_check(*args, **kwargs):
+        raise AssertionError("checked")
+
+    for name in ("prepare", "check_unit_columns", "column_parameter"):
+        monkeypatch.setattr(module, name, no_check)
+    out = gae_core.gae(*tensors, gamma=np.full(3, 0.99), lambda_=np.full(3, 0.95), validate=False)
+    assert np.isnan(out[:3, 1].numpy()).all() and np.isfinite(out[:, [0, 2]].numpy()).all()
+
+
+def _float_flags(b):
+    tensors = as_tensors(b)
+    return [*tensors[:3], *(x.to(torch.float32) for x in tensors[3:])]
+
+
+def _mixed_floats(b):
+    tensors = as_tensors(b)
+    return [tensors[0].float(), *tensors[1:]]
+
+
+def _with_graph(b):
+    tensors = as_tensors(b)
+    return [tensors[0], tensors[1].requires_grad_(True), *tensors[2:]]
+
+
 @pytest.mark.parametrize(
     "inputs",
     [
         lambda b: b,  # NumPy arrays
         lambda b: [x[:, 0] for x in as_tensors(b)],  # 1-D tensors
         lambda b: as_tensors([np.concatenate([x] * 6) for x in b]),  # longer than the loop's
+        _float_flags,  # 0/1 float flags
+        _mixed_floats,  # float32 rewards, float64 values
+        _with_graph,  # values that carry a graph
     ],
 )
 def test_gae_unchecked_checks_anything_but_a_trainers_short_rollout(inputs):
-    """``validate=False`` skips the checks only on the trainer's short 2-D CPU tensors: any
-    other input is checked all the same (a γ out of range is still named)."""
+    """``validate=False`` skips the checks only on the trainer's short 2-D CPU tensors of one
+    float dtype, bool flags and no graph: any other input is checked all the same (a γ out of
+    range is still named) and gives the checked result, dtype included."""
     batch = inputs(good())
-    assert len(batch[0]) > LOOP_MAX_STEPS or batch[0].ndim == 1 or isinstance(batch[0], np.ndarray)
     with pytest.raises(ValueError, match=_escape("gamma must be in [0, 1], got 1.5")):
         gae_core.gae(*batch, gamma=1.5, lambda_=0.9, validate=False)
-    np.testing.assert_array_equal(
-        np.asarray(gae_core.gae(*batch, gamma=0.9, lambda_=0.8, validate=False)),
-        np.asarray(gae_core.gae(*batch, gamma=0.9, lambda_=0.8)),
-    )
+    unchecked = gae_core.gae(*batch, gamma=0.9, lambda_=0.8, validate=False)
+    checked = gae_core.gae(*batch, gamma=0.9, lambda_=0.8)
+    assert unchecked.dtype == checked.dtype
+    np.testing.assert_array_equal(np.asarray(unchecked), np.asarray(checked))
 
 
 @pytest.mark.parametrize("steps", [0, 3])

@@ -953,6 +953,32 @@ def test_a_member_that_blows_up_fails_alone(algo, net, what):
 
 
 @pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_a_member_whose_rewards_are_not_finite_fails_alone_naming_them(monkeypatch, algo):
+    """GAE takes the trainer's rollout unchecked: a NaN reward in member 1's columns ends
+    member 1 with "rewards" as the cause, and the others learn on."""
+    extra = _PPO if algo == "ppo" else {}
+    population = Trainer([config(**m, **extra) for m in MEMBERS[:3]])
+    try:
+        population.step()
+        real, per = population.normalizers.scale_rewards, population.envs_per_member
+
+        def scale_rewards(*args, **kwargs):
+            scaled = np.array(real(*args, **kwargs), np.float32)
+            scaled[per : 2 * per] = float("nan")  # member 1's columns
+            return scaled
+
+        monkeypatch.setattr(population.normalizers, "scale_rewards", scale_rewards)
+        assert set(population.step()) == {0, 2}
+        assert population.member(1).error == (
+            "TrainingDiverged: rewards became non-finite at update 1"
+        )
+        monkeypatch.undo()
+        assert set(population.step()) == {0, 2}
+    finally:
+        population.close()
+
+
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
 def test_a_member_whose_gradient_blows_up_fails_alone_and_is_not_counted_as_stepping(
     monkeypatch, algo
 ):

@@ -369,7 +369,7 @@ def masked_moments(x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndar
     ``mask`` is 1, in float64; 0 for a member without such a row. In NumPy on the host: an
     update's statistics of a few rows cost a µs an op there against several in torch's
     dispatch (docs/PERFORMANCE.md)."""
-    x, mask = x.astype(np.float64), mask.astype(np.float64)
+    x, mask = np.asarray(x, np.float64), np.asarray(mask, np.float64)
     count = np.maximum(mask.sum(1), 1.0)
     mean = (x * mask).sum(1) / count
     return mean, (np.square(x - mean[:, None]) * mask).sum(1) / count
@@ -380,6 +380,7 @@ def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray
     over the rows where ``mask`` is 1 (:func:`masked_moments`); 0 where the returns do not
     vary."""
     _, spread = masked_moments(returns, mask)
-    _, residual = masked_moments(returns.astype(np.float64) - values, mask)
+    returns = np.asarray(returns, np.float64)
+    _, residual = masked_moments(returns - np.asarray(values, np.float64), mask)
     varies = spread > 0
     return np.where(varies, 1.0 - residual / np.where(varies, spread, 1.0), 0.0)

@@ -339,14 +339,11 @@ class Trainer:
         members, per = self.size, self.envs_per_member
         values = values.reshape(members, steps + 1, per).transpose(0, 1)
         values = values.reshape(steps + 1, members * per)
-        device = self.device
-        inputs = (
-            torch.from_numpy(rollout.rewards).to(device),
-            values[:-1],
-            values[1:],
-            torch.from_numpy(rollout.terminated).to(device),
-            torch.from_numpy(rollout.truncated).to(device),
+        rewards, terminated, truncated = (
+            torch.from_numpy(x).to(self.device)
+            for x in (rollout.rewards, rollout.terminated, rollout.truncated)
         )
+        inputs = (rewards, values[:-1], values[1:], terminated, truncated)
 
         def gae_of(lambda_: np.ndarray) -> torch.Tensor:  # right by construction: unchecked
             return gae(*inputs, gamma=self._gamma, lambda_=lambda_, validate=False)
@@ -371,6 +368,9 @@ class Trainer:
         detached = all_values.detach()
         finite = host(torch.isfinite(detached).all(1))
         self._fail({i: "critic values" for i in active if not finite[i]})
+        shape = (steps, self.size, self.envs_per_member)  # a rollout's [T, M, E] columns
+        rewarded = np.isfinite(rollout.rewards).reshape(shape).all((0, 2))  # (gae: unchecked)
+        self._fail({i: "rewards" for i in active if not rewarded[i]})
         # a blown-up member's columns enter GAE as zeros: its results are never used
         advantages, returns = self.estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
         mask = self.by_member(rollout.valid).to(advantages.dtype)
@@ -392,7 +392,7 @@ class Trainer:
             batch.critic_pass = [h[:, :rows] for h in critic_pass]
         spent = [m.steps_before_update for m in self._members]
         self.optimizer.learning_rate = self._rates(spent)
-        learning = training & finite & rollout.valid.reshape(steps, self.size, -1).any((0, 2))
+        learning = training & finite & rewarded & rollout.valid.reshape(shape).any((0, 2))
         by_hand = self.by_hand and gradient_by_hand(self.shared)
         result = self.learner.learn(batch, learning, training, spent, by_hand)
         self._fail({i: what for i, what in result.failures.items() if i in active})

@@ -103,7 +103,7 @@ class _Sums:
 
     def __init__(self, members: int) -> None:
         self.members = members
-        self.entries: dict[str, list[tuple[torch.Tensor, np.ndarray]]] = {}
+        self.entries: dict[str, list[tuple[torch.Tensor | np.ndarray, np.ndarray]]] = {}
 
     def add(self, key: str, value: torch.Tensor | np.ndarray, rows: np.ndarray) -> None:
         if isinstance(value, torch.Tensor) and value.requires_grad:  # (a detach is an op too)
@@ -207,10 +207,15 @@ class Learner:
         self._spent, self._by_hand = spent, by_hand
         learning, training = (np.array(x, bool) for x in (learning, training))
         sums, failures = _Sums(len(learning)), {}
-        # the rollout's own numbers, before any step
-        mask, returns = host(batch.mask), host(batch.returns)
-        raw_mean, raw_var = masked_moments(host(batch.advantages), mask)
-        explained = explained_variance(host(batch.values), returns, mask)
+        # the rollout's own numbers, before any step, in NumPy (from an accelerator in one
+        # transfer; on the CPU, views)
+        columns = (batch.advantages, batch.values.detach(), batch.returns, batch.mask)
+        on_host = columns[0].device.type == "cpu"
+        advantages, values, returns, mask = (
+            [host(c) for c in columns] if on_host else host(torch.stack(columns))
+        )
+        raw_mean, raw_var = masked_moments(advantages, mask)
+        explained = explained_variance(values, returns, mask)
         step = self._a2c if self.algo == "a2c" else self._ppo
         # by hand nothing needs a graph: inference mode spares every call autograd's dispatch
         # (docs/PERFORMANCE.md); by autograd, the losses need their graphs

@@ -144,22 +144,29 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_, 
     Returns:
         Advantages with the shape of ``rewards``.
     """
-    if not validate and _trusted_short_rollout(rewards):
-        views = [x.numpy() for x in (rewards, values, next_values, terminated, truncated)]
+    inputs = (rewards, values, next_values, terminated, truncated)
+    if not validate and _trusted_short_rollout(*inputs):
+        views = [x.numpy() for x in inputs]
         return torch_module().from_numpy(_numpy_loop.gae(*views, gamma=gamma, lambda_=lambda_))
     return _gae(
         rewards, values, next_values, terminated, truncated, gamma, lambda_, plus_values=False
     )
 
 
-def _trusted_short_rollout(rewards) -> bool:
-    """``gae(validate=False)``'s loop path: a 2-D CPU tensor of at most ``LOOP_MAX_STEPS`` rows
-    (the rest of the caller's promise is not checked)."""
+def _trusted_short_rollout(rewards, values, next_values, terminated, truncated) -> bool:
+    """``gae(validate=False)``'s loop path: 2-D CPU tensors of at most ``LOOP_MAX_STEPS`` rows,
+    the floats of one dtype and without a graph, the flags bool (attribute reads only: the
+    shapes, values and γ and λ are the caller's promise)."""
+    torch = torch_module()
+    floats, flags = (values, next_values), (terminated, truncated)
     return (
         is_tensor(rewards)
         and rewards.ndim == 2
         and rewards.device.type == "cpu"
         and rewards.shape[0] <= LOOP_MAX_STEPS
+        and all(is_tensor(x) and x.dtype == rewards.dtype and not x.requires_grad for x in floats)
+        and all(is_tensor(x) and x.dtype == torch.bool for x in flags)
+        and not rewards.requires_grad
     )
 
 
