@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import sqlite3
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -617,3 +619,18 @@ def test_a_file_that_is_not_a_database_is_refused_and_no_connection_is_left_open
     for conn in opened:
         with pytest.raises(sqlite3.ProgrammingError, match="closed"):
             conn.execute("SELECT 1")
+
+
+def test_new_ids_are_never_read_back_as_numbers(monkeypatch):
+    """An id is 12 hex digits with a letter other than "e" among them: pandas reads every
+    one back from a CSV as text, even where uuid4 drew all digits or digits around one "e"
+    (it did: "41e026164208" came back as inf)."""
+    from gae_core.storage import database
+
+    draws = iter(["012345678901" + "0" * 20, "41e026164208" + "0" * 20, "41e02616420b" + "0" * 20])
+    monkeypatch.setattr(database.uuid, "uuid4", lambda: SimpleNamespace(hex=next(draws)))
+    assert database.new_id() == "41e02616420b"  # the first two are drawn again
+    monkeypatch.undo()
+    ids = [database.new_id() for _ in range(2000)]
+    frame = pd.read_csv(io.StringIO("run_id\n" + "\n".join(ids)))
+    assert frame["run_id"].tolist() == ids

@@ -75,8 +75,18 @@ def is_disk_full(exc: BaseException) -> bool:
     return code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc)
 
 
+#: Hex digits no reader takes for part of a number ("e" makes "12e45" a float)
+_LETTERS = frozenset("abcdf")
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex[:12]
+    """12 random hex digits, at least one of them a letter other than "e": an id of digits
+    (1 in 280 before) or of digits around one "e" is read back as a number by pandas and
+    spreadsheets from the CSV exports ("012345678901" loses its 0, "41e026164208" is inf)."""
+    while True:
+        candidate = uuid.uuid4().hex[:12]
+        if not _LETTERS.isdisjoint(candidate):
+            return candidate
 
 
 def json_default(value: Any) -> Any:
