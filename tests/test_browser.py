@@ -822,9 +822,10 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     message = page.get_by_text("λ values must be in [0, 1], got 1.5")
     message.wait_for()
     launch = page.locator(".st-key-cmp-launch button")
-    for element in (message, launch):  # in view where the error shows (measured at once)
-        box = element.bounding_box()
-        assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
+    # in view where the error shows, whole: retried, since the rerun that draws the message
+    # sends Launch in a later message (a one-shot read once found it not drawn yet)
+    expect(message, "the λ error in view").to_be_in_viewport(ratio=1.0, timeout=30_000)
+    expect(launch, "Launch in view under it").to_be_in_viewport(ratio=1.0, timeout=30_000)
     # Launch is drawn after the message, in a later message of the same rerun: wait for it
     expect(launch, "Launch disabled by the bad λ").to_be_disabled(timeout=30_000)
     expect(launch, "Launch's label: fix …").to_contain_text(
@@ -849,8 +850,7 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     # the progress panel (the other column's top) is in view beside Launch
     progress = page.get_by_text(re.compile(r"\d+/2 trials ended"))
     progress.wait_for(timeout=30_000)
-    box = progress.bounding_box()
-    assert 0 <= box["y"] and box["y"] + box["height"] <= VIEWPORT_HEIGHT, box
+    expect(progress, "the progress beside Launch").to_be_in_viewport(ratio=1.0, timeout=30_000)
     assert wait_until(lambda: store.get_sweep(sweep_id).status == "finished", 120), store.get_sweep(
         sweep_id
     ).status
