@@ -366,9 +366,8 @@ def clip_per_member(
 
 def masked_moments(x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean and (biased) variance per member (``[M, R]`` → ``[M]`` each) over the rows where
-    ``mask`` is 1, in float64; 0 for a member without such a row. In NumPy on the host: an
-    update's statistics of a few rows cost a µs an op there against several in torch's
-    dispatch (docs/PERFORMANCE.md)."""
+    ``mask`` is 1, in float64; 0 for a member without such a row. In NumPy on the host,
+    where an update's few small statistics cost less than in torch (docs/PERFORMANCE.md)."""
     x, mask = np.asarray(x, np.float64), np.asarray(mask, np.float64)
     count = np.maximum(mask.sum(1), 1.0)
     mean = (x * mask).sum(1) / count

@@ -135,11 +135,11 @@ def gae(rewards, values, next_values, terminated, truncated, *, gamma, lambda_, 
             the kernels' four-steps-a-link chain).
         validate: False skips the checks for inputs right by construction, as
             ``validate_args=False`` does in ``torch.distributions``: the trainer's rollout
-            (2-D CPU tensors of one float dtype, bool flags, γ and λ its configs checked, one
-            float64 array per column). Only such a rollout of at most ``LOOP_MAX_STEPS`` rows
-            skips them (about half of a CartPole update's estimate went to them); any other
-            input is checked all the same. Unchecked, a non-finite reward gives non-finite
-            advantages instead of a ``ValueError``.
+            (2-D CPU tensors of one float dtype without a graph, bool flags, γ and λ its
+            configs checked, one float64 array per column). Only such a rollout of at most
+            ``LOOP_MAX_STEPS`` rows skips them; any other input is checked all the same.
+            Unchecked, a non-finite reward gives non-finite advantages instead of a
+            ``ValueError``.
 
     Returns:
         Advantages with the shape of ``rewards``.

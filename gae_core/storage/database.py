@@ -80,9 +80,9 @@ _LETTERS = frozenset("abcdf")
 
 
 def new_id() -> str:
-    """12 random hex digits, at least one of them a letter other than "e": an id of digits
-    (1 in 280 before) or of digits around one "e" is read back as a number by pandas and
-    spreadsheets from the CSV exports ("012345678901" loses its 0, "41e026164208" is inf)."""
+    """12 random hex digits, at least one of them a letter other than "e", so pandas and
+    spreadsheets read it back from the CSV exports as text (an id of digits, or of digits
+    around one "e", reads as a number)."""
     while True:
         candidate = uuid.uuid4().hex[:12]
         if not _LETTERS.isdisjoint(candidate):
