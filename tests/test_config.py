@@ -8,8 +8,17 @@ import re
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gae_core.agent.config import FIELD_SPECS, ConfigError, TrainConfig, field_problems, parse_int
+from gae_core.agent.config import (
+    FIELD_SPECS,
+    ConfigError,
+    TrainConfig,
+    field_problems,
+    parse_int,
+    scheduled,
+)
 from gae_core.agent.envs import SUPPORTED_ENVS
 from gae_core.agent.field_spec import echo, int_problem
 from gae_core.agent.presets import PRESETS, preset_config
@@ -286,3 +295,22 @@ def test_a_message_quotes_a_long_typed_value_by_its_start_and_length():
     assert field_problems({"seed": 10**4000 - 1})["seed"].endswith(
         "got 99999999999999999999… (4,000 digits)"
     )
+
+
+@given(
+    value=st.floats(1e-6, 10.0),
+    total=st.integers(1, 10**7),
+    share=st.floats(0.0, 2.0),
+)
+def test_a_schedule_is_its_value_constant_or_decayed_linearly_to_zero_at_the_budget(
+    value, total, share
+):
+    """``scheduled``: value · (1 − min(1, spent / total_steps)) under "linear" (SB3's lin_),
+    the value itself under "constant"; 0 from the budget on, never negative."""
+    spent = int(share * total)
+    assert scheduled(value, "constant", spent, total) == value
+    linear = scheduled(value, "linear", spent, total)
+    assert linear == pytest.approx(value * max(0.0, 1.0 - spent / total), rel=1e-12, abs=0)
+    assert scheduled(value, "linear", 0, total) == value
+    assert scheduled(value, "linear", total, total) == 0.0
+    assert 0.0 <= linear <= value

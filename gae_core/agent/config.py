@@ -28,6 +28,7 @@ __all__ = [
     "field_problems",
     "field_spec",
     "parse_int",
+    "scheduled",
     "with_stored_defaults",
 ]
 
@@ -300,6 +301,15 @@ BOOKKEEPING_FIELDS = (
 #: the value that is (a run stored without ``normalize_clip`` never clipped; without
 #: ``reward_norm_reset``, its return restarted at termination only).
 STORED_BEFORE: dict[str, Any] = {"normalize_clip": 0.0, "reward_norm_reset": "termination"}
+
+
+def scheduled(value: float, schedule: str, spent: int, total_steps: int) -> float:
+    """``value`` (a learning rate, a clip range) once ``spent`` of ``total_steps`` env steps
+    are spent: itself under ``"constant"``, or decayed linearly to 0 at ``total_steps`` under
+    ``"linear"`` (SB3's ``lin_`` schedules): value · (1 − min(1, spent / total_steps))."""
+    if schedule != "linear":
+        return value
+    return value * (1.0 - min(1.0, spent / total_steps))
 
 
 def with_stored_defaults(data: dict[str, Any]) -> dict[str, Any]:

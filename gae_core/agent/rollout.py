@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["Episode", "Rollout", "StepResult", "TrainingDiverged"]
+__all__ = ["Episode", "EpisodeTally", "Rollout", "StepResult", "TrainingDiverged"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -23,6 +23,43 @@ class Episode:
     env_step: int
     return_: float
     length: int
+
+
+class EpisodeTally:
+    """Each env column's running return (in the env's own rewards) and length in its current
+    episode; :meth:`finish` turns the episodes that end into :class:`Episode` s."""
+
+    def __init__(self, columns: int, per: int) -> None:
+        self.per = per  # env columns per member, member-major
+        self.returns = np.zeros(columns, np.float64)
+        self.lengths = np.zeros(columns, np.int64)
+
+    def add(self, rewards: np.ndarray, valid: np.ndarray) -> None:
+        """One step's rewards of every column; ``valid``: the columns where it is a step of
+        an episode (not a NEXT_STEP reset row)."""
+        self.returns += rewards
+        self.lengths += valid
+
+    def finish(
+        self,
+        ended: np.ndarray,
+        live: np.ndarray,
+        at_step: np.ndarray,
+        episodes: dict[int, list[Episode]],
+    ) -> None:
+        """Close the episodes of the columns ``ended`` (bool); those of ``live`` columns are
+        appended to their member's list in ``episodes``, ended at the member's env step
+        ``at_step[member]``."""
+        columns = np.flatnonzero(ended)
+        for column, returned, length in zip(
+            columns.tolist(), self.returns[columns].tolist(), self.lengths[columns].tolist(),
+            strict=True,
+        ):  # fmt: skip
+            if live[column]:
+                member = column // self.per
+                episodes[member].append(Episode(int(at_step[member]), returned, length))
+        self.returns[columns] = 0.0
+        self.lengths[columns] = 0
 
 
 @dataclass

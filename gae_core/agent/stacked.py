@@ -7,6 +7,7 @@ the stacked evaluations and recordings (:mod:`gae_core.agent.played_together`) t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -206,10 +207,13 @@ class StackedMLP:
         :meth:`backward` needs (a rollout keeps its actor's, the update its critic's)."""
         outputs = [x]
         last = len(self.weights) - 1
-        with torch.no_grad():
+        rows, device = x.shape[0] * x.shape[1], x.device
+        # (a rollout's passes run in inference mode already: no second context to enter)
+        with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
             for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
-                elements = x.shape[0] * x.shape[1] * weight.shape[2]
-                wide = tanh_via_sigmoid(elements, x.device, TANH_VIA_SIGMOID_MIN_NO_GRAD)
+                wide = tanh_via_sigmoid(
+                    rows * weight.shape[2], device, TANH_VIA_SIGMOID_MIN_NO_GRAD
+                )
                 if i < last and wide and self.activation is stacked_tanh:
                     # tanh(y) = 2σ(2y) − 1 with 2y from the product itself (×2 is exact) and
                     # the rest in place: three passes over one buffer (stacked_tanh's form)

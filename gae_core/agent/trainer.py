@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from gae_core import metrics as M
-from gae_core.agent.config import TrainConfig
+from gae_core.agent.config import TrainConfig, scheduled
 from gae_core.agent.envs import make_vector_env
 from gae_core.agent.memory import keep_freed_memory
 from gae_core.agent.normalize import Normalizers
@@ -55,7 +55,7 @@ from gae_core.agent.optim import Optimizer
 from gae_core.agent.played_together import evaluate_replays, record_replays_together
 from gae_core.agent.policy import ActorCritic, sample_actions
 from gae_core.agent.recording import Replay, checkpoint_bytes
-from gae_core.agent.rollout import Episode, Rollout, StepResult, TrainingDiverged
+from gae_core.agent.rollout import Episode, EpisodeTally, Rollout, StepResult, TrainingDiverged
 from gae_core.agent.stacked import StackedMLP, host, one_buffer
 from gae_core.agent.update import Batch, Learner, gradient_by_hand
 from gae_core.estimators import gae
@@ -135,8 +135,7 @@ class Trainer:
         raw, _ = self.env.reset(seed=seeds[0])
         self._obs = self.normalizers.reset(raw)
         self._reset_next = np.zeros(members * per, bool)
-        self._returns = np.zeros(members * per, np.float64)
-        self._lengths = np.zeros(members * per, np.int64)
+        self._tally = EpisodeTally(members * per, per)
         self._members = [_State() for _ in configs]
         # per column (sub-env) parameters of GAE and of the critic's target
         self._gamma = np.repeat([c.gamma for c in configs], per)
@@ -225,16 +224,22 @@ class Trainer:
         live = np.zeros(members, bool)
         live[active] = True
         counted = np.zeros(members, np.int64)
+        start = np.array([m.env_steps for m in self._members])
+        # whether a budget can end within this rollout (else the counting waits for its end)
+        may_end = bool((need[active] <= steps * per).any())
+        live_columns = np.repeat(live, per)
         noise = self._sde_noise() if self.sde else None  # one matrix per env, redrawn below
+        std = None  # a Gaussian policy's std, fixed for the rollout
+        if not self.discrete and noise is None:
+            std = np.repeat(host(self.log_std.exp()), per, 0)
         with torch.inference_mode():
             for t in range(steps):
                 if noise is not None and t > 0:
                     self._redraw_sde_noise(noise, t)
-                live_columns = np.repeat(live, per)
                 rollout.observations[t] = obs
                 valid = ~self._reset_next
                 rollout.valid[t] = valid & live_columns
-                actions = self._sample(obs, rng, noise, t)
+                actions = self._sample(obs, rng, noise, t, std)
                 rollout.actions[t] = actions
                 env_actions = actions if self._bounds is None else np.clip(actions, *self._bounds)
                 raw, rewards, terminated, truncated, _ = self.env.step(env_actions)
@@ -242,19 +247,24 @@ class Trainer:
                 rollout.rewards[t] = scaled
                 rollout.terminated[t] = terminated
                 rollout.truncated[t] = truncated
-                self._returns += rewards  # the env's own
-                self._lengths += valid
+                self._tally.add(rewards, valid)  # the env's own rewards
                 self._reset_next = terminated | truncated
                 obs = normalizers.observe(raw, self._reset_next, live_columns)
                 if self._reset_next.any():
-                    self._finish_episodes(t, episodes, live_columns)
+                    so_far = rollout.valid[: t + 1].reshape(t + 1, members, per).sum((0, 2))
+                    self._tally.finish(self._reset_next, live_columns, start + so_far, episodes)
+                if not may_end:
+                    continue
                 counted += rollout.valid[t].reshape(members, per).sum(1)
                 ended = live & (counted >= need)
                 if ended.any():
                     rollout.truncated[t, np.repeat(ended, per)] = True  # its rollout ends here
                     live &= ~ended
+                    live_columns = np.repeat(live, per)
                     if last and not live.any():
                         break
+        if not may_end:
+            counted = rollout.valid[: t + 1].reshape(t + 1, members, per).sum((0, 2))
         rollout = self._batch = self._rollout.head(t + 1)
         rollout.observations[-1] = obs
         self._obs = obs
@@ -279,48 +289,36 @@ class Trainer:
             fresh = self._sde_noise()
             noise[due] = fresh[due]
 
-    def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise, t: int) -> np.ndarray:
-        """Every column's action (unclipped; the env sees a clipped copy) at rollout step t."""
-        member_obs = torch.from_numpy(obs).to(self.device).view(self.size, self.envs_per_member, -1)
+    def _sample(self, obs: np.ndarray, rng: np.random.Generator, noise, t: int, std) -> np.ndarray:
+        """Every column's action (unclipped; the env sees a clipped copy) at rollout step t;
+        ``std``: each column's Gaussian std ``[M·E, A]`` (None: logits)."""
+        member_obs = torch.from_numpy(obs)
+        if self.device.type != "cpu":
+            member_obs = member_obs.to(self.device)
+        member_obs = member_obs.view(self.size, self.envs_per_member, -1)
         if noise is not None:  # gSDE: μ(s) + φ(s)ᵀ W, W held for the rollout
             out, features = self.actor.with_features(member_obs)
             explore = (features[..., None] * noise).sum(-2)
-            return (out + explore).reshape(len(obs), -1).cpu().numpy().astype(np.float32)
+            return host((out + explore).reshape(len(obs), -1)).astype(np.float32)
         if self._hand:
             outputs = self.actor.layers(member_obs)
             self._keep(outputs[1:], t)
             out = outputs[-1]
         else:
             out = self.actor(member_obs)
-        out = out.reshape(len(obs), -1).cpu().numpy()
-        std = None
-        if not self.discrete:
-            std = np.repeat(self.log_std.detach().exp().cpu().numpy(), self.envs_per_member, 0)
-        return sample_actions(out, rng, std)
+        return sample_actions(host(out.reshape(len(obs), -1)), rng, std)
 
     def _keep(self, activations: list[torch.Tensor], t: int) -> None:
-        """Keep step ``t``'s actor activations ``[M, E, width]`` (buffers the rollout's length)."""
-        steps = self._batch.rewards.shape[0]
-        if self._kept is None or self._kept[0].shape[1] != steps:  # (update: views, no copy)
-            with torch.inference_mode(False):  # normal tensors, written inside that mode
-                self._kept = [h.new_empty(h.shape[0], steps, *h.shape[1:]) for h in activations]
+        """Keep step ``t``'s actor activations ``[M, E, width]``; the update stacks each
+        layer's steps in one call (:meth:`_kept_layers`), cheaper than a copy per step."""
+        if t == 0:
+            self._kept = [[] for _ in activations]
         for kept, h in zip(self._kept, activations, strict=True):
-            kept[:, t] = h
+            kept.append(h)
 
-    def _finish_episodes(self, t: int, episodes: dict, live_columns: np.ndarray) -> None:
-        per = self.envs_per_member
-        ended = np.flatnonzero(self._reset_next)
-        counted = self._batch.valid[: t + 1].reshape(t + 1, self.size, per).sum((0, 2))
-        owners = ended // per
-        for column, member, returned, length in zip(
-            ended.tolist(), owners.tolist(), self._returns[ended].tolist(),
-            self._lengths[ended].tolist(), strict=True,
-        ):  # fmt: skip
-            if live_columns[column]:
-                at_step = self._members[member].env_steps + int(counted[member])
-                episodes[member].append(Episode(at_step, returned, length))
-        self._returns[ended] = 0.0
-        self._lengths[ended] = 0
+    def _kept_layers(self, rows: int) -> list[torch.Tensor]:
+        """The kept activations of the rollout's steps, member-major ``[M, T·E, width]``."""
+        return [torch.stack(k, 1).reshape(self.size, rows, -1) for k in self._kept]
 
     # -- estimate and update --------------------------------------------------------------
 
@@ -366,13 +364,15 @@ class Trainer:
             with torch.set_grad_enabled(self.shared.algo == "a2c"):
                 all_values = self.critic(observations).squeeze(-1)
         detached = all_values.detach()
-        finite = host(torch.isfinite(detached).all(1))
+        finite = np.isfinite(host(detached)).all(1)  # (on the CPU a view: no torch call)
         self._fail({i: "critic values" for i in active if not finite[i]})
         shape = (steps, self.size, self.envs_per_member)  # a rollout's [T, M, E] columns
         rewarded = np.isfinite(rollout.rewards).reshape(shape).all((0, 2))  # (gae: unchecked)
         self._fail({i: "rewards" for i in active if not rewarded[i]})
         # a blown-up member's columns enter GAE as zeros: its results are never used
-        advantages, returns = self.estimate(torch.nan_to_num(detached, 0.0, 0.0, 0.0))
+        if not finite.all():
+            detached = torch.nan_to_num(detached, 0.0, 0.0, 0.0)
+        advantages, returns = self.estimate(detached)
         mask = self.by_member(rollout.valid).to(advantages.dtype)
         training = np.array([m.active for m in self._members])
         batch = Batch(
@@ -385,7 +385,7 @@ class Trainer:
         )
         if critic_pass is not None:
             if self._kept is not None and self._kept_for is rollout:
-                kept = [k[:, :steps].reshape(self.size, rows, -1) for k in self._kept]
+                kept = self._kept_layers(rows)
             else:  # a rollout this trainer did not collect (a test's): the actor's pass anew
                 kept = self.actor.layers(observations[:, :rows])[1:]
             batch.actor_pass = [observations[:, :rows], *kept]
@@ -396,11 +396,12 @@ class Trainer:
         by_hand = self.by_hand and gradient_by_hand(self.shared)
         result = self.learner.learn(batch, learning, training, spent, by_hand)
         self._fail({i: what for i, what in result.failures.items() if i in active})
-        rates = np.broadcast_to(self.optimizer.learning_rate, self.size)
+        rates = self.optimizer.learning_rate  # one float, or each member's
+        each = isinstance(rates, np.ndarray)
         out = {}
         for i in active:
             row = dict(result.metrics[i]) if result.stepped[i] else {}
-            row[M.LEARNING_RATE.key] = float(rates[i])
+            row[M.LEARNING_RATE.key] = float(rates[i] if each else rates)
             out[i] = row
         return out
 
@@ -416,15 +417,11 @@ class Trainer:
             )
 
     def _rates(self, spent: Sequence[int]) -> float | np.ndarray:
-        """The coming update's step size of each member: its learning rate, constant or decayed
-        linearly with its own share of its budget spent (SB3's ``lin_`` schedules); one float
-        when all are equal."""
-        rates = np.array([
-            c.learning_rate * (1.0 - min(1.0, s / c.total_steps) if c.lr_schedule == "linear"
-                               else 1.0)
-            for c, s in zip(self.configs, spent, strict=True)
-        ])  # fmt: skip
-        return float(rates[0]) if np.all(rates == rates[0]) else rates
+        """Each member's step size for the coming update (its ``lr_schedule`` at its own share
+        of its budget spent); one float when all are equal."""
+        rates = np.array([scheduled(c.learning_rate, c.lr_schedule, s, c.total_steps)
+                          for c, s in zip(self.configs, spent, strict=True)])  # fmt: skip
+        return float(rates[0]) if (rates == rates[0]).all() else rates
 
     # -- members as runs: checkpoints, replays, evaluations, recordings ----------------------
 

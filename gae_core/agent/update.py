@@ -27,6 +27,7 @@ fails alone.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import warnings
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 
 from gae_core import metrics as M
-from gae_core.agent.config import TrainConfig
+from gae_core.agent.config import TrainConfig, scheduled
 from gae_core.agent.losses import (
     LossTerms,
     PPOFixed,
@@ -122,14 +123,17 @@ class _Sums:
             # one transfer for every tensor, then NumPy: an update's few dozen small sums
             # cost a µs each there against several in torch's dispatch (docs/PERFORMANCE.md)
             moved = iter(torch.stack(tensors).cpu().numpy())
-        table = np.stack([
-            next(moved) if isinstance(v, torch.Tensor) else v for v, _ in flat
-        ]).astype(np.float64)  # fmt: skip
-        rows = np.stack([r for _, r in flat])
-        # each key's entries are consecutive rows: one reduceat sums them all
-        starts = np.cumsum([0] + [len(self.entries[key]) for key in keys[:-1]])
-        totals = np.add.reduceat(np.where(rows, table, 0.0), starts)
-        counts = np.add.reduceat(rows.astype(np.float64), starts)
+        table = np.array(
+            [next(moved) if isinstance(v, torch.Tensor) else v for v, _ in flat], np.float64
+        )
+        rows = np.array([r for _, r in flat])
+        if len(flat) == len(keys):  # one entry a key (A2C's one step): nothing to sum
+            totals, counts = np.where(rows, table, 0.0), rows.astype(np.float64)
+        else:  # each key's entries are consecutive rows: one reduceat sums them all
+            starts = list(itertools.accumulate(len(self.entries[key]) for key in keys[:-1]))
+            starts = [0, *starts]
+            totals = np.add.reduceat(np.where(rows, table, 0.0), starts)
+            counts = np.add.reduceat(rows.astype(np.float64), starts)
         means = (totals / np.maximum(counts, 1.0)).tolist()
         seen = (counts > 0).tolist()
         return [
@@ -324,11 +328,8 @@ class Learner:
     def _clip_ranges(self) -> torch.Tensor:
         """Each member's PPO clip range for this update: constant, or decayed linearly with
         its share of its budget spent (``clip_range_schedule``, SB3's ``lin_``)."""
-        ranges = [
-            c.clip_range * (1.0 - min(1.0, spent / c.total_steps))
-            if c.clip_range_schedule == "linear" else c.clip_range
-            for c, spent in zip(self.configs, self._spent, strict=True)
-        ]  # fmt: skip
+        ranges = [scheduled(c.clip_range, c.clip_range_schedule, spent, c.total_steps)
+                  for c, spent in zip(self.configs, self._spent, strict=True)]  # fmt: skip
         return torch.tensor(ranges, dtype=torch.float32)
 
     def _gradient_step(
@@ -343,9 +344,10 @@ class Learner:
         """One step of the members ``now`` on ``terms.loss``, its gradient by autograd or
         already written by hand (``by_hand``); returns those that stepped."""
         finite = np.isfinite(host(terms.loss))
-        for i in np.flatnonzero(now & ~finite).tolist():
-            failures.setdefault(i, "loss")
-        now = now & finite
+        if not finite.all():
+            for i in np.flatnonzero(now & ~finite).tolist():
+                failures.setdefault(i, "loss")
+            now = now & finite
         optimizer = self.optimizer
         if not by_hand:
             for parameters in optimizer.params:  # the trainer's buffer: zeroed in place, kept
@@ -360,9 +362,10 @@ class Learner:
                 loss = torch.where(device_now, terms.loss, torch.zeros_like(terms.loss))
                 loss.sum().backward()
         norms, finite = clip_per_member(optimizer.params, self.max_norm, now)
-        for i in np.flatnonzero(now & ~finite).tolist():
-            failures.setdefault(i, "gradient")
-        now = now & finite
+        if not finite.all():
+            for i in np.flatnonzero(now & ~finite).tolist():
+                failures.setdefault(i, "gradient")
+            now = now & finite
         if now.any():
             optimizer.step(rows=now, keep=training & ~now)
         for key, value in ((M.POLICY_LOSS.key, terms.policy), (M.VALUE_LOSS.key, terms.value),
