@@ -373,17 +373,18 @@ def masked_moments(x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndar
     ``mask`` is 1, in float64; 0 for a member without such a row. In NumPy on the host,
     where an update's few small statistics cost less than in torch (docs/PERFORMANCE.md)."""
     x, mask = np.asarray(x, np.float64), np.asarray(mask, np.float64)
-    count = np.maximum(mask.sum(1), 1.0)
-    mean = (x * mask).sum(1) / count
-    return mean, (np.square(x - mean[:, None]) * mask).sum(1) / count
+    count = np.maximum(mask.sum(-1), 1.0)  # (x may stack several [M, R] on the left)
+    mean = (x * mask).sum(-1) / count
+    return mean, (np.square(x - mean[..., None]) * mask).sum(-1) / count
 
 
 def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """1 − Var(returns − values) / Var(returns) per member (``[M, R]`` → ``[M]``, float64)
     over the rows where ``mask`` is 1 (:func:`masked_moments`); 0 where the returns do not
     vary."""
-    _, spread = masked_moments(returns, mask)
     returns = np.asarray(returns, np.float64)
-    _, residual = masked_moments(returns - np.asarray(values, np.float64), mask)
+    _, (spread, residual) = masked_moments(
+        np.stack([returns, returns - np.asarray(values, np.float64)]), mask
+    )
     varies = spread > 0
     return np.where(varies, 1.0 - residual / np.where(varies, spread, 1.0), 0.0)

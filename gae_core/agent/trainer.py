@@ -323,11 +323,15 @@ class Trainer:
     # -- estimate and update --------------------------------------------------------------
 
     def by_member(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows), on the device."""
-        x = torch.as_tensor(x).to(self.device)
+        """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows), on the device; host
+        values are rearranged in NumPy (a µs a call there, several in torch's dispatch)."""
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and not x.requires_grad:
+            x = x.numpy()
         steps, members, per = x.shape[0], self.size, self.envs_per_member
-        x = x.reshape(steps, members, per, *x.shape[2:]).transpose(0, 1)
-        return x.reshape(members, steps * per, *x.shape[3:])
+        x = x.reshape(steps, members, per, *x.shape[2:]).swapaxes(0, 1)
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(np.ascontiguousarray(x))
+        return x.reshape(members, steps * per, *x.shape[3:]).to(self.device)
 
     def estimate(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE advantages and the critic's targets ``[M, T·E]`` from the critic's values of
@@ -373,7 +377,7 @@ class Trainer:
         if not finite.all():
             detached = torch.nan_to_num(detached, 0.0, 0.0, 0.0)
         advantages, returns = self.estimate(detached)
-        mask = self.by_member(rollout.valid).to(advantages.dtype)
+        mask = self.by_member(rollout.valid.astype(np.float32)).to(advantages.dtype)
         training = np.array([m.active for m in self._members])
         batch = Batch(
             observations=observations[:, :rows],
