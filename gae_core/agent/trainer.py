@@ -225,8 +225,7 @@ class Trainer:
         live[active] = True
         counted = np.zeros(members, np.int64)
         start = np.array([m.env_steps for m in self._members])
-        # whether a budget can end within this rollout (else the counting waits for its end)
-        may_end = bool((need[active] <= steps * per).any())
+        may_end = bool((need[active] <= steps * per).any())  # else count after the loop
         live_columns = np.repeat(live, per)
         noise = self._sde_noise() if self.sde else None  # one matrix per env, redrawn below
         std = None  # a Gaussian policy's std, fixed for the rollout
@@ -323,8 +322,8 @@ class Trainer:
     # -- estimate and update --------------------------------------------------------------
 
     def by_member(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows), on the device; host
-        values are rearranged in NumPy (a µs a call there, several in torch's dispatch)."""
+        """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows), on the device (host
+        values rearranged in NumPy: a µs a call there, several in torch's dispatch)."""
         if isinstance(x, torch.Tensor) and x.device.type == "cpu" and not x.requires_grad:
             x = x.numpy()
         steps, members, per = x.shape[0], self.size, self.envs_per_member
