@@ -70,10 +70,10 @@ class Optimizer:
         if self.row_steps is None:
             self.row_steps = np.zeros(len(rows), np.int64)
         self.row_steps += rows
-        idle = np.flatnonzero(~rows if keep is None else _numpy(keep) & ~rows)
+        spare = ~rows if keep is None else _numpy(keep) & ~rows
         kept = []
-        if len(idle):  # rare: a member without a valid row, or stopped by PPO's target_kl
-            idle = torch.from_numpy(idle).to(self.params[0].device)
+        if spare.any():  # rare: a member without a valid row, or stopped by PPO's target_kl
+            idle = torch.from_numpy(np.flatnonzero(spare)).to(self.params[0].device)
             moments = [self.second_moments] if self.kind == "rmsprop" else [
                 self.first_moments, self.second_moments]  # fmt: skip
             for tensors in (self.params, *moments):
