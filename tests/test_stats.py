@@ -224,3 +224,19 @@ def test_few_seeds_warning():
     assert stats.few_seeds_warning(10) is None and stats.few_seeds_warning(5) is None
     assert "Only 3 seeds" in stats.few_seeds_warning(3)
     assert "Only 1 seed in" in stats.few_seeds_warning(1)
+
+
+def test_sentence_never_says_beats_when_the_first_on_iqm_wins_fewer_seed_pairs():
+    """A group first on IQM that wins fewer than half the seed pairs (P(X > Y) < ½) is said to
+    rank first on IQM, with both IQMs, and the runner-up to win more seed pairs."""
+    groups = {"a": [10.0, 10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0], "b": [1.0] * 8}
+    assert stats.iqm(np.array(groups["a"])) == 2.5 and stats.iqm(np.array(groups["b"])) == 1.0
+    text = stats.best_group_sentence(groups, str)
+    assert text.startswith(
+        "a ranks first on IQM (2.5 against 1 for b), yet b wins more seed pairs: "
+        "P(a > b) = 0.38 ["
+    ), text
+    assert "beats" not in text
+    # one seed in the runner-up: no interval, and still no "beats"
+    text = stats.best_group_sentence({"a": groups["a"], "b": [1.0]}, str)
+    assert "beats" not in text and "[" not in text and text.endswith("seed noise"), text

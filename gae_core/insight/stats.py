@@ -345,8 +345,11 @@ def best_group_sentence(
 ) -> str:
     """The group with the highest IQM (ties: mean) against the runner-up, in words:
     "λ = 0.95 beats λ = 1 with probability 0.78 [0.61, 0.92] …", saying so when the interval
-    includes ½ (no better than a coin flip at this sample size). Groups tied at the top (same
-    IQM and mean, e.g. every seed at the env's ceiling) are named together, not ranked.
+    includes ½ (no better than a coin flip at this sample size). Where the group first on IQM
+    wins fewer than half the seed pairs (P(X > Y) < ½), it is said to rank first on IQM, with
+    both IQMs, and the runner-up to win more seed pairs: never that it "beats" it. Groups
+    tied at the top (same IQM and mean, e.g. every seed at the env's ceiling) are named
+    together, not ranked.
     NaN scores are left out, as everywhere here; a group without scores ranks last. With one
     seed in either of the two groups there is no interval (a bootstrap cannot see that seed's
     noise), and the sentence says so instead of printing one."""
@@ -375,15 +378,21 @@ def best_group_sentence(
     p, low, high = probability_of_improvement(
         finite[best], finite[second], confidence=confidence, resamples=resamples, seed=seed
     )
-    if np.isnan(low):  # one seed in either group
-        return (
-            f"{label(best)} beats {label(second)} with probability {p:.2f} (P(X > Y) over "
-            "seeds) — one seed in a group, so no interval: not distinguishable from seed noise"
-        )
-    text = (
-        f"{label(best)} beats {label(second)} with probability {p:.2f} [{low:.2f}, {high:.2f}] "
-        f"(P(X > Y) over seeds, {confidence * 100:g} % bootstrap CI)"
+    interval = "" if np.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+    how = "(P(X > Y) over seeds" + (
+        "" if np.isnan(low) else f", {confidence * 100:g} % bootstrap CI"
     )
+    if p >= 0.5:
+        text = f"{label(best)} beats {label(second)} with probability {p:.2f}{interval} {how})"
+    else:  # first on IQM, yet the runner-up wins more of the seed pairs: never say "beats"
+        (best_iqm, _), (second_iqm, _) = key(best), key(second)
+        text = (
+            f"{label(best)} ranks first on IQM ({best_iqm:.4g} against {second_iqm:.4g} for "
+            f"{label(second)}), yet {label(second)} wins more seed pairs: P({label(best)} > "
+            f"{label(second)}) = {p:.2f}{interval} {how})"
+        )
+    if np.isnan(low):  # one seed in either group
+        return text + " — one seed in a group, so no interval: not distinguishable from seed noise"
     if low <= 0.5 <= high:
         text += " — not distinguishable from seed noise at this sample size"
     return text
