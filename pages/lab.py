@@ -236,7 +236,9 @@ if mode == "the exact chain":
     knobs = st.columns(6)
     error = knobs[0].slider("critic error scale", 0.0, 0.5, 0.2, 0.01, key="lab.chain_error")
     p_right = knobs[1].slider("π(right)", 0.05, 0.95, 0.6, 0.05, key="lab.chain_p")
-    gamma = knobs[2].slider(label("gamma"), 0.5, 0.999, 0.95, 0.001, key="lab.chain_gamma")
+    gamma = knobs[2].slider(
+        label("gamma"), 0.5, 0.999, 0.95, 0.001, format="%.3f", key="lab.chain_gamma"
+    )
     segment = knobs[3].slider("segment L", 1, 12, 8, key="lab.chain_segment")
     seed = knobs[4].number_input("critic seed", 0, 10_000, 0, key="lab.chain_seed")
     samples = knobs[5].select_slider("Monte-Carlo samples", CHAIN_SAMPLES, 2_000,
@@ -342,7 +344,8 @@ try:
 except ValueError as error:
     settings, problem = None, str(error)
 if problem:
-    st.error(markdown_text(problem))  # it quotes what was typed
+    for line in problem.splitlines():  # every problem of the boxes, one a line
+        st.error(markdown_text(line))  # it quotes what was typed
 else:
     st.caption(
         f"At most {settings.env_steps():,} env steps and about {memory.bytes / 2**20:,.0f} MiB "

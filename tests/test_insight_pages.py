@@ -699,14 +699,15 @@ def test_lab_inputs_out_of_range_are_said_in_words_and_block_measure(recorded_ru
     assert any("env steps" in c.value for c in at.caption)  # the cost estimate
     at.text_input(key="lab.states").set_value("100,000").run()
     assert not at.exception
-    assert said(at.error) == ["states must be an integer in [1, 4096], got 100000"]
+    assert said(at.error) == ["states N must be an integer in [1, 4096], got 100000"]
     assert at.button(key="lab.start").disabled
     assert not any("env steps" in c.value for c in at.caption)
     # past 2^53 (a browser number box would refuse it with a red mark alone), or not a number
     at.text_input(key="lab.seed").set_value("99999999999999999999").run()
     assert said(at.error) == [
-        "states must be an integer in [1, 4096], got 100000"
-    ]  # the first problem first
+        "states N must be an integer in [1, 4096], got 100000",
+        "seed must be an integer in [0, 2147483647], got 99999999999999999999",
+    ]  # every problem at once, one an error
     at.text_input(key="lab.states").set_value("8").run()
     assert said(at.error) == [
         "seed must be an integer in [0, 2147483647], got 99999999999999999999"

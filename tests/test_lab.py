@@ -217,10 +217,20 @@ def test_an_env_whose_state_cannot_be_restored_gets_a_clear_message():
 
 
 def test_settings_name_the_field_and_range():
-    with pytest.raises(ValueError, match=r"states must be an integer in \[1, 4096\], got 0"):
+    with pytest.raises(ValueError, match=r"states N must be an integer in \[1, 4096\], got 0"):
         LabSettings(states=0)
-    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"γ \(gamma\) must be in \[0, 1\)"):
         LabSettings(gamma=1.0)
+    # every problem at once, one a line, named as the lab's boxes name them
+    with pytest.raises(ValueError) as caught:
+        LabSettings(states=-1, rollouts=10**9, continuations=1, segment=0, seed=-2)
+    assert str(caught.value).splitlines() == [
+        "states N must be an integer in [1, 4096], got -1",
+        "truth rollouts M (rollouts) must be an integer in [2, 4096], got 1000000000",
+        "continuations K must be an integer in [2, 4096], got 1",
+        "segment L must be an integer in [1, 10000], got 0",
+        "seed must be an integer in [0, 2147483647], got -2",
+    ]
     with pytest.raises(ValueError, match="lambdas must be 1 or more values in"):
         LabSettings(lambdas=(0.5, 1.5))
     with pytest.raises(ValueError, match="may not repeat"):
@@ -342,7 +352,7 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
     assert pair["critic_step"] == steps[0] and pair["lambdas"] == pair["critics"][0]["lambdas"]
     assert pair["ks"] and pair["critics"][1]["lambdas"] != pair["lambdas"]
     bad = cli("lab", run_id, "--states", "0")
-    assert bad.returncode == 2 and "states must be an integer in [1, 4096], got 0" in bad.stderr
+    assert bad.returncode == 2 and "states N must be an integer in [1, 4096], got 0" in bad.stderr
     wrong = cli("lab", run_id, "--policy-step", "123")
     assert (
         wrong.returncode == 2 and "policy_step must be one of the run's checkpoints" in wrong.stderr

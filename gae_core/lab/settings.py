@@ -59,17 +59,24 @@ class LabSettings:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
+        # every problem of the numbers at once, one a line, each named as the lab's boxes name
+        # it (N, M, K, L are the lab's notation; the CLI's flags are the first words)
+        problems = []
         if isinstance(self.gamma, bool) or not 0.0 <= float(self.gamma) < 1.0:
-            raise ValueError(
-                f"gamma must be in [0, 1) (the truth is a discounted sum), got {self.gamma!r}"
+            problems.append(
+                f"γ (gamma) must be in [0, 1) (the truth is a discounted sum), got {self.gamma!r}"
             )
-        check_int("states", self.states, 1, 4096)
-        check_int("rollouts", self.rollouts, 2, 4096)
-        check_int("continuations", self.continuations, 2, 4096)
-        check_int("segment", self.segment, 1, 10_000)
-        check_int("seed", self.seed, 0, 2**31 - 1)
-        if self.horizon is not None:
-            check_int("horizon", self.horizon, 1, 100_000)
+        for name, value, low, high in (
+            ("states N", self.states, 1, 4096),
+            ("truth rollouts M (rollouts)", self.rollouts, 2, 4096),
+            ("continuations K", self.continuations, 2, 4096),
+            ("segment L", self.segment, 1, 10_000),
+            ("seed", self.seed, 0, 2**31 - 1),
+            ("horizon", 1 if self.horizon is None else self.horizon, 1, 100_000),
+        ):
+            problems.append(int_problem(name, value, low, high))
+        if any(problems):
+            raise ValueError("\n".join(p for p in problems if p))
         lambdas = tuple(float(x) for x in self.lambdas)
         if not lambdas or any(not 0.0 <= x <= 1.0 for x in lambdas):
             raise ValueError(f"lambdas must be 1 or more values in [0, 1], got {self.lambdas!r}")
