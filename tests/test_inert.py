@@ -173,21 +173,22 @@ def test_status_text_says_how_a_run_ended():
 def test_progress_never_passes_100_percent():
     over = _run()
     over = RunRecord(**{**over.__dict__, "env_steps": 1500, "status": "running"})
-    fraction, eta = views.progress(over, now=10.0)
+    fraction, eta = views.progress(over, rate=100.0)
     assert fraction == 1.0 and eta == 0.0
     assert views.progress(_run())[0] == 1.0
 
 
 def test_progress_eta_comes_from_the_measured_rate_and_a_queued_run_is_at_zero():
     """Early in a sweep a worker's start-up made the average rate tiny: ETAs read minutes for a
-    sweep that took seconds. The run's own logged rate gives the ETA; a queued run is at 0."""
+    sweep that took seconds (and 1:17:23 for a 30-second run at its 80th step). The run's own
+    logged rate gives the ETA; without one there is none; a queued run is at 0."""
     running = RunRecord(**{**_run().__dict__, "env_steps": 200, "status": "running",
                            "ended_at": None})  # fmt: skip
-    # started at t = 1, now t = 11: the average says 20 steps/s, 40 s left
-    assert views.progress(running, now=11.0) == (0.2, pytest.approx(40.0))
     # the run logged 400 steps/s: 800 steps left take 2 s
-    assert views.progress(running, now=11.0, rate=400.0) == (0.2, pytest.approx(2.0))
-    assert views.progress(running, now=11.0, rate=0.0)[1] == pytest.approx(40.0)  # no rate
+    assert views.progress(running, rate=400.0) == (0.2, pytest.approx(2.0))
+    # no rate measured yet: no ETA, never one from the average since the worker started
+    assert views.progress(running) == (0.2, None)
+    assert views.progress(running, rate=0.0) == (0.2, None)
     queued = RunRecord(**{**_run().__dict__, "env_steps": 0, "status": "queued",
                           "started_at": None, "ended_at": None})  # fmt: skip
     assert views.progress(queued, rate=400.0) == (0.0, None)

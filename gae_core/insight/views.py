@@ -8,7 +8,6 @@ Pages stay thin: they draw widgets from :data:`gae_core.agent.config.FIELD_SPECS
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -269,22 +268,18 @@ def final_window_start(store: RunStore, run: RunRecord) -> int | None:
     return int(returns["env_step"].iloc[-min(len(returns), SOLVED_WINDOW)])
 
 
-def progress(
-    run: RunRecord, now: float | None = None, rate: float | None = None
-) -> tuple[float, float | None]:
+def progress(run: RunRecord, rate: float | None = None) -> tuple[float, float | None]:
     """``(fraction done in [0, 1], seconds left or None)``: the one rule for a run's progress
     (the sidebar, the Train and Runs pages). A queued run is at 0 with no ETA. The ETA divides
-    the steps left by ``rate``, the run's measured env steps/s (:func:`measured_rate`); without
-    one, by its average since it started (which counts a cold worker's start-up and reads far
-    too long early in a sweep)."""
+    the steps left by ``rate``, the run's measured env steps/s (:func:`measured_rate`); a run
+    that has measured none yet (its first rows are not logged) has no ETA: its average since
+    it started would count the worker's start-up and read far too long (hours for a
+    30-second run)."""
     total = run.total_steps or 1
     fraction = min(1.0, max(0.0, run.env_steps / total)) if run.status != "queued" else 0.0
-    if run.status != "running" or run.started_at is None or run.env_steps <= 0:
+    if run.status != "running" or run.env_steps <= 0 or rate is None or not rate > 0:
         return fraction, None
-    if rate is None or not rate > 0:
-        elapsed = (now if now is not None else time.time()) - run.started_at
-        rate = run.env_steps / elapsed if elapsed > 0 else 0.0
-    return fraction, max(0.0, total - run.env_steps) / rate if rate > 0 else None
+    return fraction, max(0.0, total - run.env_steps) / rate
 
 
 #: The live charts that redraw at the page's live pace; the others (losses, entropy, explained
