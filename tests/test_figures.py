@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -322,3 +324,19 @@ def test_the_lab_trade_off_csv_names_each_critic_in_its_critic_column():
     for critic, part in frame.groupby("critic"):
         mse = part[part["quantity"] == "mse"]["value"].to_numpy()
         assert list(mse) == list(frames[critic]["mse"])
+
+
+def test_k_ticks_label_each_k_but_one_printed_over_a_larger_neighbour():
+    """A log k axis ticks every measured k; a label closer than K_TICK_DECADES to the next
+    labelled one (128 beside the segment L = 200) is left blank, the largest always kept."""
+    from gae_core.insight.lab_figures import K_TICK_DECADES, _k_ticks
+
+    ticks = _k_ticks([200, 1, 2, 4, 8, 16, 32, 64, 128])
+    assert ticks["tickvals"] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 200.0]
+    assert ticks["ticktext"] == ["1", "2", "4", "8", "16", "32", "64", "", "200"]
+    assert _k_ticks([1, 2, 4, 256])["ticktext"] == ["1", "2", "4", "256"]
+    ticks = _k_ticks(range(1, 40))
+    labelled = [k for k, t in zip(ticks["tickvals"], ticks["ticktext"], strict=True) if t]
+    assert labelled[-1] == 39 and all(
+        np.log10(b / a) >= K_TICK_DECADES for a, b in itertools.pairwise(labelled)
+    )

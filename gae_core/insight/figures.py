@@ -290,7 +290,7 @@ def explorer_figure(
         ignore_index=True,
     )[["lambda_", "k", "weight", "geometric_weight", "tail"]]
     figure = make_subplots(
-        rows=4, cols=1, vertical_spacing=0.07, row_heights=[0.2, 0.36, 0.24, 0.2],
+        rows=4, cols=1, vertical_spacing=0.09, row_heights=[0.2, 0.36, 0.24, 0.2],
         specs=[[{"secondary_y": True}], [{}], [{}], [{}]],
         subplot_titles=["V(s_t) and rewards", "advantage estimates",
                         f"GAE({label('gamma')}, {lam}) over steps and {lam}",

@@ -3,6 +3,7 @@ the frame is exactly what is drawn, for the page's CSV buttons."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -28,6 +29,23 @@ _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 def _rgba(hex_color: str, alpha: float) -> str:
     r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+#: The least distance, in decades, between two labelled k ticks of a third-width panel.
+K_TICK_DECADES = 0.25
+
+
+def _k_ticks(ks) -> dict[str, list]:
+    """A log k axis's ticks: one at each measured k (Plotly's own log ticks read 20 as "2"),
+    labelled from the largest (the segment L) down, leaving unlabelled a tick closer than
+    :data:`K_TICK_DECADES` to the last labelled one (128 beside L = 200 printed over it)."""
+    ks = sorted({float(k) for k in ks})
+    text, kept = [], math.inf
+    for k in reversed(ks):
+        near = math.log10(kept) - math.log10(k) < K_TICK_DECADES
+        text.append("" if near else f"{k:g}")
+        kept = kept if near else k
+    return {"tickvals": ks, "ticktext": text[::-1]}
 
 
 def trade_off_figure(
@@ -101,7 +119,7 @@ def trade_off_figure(
         )
     if kind == "k_step":  # a tick at each measured k (Plotly's log ticks read 20 as "2")
         ks = sorted({float(k) for e in frames.values() for k in e.loc[e["kind"] == kind, "param"]})
-        figure.update_xaxes(type="log", tickvals=ks, ticktext=[f"{k:g}" for k in ks])
+        figure.update_xaxes(type="log", **_k_ticks(ks))
     figure.update_xaxes(title_text=x_title)
     figure.update_layout(
         height=380,
@@ -254,8 +272,7 @@ def gradient_figure(table: pd.DataFrame, *, kind: str = "gae") -> tuple[go.Figur
             name=plotly_text(f"{critic}: least MSE at {best['param']:g}"), legendgroup=critic,
         ), row=1, col=len(GRADIENT_PANELS))  # fmt: skip
     if kind == "k_step":
-        ks = sorted(set(table.loc[table["kind"] == kind, "param"]))
-        figure.update_xaxes(type="log", tickvals=ks, ticktext=[f"{k:g}" for k in ks])
+        figure.update_xaxes(type="log", **_k_ticks(table.loc[table["kind"] == kind, "param"]))
     figure.update_xaxes(title_text=label("lambda_") if kind == "gae" else "k")
     figure.update_yaxes(range=[-1.02, 1.02], row=1, col=1)
     figure.update_yaxes(range=[-1.02, 1.02], row=1, col=2)
