@@ -107,9 +107,12 @@ def ours_ceiling(steps: int) -> dict:
     forward and a categorical draw per step (no normalisers, rollout buffers, episode counts
     or kept activations), and (2) the update's floor, the critic's pass on the rollout's rows,
     the gradient by hand from activations already kept, and the optimizer's step (no GAE, no
-    clipping, no statistics), timed apart on the trainer's own objects. No A2C with this
-    network, env and rollout shape can run faster in eager torch on this CPU than this
-    arithmetic allows, whatever its bookkeeping."""
+    clipping, no statistics), timed apart on the trainer's own objects, in inference mode as
+    the trainer's update by hand runs. It bounds this trainer, not every A2C: whatever its
+    bookkeeping, it runs no faster than its own arithmetic allows (stacked products with
+    M = 1, one critic pass over the T + 1 rows, these gradient kernels). Every row counts as
+    an env step here (a reset row too, about 1 in 500 on a solved CartPole), so the ceiling
+    is if anything high."""
     import numpy as np
     import torch
 
@@ -141,6 +144,7 @@ def ours_ceiling(steps: int) -> dict:
     mask = torch.ones(1, rows)
     with_bootstrap = torch.cat([observations, observations[:, :ZOO_ENVS]], 1)  # T + 1 rows
 
+    @torch.inference_mode()
     def update(n: int) -> None:
         for _ in range(n):
             critic_pass = [h[:, :rows] for h in critic.layers(with_bootstrap)]
@@ -334,7 +338,7 @@ def main() -> None:
          f"{rate['sb3']['steps_per_second']:.0f}", f"{rate_ratio:.4f}", ">= 8",
          verdict(rate_ratio >= 8)),
         ("A2C ceiling, steps/s", f"{ceiling:.0f}", f"{rate['sb3']['steps_per_second']:.0f}",
-         f"{ceiling_ratio:.4f}", ">= 8", verdict(ceiling_ratio >= 8)),
+         f"{ceiling_ratio:.4f}", "bound", "< 8" if ceiling_ratio < 8 else ">= 8"),
         ("PPO env steps/s", f"{ppo['ours']['steps_per_second']:.0f}",
          f"{ppo['sb3']['steps_per_second']:.0f}", f"{ppo_ratio:.4f}", ">= 3",
          verdict(ppo_ratio >= 3)),

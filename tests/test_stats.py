@@ -239,3 +239,20 @@ def test_sentence_never_says_beats_when_the_first_on_iqm_wins_fewer_seed_pairs()
     # one seed in the runner-up: no interval, and still no "beats"
     text = stats.best_group_sentence({"a": groups["a"], "b": [1.0]}, str)
     assert "beats" not in text and "[" not in text and text.endswith("seed noise"), text
+
+
+def test_sentence_edge_cases_say_what_the_numbers_say():
+    """A runner-up without scores is named as such (no P(X > Y) of NaN); first place on a tied
+    IQM says so; a probability printed as 0.50 is a coin flip, never a loss."""
+    nan = math.nan
+    text = stats.best_group_sentence({"a": [1.0, 2.0, 3.0], "b": [nan] * 3}, str)
+    assert text == "a ranks first; b has no scores to compare it with"
+    text = stats.best_group_sentence({"a": [1.0, 2.0], "b": [nan], "c": []}, str)
+    assert text == "a ranks first; b and c have no scores to compare it with"
+    tied = {"a": [1.0, 5.0, 2.0, 0.0], "b": [2.0, 1.0, 3.0, 1.0]}  # IQM 1.5 both, means 2 > 1.75
+    assert stats.iqm(np.array(tied["a"])) == stats.iqm(np.array(tied["b"]))
+    text = stats.best_group_sentence(tied, str)
+    assert text.startswith(
+        "a ranks first (IQM tied at 1.5 with b, higher mean), yet b wins more seed pairs: "
+        "P(a > b) = 0.47 ["
+    ), text

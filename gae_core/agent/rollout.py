@@ -92,6 +92,11 @@ class Rollout:
         # and on a member's rows past its budget.
         self.valid = np.ones((steps, columns), bool)
 
+    def valid_rows(self, steps: int, members: int) -> np.ndarray:
+        """Each member's valid rows ``[M]`` in the first ``steps`` rows (its env steps so far;
+        columns member-major)."""
+        return self.valid[:steps].reshape(steps, members, -1).sum((0, 2))
+
     def head(self, steps: int) -> Rollout:
         """Views of the first ``steps`` rows (and ``steps + 1`` observations): a run's last
         rollout is as long as its budget needs (``Trainer.collect``), shorter or a little

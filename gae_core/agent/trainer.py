@@ -116,7 +116,7 @@ class Trainer:
         models = [self._model(c, c.seed, c.ortho_init) for c in configs]
         self.sde = models[0].sde
         self.by_hand = gradient_by_hand(shared)  # False forces autograd (tests, benchmarks)
-        # by hand: the rollout's actor activations ([M, T, E, width] a layer), and its rollout
+        # by hand: the rollout's actor activations (a list a layer, [M, E, width] a step)
         self._kept, self._kept_for = None, None
         self.actor = StackedMLP([m.actor for m in models]).to(self.device)
         self.critic = StackedMLP([m.critic for m in models]).to(self.device)
@@ -250,7 +250,7 @@ class Trainer:
                 self._reset_next = terminated | truncated
                 obs = normalizers.observe(raw, self._reset_next, live_columns)
                 if self._reset_next.any():
-                    so_far = rollout.valid[: t + 1].reshape(t + 1, members, per).sum((0, 2))
+                    so_far = rollout.valid_rows(t + 1, members)
                     self._tally.finish(self._reset_next, live_columns, start + so_far, episodes)
                 if not may_end:
                     continue
@@ -263,7 +263,7 @@ class Trainer:
                     if last and not live.any():
                         break
         if not may_end:
-            counted = rollout.valid[: t + 1].reshape(t + 1, members, per).sum((0, 2))
+            counted = rollout.valid_rows(t + 1, members)
         rollout = self._batch = self._rollout.head(t + 1)
         rollout.observations[-1] = obs
         self._obs = obs

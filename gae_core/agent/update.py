@@ -99,8 +99,9 @@ class Learned:
 
 class _Sums:
     """Per-member means of metrics over an update's gradient steps: each ``add`` keeps a
-    member's value where ``rows`` is true; :meth:`means` reads them all in one conversion.
-    ``rows`` is kept as it is, not copied: the update never changes a mask in place."""
+    member's value where ``rows`` is true (a copy: the update may change a mask it passed, as
+    PPO's ``learning`` of a member that failed); :meth:`means` reads them all in one
+    conversion."""
 
     def __init__(self, members: int) -> None:
         self.members = members
@@ -109,7 +110,7 @@ class _Sums:
     def add(self, key: str, value: torch.Tensor | np.ndarray, rows: np.ndarray) -> None:
         if isinstance(value, torch.Tensor) and value.requires_grad:  # (a detach is an op too)
             value = value.detach()
-        self.entries.setdefault(key, []).append((value, rows))
+        self.entries.setdefault(key, []).append((value, rows.copy()))
 
     def means(self) -> list[dict[str, float]]:
         keys = list(self.entries)

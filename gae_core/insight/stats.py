@@ -375,6 +375,12 @@ def best_group_sentence(
             "this score does not separate them"
         )
     best, second = ranked[0], ranked[1]
+    if not len(finite[second]):  # the runner-up has no score: nothing to weigh it against
+        without = [label(g) for g in ranked[1:] if not len(finite[g])]
+        names = " and ".join([", ".join(without[:-1]), without[-1]] if len(without) > 1
+                             else without)  # fmt: skip
+        verb = "has" if len(without) == 1 else "have"
+        return f"{label(best)} ranks first; {names} {verb} no scores to compare it with"
     p, low, high = probability_of_improvement(
         finite[best], finite[second], confidence=confidence, resamples=resamples, seed=seed
     )
@@ -382,14 +388,18 @@ def best_group_sentence(
     how = "(P(X > Y) over seeds" + (
         "" if np.isnan(low) else f", {confidence * 100:g} % bootstrap CI"
     )
-    if p >= 0.5:
+    if round(p, 2) >= 0.5:  # as printed: 0.497 reads 0.50, a coin flip, not a loss
         text = f"{label(best)} beats {label(second)} with probability {p:.2f}{interval} {how})"
     else:  # first on IQM, yet the runner-up wins more of the seed pairs: never say "beats"
         (best_iqm, _), (second_iqm, _) = key(best), key(second)
+        first = (
+            f"on IQM ({best_iqm:.4g} against {second_iqm:.4g} for {label(second)})"
+            if best_iqm != second_iqm
+            else f"(IQM tied at {best_iqm:.4g} with {label(second)}, higher mean)"
+        )
         text = (
-            f"{label(best)} ranks first on IQM ({best_iqm:.4g} against {second_iqm:.4g} for "
-            f"{label(second)}), yet {label(second)} wins more seed pairs: P({label(best)} > "
-            f"{label(second)}) = {p:.2f}{interval} {how})"
+            f"{label(best)} ranks first {first}, yet {label(second)} wins more seed pairs: "
+            f"P({label(best)} > {label(second)}) = {p:.2f}{interval} {how})"
         )
     if np.isnan(low):  # one seed in either group
         return text + " — one seed in a group, so no interval: not distinguishable from seed noise"
