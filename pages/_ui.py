@@ -410,7 +410,7 @@ def run_header(run: Any) -> None:
         f"{icon} **{markdown_text(run.name)}** — {markdown_text(views.status_text(run, since))}"
     )
     text = (
-        f"{run.env_steps:,} / {run.total_steps:,} env steps"
+        f"{views.steps_text(run)}"
         f" · elapsed {views.format_duration(run.wall_seconds)}"
         f" · ETA {views.format_duration(eta)}"
     )

@@ -178,6 +178,18 @@ def test_progress_never_passes_100_percent():
     assert views.progress(_run())[0] == 1.0
 
 
+def test_steps_text_says_a_run_past_its_budget_is_so_instead_of_over_its_total():
+    run = _run()
+    within = RunRecord(**{**run.__dict__, "env_steps": 400, "config": {"total_steps": 30_000}})
+    assert views.steps_text(within) == "400 / 30,000 env steps"
+    at = RunRecord(**{**within.__dict__, "env_steps": 30_000})
+    assert views.steps_text(at) == "30,000 / 30,000 env steps"
+    past = RunRecord(**{**within.__dict__, "env_steps": 30_001})
+    assert views.steps_text(past) == (
+        "30,001 env steps (budget 30,000: the last vector step finishes every env)"
+    )
+
+
 def test_progress_eta_comes_from_the_measured_rate_and_a_queued_run_is_at_zero():
     """Early in a sweep a worker's start-up made the average rate tiny: ETAs read minutes for a
     sweep that took seconds (and 1:17:23 for a 30-second run at its 80th step). The run's own

@@ -282,6 +282,18 @@ def progress(run: RunRecord, rate: float | None = None) -> tuple[float, float | 
     return fraction, max(0.0, total - run.env_steps) / rate
 
 
+def steps_text(run: RunRecord) -> str:
+    """A run's env steps against its budget, "12,000 / 30,000 env steps"; past the budget, which
+    a run ends within ``num_envs`` − 1 steps of (its last vector step finishes every env, and
+    reset rows do not count), it says so instead of a count over its total."""
+    if run.env_steps > run.total_steps:
+        return (
+            f"{run.env_steps:,} env steps (budget {run.total_steps:,}: the last vector step "
+            "finishes every env)"
+        )
+    return f"{run.env_steps:,} / {run.total_steps:,} env steps"
+
+
 #: The live charts that redraw at the page's live pace; the others (losses, entropy, explained
 #: variance, speed, length) change once per :data:`DIAGNOSTICS_EVERY_S` of the run's clock.
 WATCHED = frozenset({M.EPISODIC_RETURN.key})
