@@ -410,8 +410,7 @@ def run_header(run: Any) -> None:
         f"{icon} **{markdown_text(run.name)}** — {markdown_text(views.status_text(run, since))}"
     )
     text = (
-        f"{views.steps_text(run)}"
-        f" · elapsed {views.format_duration(run.wall_seconds)}"
+        views.steps_text(run) + f" · elapsed {views.format_duration(run.wall_seconds)}"
         f" · ETA {views.format_duration(eta)}"
     )
     st.progress(fraction, text=text)

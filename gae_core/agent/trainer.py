@@ -323,7 +323,7 @@ class Trainer:
 
     def by_member(self, x: np.ndarray | torch.Tensor) -> torch.Tensor:
         """``[T, M·E, ...]`` → ``[M, T·E, ...]`` (member-major rows), on the device (host
-        values rearranged in NumPy: a µs a call there, several in torch's dispatch)."""
+        values rearranged in NumPy, off torch's per-call dispatch)."""
         if isinstance(x, torch.Tensor) and x.device.type == "cpu" and not x.requires_grad:
             x = x.numpy()
         steps, members, per = x.shape[0], self.size, self.envs_per_member

@@ -38,7 +38,7 @@ K_TICK_DECADES = 0.25
 def _k_ticks(ks) -> dict[str, list]:
     """A log k axis's ticks: one at each measured k (Plotly's own log ticks read 20 as "2"),
     labelled from the largest (the segment L) down, leaving unlabelled a tick closer than
-    :data:`K_TICK_DECADES` to the last labelled one (128 beside L = 200 printed over it)."""
+    :data:`K_TICK_DECADES` to the last labelled one, where the two labels would overlap."""
     ks = sorted({float(k) for k in ks})
     text, kept = [], math.inf
     for k in reversed(ks):

@@ -273,8 +273,7 @@ def progress(run: RunRecord, rate: float | None = None) -> tuple[float, float | 
     (the sidebar, the Train and Runs pages). A queued run is at 0 with no ETA. The ETA divides
     the steps left by ``rate``, the run's measured env steps/s (:func:`measured_rate`); a run
     that has measured none yet (its first rows are not logged) has no ETA: its average since
-    it started would count the worker's start-up and read far too long (hours for a
-    30-second run)."""
+    it started would count the worker's start-up and read far too long."""
     total = run.total_steps or 1
     fraction = min(1.0, max(0.0, run.env_steps / total)) if run.status != "queued" else 0.0
     if run.status != "running" or run.env_steps <= 0 or rate is None or not rate > 0:
