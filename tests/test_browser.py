@@ -240,6 +240,23 @@ def download_csv(page, locator) -> tuple[str, pd.DataFrame]:
         return download.suggested_filename, pd.read_csv(io.BytesIO(handle.read()))
 
 
+def wait_for_finished_line(page, app_server, timeout_s: float = 60) -> None:
+    """Wait for the Train page's status line to say a run finished (the store already does).
+    Under a loaded CI machine the page has taken more than 30 s once; a miss fails with what
+    the page showed and the server's log."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    main = page.locator('[data-testid="stMain"]')
+    try:
+        main.get_by_text(re.compile(r"— finished")).wait_for(timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        shown = main.inner_text()[:1500]
+        raise AssertionError(
+            f"no '— finished' on the page in {timeout_s} s; it showed:\n{shown}\n"
+            f"the server's log:\n{app_server.log_tail()}"
+        ) from None
+
+
 def choose_run(page, run_id: str, key: str = "train-view") -> None:
     """Pick the run in the "run" selectbox of widget key ``key`` (the Train page's by default)
     unless it is already shown."""
@@ -522,7 +539,7 @@ def test_train_csv_download_matches_the_store(app_page, app_server):
     (run_id,) = {r.id for r in store.list_runs()} - known
     assert wait_until(lambda: store.get_run(run_id).status == "finished", 60)
     choose_run(page, run_id)
-    page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
+    wait_for_finished_line(page, app_server)
     wait_idle(page)
     name, frame = download_csv(page, page.locator(".st-key-train-csv-episodic_return a"))
     assert name == f"{run_id}_episodic_return.csv"
@@ -1054,7 +1071,7 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     page.wait_for_timeout(2_000)  # a second run would be stored by now
     (run_id,) = {r.id for r in store.list_runs()} - known
     assert wait_until(lambda: store.get_run(run_id).status == "finished", 120)
-    page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
+    wait_for_finished_line(page, app_server)
     wait_idle(page)
     expect(page, f"the Train page's URL holds run={run_id}").to_have_url(
         holds(f"run={run_id}"), timeout=30_000
@@ -1153,7 +1170,7 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     (mujoco,) = {r.id for r in store.list_runs()} - known
     assert store.get_run(mujoco).config["env_id"] == "InvertedPendulum-v5"
     assert wait_until(lambda: store.get_run(mujoco).status == "finished", 120)
-    page.locator('[data-testid="stMain"]').get_by_text(re.compile(r"— finished")).wait_for()
+    wait_for_finished_line(page, app_server)
     look_for_cut_text("train (MuJoCo)")
     no_exception()
     assert cut == {}
