@@ -248,25 +248,24 @@ if view == "Launch a sweep":
                     },
                 )
                 if state.status == "running":
-                    st.button(
-                        "Cancel sweep",
-                        key="cmp.cancel",
-                        on_click=cancel_sweep,
-                        args=(store, sweep_id),
-                    )  # a callback: see train.py's Stop
-                elif running:
-                    st.rerun()
-                else:
-                    error = store.get_sweep(sweep_id).error
-                    if error:
-                        st.warning(markdown_text(error))
-                    if st.button("Compare this sweep", icon=":material/query_stats:",
-                                 key="cmp.go_compare"):  # fmt: skip
-                        st.session_state["cmp.sweep_pick"] = sweep_id
-                        st.session_state["cmp.goto_compare"] = True
-                        st.rerun(scope="app")
+                    return  # Cancel is drawn below, outside this fragment
+                if running:
+                    st.rerun()  # it just ended: the whole page, which drops Cancel
+                error = store.get_sweep(sweep_id).error
+                if error:
+                    st.warning(markdown_text(error))
+                if st.button("Compare this sweep", icon=":material/query_stats:",
+                             key="cmp.go_compare"):  # fmt: skip
+                    st.session_state["cmp.sweep_pick"] = sweep_id
+                    st.session_state["cmp.goto_compare"] = True
+                    st.rerun(scope="app")
 
             progress()
+            if running:
+                # outside the 1 s fragment, as the Train page's Stop: a click reruns the whole
+                # page rather than queueing behind the fragment's timer
+                st.button("Cancel sweep", key="cmp.cancel", on_click=cancel_sweep,
+                          args=(store, sweep_id))  # fmt: skip
     st.stop()
 
 if "cmp.source" not in st.session_state:  # a link naming a sweep or runs says which

@@ -66,22 +66,26 @@ with live_column:
     if st.session_state.get("train.view") not in ids:  # arrived here, or the run was deleted
         st.session_state["train.view"] = _ui.from_url("run", ids, ids[0])
     labels = {r.id: _ui.run_label(r) for r in ordered}
-    run_id = st.selectbox("run", ids, format_func=labels.get, key="train.view")
+    pick, stop = st.columns([5, 1], vertical_alignment="bottom")
+    run_id = pick.selectbox("run", ids, format_func=labels.get, key="train.view")
     _ui.to_url(run=run_id)
     running = store.get_run(run_id).active
+    if running:
+        # Outside the fragments, beside the run it stops: a click reruns the whole page, which
+        # supersedes whichever fragment's timer is running or queued, instead of queueing one
+        # more fragment run behind them on a loaded server. A callback, not `if st.button`:
+        # it runs before anything is drawn. When the run ends, the status line's fragment
+        # reruns the page and the button goes.
+        stop.button("Stop", key="train.stop", icon=":material/stop:", on_click=manager.stop,
+                    args=(run_id,), width="stretch")  # fmt: skip
 
-    # Two fragments: the status line and Stop refresh every second and cost little, so a Stop
-    # click is handled at once; the charts (the expensive part) refresh on their own timer,
-    # and a click on a chart control reruns only them.
+    # Two fragments: the status line refreshes every second and costs little; the charts (the
+    # expensive part) refresh on their own timer, and a click on a chart control reruns only
+    # them.
     @st.fragment(run_every=1.0 if running else None)
     def status() -> None:
         run = store.get_run(run_id)
         _ui.run_header(run)
-        if run.active:
-            # a callback, not `if st.button(...)`: Streamlit runs it for the click whichever
-            # run takes the click in (the charts' timer may), so a Stop is never dropped
-            st.button("Stop", key="train.stop", icon=":material/stop:", on_click=manager.stop,
-                      args=(run_id,))  # fmt: skip
         # where to take this run next, the run in the link: the explorer and the lab, open once
         # it has a checkpoint (a training run gains one as it goes). Drawn from the start, so
         # nothing below moves when they open (a click in flight would land elsewhere).

@@ -482,7 +482,8 @@ def test_train_live_chart_refresh_click_latency_and_stop(app_page, app_server):
     page.locator(".st-key-train-stop button").click(force=True)
     # Once in CI (915d2b6), and once in a full suite here with a second click lost too, the
     # run was still running 30 s after the click; neither reproduced alone, loaded or not (a
-    # removed cause: the links row moved Stop under the forced click). A user whose click
+    # removed cause: the links row moved Stop under the forced click; since, Stop has also
+    # left the 1 s fragment, so a click reruns the whole page). A user whose click
     # is not taken clicks again; the test does too, up to STOP_RETRIES times, through
     # Playwright's checks (visible, stable, not covered) where they pass, counts the misses
     # and says whether the page was still live at each; a click missed every time fails it.
