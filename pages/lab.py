@@ -12,7 +12,12 @@ from gae_core.inert import markdown_text
 from gae_core.insight import lab_figures
 from gae_core.insight.views import format_duration, whole_number
 from gae_core.lab import chain
-from gae_core.lab.gradient import GradientResult, GradientSettings, gradient_sentence
+from gae_core.lab.gradient import (
+    GradientResult,
+    GradientSettings,
+    batch_problem,
+    gradient_sentence,
+)
 from gae_core.lab.jobs import LabJob, measure_gradient_run
 from gae_core.lab.measure import (
     GSDE_NOTE,
@@ -150,25 +155,28 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
                                "noise averages out.")  # fmt: skip
     reference = knobs[2].text_input("reference samples", "500000", key="lab.g_reference")
     seed = knobs[3].text_input("seed", "0", key="lab.g_seed")
-    problem = None if critic_steps else "Choose at least one critic checkpoint."
+    size = whole_number(size)
+    problems = []
     try:
-        size = whole_number(size)
         settings = GradientSettings(gamma=float(run.config.get("gamma", 0.99)),
                                     batches=whole_number(batches), batch_size=size,
                                     reference=whole_number(reference),
                                     seed=whole_number(seed))  # fmt: skip
-        if size % envs:
-            problem = f"batch size must be a multiple of the run's num_envs ({envs}), got {size:,}"
     except ValueError as error:
-        settings, problem = None, str(error)
-    if problem:
+        settings, problems = None, str(error).splitlines()
+    if isinstance(size, int) and size >= 1:
+        problems.append(batch_problem(size, envs))
+    if not critic_steps:
+        problems.append("Choose at least one critic checkpoint.")
+    problems = [p for p in problems if p]
+    for problem in problems:  # every problem of the boxes, one a line
         st.error(markdown_text(problem))  # it quotes what was typed
-    else:
+    if not problems:
         samples = settings.batches * settings.batch_size + settings.reference
         st.caption(f"About {samples:,} samples; on CartPole "
                    "the defaults took 30–45 s on a 2-core CPU, on HalfCheetah a few "
                    "minutes (the ETA settles once the first episodes have ended).")  # fmt: skip
-    if st.button("Measure the gradient", type="primary", disabled=bool(problem),
+    if st.button("Measure the gradient", type="primary", disabled=bool(problems),
                  key="lab.g_start"):  # fmt: skip
         _ui.lab_jobs()[f"gradient {run.id}"] = LabJob(
             store, run.id, measure=measure_gradient_run, policy_step=policy_step,

@@ -131,10 +131,7 @@ def _gradient(args: argparse.Namespace) -> int:
     run, options = _lab_options(args)
     options |= {"batches": args.batches, "batch_size": args.batch_size,
                 "reference": args.reference}  # fmt: skip
-    try:
-        settings = GradientSettings(**options)
-    except ValueError as exc:
-        raise UsageError(f"--{str(exc).replace('_', '-', 1)}") from None
+    settings = GradientSettings(**options)  # ValueError naming each field (exit 2)
     if run.config.get("use_sde"):
         from gae_core.lab.measure import GSDE_NOTE
 
@@ -152,8 +149,6 @@ def _gradient(args: argparse.Namespace) -> int:
     except LabCancelled:
         print("lab cancelled", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except ValueError as exc:  # a bad step or size, naming its field
-        raise UsageError(f"--{str(exc).replace('_', '-', 1)}") from None
     finally:
         progress.close()
         store.close()

@@ -13,7 +13,13 @@ from dataclasses import replace
 
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.recording import Replay, load_replay
-from gae_core.lab.gradient import GradientResult, GradientSettings, measure_gradient
+from gae_core.lab.gradient import (
+    GradientResult,
+    GradientSettings,
+    batch_problem,
+    measure_gradient,
+    reference_problem,
+)
 from gae_core.lab.measure import (
     LabCancelled,
     LabResult,
@@ -67,12 +73,9 @@ def measure_gradient_run(
     settings = settings or GradientSettings(gamma=config.gamma)
     envs = config.num_envs
     size = settings.batch_size or envs * config.rollout_steps
-    if size % envs:
-        raise ValueError(
-            f"batch_size must be a multiple of the run's num_envs ({envs}), got {size:,}"
-        )
-    if settings.reference < size:
-        raise ValueError(f"reference must be at least the batch size ({size:,})")
+    problems = [batch_problem(size, envs), reference_problem(settings.reference, size)]
+    if any(problems):
+        raise ValueError("\n".join(p for p in problems if p))
 
     def replay(step: int) -> Replay:
         return load_replay(config, store.load_checkpoint(run_id, step), run_id=run_id, step=step)
