@@ -304,6 +304,10 @@ def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
     if spec.kind == "float":
         return st.number_input(
             spec.label,
+            # no default of its own: with value="min" (0 here) the browser draws the box at 0
+            # and shows the state's value a moment later, longer on a busy page. A cleared box
+            # reads None, which the form refuses, naming the field.
+            value=None,
             format="%.6g",
             help=f"{spec.help} (range {spec.min:g} to {spec.max:g})",
             **kept,

@@ -425,6 +425,8 @@ def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     at.text_input(key="train.total_steps").set_value("0").run()  # a label with parentheses
     assert "budget (env steps, total_steps) must be an integer in [1, " in said(at.error)[0]
     at.text_input(key="train.total_steps").set_value("10000").run()
+    at.number_input(key="train.gamma").set_value(None).run()  # a cleared box: no silent 0
+    assert said(at.error)[0] == "γ (gamma) must be a number in [0.0, 1.0], got nothing"
     at.number_input(key="train.gamma").set_value(0.99).run()
     at.text_input(key="train.num_envs").set_value("8").run()
     at.text_input(key="train.rollout_steps").set_value("5").run()

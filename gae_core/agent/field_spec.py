@@ -50,7 +50,10 @@ ECHO_LIMIT, ECHO_HEAD = 30, 20
 def echo(value: Any) -> str:
     """A value as a message quotes it: text in quotes (``'seven'``), a number as itself; past
     :data:`ECHO_LIMIT` characters, its start and how long it is:
-    ``'99999999999999999999…' (5,000 digits)``. Control characters show escaped (``'\\x07'``)."""
+    ``'99999999999999999999…' (5,000 digits)``. Control characters show escaped (``'\\x07'``).
+    None (a cleared number box, a JSON null) is "nothing"."""
+    if value is None:
+        return "nothing"
     quote = isinstance(value, str)
     if quote:
         text = value
