@@ -10,7 +10,9 @@ Then, in this process, the time of one Adam step on a trainer's parameter buffer
 parameter of a CartPole run's actor and critic in one ``[M, P]`` tensor, ``stacked.one_buffer``)
 for one run and for 16 members, ours against ``torch.optim.Adam`` with foreach kernels (what our
 optimizer ran before it took torch's fused kernel) and with ``fused=True`` (the same kernel, through
-``torch.optim``), alternating, best of five.
+``torch.optim``); and of one RMSprop step for one run and 35 members, ours (the fused Adam kernel
+with β1 = 0) against ``torch.optim.RMSprop`` with foreach kernels (what ours ran before);
+alternating, best of five.
 
     python benchmarks/bench_optimizer.py
 """
@@ -75,8 +77,11 @@ def main() -> None:
     print(f"ratio peak memory ours / torch.optim = {ours['peak_mb'] / theirs['peak_mb']:.4f}")
 
 
-def step_times(members: int, repeats: int = 5, steps: int = 2000) -> dict[str, float]:
-    """Microseconds per Adam step on one ``[members, P]`` buffer, best of ``repeats``."""
+def step_times(
+    members: int, kind: str = "adam", repeats: int = 5, steps: int = 2000
+) -> dict[str, float]:
+    """Microseconds per Adam or RMSprop step on one ``[members, P]`` buffer, best of
+    ``repeats`` (torch.optim has no fused RMSprop: foreach only)."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -89,13 +94,17 @@ def step_times(members: int, repeats: int = 5, steps: int = 2000) -> dict[str, f
     trainer.close()
     torch.set_num_threads(1)
     cases = {}
-    for name in ("ours", "torch.optim foreach", "torch.optim fused"):
+    names = ("ours", "torch.optim foreach") + (("torch.optim fused",) if kind == "adam" else ())
+    for name in names:
         param = torch.zeros(members, size, requires_grad=True)
         param.grad = torch.randn(members, size)
         if name == "ours":
-            optimizer = Optimizer([param], "adam", 3e-4)
+            optimizer = Optimizer([param], kind, 3e-4)
             rows = torch.ones(members, dtype=torch.bool)
             step = lambda o=optimizer, r=rows: o.step(rows=r)  # noqa: E731
+        elif kind == "rmsprop":  # SB3's A2C settings: α 0.99, ε 1e-5
+            optimizer = torch.optim.RMSprop([param], lr=3e-4, alpha=0.99, eps=1e-5, foreach=True)
+            step = optimizer.step
         else:
             fused = name.endswith("fused")
             optimizer = torch.optim.Adam([param], lr=3e-4, eps=1e-5, foreach=not fused,
@@ -115,11 +124,15 @@ def step_times(members: int, repeats: int = 5, steps: int = 2000) -> dict[str, f
 
 
 def print_step_times() -> None:
-    for members in (1, 16):
-        best = step_times(members)
-        cells = "  ".join(f"{name} {us:.2f} µs" for name, us in best.items())
-        ratio = best["torch.optim foreach"] / best["ours"]
-        print(f"one Adam step, {members} member(s): {cells}; foreach / ours = {ratio:.4f}")
+    """Adam for one run and 16 members; RMSprop (the A2C presets') for one run and the preset
+    study's population of 35 (7 λ × 10 seeds on 2 workers)."""
+    for kind, sizes in (("adam", (1, 16)), ("rmsprop", (1, 35))):
+        name = {"adam": "Adam", "rmsprop": "RMSprop"}[kind]
+        for members in sizes:
+            best = step_times(members, kind)
+            cells = "  ".join(f"{case} {us:.2f} µs" for case, us in best.items())
+            ratio = best["torch.optim foreach"] / best["ours"]
+            print(f"one {name} step, {members} member(s): {cells}; foreach / ours = {ratio:.4f}")
 
 
 if __name__ == "__main__":

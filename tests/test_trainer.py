@@ -353,7 +353,10 @@ def test_a_populations_optimizer_steps_each_member_as_its_own_would(kind, seed):
         grads = [torch.randn(p.shape, generator=generator) for p in params]
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-        state = (*params, *population.first_moments, *population.second_moments)
+        # RMSprop's first moments are the fused kernel's scratch (m = g), not its state
+        moments = population.second_moments if kind == "rmsprop" else [
+            *population.first_moments, *population.second_moments]  # fmt: skip
+        state = (*params, *moments)
         before = [x.clone() for x in state]
         keep = None
         if t >= 8:  # member 2 ended after update 7: out of every later step, and not kept

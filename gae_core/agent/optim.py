@@ -1,6 +1,8 @@
-"""Adam and RMSprop with ``torch.optim``'s update rules: Adam on torch's fused kernel (the one
-``torch.optim.Adam(fused=True)`` runs) when every stepping member is at one step count and one
-step size, otherwise (and RMSprop always) on foreach kernels.
+"""Adam and RMSprop with ``torch.optim``'s update rules, on torch's fused Adam kernel (the one
+``torch.optim.Adam(fused=True)`` runs) wherever every stepping member takes one step size (and,
+for Adam, is at one step count), otherwise on foreach kernels. RMSprop runs on the Adam kernel
+as Adam with β1 = 0 and no bias correction (:meth:`Optimizer._step`): torch has no fused
+RMSprop.
 
 Why not ``torch.optim`` itself: it cannot step some members of a stacked parameter and leave the
 others as they were (a population's members step as their single runs would, see
@@ -18,6 +20,11 @@ import numpy as np
 import torch
 
 __all__ = ["Optimizer"]
+
+#: A step count at which Adam's bias corrections 1 − β^t round to exactly 1 for β = 0.99 (in
+#: float32 and float64 alike: 0.99^(2^24) underflows to 0), so the fused Adam kernel runs
+#: RMSprop; a power of two, exact as the kernel's float32 step tensor.
+_UNCORRECTED = float(2**24)
 
 
 class Optimizer:
@@ -41,7 +48,7 @@ class Optimizer:
         self.eps, self.beta1, self.beta2, self.alpha = 1e-5, 0.9, 0.999, 0.99
         self.steps = 0
         self.row_steps: np.ndarray | None = None  # each member's steps, with ``rows``
-        self.first_moments = [torch.zeros_like(p) for p in params]  # Adam only
+        self.first_moments = [torch.zeros_like(p) for p in params]  # RMSprop: scratch
         self.second_moments = [torch.zeros_like(p) for p in params]
         # the fused kernel's step count, filled at each step: cheaper than a new tensor each
         # step (docs/PERFORMANCE.md, "PPO's epoch on an AVX-512 CPU")
@@ -91,15 +98,26 @@ class Optimizer:
         grads = [p.grad for p in params]
         second = [self.second_moments[i] for i in index]
         per_row = isinstance(self.learning_rate, np.ndarray)
-        if self.kind == "rmsprop":
+        if self.kind == "rmsprop" and not per_row:
+            # RMSprop is Adam with β1 = 0 (m = g) and β2 = α, without bias correction: at the
+            # step count _UNCORRECTED both corrections are exactly 1, so the fused Adam kernel
+            # computes v ← αv + (1−α)g²; θ ← θ − lr·g / (√v + ε) in one pass over each tensor
+            # instead of five (``python benchmarks/bench_optimizer.py``: about 2× on a
+            # population's buffer). ``first_moments`` is its scratch for m (= g, never read).
+            count = self._count.fill_(_UNCORRECTED)
+            first = [self.first_moments[i] for i in index]
+            torch._fused_adam_(
+                params, grads, first, second, [], [count] * len(params),
+                lr=float(self.learning_rate), beta1=0.0, beta2=self.alpha,
+                weight_decay=0.0, eps=self.eps, amsgrad=False, maximize=False,
+            )  # fmt: skip
+            return
+        if self.kind == "rmsprop":  # each member its own step size (a linear schedule)
             # v ← αv + (1−α)g²;  θ ← θ − lr·g / (√v + ε)
             torch._foreach_mul_(second, self.alpha)
             torch._foreach_addcmul_(second, grads, grads, value=1.0 - self.alpha)
             denominators = torch._foreach_sqrt(second)
             torch._foreach_add_(denominators, self.eps)
-            if not per_row:
-                torch._foreach_addcdiv_(params, grads, denominators, value=-self.learning_rate)
-                return
             for param, grad, denominator in zip(params, grads, denominators, strict=True):
                 step = _by_row(-self.learning_rate, param)
                 param.addcdiv_(grad * step, denominator)
