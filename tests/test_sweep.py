@@ -527,6 +527,19 @@ def test_the_dispatch_order_runs_each_planned_population_consecutively():
     assert Gathering(1).dispatch_order(configs) == list(range(8))
 
 
+def test_trials_of_different_budgets_train_in_different_populations():
+    """A budget is part of a trial's kind: a member whose budget ends before another's would
+    end on a shorter last rollout than its lone run (``Gathering.kind``), so a sweep over
+    budgets puts each budget's trials in populations of their own, in index order."""
+    from gae_core.runs.gather import Gathering
+
+    budgets = [20_000, 40_000, 20_000, 40_000, 20_000, 40_000]
+    configs = [TrainConfig(seed=i, total_steps=b).to_dict() for i, b in enumerate(budgets)]
+    gathering = Gathering(3)
+    assert gathering.dispatch_order(configs) == [0, 2, 4, 1, 3, 5]
+    assert len({gathering.kind(c) for c in configs}) == 2
+
+
 def test_trials_that_can_share_a_population_go_together_in_order():
     """7 trials of one kind and 2 of another (more envs), 2 free workers, at most 5 members
     each: the 7 go out as populations of trials 0–4 and 5–6 (consecutive, never over 5), the

@@ -60,14 +60,20 @@ class Gathering:
         self.planned: dict[int, tuple] = {}  # trial index → its group in the plan
 
     def kind(self, config: dict) -> tuple:
-        """The trial's population key, or :data:`ALONE` (always, at capacity 1)."""
+        """The trial's population key and its budget, or :data:`ALONE` (always, at capacity 1).
+
+        The budget too: a trainer can hold members of different budgets, but the one whose
+        budget ends first then ends on a rollout of ``rollout_steps`` rows where, alone, its
+        last rollout would have run on up to a quarter longer (``Trainer.collect``), so its
+        last updates would not be those of its lone run."""
         if self.capacity == 1:
             return ALONE
         # imported here: with one trial per slot the coordinator never needs the trainer
         from gae_core.agent.config import TrainConfig
         from gae_core.agent.trainer import population_key
 
-        return population_key(TrainConfig.from_dict(config))
+        built = TrainConfig.from_dict(config)
+        return (*population_key(built), ("total_steps", built.total_steps))
 
     def group(self, config: dict, index: int | None = None) -> tuple:
         """(kind, planned population number or -1): what the trial is gathered under (read
