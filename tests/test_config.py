@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -123,6 +125,34 @@ def test_unknown_or_module_env_id_lists_supported_ids():
         with pytest.raises(ConfigError) as info:
             TrainConfig(env_id=env_id)
         assert all(supported in str(info.value) for supported in SUPPORTED_ENVS)
+
+
+_CHECKED_AT_ONCE = """
+import json, sys, threading
+from gae_core.agent.envs import env_id_problem
+ids = sys.argv[1:]
+problems, barrier = {}, threading.Barrier(len(ids))
+def check(env_id):
+    barrier.wait()
+    problems[env_id] = env_id_problem(env_id)
+threads = [threading.Thread(target=check, args=(i,)) for i in ids]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(problems))
+"""
+
+
+def test_env_ids_checked_by_several_threads_at_once_all_build():
+    """Four classic-control ids checked at the same moment by four threads of a fresh process
+    (a dashboard's sessions, a benchmark's jobs): each builds. Unserialised, one thread saw
+    another's half-imported package ("cannot import name 'CartPoleEnv' from partially
+    initialized module") in 6 of 8 fresh processes, and the per-id cache kept that as the id's
+    problem for the life of the process."""
+    ids = ["CartPole-v1", "MountainCarContinuous-v0", "Acrobot-v1", "MountainCar-v0"]
+    for _ in range(6):
+        done = subprocess.run([sys.executable, "-c", _CHECKED_AT_ONCE, *ids], capture_output=True,
+                              text=True, timeout=120, check=True)  # fmt: skip
+        assert json.loads(done.stdout) == dict.fromkeys(ids), done.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="cuda is available here")

@@ -24,6 +24,7 @@ always in the env's units.
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -156,9 +157,21 @@ def discrete_actions(env_id: str) -> bool | None:
     return _built(env_id)[1]
 
 
+#: One env build at a time: the first build of an id imports its package, and two threads
+#: importing one package's modules at once (a dashboard's sessions, a benchmark's jobs) can see
+#: each other's half-imported module ("cannot import name 'CartPoleEnv' from partially
+#: initialized module"), which the cache below would then keep as the id's problem.
+_BUILD_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=64)
 def _built(env_id: str) -> tuple[str | None, bool | None]:
     """``(problem, discrete actions)`` of building ``env_id`` once."""
+    with _BUILD_LOCK:
+        return _build(env_id)
+
+
+def _build(env_id: str) -> tuple[str | None, bool | None]:
     quiet_env_warnings(env_id)
     try:
         env = gym.make(env_id)
