@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import threading
 from collections.abc import Sequence
 
 #: The environment variable that names the modules, comma-separated.
@@ -20,6 +21,9 @@ ENV_MODULES_VAR = "GAE_CORE_ENV_MODULES"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: Env ids each imported module registered, in import order.
 _REGISTERED: dict[str, tuple[str, ...]] = {}
+#: Two threads importing one module at once (a dashboard's sessions): the second would read the
+#: registry after the first's import and record that the module registered nothing.
+_IMPORT_LOCK = threading.Lock()
 
 
 class EnvModuleError(ValueError):
@@ -36,6 +40,11 @@ def import_env_modules(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """Import each module (once per process) and return the env ids it registered with
     gymnasium; :class:`EnvModuleError` naming the module, in one line, for a name that is not a
     dotted module name, a module that cannot be found, or one whose import raises."""
+    with _IMPORT_LOCK:  # one import at a time: what a module registered is read around it
+        return _import_env_modules(names)
+
+
+def _import_env_modules(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     import gymnasium as gym
 
     found: dict[str, tuple[str, ...]] = {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT, TINY, app, cli
@@ -98,3 +100,33 @@ def test_env_module_before_and_after_the_command_both_count(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(EnvModuleError, match="'gae_dep_envs' failed to import: ModuleNotFound"):
         import_env_modules(["gae_dep_envs"])
+
+
+_IMPORTED_AT_ONCE = """
+import json, sys, threading, time
+from gae_core.env_modules import import_env_modules
+found = []
+def load(wait):
+    time.sleep(wait)  # the second arrives while the first's import is under way
+    found.append(import_env_modules(["slow_envs"]))
+threads = [threading.Thread(target=load, args=(wait,)) for wait in (0.0, 0.2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(found))
+"""
+
+
+def test_a_module_imported_by_two_threads_at_once_registers_its_envs_for_both(tmp_path):
+    """Two sessions' first pages import the env module at nearly the same moment, the second
+    while the first's import is under way (its env registered, the module not yet done): both
+    learn the ids it registered (unserialised, the second read the registry with the env in
+    it, waited for the import, and recorded that the module registered nothing)."""
+    (tmp_path / "slow_envs.py").write_text(
+        "import time\nimport gymnasium as gym\n"
+        "gym.register('SlowCartPole-v0', entry_point="
+        "'gymnasium.envs.classic_control.cartpole:CartPoleEnv')\ntime.sleep(0.6)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", _IMPORTED_AT_ONCE], capture_output=True,
+                          text=True, timeout=120, env=env, check=True)  # fmt: skip
+    assert json.loads(done.stdout) == [{"slow_envs": ["SlowCartPole-v0"]}] * 2
