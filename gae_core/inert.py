@@ -111,9 +111,19 @@ def to_csv(frame: pd.DataFrame, path_or_buffer: str | IO[str] | None = None) -> 
 
 
 def markdown_text(text: str) -> str:
-    """``text`` escaped so that Streamlit's markdown shows it literally, on one line."""
+    """``text`` escaped so that Streamlit's markdown shows it literally, on one line: every
+    ASCII punctuation mark backslash-escaped, and a word joiner (U+2060, invisible) where GFM
+    would link a bare URL or e-mail address (``://``, ``www.``, ``@``), which it finds in the
+    text after escapes are read."""
     text = terminal_text(str(text))
-    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in text)
+    escaped = "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in text)
+    escaped = escaped.replace("\\:\\/\\/", "\\:" + _JOINER + "\\/\\/")
+    escaped = _WWW.sub("\\g<1>" + _JOINER + "\\g<2>", escaped)
+    return escaped.replace("\\@", _JOINER + "\\@")
+
+
+_JOINER = "\u2060"
+_WWW = re.compile(r"(?i)(www)(\\\.)")  # "www." as escaped: www\.
 
 
 def plotly_text(text: str) -> str:

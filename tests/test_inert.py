@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import string
 import unicodedata
 
@@ -61,6 +62,24 @@ def test_markdown_text_escapes_every_ascii_punctuation(text):
         assert out[i] not in string.punctuation
         i += 1
     assert "\n" not in out
+
+
+#: What GFM's autolink literals match in a text node (escapes already read): a bare URL's start,
+#: "www." and an e-mail address (mdast-util-gfm-autolink-literal's patterns).
+_GFM_AUTOLINKS = re.compile(r"(?i)https?://|www(?=\.)|[-.\w+]+@[-\w]+(\.[-\w]+)+")
+
+
+@given(st.text(max_size=40), st.sampled_from(["http://a.io/x", "HTTPS://b.org", "www.c.com",
+                                              "d@e.co", "[l](http://f.net)"]))  # fmt: skip
+def test_markdown_text_leaves_no_bare_url_or_address_for_gfm_to_link(text, link):
+    """Streamlit's markdown links a bare URL or e-mail address found in the text after the
+    escapes are read (a run named "see http://example.com" drew a live link in the status
+    line): with the escapes read, none is left to match, and the word joiners are the only
+    characters added."""
+    out = inert.markdown_text(text + " " + link + " " + text)
+    read = re.sub(r"\\(.)", r"\1", out)  # what the markdown parser's text node holds
+    assert not _GFM_AUTOLINKS.search(read), read
+    assert read.replace("\u2060", "") == inert.terminal_text(text + " " + link + " " + text)
 
 
 @given(st.text(max_size=60))
