@@ -69,6 +69,7 @@ if view == "Launch a sweep":
             f"{LAMBDA} values",
             "0, 0.5, 0.9, 0.95, 0.99, 1",
             key="cmp.lambdas",
+            persist_state="session",
             help=f"Comma-separated, each {LAMBDA_SPEC.allowed}, each once; every {LAMBDA} trains "
             "with every seed.",
         )
@@ -76,6 +77,7 @@ if view == "Launch a sweep":
             f"γ values (optional: a γ × {LAMBDA} study)",
             "",
             key="cmp.gammas",
+            persist_state="session",
             help=f"Comma-separated, each {FIELD_SPECS['gamma'].allowed}: every γ trains with "
             f"every {LAMBDA} and seed, and the comparison draws the grid as a heat map (the GAE "
             "paper's figure 2). Empty: the γ below for every trial.",
@@ -83,12 +85,14 @@ if view == "Launch a sweep":
         count_column, first_column = st.columns(2)
         seeds_text = count_column.text_input(  # text, read on the server (as the first seed)
             f"seeds per {LAMBDA}", str(views.DEFAULT_SEEDS_PER_LAMBDA), key="cmp.seeds",
+            persist_state="session",
             help=f"Bootstrap intervals need about 10 seeds per {LAMBDA} to rank {LAMBDA} values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read (an integer, "
             "{} to {}).".format(*views.SEEDS_PER_LAMBDA),
         )  # fmt: skip
         first_seed = first_column.text_input(  # text: a number box's browser side swallows
             "first seed", value="0", key="cmp.first_seed",  # a value past 2^53 unsaid
+            persist_state="session",
             help="The trials' seeds are this one and the next ones (0: seeds 0 to n−1). Start "
             "past an earlier sweep's seeds for fresh replicates of the same study "
             f"(an integer, 0 to {SEED_SPEC.max:,}).",
@@ -97,7 +101,7 @@ if view == "Launch a sweep":
                                                *views.SEEDS_PER_LAMBDA)  # fmt: skip
         seed_values, first_errors = views.sweep_seeds(first_seed, seeds or 1)
         name = st.text_input(
-            "sweep name (optional)", key="cmp.name", max_chars=80,
+            "sweep name (optional)", key="cmp.name", max_chars=80, persist_state="session",
             help="Names the sweep and prefixes its trials' names; empty: sweep-<id>.",
         ).strip() or None  # fmt: skip
         # what is wrong and Launch sit under the study's boxes, in view beside the progress

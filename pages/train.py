@@ -33,7 +33,9 @@ with form_column:
     values = _ui.config_form("train")
     with top:
         left, right = st.columns([3, 1], vertical_alignment="bottom")
-        name = left.text_input("run name (optional)", key="train.name", max_chars=80)
+        name = left.text_input(
+            "run name (optional)", key="train.name", max_chars=80, persist_state="session"
+        )  # kept, as the fields below are
         config, errors, warnings = views.build_config(values)
         if right.button("Start", type="primary", disabled=config is None, key="train.start"):
             run_name = name if name.strip() else None
