@@ -84,6 +84,8 @@ def test_one_seed_per_cell_marks_no_cell_as_distinguishable_or_not():
     sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
     assert "one seed in a cell gives no interval" in sentence
     assert "lies apart" not in sentence
+    top = table[table.best].iloc[0]
+    assert f"(IQM {top['iqm']:,.1f} one seed: no interval)" in sentence  # no [x, x]
 
 
 def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():

@@ -142,6 +142,11 @@ def test_sentence_leaves_out_nan_and_gives_no_interval_with_one_seed():
     groups = {"a": [math.nan], "b": [1.0, 2.0], "c": [0.0, 1.0]}
     assert stats.best_group_sentence(groups, str).startswith("b beats c")
     assert stats.best_group_sentence({"a": [math.nan], "b": []}, str) == "No scores to compare."
+    # two seeds a group, ordered one way: [1.00, 1.00], said to come from too few seeds
+    text = stats.best_group_sentence({"a": [5.0, 6.0], "b": [1.0, 2.0, 3.0]}, str)
+    assert text.startswith("a beats b with probability 1.00 [1.00, 1.00]"), text
+    assert text.endswith("from only 2 seeds in a group: too few for this interval to be trusted "
+                         "(use 10 per group)")  # fmt: skip
     # one seed in either group: no interval that claims certainty
     for groups in ({"a": [2.0], "b": [1.0]}, {"a": [10.0], "b": [1.0, 2.0, 3.0]}):
         text = stats.best_group_sentence(groups, str)

@@ -167,10 +167,12 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
         f"{assignment(x, r[x])}, {assignment(y, r[y])}" for r in best.to_dict("records")
     )
     first = best.iloc[0]
-    text = (
-        f"Best: {names} (IQM {first['iqm']:,.1f} "
-        f"[{first['iqm_ci_low']:,.1f}, {first['iqm_ci_high']:,.1f}])"
+    interval = (
+        "one seed: no interval"
+        if first["seeds"] < 2  # a bootstrap of one value prints [x, x]: no interval at all
+        else f"[{first['iqm_ci_low']:,.1f}, {first['iqm_ci_high']:,.1f}]"
     )
+    text = f"Best: {names} (IQM {first['iqm']:,.1f} {interval})"
     tied = int(table["not_distinguishable"].sum())
     others = len(table) - len(best)
     if int(table["seeds"].min()) < 2:

@@ -352,7 +352,8 @@ def best_group_sentence(
     together, not ranked.
     NaN scores are left out, as everywhere here; a group without scores ranks last. With one
     seed in either of the two groups there is no interval (a bootstrap cannot see that seed's
-    noise), and the sentence says so instead of printing one."""
+    noise), and the sentence says so instead of printing one; with fewer than
+    :data:`FEW_SEEDS`, an interval that excludes ½ is said to be too few seeds to trust."""
     if len(groups) < 2:
         return "Only one group: nothing to compare."
     finite = {g: _finite(v) for g, v in groups.items()}
@@ -405,6 +406,13 @@ def best_group_sentence(
         return text + " — one seed in a group, so no interval: not distinguishable from seed noise"
     if low <= 0.5 <= high:
         text += " — not distinguishable from seed noise at this sample size"
+    elif (fewest := min(len(finite[best]), len(finite[second]))) < FEW_SEEDS:
+        # 2 seeds a group that all order one way give [1.00, 1.00]: a bootstrap over so few
+        # seeds cannot see their noise (few_seeds_warning)
+        text += (
+            f" — from only {fewest} seeds in a group: too few for this interval to be trusted "
+            "(use 10 per group)"
+        )
     return text
 
 
