@@ -173,7 +173,9 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
         st.error(markdown_text(problem))  # it quotes what was typed
     if not problems:
         samples = settings.batches * settings.batch_size + settings.reference
-        st.caption(f"About {samples:,} samples; on CartPole "
+        st.caption(f"At least {samples:,} samples: the reference plays whole episodes, 256 "
+                   "at a time, until it has its share, so it often takes more (a round of "
+                   "CartPole's 500-step episodes is up to 128,000). On CartPole "
                    "the defaults took 30–45 s on a 2-core CPU, on HalfCheetah a few "
                    "minutes (the ETA settles once the first episodes have ended).")  # fmt: skip
     if st.button("Measure the gradient", type="primary", disabled=bool(problems),
@@ -406,6 +408,8 @@ results = {
     for r in batches[index]
 }
 st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batches[index][0].policy_step:,}")
+first = next(iter(results.values()))
+# the truth horizon H the measurement used (the settings hold None where H was derived from γ)
 made_by = {"run_id": run_id, "policy_step": batches[index][0].policy_step,
-           **dataclasses.asdict(next(iter(results.values())).settings)}  # fmt: skip
+           **dataclasses.asdict(first.settings), "horizon": first.horizon}  # fmt: skip
 show_result(results, "lab.result", made_by)

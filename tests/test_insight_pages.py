@@ -688,6 +688,7 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
         assert list(frame.columns[:2]) == ["run_id", "policy_step"], name
         assert (frame["run_id"] == recorded_run).all() and (frame["policy_step"] == steps[-1]).all()
         assert (frame["states"] == 4).all() and (frame["segment"] == 20).all(), name
+        assert (frame["horizon"] == result.horizon).all(), name  # H used, not the setting None
     assert set(frames["lab_state.csv"]["critic"]) <= critics
 
 

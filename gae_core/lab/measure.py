@@ -103,7 +103,7 @@ __all__ = [
 GSDE_NOTE = (
     "This run explored with gSDE: its rollouts held one noise matrix per env for a whole "
     "rollout, so their actions' noise is correlated in time. The lab draws each step's noise "
-    "afresh from the same per-step Gaussian, the policy A2C's loss scores "
+    "afresh from the same per-step Gaussian, the policy the training loss scores "
     "(gae_core.agent.policy), so it measures the estimators under that policy, not under the "
     "trained rollouts' correlated exploration."
 )
