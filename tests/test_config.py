@@ -313,6 +313,12 @@ def test_a_message_quotes_a_long_typed_value_by_its_start_and_length():
     assert echo(-(10**4000)) == "-1000000000000000000… (4,001 digits)"
     assert echo("[x](y) " * 100) == "'[x](y) [x](y) [x](y)…' (700 characters)"
     assert echo(10**5000) == "an integer of about 5,000 digits"  # past Python's int-to-text limit
+    # a cleared box, number or text, is "nothing" (the Train form and the lab say it alike)
+    assert echo(None) == echo("") == echo("  ") == "nothing"
+    assert (
+        int_problem("states N", "", 1, 4096)
+        == "states N must be an integer in [1, 4096], got nothing"
+    )
     # every message that quotes what was typed quotes a 5,000-digit value so
     typed = "9" * 5000
     quoted = "'99999999999999999999…' (5,000 digits)"

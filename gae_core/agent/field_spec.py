@@ -51,8 +51,9 @@ def echo(value: Any) -> str:
     """A value as a message quotes it: text in quotes (``'seven'``), a number as itself; past
     :data:`ECHO_LIMIT` characters, its start and how long it is:
     ``'99999999999999999999…' (5,000 digits)``. Control characters show escaped (``'\\x07'``).
-    None (a cleared number box, a JSON null) is "nothing"."""
-    if value is None:
+    None (a cleared number box, a JSON null) and an empty or blank text (a cleared text box)
+    are "nothing"."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return "nothing"
     quote = isinstance(value, str)
     if quote:
