@@ -15,7 +15,7 @@ import pandas as pd
 
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems, parse_int
-from gae_core.agent.field_spec import int_problem
+from gae_core.agent.field_spec import echo, int_problem
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 from gae_core.labels import assignment, format_value, label
@@ -370,16 +370,26 @@ def filter_runs(
     return table[keep]
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_float_list(text: str, name: str, low: float = 0.0, high: float = 1.0) -> list[float]:
     """``"0.9, 0.95, 1"`` → ``[0.9, 0.95, 1.0]``; a ConfigError naming ``name`` and the range
     for a bad or duplicated value."""
     parts = [p.strip() for p in str(text).replace(";", ",").split(",") if p.strip()]
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
+    unread = [p for p in parts if not _is_number(p)]
+    if unread:  # named, the first few: "0.9, 1.5, abc" said only that something was wrong
+        more = f", … ({len(unread):,} in all)" if len(unread) > 5 else ""
         raise ConfigError(
-            f"{name} must be comma-separated numbers in [{low:g}, {high:g}]"
-        ) from None
+            f"{name} must be comma-separated numbers in [{low:g}, {high:g}]; not a number: "
+            f"{', '.join(echo(p) for p in unread[:5])}{more}"
+        )
+    values = [float(p) for p in parts]
     if not values:
         raise ConfigError(f"{name} needs at least one value in [{low:g}, {high:g}]")
     bad = [f"{v:g}" for v in values if not low <= v <= high]
