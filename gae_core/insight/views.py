@@ -383,7 +383,7 @@ def parse_float_list(text: str, name: str, low: float = 0.0, high: float = 1.0) 
     for a bad or duplicated value."""
     parts = [p.strip() for p in str(text).replace(";", ",").split(",") if p.strip()]
     unread = [p for p in parts if not _is_number(p)]
-    if unread:  # named, the first few: "0.9, 1.5, abc" said only that something was wrong
+    if unread:  # each named, the first few, quoted as typed
         more = f", … ({len(unread):,} in all)" if len(unread) > 5 else ""
         raise ConfigError(
             f"{name} must be comma-separated numbers in [{low:g}, {high:g}]; not a number: "
