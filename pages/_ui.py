@@ -230,7 +230,8 @@ def csv_button(
 ) -> None:
     """A download button whose CSV is generated on click (exactly the frame that is plotted,
     led by the columns of ``made_by``: the run, checkpoints and settings that made it,
-    :func:`~gae_core.insight.exports.with_provenance`).
+    :func:`~gae_core.insight.exports.with_provenance`), saved as ``file_name`` led by the run
+    or sweep it is of (:func:`~gae_core.insight.exports.download_name`).
 
     It takes the frame itself, not a callable: a page that passed ``lambda: frame`` and then
     drew another chart into ``frame`` handed out the last chart's data from every button
@@ -240,6 +241,7 @@ def csv_button(
     button inside a fragment that redraws on a timer can miss a click (see the Runs page)."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"csv_button({label!r}) takes the DataFrame, got {type(frame).__name__}")
+    file_name = exports.download_name(file_name, made_by)  # led by the run or sweep
     frame = exports.with_provenance(frame, **(made_by or {}))
     download_button(label, lambda: to_csv(frame), file_name, "text/csv", key)
 

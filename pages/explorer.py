@@ -174,13 +174,13 @@ made_by = {"run_id": run_id, "policy_step": policy_step, "critic_step": critic_s
            "gamma": gamma}  # fmt: skip
 row = st.columns([2, 2, 2, 3])
 with row[0]:
-    _ui.csv_button("Per-step table CSV", frames["steps"], f"{run_id}_advantages.csv", "ex.csv",
+    _ui.csv_button("Per-step table CSV", frames["steps"], "advantages.csv", "ex.csv",
                    made_by)  # fmt: skip
 with row[1]:
-    _ui.csv_button("Heat map CSV", frames["heat"], f"{run_id}_gae_heatmap.csv", "ex.heat_csv",
+    _ui.csv_button("Heat map CSV", frames["heat"], "gae_heatmap.csv", "ex.heat_csv",
                    made_by)  # fmt: skip
 with row[2]:
-    _ui.csv_button("Weights CSV", frames["weights"], f"{run_id}_weights.csv", "ex.weights_csv",
+    _ui.csv_button("Weights CSV", frames["weights"], "weights.csv", "ex.weights_csv",
                    {**made_by, "t": int(t), "steps_left": horizon})  # fmt: skip
 row[3].markdown(
     f"**{len(table)} steps**, episode ends: "

@@ -498,11 +498,11 @@ def said(alerts) -> list[str]:
 
 
 def handing_to(handed: dict):
-    """A stand-in for ``pages._ui.csv_button`` that keeps, by file name, the frame the button
-    would hand out (provenance columns included)."""
-    from gae_core.insight.exports import with_provenance
+    """A stand-in for ``pages._ui.csv_button`` that keeps, by the file name it is saved under,
+    the frame the button would hand out (provenance columns included)."""
+    from gae_core.insight.exports import download_name, with_provenance
 
     def button(_label, frame, name, _key, made_by=None):
-        handed[name] = with_provenance(frame, **(made_by or {}))
+        handed[download_name(name, made_by)] = with_provenance(frame, **(made_by or {}))
 
     return button

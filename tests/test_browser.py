@@ -1000,7 +1000,7 @@ def test_compare_draws_a_gamma_by_lambda_study_as_a_heat_map(app_page, app_serve
         assert z[i, j] == pytest.approx(row.iqm, rel=1e-6)
     # the CSV holds the cells drawn, as the store gives them
     name, frame = download_csv(page, page.locator(".st-key-cmp-grid_csv button"))
-    assert name == "grid.csv" and len(frame) == 20
+    assert name == f"sweep-{grid_sweep.sweep_id}_grid.csv" and len(frame) == 20
     order = ["gamma", "lambda_"]
     np.testing.assert_allclose(
         frame.sort_values(order)["iqm"], expected.sort_values(order)["iqm"], rtol=1e-9

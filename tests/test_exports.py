@@ -86,11 +86,42 @@ def test_a_run_metric_csv_is_every_stored_point_and_smoothed_like_the_chart(stor
 
 def test_overlay_csv_is_long_with_one_label_per_run(store):
     a = add_run(store, "first", "CartPole-v1", [1.0, 2.0])
-    b = add_run(store, "second", "CartPole-v1", [3.0])
-    frame = frame_of(get(store, exports.overlay_url([a, b], M.EPISODIC_RETURN.key)))
+    b = add_run(store, "second", "Pendulum-v1", [3.0])
+    store.create_run({"env_id": "CartPole-v1"}, name="not asked for")
+    answer = get(store, exports.overlay_url([a, b], M.EPISODIC_RETURN.key))
+    frame = frame_of(answer)
     assert frame["run"].tolist() == [f"first ({a})", f"first ({a})", f"second ({b})"]
     assert frame["episodic_return"].tolist() == [1.0, 2.0, 3.0]
     assert set(frame["smoothing"]) == {0.0}
+    # each row names its run as a run's own CSV does (its id and the settings that tell runs
+    # apart), so a long file can be grouped without parsing the label
+    assert frame["run_id"].tolist() == [a, a, b]
+    assert frame["env_id"].tolist() == ["CartPole-v1", "CartPole-v1", "Pendulum-v1"]
+    assert set(frame["lambda_"]) == {0.95} and set(frame["gamma"]) == {0.99}
+    assert list(frame.columns[:2]) == ["smoothing", "run"]
+    # saved under a name of its own runs: the same runs in any order, the same name
+    assert answer.file_name == exports.download_name("overlay_episodic_return.csv",
+                                                     {"run_ids": f"{a} {b}"})  # fmt: skip
+    again = get(store, exports.overlay_url([b, a], M.EPISODIC_RETURN.key))
+    alone = get(store, exports.overlay_url([a], M.EPISODIC_RETURN.key))
+    assert again.file_name == answer.file_name != alone.file_name
+
+
+def test_a_download_is_named_after_the_run_or_sweep_it_is_of():
+    import hashlib
+
+    assert exports.download_name("lab_k.csv", {"run_id": "a1b2c3", "seed": 0}) == "a1b2c3_lab_k.csv"
+    assert exports.download_name("grid.csv", {"sweep_id": "f00d"}) == "sweep-f00d_grid.csv"
+    picked = exports.download_name("curves.csv", {"run_ids": "bb aa cc", "group_by": "gamma"})
+    digest = hashlib.sha256(b"aa bb cc").hexdigest()[:8]  # the sorted ids
+    assert picked == f"runs-{digest}_curves.csv"
+    assert exports.download_name("curves.csv", {"run_ids": "aa bb"}) != picked
+    # a run's id leads where both are given (a run of a sweep); nothing to name: the base alone
+    assert exports.download_name("x.csv", {"run_id": "ab", "sweep_id": "cd"}) == "ab_x.csv"
+    assert exports.download_name("chain_exact.csv", {"gamma": 0.9}) == "chain_exact.csv"
+    assert exports.download_name("chain_exact.csv") == "chain_exact.csv"
+    # never a path or a header's end, whatever an id holds
+    assert exports.download_name("x.csv", {"sweep_id": '../"a b\r\n'}) == "sweep-..__a_b___x.csv"
 
 
 @pytest.mark.parametrize(

@@ -309,7 +309,7 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     assert (result.batch["envs"], result.batch["steps"]) == (2, 8)
     sentences = [m.value for m in at.markdown if "least gradient MSE" in m.value]
     assert len(sentences) == result.table["critic"].nunique() >= 1
-    frame = handed["gradient_lambda.csv"]
+    frame = handed[f"{run_id}_gradient_lambda.csv"]
     mse = frame[frame["quantity"] == "mse"].sort_values("param")["value"].to_numpy()
     expected = result.table[result.table["kind"] == "gae"].sort_values("param")["mse"].to_numpy()
     np.testing.assert_allclose(mse, expected)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 
 import numpy as np
@@ -337,6 +338,8 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
         "improvement.csv": {"score": "final_return"},
         "profile.csv": {"score": "final_return"},
     }
+    # each saved as the sweep's: downloads of two sweeps do not overwrite each other
+    settings = {f"sweep-{sweep_id}_{name}": own for name, own in settings.items()}
     assert set(handed) == set(settings)
     for name, own in settings.items():
         assert "run_ids" not in handed[name], name  # a sweep's trials are its id's to name
@@ -344,10 +347,10 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
             assert set(handed[name][column]) == {value}, (name, column, set(handed[name][column]))
     episodes = compare.episodes_frame(store, [r.id for r in trials], "lambda_")
     _, aligned = compare.aggregate_curves(episodes, group="lambda_", window=10)
-    pd.testing.assert_frame_equal(handed["curves.csv"][list(aligned)], aligned)
+    pd.testing.assert_frame_equal(handed[f"sweep-{sweep_id}_curves.csv"][list(aligned)], aligned)
     table = compare.summary_table(episodes, group="lambda_", threshold=475.0)
     table = table.replace([np.inf, -np.inf], np.nan)
-    pd.testing.assert_frame_equal(handed["summary.csv"][list(table)], table)
+    pd.testing.assert_frame_equal(handed[f"sweep-{sweep_id}_summary.csv"][list(table)], table)
     # a run marked stopped (a Stop before its budget would leave that status; its episodes
     # here reach the budget): the page says so, and where the curves and AUCs end
     store.finish_run(trials[0].id, "stopped")
@@ -361,7 +364,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert leave_out.label == "Leave out the 1 run that has not finished its budget"
     leave_out.check().run()
     assert not any("not finished" in w.value for w in at.warning)
-    assert set(handed["summary.csv"]["left_out"]) == {trials[0].id}  # the CSVs say so
+    assert set(handed[f"sweep-{sweep_id}_summary.csv"]["left_out"]) == {trials[0].id}
     assert any(c.value.startswith("3 runs of A2C with GAE") for c in at.code)
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
@@ -381,6 +384,17 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
         taus = np.concatenate([_array(t["x"]) for t in lines])
         low, high = seed_scores[choice].min(), seed_scores[choice].max()
         assert (taus.min(), taus.max()) == pytest.approx((low - 0.05 * (high - low), high))
+
+
+def saved_as_picked(handed: dict, run_ids) -> dict:
+    """The files ``handed`` for picked runs (not a sweep's, drawn earlier), by the names the
+    pages gave, after checking each is saved as these runs' (``runs-<the first 8 hex digits of
+    SHA-256 over their sorted ids>_``)."""
+    digest = hashlib.sha256(" ".join(sorted(run_ids)).encode()).hexdigest()[:8]
+    lead = f"runs-{digest}_"
+    picked = {name: frame for name, frame in handed.items() if name.startswith("runs-")}
+    assert picked and all(name.startswith(lead) for name in picked), (lead, list(handed))
+    return {name.removeprefix(lead): frame for name, frame in picked.items()}
 
 
 def _array(value):
@@ -408,7 +422,7 @@ def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     assert summary["solved"].tolist() == ["0%"] * 2
     assert summary["median steps to solve"].tolist() == ["not reached"] * 2
     # … and in the CSV an empty cell, not "inf"
-    exported = handed["summary.csv"]
+    exported = saved_as_picked(handed, [r.id for r in store.list_runs()])["summary.csv"]
     assert exported["median_steps_to_solve"].isna().all()
     assert "inf" not in to_csv(exported)
     assert not any("also differ" in w.value for w in at.warning) and not at.info
@@ -538,6 +552,7 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
         "improvement.csv": {"score": "final_return"},
         "profile.csv": {"score": "final_return"},
     }
+    handed = saved_as_picked(handed, drawn.split())
     assert set(handed) == set(settings)
     for name, own in settings.items():
         made_by = {**every, **own}
@@ -671,7 +686,10 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     # (a label printed over its larger neighbour is left blank: test_figures tests that rule)
     assert k_chart["layout"]["xaxis"]["ticktext"] == _k_ticks(ks)["ticktext"]
     # each button its own data (a late-bound `lambda: frame` gave three buttons the last one's)
-    frames = {name: f() if callable(f) else f for name, f in handed.items()}
+    # each saved as the run's (downloads from two runs do not overwrite each other)
+    assert all(name.startswith(f"{recorded_run}_") for name in handed), list(handed)
+    frames = {name.removeprefix(f"{recorded_run}_"): f() if callable(f) else f
+              for name, f in handed.items()}  # fmt: skip
     result = next(iter(stored.values()))
     lambdas = sorted(result.settings.lambdas)
     assert sorted(set(frames["lab_lambda.csv"]["param"])) == lambdas

@@ -27,6 +27,7 @@ longer the one it opened (moved away or replaced), so a moved store is never ser
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import os
 import re
@@ -52,6 +53,7 @@ __all__ = [
     "Answer",
     "StoreSource",
     "answer",
+    "download_name",
     "overlay_url",
     "run_metric_url",
     "runs_url",
@@ -194,7 +196,8 @@ def _run_metric(store: RunStore, run_id: str, column: str, query) -> Answer:
     )
     config = store.get_run(run_id).config
     made_by = {"run_id": run_id, **{f: config.get(f) for f in RUN_SETTINGS}, "smoothing": weight}
-    return Answer(200, to_csv(with_provenance(frame, **made_by)), f"{run_id}_{metric.column}.csv")
+    file_name = download_name(f"{metric.column}.csv", made_by)
+    return Answer(200, to_csv(with_provenance(frame, **made_by)), file_name)
 
 
 #: The config fields a run's metric CSV names beside its run id (what tells runs apart).
@@ -206,18 +209,22 @@ def _overlay(store: RunStore, column: str, query) -> Answer:
     ids = list(dict.fromkeys(query.get("run", [])))
     if not 1 <= len(ids) <= _MAX_OVERLAY_RUNS:
         raise _BadRequest(f"run must be given 1 to {_MAX_OVERLAY_RUNS} times, got {len(ids)}")
-    runs = {}
+    runs, settings = {}, {}
     for run_id in ids:
         try:
             run = store.get_run(_run_id(run_id, store))
         except StoreError:  # deleted since the check
             raise _NotFound(f"no run with id {run_id!r} in {store.path}") from None
-        runs[f"{run.name} ({run.id})"] = store.metrics(run.id, [metric.key])
+        name = f"{run.name} ({run.id})"  # the id makes it unique
+        runs[name] = store.metrics(run.id, [metric.key])
+        settings[name] = {"run_id": run.id, **{f: run.config.get(f) for f in RUN_SETTINGS}}
     weight = _smoothing(query) if metric.smoothed else 0.0
     _, frame = figures.overlay_figure(runs, metric.key, smoothing=weight)
-    return Answer(
-        200, to_csv(with_provenance(frame, smoothing=weight)), f"overlay_{metric.column}.csv"
-    )
+    if not frame.empty:  # each row names its run as a run's own CSV does, beside its label
+        per_row = pd.DataFrame([settings[name] for name in frame["run"]], index=frame.index)
+        frame = pd.concat([frame[["run"]], per_row, frame.drop(columns="run")], axis=1)
+    file_name = download_name(f"overlay_{metric.column}.csv", {"run_ids": " ".join(ids)})
+    return Answer(200, to_csv(with_provenance(frame, smoothing=weight)), file_name)
 
 
 def answer(path: str, query: Mapping[str, Sequence[str]], store: Callable[[], RunStore]) -> Answer:
@@ -237,6 +244,30 @@ def answer(path: str, query: Mapping[str, Sequence[str]], store: Callable[[], Ru
         return Answer(error.status, str(error))
     except StoreError as error:
         return Answer(503, f"the run store cannot be read: {error}")
+
+
+_UNSAFE_IN_FILE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def download_name(base: str, made_by: Mapping[str, Any] | None = None) -> str:
+    """The name a CSV is saved under: ``base`` led by what its numbers are of (``made_by``, as
+    :func:`with_provenance` takes it), so downloads from different runs or sweeps do not
+    overwrite each other: ``<run_id>_<base>`` for one run, ``sweep-<sweep_id>_<base>`` for a
+    sweep, ``runs-<digest>_<base>`` for runs picked one by one (``run_ids``, space-separated;
+    the digest is the first 8 hex digits of SHA-256 over the sorted ids, so the same runs give
+    the same name), and ``base`` alone for anything else (the exact chain). Every character
+    outside ``[A-Za-z0-9_.-]`` becomes ``_``: a name is never a path."""
+    made_by = made_by or {}
+    if made_by.get("run_id") is not None:
+        lead = str(made_by["run_id"])
+    elif made_by.get("sweep_id") is not None:
+        lead = f"sweep-{made_by['sweep_id']}"
+    elif made_by.get("run_ids"):
+        ids = " ".join(sorted(str(made_by["run_ids"]).split()))
+        lead = f"runs-{hashlib.sha256(ids.encode()).hexdigest()[:8]}"
+    else:
+        lead = ""
+    return _UNSAFE_IN_FILE_NAME.sub("_", f"{lead}_{base}" if lead else base)
 
 
 def with_provenance(frame: pd.DataFrame, **made_by: Any) -> pd.DataFrame:
