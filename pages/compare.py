@@ -424,7 +424,7 @@ for score in ("final_return", "auc"):
         base = f"{score}_{name}"
         cells.append(f"{label(score)} {'IQM' if name == 'iqm' else 'mean'}")
         shown[cells[-1]] = [
-            f"{p:.1f}  [{lo:.1f}, {hi:.1f}]"  # one decimal in every cell: 150.0, not 150
+            stats.estimate_text(p, lo, hi)  # one decimal in every cell: 150.0, not 150
             for p, lo, hi in zip(
                 shown[base], shown[f"{base}_ci_low"], shown[f"{base}_ci_high"], strict=True
             )

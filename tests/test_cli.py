@@ -246,11 +246,13 @@ def test_sweep_json(tmp_path):
         assert set(entry["final_return"]) == keys == set(entry["auc"])
         assert entry["seeds"] == entry["runs"] == 1
         final = entry["final_return"]
-        assert final["iqm_ci_low"] == final["iqm"] == final["iqm_ci_high"]  # one seed
+        # one seed: no interval (null), not one of a single value
+        assert final["iqm_ci_low"] is final["iqm_ci_high"] is None and final["iqm"] is not None
     table = cli(tmp_path / "data", "summary", result["sweep_id"])
     assert table.returncode == 0 and "final return IQM [CI]" in table.stdout
     lines = table.stdout.splitlines()
     assert [line.split()[0] for line in lines[2:4]] == ["0.9", "1"]
+    assert all(line.count("(one seed: no interval)") == 4 for line in lines[2:4])
     assert lines[-1].startswith("methods: 2 runs of A2C with GAE, λ ∈ {0.9, 1}, 1 seed per")
     assert "per value. Shared by every run: algo=a2c, env_id=CartPole-v1" in lines[-1]
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in lines[-1]

@@ -85,7 +85,15 @@ def test_one_seed_per_cell_marks_no_cell_as_distinguishable_or_not():
     assert "one seed in a cell gives no interval" in sentence
     assert "lies apart" not in sentence
     top = table[table.best].iloc[0]
-    assert f"(IQM {top['iqm']:,.1f} one seed: no interval)" in sentence  # no [x, x]
+    assert f"(IQM {top['iqm']:,.1f} (one seed: no interval))" in sentence  # no [x, x]
+    # no cell has an interval (not one of a single value, [x, x]): in the CSV an empty cell,
+    # on hover the words
+    bounds = ["iqm_ci_low", "iqm_ci_high", "mean_ci_low", "mean_ci_high"]
+    assert table[bounds].isna().all().all() and table[["iqm", "mean"]].notna().all().all()
+    figure, _ = grid_figure(table, "lambda_", "gamma")
+    hover = [h for row in figure.data[0].customdata for h in row if h != "no scores"]
+    assert len(hover) == 4 and all(h.count("(one seed: no interval)") == 2 for h in hover)
+    assert all("1 seed" in h and "[" not in h for h in hover)
 
 
 def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():

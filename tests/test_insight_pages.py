@@ -368,7 +368,7 @@ def test_compare_validates_launches_a_sweep_and_draws_one_band_per_lambda(data_d
     assert any(c.value.startswith("3 runs of A2C with GAE") for c in at.code)
     expected = compare.sweep_summary(store, sweep_id)
     cell = summary["final return IQM"].iloc[0]
-    assert cell.startswith(f"{expected['final_return_iqm'].iloc[0]:.1f}  [")
+    assert cell.startswith(f"{expected['final_return_iqm'].iloc[0]:,.1f} [")
     # the matrix and the profile are drawn from the score their titles name: τ spans that
     # score's seed values (from just below the lowest, so every profile starts at 1)
     episodes = compare.episodes_frame(store, [r.id for r in trials], "lambda_")
@@ -439,7 +439,7 @@ def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     runs = store.list_runs()
     finals = {(r.config["seed"], r.config["gamma"]): r.summary.final_return for r in runs}
     per_seed = [(finals[(s, 0.9)] + finals[(s, 0.99)]) / 2 for s in (0, 1)]
-    assert shown["final return mean"].iloc[0].startswith(f"{sum(per_seed) / 2:.1f}  [")
+    assert shown["final return mean"].iloc[0].startswith(f"{sum(per_seed) / 2:,.1f} [")
     # two more runs whose λ comes with its own learning rate: a confound the page names
     for lam, rate in ((0.5, 1e-3), (1.0, 1e-2)):
         config = dataclasses.replace(base, lambda_=lam, learning_rate=rate)

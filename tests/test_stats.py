@@ -225,6 +225,34 @@ def test_group_summary_columns_and_values():
     assert table.set_index("lambda_").loc[1.0, "final_return_mean_ci_low"] == 5.0
 
 
+def test_a_group_of_one_seed_has_a_score_and_no_interval():
+    scores = pd.DataFrame({"lambda_": [0.9, 1.0, 1.0, 1.0], "seed": [0, 0, 1, 2],
+                           "final_return": [7.0, 1.0, np.nan, 3.0]})  # fmt: skip
+    table = stats.group_summary(scores, "lambda_", ["final_return"], seed=1).set_index("lambda_")
+    bounds = [f"final_return_{n}_ci_{e}" for n in ("iqm", "mean") for e in ("low", "high")]
+    one, two = table.loc[0.9], table.loc[1.0]
+    assert (one["final_return_iqm"], one["final_return_mean"]) == (7.0, 7.0)
+    assert one[bounds].isna().all()  # one value: no interval, not [7, 7]
+    # two finite scores (a NaN one is left out): an interval, and seeds counts the rows
+    assert two[bounds].notna().all() and two["seeds"] == 3
+    assert two["final_return_mean_ci_low"] <= 2.0 <= two["final_return_mean_ci_high"]
+
+
+@pytest.mark.parametrize(
+    ("point", "low", "high", "text"),
+    [
+        (1234.56, 1200.0, 1260.34, "1,234.6 [1,200.0, 1,260.3]"),
+        (150.0, 150.0, 150.0, "150.0 [150.0, 150.0]"),  # every seed alike: a real interval
+        (-83.44, float("nan"), float("nan"), "-83.4 (one seed: no interval)"),
+        (5.0, None, None, "5.0 (one seed: no interval)"),  # a JSON record's null
+        (float("nan"), float("nan"), float("nan"), "–"),
+        (None, None, None, "–"),
+    ],
+)
+def test_estimate_text_reads_a_score_and_its_interval_or_says_there_is_none(point, low, high, text):
+    assert stats.estimate_text(point, low, high) == text
+
+
 def test_few_seeds_warning():
     assert stats.few_seeds_warning(10) is None and stats.few_seeds_warning(5) is None
     assert "Only 3 seeds" in stats.few_seeds_warning(3)

@@ -338,6 +338,7 @@ def summary(args: argparse.Namespace) -> int:
 def _print_grid(cells: Any, x: str, y: str, score: str) -> None:
     """The two-axis grid: rows ``y``, columns ``x``, each cell ``IQM [low, high]`` marked."""
     from gae_core.insight.grid import MARKS, SCORES, axis_values, best_cell_sentence
+    from gae_core.insight.stats import estimate_text
 
     xs, ys = axis_values(cells, x), axis_values(cells, y)
     by = {(r[x], r[y]): r for r in cells.to_dict("records")}
@@ -351,17 +352,13 @@ def _print_grid(cells: Any, x: str, y: str, score: str) -> None:
                 row.append("–")
                 continue
             mark = "★" if r["best"] else "≈" if r["not_distinguishable"] else ""
-            low, high = _number(r["iqm_ci_low"]), _number(r["iqm_ci_high"])
-            row.append(f"{mark}{_number(r['iqm'])} [{low}, {high}]")
+            row.append(mark + estimate_text(r["iqm"], r["iqm_ci_low"], r["iqm_ci_high"]))
         print((f"{format_value(yv):>10}  " + "".join(f"{c:<26}" for c in row)).rstrip())
     print(best_cell_sentence(cells, x, y, assignment) + ".")
     print(" ".join(MARKS.values()))
 
 
-def _number(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.1f}"
-
-
 def _cell(score: dict[str, Any], name: str) -> str:
-    low, high = score[f"{name}_ci_low"], score[f"{name}_ci_high"]
-    return f"{_number(score[name])} [{_number(low)}, {_number(high)}]"
+    from gae_core.insight.stats import estimate_text  # scipy: imported when a table is printed
+
+    return estimate_text(score[name], score[f"{name}_ci_low"], score[f"{name}_ci_high"])

@@ -12,7 +12,7 @@ from gae_core.inert import plotly_text
 from gae_core.insight.compare import BAND_METHODS
 from gae_core.insight.grid import MARKS as GRID_MARKS
 from gae_core.insight.grid import SCORES as GRID_SCORES
-from gae_core.insight.stats import CONFIDENCE_TEXT
+from gae_core.insight.stats import CONFIDENCE_TEXT, estimate_text
 from gae_core.labels import assignment, format_value, label
 
 __all__ = ["PALETTE", "comparison_figure", "grid_figure", "improvement_figure", "profile_figure"]
@@ -225,10 +225,10 @@ def grid_figure(cells: pd.DataFrame, x: str, y: str) -> tuple[go.Figure, pd.Data
         mark = "★ " if row["best"] else "≈ " if row["not_distinguishable"] else ""
         text[i, j] = f"{mark}{row['iqm']:,.4g}"
         hover[i, j] = (
-            f"{assignment(x, row[x])}, {assignment(y, row[y])}<br>IQM {row['iqm']:,.1f} "
-            f"[{row['iqm_ci_low']:,.1f}, {row['iqm_ci_high']:,.1f}]<br>mean "
-            f"{row['mean']:,.1f} [{row['mean_ci_low']:,.1f}, {row['mean_ci_high']:,.1f}]<br>"
-            f"{row['seeds']} seeds"
+            f"{assignment(x, row[x])}, {assignment(y, row[y])}<br>IQM "
+            f"{estimate_text(row['iqm'], row['iqm_ci_low'], row['iqm_ci_high'])}<br>mean "
+            f"{estimate_text(row['mean'], row['mean_ci_low'], row['mean_ci_high'])}<br>"
+            f"{row['seeds']} {'seed' if row['seeds'] == 1 else 'seeds'}"
             + (f"<br>{GRID_MARKS['best']}" if row["best"] else "")
             + (f"<br>{GRID_MARKS['not_distinguishable']}" if row["not_distinguishable"] else "")
         )

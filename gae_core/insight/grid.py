@@ -167,12 +167,8 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
         f"{assignment(x, r[x])}, {assignment(y, r[y])}" for r in best.to_dict("records")
     )
     first = best.iloc[0]
-    interval = (
-        "one seed: no interval"
-        if first["seeds"] < 2  # a bootstrap of one value prints [x, x]: no interval at all
-        else f"[{first['iqm_ci_low']:,.1f}, {first['iqm_ci_high']:,.1f}]"
-    )
-    text = f"Best: {names} (IQM {first['iqm']:,.1f} {interval})"
+    estimate = stats.estimate_text(first["iqm"], first["iqm_ci_low"], first["iqm_ci_high"])
+    text = f"Best: {names} (IQM {estimate})"
     tied = int(table["not_distinguishable"].sum())
     others = len(table) - len(best)
     if int(table["seeds"].min()) < 2:

@@ -319,7 +319,9 @@ def group_summary(
 ) -> pd.DataFrame:
     """One row per group value: ``<group>``, ``seeds`` and, for every score column c,
     ``c_iqm, c_iqm_ci_low, c_iqm_ci_high, c_mean, c_mean_ci_low, c_mean_ci_high``.
-    ``scores`` holds one row per seed."""
+    ``scores`` holds one row per seed. A score with one seed in a group has no interval (NaN
+    bounds, as :func:`probability_of_improvement` gives): a bootstrap of one value is
+    ``[x, x]``, which reads as certainty where nothing of the seeds' spread is known."""
     rows = []
     for key, frame in scores.groupby(group, sort=True):
         row: dict[str, Any] = {group: key, "seeds": len(frame)}
@@ -329,10 +331,31 @@ def group_summary(
                     frame[column].to_numpy(), name, confidence=confidence,
                     resamples=resamples, seed=seed,
                 )  # fmt: skip
+                if len(_finite(frame[column].to_numpy())) < 2:
+                    low = high = np.nan
                 row |= {f"{column}_{name}": point, f"{column}_{name}_ci_low": low,
                         f"{column}_{name}_ci_high": high}  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: How a score reads where its group has one seed (:func:`group_summary`'s NaN bounds).
+NO_INTERVAL = "one seed: no interval"
+
+
+def estimate_text(point: float | None, low: float | None, high: float | None) -> str:
+    """A score and its interval as every table of them prints it, to one decimal with
+    thousands separators: ``1,234.5 [1,200.0, 1,260.3]``; ``1,234.5 (one seed: no
+    interval)`` where the bounds are missing (NaN or None); ``–`` where the score is."""
+
+    def missing(value: float | None) -> bool:
+        return value is None or value != value
+
+    if missing(point):
+        return "–"
+    if missing(low) or missing(high):
+        return f"{point:,.1f} ({NO_INTERVAL})"
+    return f"{point:,.1f} [{low:,.1f}, {high:,.1f}]"
 
 
 def best_group_sentence(
