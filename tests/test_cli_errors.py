@@ -105,6 +105,31 @@ def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
     assert not (tmp_path / DB_FILENAME).exists()
 
 
+def test_train_names_every_bad_flag_at_once_one_a_line_and_takes_no_abbreviation(tmp_path):
+    """As the Train form lists every bad field, so does ``train``: one ``error:`` line each,
+    in the flags' order, and no run is created."""
+    bad = cli_in_process(tmp_path, "train", "--gamma", "2", "--seed", "-1", "--num-envs", "0",
+                         "--max-grad-norm", "-0.5")  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == [
+        "error: --num-envs: num_envs must be an integer in [1, 1024], got 0",
+        "error: --gamma: gamma must be in [0.0, 1.0], got 2.0",
+        "error: --max-grad-norm: max_grad_norm must be in [0.0, 1000000.0], got -0.5",
+        "error: --seed: seed must be an integer in [0, 2147483647], got -1",
+    ]
+    # the check that spans fields is said with the others
+    ppo = cli_in_process(tmp_path, "train", "--algo", "ppo", "--num-envs", "2",
+                         "--rollout-steps", "4", "--minibatch-size", "9", "--gamma", "-1")  # fmt: skip
+    lines = ppo.stderr.splitlines()
+    assert ppo.returncode == 2 and len(lines) == 2, lines
+    assert lines[0] == "error: --gamma: gamma must be in [0.0, 1.0], got -1.0"
+    assert lines[1].startswith("error: --minibatch-size: minibatch_size must be at most")
+    # an abbreviation is refused, not read as the one flag it starts (--lr-schedule)
+    short = cli_in_process(tmp_path, "train", "--lr", "3e-4")
+    assert short.returncode == 2 and "unrecognized arguments: --lr 3e-4" in short.stderr
+    assert not (tmp_path / DB_FILENAME).exists()
+
+
 @pytest.mark.slow
 def test_delete_force_stops_a_running_run_and_its_process_exits_0(tmp_path):
     proc = subprocess.Popen(

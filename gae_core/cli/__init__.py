@@ -281,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="even if it is active: stop it first, then delete"
     )
     delete.set_defaults(handler=commands.delete)
+    # no abbreviated flags: argparse read `train --lr 3e-4` as --lr-schedule (the one flag
+    # starting so), and a flag added later would change what an abbreviation means
+    for command in (parser, *sub.choices.values()):
+        command.allow_abbrev = False
     return parser
 
 
@@ -297,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             use_env_modules(named)  # EnvModuleError (a ValueError): one line, exit 2
         return handler(args)
     except (ConfigError, commands.UsageError, ValueError) as exc:
-        print(f"error: {terminal_text(commands.name_flag(str(exc)))}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # every problem named: one line each
+            print(f"error: {terminal_text(commands.name_flag(line))}", file=sys.stderr)
         return commands.EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

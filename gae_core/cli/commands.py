@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_spec
+from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_problems, field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError, StoreError
@@ -52,8 +52,8 @@ def name_flag(message: str) -> str:
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
     """The preset of the env and algorithm (:mod:`gae_core.agent.presets`, CartPole-v1 and A2C
-    when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming the
-    field for a bad value."""
+    when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming every
+    bad field, one a line in the flags' order (the Train form lists them all at once too)."""
     values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
     for name, value in values.items():
         if FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
@@ -61,7 +61,13 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
     values.update(overrides)
     env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
     algo = values.get("algo", FIELD_SPECS["algo"].default)
-    return TrainConfig(**{**preset_values(env_id, algo), **values})
+    values = {**preset_values(env_id, algo), **values}
+    problems = field_problems(values)
+    if problems:
+        order = list(FIELD_SPECS)
+        named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
+        raise ConfigError("\n".join(problems[name] for name in named))
+    return TrainConfig(**values)
 
 
 def open_store(args: argparse.Namespace) -> RunStore:
