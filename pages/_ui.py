@@ -100,17 +100,25 @@ def _texts(value: Any) -> list[str]:
 def to_url(**selection: Any) -> None:
     """Write the page's selection into the URL (``run=…&policy=…``; a list as repeated keys,
     an empty list as none: nothing chosen) and the session's context; a parameter that
-    already holds the value is left alone."""
+    already holds the value is left alone.
+
+    Every change of one call goes in one update: the browser adds a history entry for each
+    URL Streamlit sends, so four parameters written one by one made the Back button step
+    through three half-written URLs before the page before. A page writes its whole
+    selection in one call for the same reason."""
     context = st.session_state.setdefault(_CONTEXT, {})
     written = st.session_state.setdefault(_WRITTEN, {})
     if "run" in selection and context.get("run") != _texts(selection["run"]):
         for name in _PER_RUN:  # another run's checkpoints and trajectory mean nothing here
             context.pop(name, None)
+    changes: dict[str, Any] = {}
     for name, value in selection.items():
         texts = _texts(value)
         context[name] = written[name] = texts
         if st.query_params.get_all(name) != texts:
-            st.query_params[name] = texts if isinstance(value, list | tuple) else texts[0]
+            changes[name] = texts if isinstance(value, list | tuple) else texts[0]
+    if changes:
+        st.query_params.update(changes)
 
 
 @st.cache_resource

@@ -279,17 +279,17 @@ if "cmp.source" not in st.session_state:  # a link naming a sweep or runs says w
     wanted = named
     st.session_state["cmp.source"] = next(k for k, v in SOURCES.items() if v == wanted)
 source = st.radio("runs", list(SOURCES), horizontal=True, key="cmp.source")
-_ui.to_url(source=SOURCES[source])
 if source == "a sweep":
     sweep_list = store.list_sweeps()
     if not sweep_list:
+        _ui.to_url(source=SOURCES[source])
         st.info("No sweeps yet: launch one, or pick runs.")
         st.stop()
     ids = [s.id for s in sweep_list]
     if st.session_state.get("cmp.sweep_pick") not in ids:
         st.session_state["cmp.sweep_pick"] = _ui.from_url("sweep", ids, ids[0])
     sweep_id = st.selectbox("sweep", ids, format_func=sweep_name, key="cmp.sweep_pick")
-    _ui.to_url(sweep=sweep_id)
+    picked_in_url = {"sweep": sweep_id}
     run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
     first_axis, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
 else:
@@ -298,7 +298,7 @@ else:
     if "cmp.runs" not in st.session_state:
         st.session_state["cmp.runs"] = _ui.all_from_url("run", list(all_runs), [])
     run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
-    _ui.to_url(run=run_ids)
+    picked_in_url = {"run": run_ids}
 fields = [name for name in FIELD_SPECS if name != "seed"]
 options = st.columns([2, 1.5, 2, 1.5, 2.5])  # the heat map's axis box reads whole
 # the URL's grouping, else the sweep's own axis (not an earlier comparison's grouping)
@@ -308,7 +308,7 @@ group = options[0].selectbox(
     index=fields.index(wanted_group if wanted_group in fields else "lambda_"),
     format_func=label, key="cmp.group",
 )  # fmt: skip
-_ui.to_url(group=group)
+_ui.to_url(source=SOURCES[source], **picked_in_url, group=group)  # one history entry
 seconds = [None, *(f for f in fields if f != group)]
 second = options[4].selectbox(
     "heat map: second axis", seconds, index=seconds.index(other_axis if other_axis in seconds

@@ -786,6 +786,17 @@ def test_a_pasted_link_opens_the_same_view_and_measure_carries_it_to_the_lab(
         expect(
             page.locator(".st-key-ex-policy input"), f"the explorer's policy box: {steps[0]:,}"
         ).to_have_value(f"{steps[0]:,}", timeout=30_000)
+
+        # the sidebar's way to the lab adds two history entries (the page, then its whole
+        # selection in one write), not one per parameter: Back leaves the lab in two steps
+        # (it took five when run, policy, critic and view were written one by one)
+        before = page.evaluate("history.length")
+        page.locator('[data-testid="stSidebarNav"] a', has_text="Estimator lab").first.click()
+        for part in (f"run={recorded_run}", "critic=", "view="):
+            expect(page, f"the lab's URL holds {part}").to_have_url(holds(part), timeout=30_000)
+        page.locator(".st-key-lab-policy").wait_for(timeout=30_000)
+        wait_idle(page)
+        assert page.evaluate("history.length") - before <= 2
     finally:
         context.close()
 

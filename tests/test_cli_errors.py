@@ -118,8 +118,8 @@ def test_train_names_every_bad_flag_at_once_one_a_line_and_takes_no_abbreviation
         "error: --seed: seed must be an integer in [0, 2147483647], got -1",
     ]
     # the check that spans fields is said with the others
-    ppo = cli_in_process(tmp_path, "train", "--algo", "ppo", "--num-envs", "2",
-                         "--rollout-steps", "4", "--minibatch-size", "9", "--gamma", "-1")  # fmt: skip
+    ppo = cli_in_process(tmp_path, "train", "--algo", "ppo", "--num-envs", "2", "--rollout-steps",
+                         "4", "--minibatch-size", "9", "--gamma", "-1")  # fmt: skip
     lines = ppo.stderr.splitlines()
     assert ppo.returncode == 2 and len(lines) == 2, lines
     assert lines[0] == "error: --gamma: gamma must be in [0.0, 1.0], got -1.0"
