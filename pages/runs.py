@@ -127,11 +127,16 @@ def runs_view() -> None:
         actions = st.columns([3, 1, 1])
         new_name = actions[0].text_input("name", value=run.name, key=f"runs.name.{run.id}")
 
-        if actions[1].button("Rename", key="runs.rename", disabled=new_name.strip() == run.name):
-            # kept in state: the dialog stays open, with the id it was opened for, until it is
-            # answered, whatever the table's selection does meanwhile
-            st.session_state["runs.renaming"] = (run.id, run.name, new_name)
-            st.rerun()  # the whole page: the dialogs are drawn outside this fragment
+        # never disabled by the box's value: a text box sends what was typed only when it
+        # loses focus, so a button disabled until then took the first click as that blur
+        if actions[1].button("Rename", key="runs.rename"):
+            if new_name.strip() == run.name:
+                st.info("Type the new name in the box, then press Rename.")
+            else:
+                # kept in state: the dialog stays open, with the id it was opened for, until
+                # it is answered, whatever the table's selection does meanwhile
+                st.session_state["runs.renaming"] = (run.id, run.name, new_name)
+                st.rerun()  # the whole page: the dialogs are drawn outside this fragment
         if actions[2].button("Delete", key="runs.delete", disabled=run.active):
             st.session_state["runs.deleting"] = (run.id, run.name)
             st.rerun()

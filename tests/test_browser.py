@@ -613,6 +613,17 @@ def test_runs_page_lists_the_runs_and_opens_one(app_page, app_server):
     wait_idle(page)
     assert page.locator('[data-testid="stException"]').count() == 0
     screenshot(page, "runs")
+    # one click on Rename right after typing opens its dialog (the box sends its value as it
+    # loses focus: a button disabled until then took that first click and did nothing)
+    page.locator(f".st-key-runs-name-{runs[0].id} input").fill("a name typed just now")
+    page.locator(".st-key-runs-rename button").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog, "the Rename dialog after one click").to_contain_text(
+        "a name typed just now", timeout=15_000
+    )
+    page.keyboard.press("Escape")  # dismissed: nothing renamed
+    dialog.wait_for(state="detached", timeout=15_000)
+    assert store.get_run(runs[0].id).name == runs[0].name
 
 
 def test_csv_downloads_are_not_lost_to_live_refreshes(app_page, app_server):

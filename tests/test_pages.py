@@ -567,6 +567,12 @@ def test_rename_confirms_and_retention_thins_checkpoints(data_dir):
         "selection": {"rows": [0], "columns": [], "cells": []}
     }
     at.run()
+    # the button is live before the box is (a text box sends its value when it loses focus:
+    # a button disabled until then took the first click as that blur); unchanged, it says so
+    assert not at.button(key="runs.rename").disabled
+    at.button(key="runs.rename").click().run()
+    assert "Type the new name in the box, then press Rename." in [i.value for i in at.info]
+    assert "runs.renaming" not in at.session_state
     at.text_input(key=f"runs.name.{run_id}").set_value("after").run()
     at.button(key="runs.rename").click().run()
     assert store.get_run(run_id).name == "before"  # nothing until confirmed
