@@ -172,7 +172,7 @@ st.caption(
 made_by = {"run_id": run_id, "policy_step": policy_step, "critic_step": critic_step,
            "trajectory": source if fresh_seed is None else f"fresh recording, seed {fresh_seed}",
            "gamma": gamma}  # fmt: skip
-row = st.columns([2, 2, 2, 3])
+row = st.columns([1.7, 1.4, 1.3, 3.6])  # the lab button's label whole at 1400 px
 with row[0]:
     _ui.csv_button("Per-step table CSV", frames["steps"], "advantages.csv", "ex.csv",
                    made_by)  # fmt: skip

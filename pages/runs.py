@@ -34,7 +34,7 @@ table = runs_frame(store.list_runs())
 if table.empty:
     st.info("No runs in the store yet. Start one on the Train page.")
     st.stop()
-filters = st.columns([2, 2, 3, 1], vertical_alignment="bottom")
+filters = st.columns([2, 2, 2.6, 1.4], vertical_alignment="bottom")  # CSV link: one line
 statuses = filters[0].multiselect(
     "status", list(STATUSES), default=_ui.all_from_url("status", list(STATUSES), []),
     key="runs.status",

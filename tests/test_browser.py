@@ -839,16 +839,21 @@ def test_a_lab_job_left_running_shows_in_the_sidebar_with_a_way_back(
     assert wait_until(lambda: len(store.lab_records(recorded_run)) >= 1, 120)
 
 
-# Text the page cuts off: widget labels, formulas and captions whose content is wider than
-# their box by more than KaTeX's sub- and superscript overhang (3 px), each with its widths.
+# Text the page cuts off: widget labels, button labels (an ellipsis), formulas and captions
+# whose content is wider than their box by more than KaTeX's sub- and superscript overhang
+# (3 px), each with its widths; and download links broken over two lines.
 CUT_OFF_JS = r"""() => {
   const sel = '[data-testid="stWidgetLabel"] p, [data-testid="stWidgetLabel"] div, ' +
               '.katex-display, [data-testid="stCaptionContainer"], ' +
-              '[data-testid="stMarkdownContainer"] p';
-  return Array.from(document.querySelectorAll(sel))
+              '[data-testid="stMarkdownContainer"] p, button [data-testid="stMarkdownContainer"]';
+  const cut = Array.from(document.querySelectorAll(sel))
     .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 3)
     .map(e => `${e.innerText.replace(/\s+/g, ' ').slice(0, 60)} ` +
               `(${e.scrollWidth} > ${e.clientWidth})`);
+  const wrapped = Array.from(document.querySelectorAll('a[download]'))
+    .filter(e => e.offsetParent !== null && e.getClientRects().length > 1)
+    .map(e => `${e.innerText} (a link on ${e.getClientRects().length} lines)`);
+  return cut.concat(wrapped);
 }"""
 
 
