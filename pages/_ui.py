@@ -16,6 +16,7 @@ import streamlit as st
 
 from gae_core import metrics as M
 from gae_core.agent.config import FIELD_SPECS, FieldSpec
+from gae_core.agent.field_spec import echo
 from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.env_modules import registered_env_ids
 from gae_core.errors import StoreError
@@ -91,6 +92,27 @@ def all_from_url(name: str, options: Sequence[_T], fallback: list[_T]) -> list[_
     by_text = {str(option): option for option in options}
     chosen = [by_text[text] for text in _wanted(name) if text in by_text]
     return list(dict.fromkeys(chosen)) or fallback
+
+
+def say_if_linked_run_missing(ids: Sequence[str], shown: str, lacking: str) -> None:
+    """An info line where the URL's ``?run=`` names a run that is not among ``ids`` (the runs
+    this page can open): the page opens on ``shown`` instead, and says why rather than
+    switching silently. Either this data folder holds no such run (deleted, or a link from
+    another folder), or it does and ``lacking`` says what the page needs that it lacks. Only
+    the URL counts: the session's context names a deleted run after the Runs page's Delete,
+    and that is no link to explain."""
+    named = st.query_params.get_all("run")[:1]
+    if not named or named[0] in ids:
+        return
+    quoted = echo(named[0])  # typed or pasted: quoted, cut short if long
+    try:
+        store().get_run(named[0])
+    except StoreError:
+        why = f"this data folder holds no run {quoted} (deleted, or a link from another folder)"
+    else:
+        why = f"run {quoted} {lacking}"
+    st.info(markdown_text(f"The link names a run this page cannot open: {why}. Showing {shown}."),
+            icon=":material/link_off:")  # fmt: skip
 
 
 def _texts(value: Any) -> list[str]:

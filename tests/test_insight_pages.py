@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -395,6 +396,12 @@ def saved_as_picked(handed: dict, run_ids) -> dict:
     picked = {name: frame for name, frame in handed.items() if name.startswith("runs-")}
     assert picked and all(name.startswith(lead) for name in picked), (lead, list(handed))
     return {name.removeprefix(lead): frame for name, frame in picked.items()}
+
+
+def said_plain(text: str) -> str:
+    """Markdown text as the page shows it: its escapes (and the word joiners that keep a
+    link-like text from being linked) taken off."""
+    return re.sub(r"\\(.)", r"\1", text).replace("\u2060", "")
 
 
 def _array(value):
@@ -801,6 +808,7 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     at.switch_page("pages/explorer.py").run()
     assert not at.exception
     assert at.selectbox(key="ex.run").value == recorded_run  # not the newest run
+    assert not any(i.value.startswith("The link names") for i in at.info)  # it opened it
     assert at.selectbox(key="ex.policy").value == steps[1]
     assert at.selectbox(key="ex.critic").value == steps[0]
     assert slider_start(at) == pytest.approx(0.3)
@@ -851,6 +859,30 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert not fresh.exception
     assert fresh.selectbox(key="ex.run").value == newest
     assert fresh.selectbox(key="ex.policy").value == store.checkpoint_steps(newest)[-1]
+    # … and says so, rather than switching runs silently
+    (note,) = [i.value for i in fresh.info if i.value.startswith("The link names")]
+    shown = _ui.run_label(store.get_run(newest))
+    assert said_plain(note) == ("The link names a run this page cannot open: this data folder "
+                                "holds no run 'no-such-run' (deleted, or a link from another "
+                                f"folder). Showing {shown}.")  # fmt: skip
+    # a run the store holds but the page cannot open: what it lacks
+    bare = store.create_run({**TINY}, name="no checkpoints")
+    for page, lacking in (("explorer", "has no recorded trajectory to explore"),
+                          ("lab", "has no readable checkpoint to replay")):  # fmt: skip
+        linked = AppTest.from_file("../dashboard.py", default_timeout=60)
+        linked.query_params.update(run=bare)
+        linked.run()
+        linked.switch_page(f"pages/{page}.py").run()
+        assert not linked.exception
+        notes = [said_plain(i.value) for i in linked.info if i.value.startswith("The link")]
+        assert notes == [f"The link names a run this page cannot open: run '{bare}' {lacking}. "
+                         f"Showing {_ui.run_label(store.get_run(newest))}."], page  # fmt: skip
+    # the Train page lists every stored run: a deleted one's link
+    gone = AppTest.from_file("../dashboard.py", default_timeout=60)
+    gone.query_params.update(run="0123456789ab")
+    gone.run()
+    gone.switch_page("pages/train.py").run()
+    assert any("holds no run '0123456789ab'" in said_plain(i.value) for i in gone.info)
     pasted = AppTest.from_file("../dashboard.py", default_timeout=60)  # a link to the Runs page
     pasted.query_params.update(run=recorded_run)
     pasted.run()
