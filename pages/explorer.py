@@ -139,10 +139,13 @@ t = knobs[1].slider(
     "its segment.",
 )  # fmt: skip
 _ui.to_url(run=run_id, policy=policy_step, critic=critic_step, trajectory=source)
+# defaults through Session State, as the per-run boxes': `_sorted` sets these keys, and a
+# widget with a default argument whose key the API set logs Streamlit's warning about both
+_start_at("ex.pinned", [1.0])  # λ = 0 is δ itself: pinning it would draw δ twice
+_start_at("ex.ks", [10])  # Â^(1) is δ itself
 pinned = knobs[2].multiselect(
     f"pinned {LAMBDA} (overlay)",
     [float(x) for x in explorer.LAMBDA_GRID],
-    default=[1.0],  # λ = 0 is δ itself: pinning it would draw δ twice
     key="ex.pinned",
     on_change=_sorted,
     args=("ex.pinned",),
@@ -150,7 +153,6 @@ pinned = knobs[2].multiselect(
 ks = knobs[3].multiselect(
     "k-step horizons k",
     [1, 2, 3, 5, 10, 20, 50, 100, 200, 500],
-    default=[10],  # Â^(1) is δ itself
     key="ex.ks",
     on_change=_sorted,
     args=("ex.ks",),
