@@ -144,7 +144,31 @@ def test_explorer_starts_each_run_at_its_own_gamma_lambda_and_last_checkpoint(
 @pytest.mark.slow
 def test_explorer_draws_each_estimator_once_and_keeps_chips_sorted(recorded_run):
     """By default δ is drawn once: Â^(1) and GAE λ = 0 are δ itself, so neither is on by
-    default; pinned λ and k chips stay in value order (the order of the lines' colours)."""
+    default; pinned λ and k chips stay in value order (the order of the lines' colours), and
+    keeping them so draws no Streamlit warning about a default set twice."""
+    import logging
+
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    keep = Keep()
+    streamlit_log = logging.getLogger("streamlit")  # (Streamlit's loggers do not propagate)
+    loggers = [streamlit_log, *(logging.getLogger(n) for n in logging.root.manager.loggerDict
+                                if n.startswith("streamlit."))]  # fmt: skip
+    for logger in loggers:
+        logger.addHandler(keep)
+    try:
+        _draw_each_estimator_once_and_keep_chips_sorted()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(keep)
+    assert not [m for m in logged if "default value but also had its value set" in m], logged
+
+
+def _draw_each_estimator_once_and_keep_chips_sorted() -> None:
     at = app("pages/explorer.py")
     chart = next(c for c in at.get("plotly_chart") if "Advantage estimates" in c.proto.spec)
     names = [d.get("name") for d in json.loads(chart.proto.spec)["data"]]
