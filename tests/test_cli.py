@@ -253,6 +253,8 @@ def test_sweep_json(tmp_path):
     lines = table.stdout.splitlines()
     assert [line.split()[0] for line in lines[2:4]] == ["0.9", "1"]
     assert all(line.count("(one seed: no interval)") == 4 for line in lines[2:4])
+    # each cell apart from the next (they ran together when the words outgrew the column)
+    assert all(line.count("interval)  ") == 3 for line in lines[2:4]), lines[2:4]
     assert lines[-1].startswith("methods: 2 runs of A2C with GAE, λ ∈ {0.9, 1}, 1 seed per")
     assert "per value. Shared by every run: algo=a2c, env_id=CartPole-v1" in lines[-1]
     assert "critic_target=fixed_lambda, critic_lambda=0.95" in lines[-1]

@@ -85,7 +85,7 @@ def test_one_seed_per_cell_marks_no_cell_as_distinguishable_or_not():
     assert "one seed in a cell gives no interval" in sentence
     assert "lies apart" not in sentence
     top = table[table.best].iloc[0]
-    assert f"(IQM {top['iqm']:,.1f} (one seed: no interval))" in sentence  # no [x, x]
+    assert f"(IQM {top['iqm']:,.1f}; one seed: no interval)" in sentence  # no [x, x]
     # no cell has an interval (not one of a single value, [x, x]): in the CSV an empty cell,
     # on hover the words
     bounds = ["iqm_ci_low", "iqm_ci_high", "mean_ci_low", "mean_ci_high"]
@@ -132,6 +132,18 @@ def test_steps_to_threshold_is_lower_is_better_and_censors_never_solved_seeds():
     assert stopped["iqm"] == 120.0 and stopped["solved_fraction"] == 0.0
     assert fast["best"] and not never["best"] and not stopped["best"]
     assert not never["not_distinguishable"]
+    # no run reached the threshold anywhere: every cell is the study's end, none is best
+    unsolved = episodes[episodes["lambda_"] != 0.9]
+    table = cell_table(unsolved, "lambda_", "gamma", score="steps_to_threshold",
+                       threshold=40.0, final_window=2)  # fmt: skip
+    assert (table["iqm"] == 120.0).all() and not table["best"].any()
+    assert not table["not_distinguishable"].any()
+    assert best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}") == (
+        "No run reached the env's threshold: every cell's score is the study's last step "
+        "(censored), so no cell is best"
+    )
+    figure, _ = grid_figure(table, "lambda_", "gamma")
+    assert not any("★" in t for row in figure.data[0].text for t in row)
     with pytest.raises(ValueError, match="needs the env's reward threshold"):
         cell_table(episodes, "lambda_", "gamma", score="steps_to_threshold")
     with pytest.raises(ValueError, match="score must be one of"):

@@ -321,14 +321,17 @@ def summary(args: argparse.Namespace) -> int:
     columns = ("final return IQM", "final return mean", "AUC IQM", "AUC mean")
     several = any(e["runs"] != e["seeds"] for e in records)  # a seed's runs averaged
     counts = f"{'seeds':>6}" + (f"{'runs':>6}" if several else "")
-    head = f"{label(group):>10}{counts}  " + "".join(f"{c + ' [CI]':<27}" for c in columns)
-    print(head.rstrip())
+    rows = []
     for entry in records:
         final, auc = entry["final_return"], entry["auc"]
         cells_ = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
-        counts = f"{entry['seeds']:>6}" + (f"{entry['runs']:>6}" if several else "")
-        row = f"{format_value(entry['value']):>10}{counts}  "
-        print((row + "".join(f"{c:<27}" for c in cells_)).rstrip())
+        seeds = f"{entry['seeds']:>6}" + (f"{entry['runs']:>6}" if several else "")
+        rows.append((f"{format_value(entry['value']):>10}{seeds}  ", cells_))
+    heads = [f"{c} [CI]" for c in columns]
+    width = 2 + max(len(c) for c in heads + [c for _, cells_ in rows for c in cells_])
+    print((f"{label(group):>10}{counts}  " + "".join(f"{c:<{width}}" for c in heads)).rstrip())
+    for lead, cells_ in rows:  # as wide as the widest cell: one seed's words are long
+        print((lead + "".join(f"{c:<{width}}" for c in cells_)).rstrip())
     if cells is not None:
         _print_grid(cells, group, second, args.score)
     print(f"\nmethods: {terminal_text(methods_text(methods))}")
@@ -343,7 +346,7 @@ def _print_grid(cells: Any, x: str, y: str, score: str) -> None:
     xs, ys = axis_values(cells, x), axis_values(cells, y)
     by = {(r[x], r[y]): r for r in cells.to_dict("records")}
     print(f"\n{label(y)} × {label(x)}: IQM of {SCORES[score][0]} [CI]")
-    print(f"{label(y) + ' / ' + label(x):>10}  " + "".join(f"{format_value(v):<26}" for v in xs))
+    grid = []
     for yv in ys:
         row = []
         for xv in xs:
@@ -353,7 +356,12 @@ def _print_grid(cells: Any, x: str, y: str, score: str) -> None:
                 continue
             mark = "★" if r["best"] else "≈" if r["not_distinguishable"] else ""
             row.append(mark + estimate_text(r["iqm"], r["iqm_ci_low"], r["iqm_ci_high"]))
-        print((f"{format_value(yv):>10}  " + "".join(f"{c:<26}" for c in row)).rstrip())
+        grid.append(row)
+    width = 2 + max(len(c) for c in [*(format_value(v) for v in xs), *(c for r in grid for c in r)])
+    heads = "".join(f"{format_value(v):<{width}}" for v in xs)
+    print(f"{label(y) + ' / ' + label(x):>10}  " + heads)
+    for yv, row in zip(ys, grid, strict=True):
+        print((f"{format_value(yv):>10}  " + "".join(f"{c:<{width}}" for c in row)).rstrip())
     print(best_cell_sentence(cells, x, y, assignment) + ".")
     print(" ".join(MARKS.values()))
 

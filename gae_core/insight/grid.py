@@ -118,14 +118,20 @@ def cell_table(
     if threshold is not None:
         solved = runs.groupby(CELL, sort=True)["solved_at_step"]
         table["solved_fraction"] = solved.apply(lambda s: float(s.notna().mean())).to_numpy()
-    _mark(table, higher=SCORES[score][1])
+    # a cell none of whose runs reached the threshold scores the study's end (censored): a
+    # value of the study's length, not of the cell, so it is never best (every cell tied at
+    # the end was "best" when no run solved)
+    ranked = table["solved_fraction"].to_numpy() > 0 if score == "steps_to_threshold" else None
+    _mark(table, higher=SCORES[score][1], ranked=ranked)
     return table.drop(columns=CELL)
 
 
-def _mark(table: pd.DataFrame, *, higher: bool) -> None:
+def _mark(table: pd.DataFrame, *, higher: bool, ranked: np.ndarray | None = None) -> None:
     sign = 1.0 if higher else -1.0
     key = np.column_stack([sign * table["iqm"], sign * table["mean"]])
     finite = np.isfinite(key).all(axis=1)
+    if ranked is not None:
+        finite &= ranked
     table["best"] = False
     table["not_distinguishable"] = False
     if not finite.any():
@@ -160,6 +166,10 @@ def cell_records(table: pd.DataFrame, x: str, y: str) -> list[dict[str, Any]]:
 
 def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> str:
     """The best cell and how many cells it cannot be told apart from, in words."""
+    if not table.empty and table["score"].iloc[0] == "steps_to_threshold":
+        if not (table["solved_fraction"] > 0).any():
+            return ("No run reached the env's threshold: every cell's score is the study's "
+                    "last step (censored), so no cell is best")  # fmt: skip
     if table.empty or not table["best"].any():
         return "No scores yet."
     best = table[table["best"]]
@@ -167,7 +177,10 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
         f"{assignment(x, r[x])}, {assignment(y, r[y])}" for r in best.to_dict("records")
     )
     first = best.iloc[0]
-    estimate = stats.estimate_text(first["iqm"], first["iqm_ci_low"], first["iqm_ci_high"])
+    if first["iqm_ci_low"] == first["iqm_ci_low"]:  # (NaN: one seed)
+        estimate = stats.estimate_text(first["iqm"], first["iqm_ci_low"], first["iqm_ci_high"])
+    else:  # not "(IQM 146.3 (one seed: no interval))"
+        estimate = f"{first['iqm']:,.1f}; {stats.NO_INTERVAL}"
     text = f"Best: {names} (IQM {estimate})"
     tied = int(table["not_distinguishable"].sum())
     others = len(table) - len(best)
