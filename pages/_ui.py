@@ -94,25 +94,25 @@ def all_from_url(name: str, options: Sequence[_T], fallback: list[_T]) -> list[_
     return list(dict.fromkeys(chosen)) or fallback
 
 
-def say_if_linked_run_missing(ids: Sequence[str], shown: str, lacking: str) -> None:
-    """An info line where the URL's ``?run=`` names a run that is not among ``ids`` (the runs
-    this page can open): the page opens on ``shown`` instead, and says why rather than
-    switching silently. Either this data folder holds no such run (deleted, or a link from
-    another folder), or it does and ``lacking`` says what the page needs that it lacks. Only
-    the URL counts: the session's context names a deleted run after the Runs page's Delete,
-    and that is no link to explain."""
-    named = st.query_params.get_all("run")[:1]
+def say_if_linked_missing(ids: Sequence[str], shown: str, lacking: str, what: str = "run") -> None:
+    """An info line where the URL's ``?run=`` (``what="sweep"``: ``?sweep=``) names a run or
+    sweep that is not among ``ids`` (those this page can open): the page opens on ``shown``
+    instead, and says why rather than switching silently. Either this data folder holds no
+    such run or sweep (deleted, or a link from another folder), or it does and ``lacking`` says
+    what the page needs that it lacks. Only the URL counts: the session's context names a
+    deleted run after the Runs page's Delete, and that is no link to explain."""
+    named = st.query_params.get_all(what)[:1]
     if not named or named[0] in ids:
         return
     quoted = echo(named[0])  # typed or pasted: quoted, cut short if long
     try:
-        store().get_run(named[0])
+        (store().get_run if what == "run" else store().get_sweep)(named[0])
     except StoreError:
-        why = f"this data folder holds no run {quoted} (deleted, or a link from another folder)"
+        why = f"this data folder holds no {what} {quoted} (deleted, or a link from another folder)"
     else:
-        why = f"run {quoted} {lacking}"
-    st.info(markdown_text(f"The link names a run this page cannot open: {why}. Showing {shown}."),
-            icon=":material/link_off:")  # fmt: skip
+        why = f"{what} {quoted} {lacking}"
+    st.info(markdown_text(f"The link names a {what} this page cannot open: {why}. Showing "
+                          f"{shown}."), icon=":material/link_off:")  # fmt: skip
 
 
 def _texts(value: Any) -> list[str]:

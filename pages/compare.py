@@ -13,7 +13,7 @@ import streamlit as st
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
-from gae_core.insight import compare, compare_figures, grid, provenance, stats, views
+from gae_core.insight import compare, compare_figures, exports, grid, provenance, stats, views
 from gae_core.labels import algorithm_name, assignment, format_value, label, stored_algo
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
@@ -289,6 +289,7 @@ if source == "a sweep":
     if st.session_state.get("cmp.sweep_pick") not in ids:
         st.session_state["cmp.sweep_pick"] = _ui.from_url("sweep", ids, ids[0])
     sweep_id = st.selectbox("sweep", ids, format_func=sweep_name, key="cmp.sweep_pick")
+    _ui.say_if_linked_missing(ids, sweep_name(sweep_id), "", what="sweep")  # every one listed
     picked_in_url = {"sweep": sweep_id}
     run_ids = [r.id for r in store.list_runs(sweep_id=sweep_id)]
     first_axis, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
@@ -495,7 +496,8 @@ with st.expander("Methods and provenance (to cite these figures)"):
     st.code(provenance.methods_text(record), language=None, wrap_lines=True)
     _ui.download_button(
         "Provenance JSON", functools.partial(json.dumps, record, indent=1, allow_nan=False),
-        "provenance.json", "application/json", "cmp.provenance_json",
+        exports.download_name("provenance.json", made_by), "application/json",
+        "cmp.provenance_json",
     )  # fmt: skip
 pair_score = st.segmented_control(
     "score for the two charts below", list(SCORES), default="final_return",

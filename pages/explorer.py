@@ -78,7 +78,7 @@ run_id = pick[0].selectbox(
     "run", ids, index=ids.index(_ui.from_url("run", ids, ids[0])), format_func=labels.get,
     key="ex.run", on_change=_forget, args=(PER_RUN,),
 )  # fmt: skip
-_ui.say_if_linked_run_missing(ids, labels[run_id], "has no recorded trajectory to explore")
+_ui.say_if_linked_missing(ids, labels[run_id], "has no recorded trajectory to explore")
 run = store.get_run(run_id)
 steps = store.checkpoint_steps(run_id)
 # the URL's checkpoints count only for the run it names (another run's steps mean nothing here)

@@ -295,7 +295,7 @@ run_id = st.selectbox(
     "run", ids, index=ids.index(_ui.from_url("run", ids, ids[0])), format_func=labels.get,
     key="lab.run",
 )  # fmt: skip
-_ui.say_if_linked_run_missing(ids, labels[run_id], "has no readable checkpoint to replay")
+_ui.say_if_linked_missing(ids, labels[run_id], "has no readable checkpoint to replay")
 run = store.get_run(run_id)
 try:
     state_access(run.config["env_id"])

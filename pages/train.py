@@ -70,7 +70,7 @@ with live_column:
     labels = {r.id: _ui.run_label(r) for r in ordered}
     pick, stop = st.columns([5, 1], vertical_alignment="bottom")
     run_id = pick.selectbox("run", ids, format_func=labels.get, key="train.view")
-    _ui.say_if_linked_run_missing(ids, labels[run_id], "")  # every stored run is listed here
+    _ui.say_if_linked_missing(ids, labels[run_id], "")  # every stored run is listed here
     _ui.to_url(run=run_id)
     running = store.get_run(run_id).active
     if running:

@@ -537,6 +537,17 @@ def test_a_link_naming_a_sweep_compares_it_whatever_was_compared_before(data_dir
         assert at.radio(key="cmp.source").value == "a sweep", link
         assert at.selectbox(key="cmp.sweep_pick").value == sweep_id
         assert at.selectbox(key="cmp.group").value == "lambda_", link
+        assert not any(i.value.startswith("The link names") for i in at.info)
+    # a link to a sweep this folder does not hold says so, and which sweep is shown instead
+    gone = AppTest.from_file("../dashboard.py", default_timeout=60)
+    gone.query_params.update(source="sweep", sweep="nosuch")
+    gone.run()
+    gone.switch_page("pages/compare.py").run()
+    assert not gone.exception and gone.selectbox(key="cmp.sweep_pick").value == sweep_id
+    (note,) = [said_plain(i.value) for i in gone.info if i.value.startswith("The link names")]
+    assert note.startswith("The link names a sweep this page cannot open: this data folder "
+                           "holds no sweep 'nosuch' (deleted, or a link from another folder). "
+                           "Showing S · A2C · CartPole-v1 · ")  # fmt: skip
 
 
 def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
