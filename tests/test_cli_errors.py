@@ -108,14 +108,26 @@ def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
 def test_train_names_every_bad_flag_at_once_one_a_line_and_takes_no_abbreviation(tmp_path):
     """As the Train form lists every bad field, so does ``train``: one ``error:`` line each,
     in the flags' order, and no run is created."""
-    bad = cli_in_process(tmp_path, "train", "--gamma", "2", "--seed", "-1", "--num-envs", "0",
-                         "--max-grad-norm", "-0.5")  # fmt: skip
+    bad = cli_in_process(tmp_path, "train", "--gamma", "2", "--seed", "-1", "--num-envs", "abc",
+                         "--max-grad-norm", "-0.5", "--hidden-sizes", "64", "x")  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == ""
+    # a value its parser cannot read ('abc', 'x') is named with the rest, not alone (argparse
+    # stops at the first type error)
     assert bad.stderr.splitlines() == [
-        "error: --num-envs: num_envs must be an integer in [1, 1024], got 0",
+        "error: --num-envs: num_envs must be an integer in [1, 1024], got 'abc'",
         "error: --gamma: gamma must be in [0.0, 1.0], got 2.0",
         "error: --max-grad-norm: max_grad_norm must be in [0.0, 1000000.0], got -0.5",
+        "error: --hidden-sizes: hidden_sizes: cannot read 'x'; expected 1 to 8 integers in "
+        "[1, 4096], written 64x64 or '64, 64'",
         "error: --seed: seed must be an integer in [0, 2147483647], got -1",
+    ]
+    # a sweep's own counts too, before it prints a line or opens a store
+    counts = cli_in_process(tmp_path, "sweep", "--lambdas", "0.9", "--workers", "0",
+                            "--retries", "-1")  # fmt: skip
+    assert counts.returncode == 2 and counts.stdout == ""
+    assert counts.stderr.splitlines() == [
+        "error: --workers: workers must be an integer in [1, 256], got 0",
+        "error: --retries: retries must be an integer in [0, 10], got -1",
     ]
     # the check that spans fields is said with the others
     ppo = cli_in_process(tmp_path, "train", "--algo", "ppo", "--num-envs", "2", "--rollout-steps",

@@ -36,8 +36,8 @@ def _flag_type(spec: FieldSpec) -> Callable[[str], object]:
     def parse(text: str) -> object:
         try:
             return spec.parse(text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+        except ConfigError as exc:  # named with the other flags' problems, all at once
+            return commands.Unread(text, str(exc))
 
     parse.__name__ = spec.kind  # argparse names the type in its message
     return parse

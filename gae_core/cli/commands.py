@@ -15,6 +15,7 @@ from typing import Any
 
 from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_problems, field_spec
 from gae_core.agent.envs import reward_threshold
+from gae_core.agent.field_spec import int_problem
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text, to_csv
@@ -43,6 +44,15 @@ class UsageError(Exception):
     """Bad command-line input; reported on stderr with exit code 2."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Unread:
+    """A config flag's text that its field's parser refused, kept (not an argparse error,
+    which stops at the first) for :func:`config_from_args` to name with every other problem."""
+
+    text: str
+    message: str
+
+
 def name_flag(message: str) -> str:
     """Prefix a ConfigError message that starts with a field name with that field's flag."""
     field = message.split(" ", 1)[0].rstrip(":")
@@ -55,14 +65,20 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
     when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming every
     bad field, one a line in the flags' order (the Train form lists them all at once too)."""
     values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
-    for name, value in values.items():
-        if FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
+    unread = {}  # flags whose text the field's parser refused (Unread): said with the rest
+    for name, value in list(values.items()):
+        parts = value if FIELD_SPECS[name].kind == "int_list" else [value]
+        refused = [part for part in parts if isinstance(part, Unread)]
+        if refused:
+            unread[name] = refused[0].message
+            del values[name]
+        elif FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
             values[name] = tuple(int(x) for part in value for x in part)
     values.update(overrides)
     env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
     algo = values.get("algo", FIELD_SPECS["algo"].default)
     values = {**preset_values(env_id, algo), **values}
-    problems = field_problems(values)
+    problems = {**field_problems(values), **unread}
     if problems:
         order = list(FIELD_SPECS)
         named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
@@ -311,6 +327,7 @@ def sweep(args: argparse.Namespace) -> int:
     from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory
     from gae_core.runs.gather import population_capacity
     from gae_core.runs.sweep import (
+        MOST_WORKERS,
         SweepProgress,
         check_sweep_name,
         expand_grid,
@@ -319,6 +336,12 @@ def sweep(args: argparse.Namespace) -> int:
     )
 
     grid = _grid(args)
+    # as start_sweep checks them, before a line, a bar, a store or a sweep exists
+    problems = [f"--{name}: {problem}" for name, value, low, high in (
+        ("workers", args.workers, 1, MOST_WORKERS), ("retries", args.retries, 0, 10))
+        if value is not None and (problem := int_problem(name, value, low, high))]  # fmt: skip
+    if problems:
+        raise UsageError("\n".join(problems))
     members = DEFAULT_MEMBERS if args.population is None else args.population
     try:
         backend = backend_factory(args.backend, args.address, members=members)
