@@ -70,15 +70,16 @@ if view == "Launch a sweep":
             "0, 0.5, 0.9, 0.95, 0.99, 1",
             key="cmp.lambdas",
             persist_state="session",
-            help=f"Comma-separated, each {LAMBDA_SPEC.allowed}, each once; every {LAMBDA} trains "
-            "with every seed.",
+            help=f"Separated by commas or spaces, each {LAMBDA_SPEC.allowed}, each once; every "
+            f"{LAMBDA} trains with every seed.",
         )
         gammas_text = st.text_input(
             f"γ values (optional: a γ × {LAMBDA} study)",
             "",
             key="cmp.gammas",
             persist_state="session",
-            help=f"Comma-separated, each {FIELD_SPECS['gamma'].allowed}: every γ trains with "
+            help=f"Separated by commas or spaces, each {FIELD_SPECS['gamma'].allowed}: every γ "
+            "trains with "
             f"every {LAMBDA} and seed, and the comparison draws the grid as a heat map (the GAE "
             "paper's figure 2). Empty: the γ below for every trial.",
         )

@@ -640,11 +640,15 @@ def test_a_list_of_values_names_its_bad_ones_without_echoing_thousands():
     message = str(caught.value)
     assert message == "λ values must be in [0, 1], got 2, 3, 4, 5, 6, … (5,000 in all)"
     assert views.parse_float_list("0.9; 0.95,1", "λ values") == [0.9, 0.95, 1.0]
-    # what is not a number is named, quoted as typed (ahead of any out-of-range value)
+    # spaces separate values too, as on the command line
+    assert views.parse_float_list(" 0.9 0.95\t1 ", "λ values") == [0.9, 0.95, 1.0]
+    assert views.parse_float_list("0.9 ,  1", "λ values") == [0.9, 1.0]
+    # what is not a number is named, quoted as typed, with what is out of range
     with pytest.raises(ConfigError) as caught:
         views.parse_float_list("0.9, 1.5, abc, 0,5x", "λ values")
     assert str(caught.value) == (
-        "λ values must be comma-separated numbers in [0, 1]; not a number: 'abc', '5x'"
+        "λ values must be numbers in [0, 1], separated by commas or spaces; not a number: "
+        "'abc', '5x'; out of range: 1.5"
     )
 
 

@@ -8,6 +8,7 @@ Pages stay thin: they draw widgets from :data:`gae_core.agent.config.FIELD_SPECS
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -379,23 +380,27 @@ def _is_number(text: str) -> bool:
 
 
 def parse_float_list(text: str, name: str, low: float = 0.0, high: float = 1.0) -> list[float]:
-    """``"0.9, 0.95, 1"`` → ``[0.9, 0.95, 1.0]``; a ConfigError naming ``name`` and the range
-    for a bad or duplicated value."""
-    parts = [p.strip() for p in str(text).replace(";", ",").split(",") if p.strip()]
+    """``"0.9, 0.95, 1"`` (commas, semicolons or spaces between) → ``[0.9, 0.95, 1.0]``; a
+    ConfigError naming ``name`` and the range for a bad or duplicated value: what is not a
+    number and what is out of range in one message."""
+    parts = [p for p in re.split(r"[,;\s]+", str(text)) if p]
+
+    def few(items: list[str]) -> str:  # the first few, and how many in all (a pasted column)
+        return ", ".join(items[:5]) + (f", … ({len(items):,} in all)" if len(items) > 5 else "")
+
     unread = [p for p in parts if not _is_number(p)]
-    if unread:  # each named, the first few, quoted as typed
-        more = f", … ({len(unread):,} in all)" if len(unread) > 5 else ""
+    bad = [f"{float(p):g}" for p in parts if _is_number(p) and not low <= float(p) <= high]
+    if unread:  # each named, quoted as typed, with any value out of range
+        outside = f"; out of range: {few(bad)}" if bad else ""
         raise ConfigError(
-            f"{name} must be comma-separated numbers in [{low:g}, {high:g}]; not a number: "
-            f"{', '.join(echo(p) for p in unread[:5])}{more}"
+            f"{name} must be numbers in [{low:g}, {high:g}], separated by commas or spaces; "
+            f"not a number: {few([echo(p) for p in unread])}{outside}"
         )
     values = [float(p) for p in parts]
     if not values:
         raise ConfigError(f"{name} needs at least one value in [{low:g}, {high:g}]")
-    bad = [f"{v:g}" for v in values if not low <= v <= high]
-    if bad:  # the first few, and how many in all (a pasted column could hold thousands)
-        more = f", … ({len(bad):,} in all)" if len(bad) > 5 else ""
-        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {', '.join(bad[:5])}{more}")
+    if bad:
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {few(bad)}")
     duplicates = sorted({v for i, v in enumerate(values) if v in values[:i]})
     if duplicates:
         raise ConfigError(f"{name}: {', '.join(f'{v:g}' for v in duplicates)} given twice")
