@@ -55,7 +55,7 @@ _CONTEXT = "gae.context"
 _PAGE = "gae.page"
 _WRITTEN = "gae.written"  # what the page shown last wrote into the URL
 #: The names that belong to one run: a context that changes run forgets them.
-_PER_RUN = ("policy", "critic", "trajectory")
+_PER_RUN = ("policy", "critic", "trajectory", "gamma", "seed")
 
 
 def arrive(page: str, keys: Sequence[str]) -> None:
@@ -84,6 +84,24 @@ def from_url(name: str, options: Sequence[_T], fallback: _T) -> _T:
     context), else ``fallback``: the default to give a widget."""
     wanted = _wanted(name)[:1]
     return next((option for option in options if [str(option)] == wanted), fallback)
+
+
+def text_from_url(name: str, fallback: str) -> str:
+    """The URL's ``?name=`` as text (without one, the session's context), else ``fallback``:
+    a text box's default, checked where the box's own text is (the explorer's fresh seed)."""
+    return (_wanted(name)[:1] or [fallback])[0]
+
+
+def number_from_url(name: str, fallback: float, low: float, high: float) -> float:
+    """The number the URL's ``?name=`` (without one, the session's context) gives, where it
+    reads as a finite number in ``[low, high]``, else ``fallback``: a widget's default for a
+    value with no list of options (the explorer's γ)."""
+    wanted = _wanted(name)[:1]
+    try:
+        value = float(wanted[0]) if wanted else fallback
+    except ValueError:
+        return fallback
+    return value if low <= value <= high else fallback  # (NaN is in no range)
 
 
 def all_from_url(name: str, options: Sequence[_T], fallback: list[_T]) -> list[_T]:

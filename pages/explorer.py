@@ -54,7 +54,7 @@ if not runs:
 
 #: Widgets whose defaults come from the run (its checkpoints, its γ and λ): a widget with a key
 #: keeps its value when its default changes, so another run forgets them and starts from its own.
-PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma", "ex.t")
+PER_RUN = ("ex.policy", "ex.critic", "ex.source", "ex.gamma", "ex.t", "ex.seed")
 
 
 def _forget(keys: tuple[str, ...]) -> None:
@@ -105,7 +105,8 @@ source = pick[3].selectbox("trajectory", sources, key="ex.source")
 fresh_seed = None
 if source == "fresh recording":
     # text, read on the server: a browser number box refuses a value past 2^53 unsaid
-    fresh_seed = whole_number(st.text_input("seed of the fresh episode", "0", key="ex.seed"))
+    _start_at("ex.seed", _ui.text_from_url("seed", "0") if url_run else "0")
+    fresh_seed = whole_number(st.text_input("seed of the fresh episode", key="ex.seed"))
     if problem := field_problems({"seed": fresh_seed}).get("seed"):
         st.error(markdown_text(f"the fresh episode's {problem}"))  # it quotes what was typed
         st.stop()
@@ -124,7 +125,9 @@ def _sorted(key: str) -> None:
 
 
 knobs = st.columns([2, 3, 3, 3])
-_start_at("ex.gamma", float(run.config["gamma"]))
+# the URL's γ (a link to a view at another γ), else the run's own
+_start_at("ex.gamma", _ui.number_from_url("gamma", float(run.config["gamma"]), 0.0, 1.0)
+          if url_run else float(run.config["gamma"]))  # fmt: skip
 gamma = knobs[0].number_input(
     label("gamma"), 0.0, 1.0, step=0.001, format="%.6g", key="ex.gamma",
     help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
@@ -138,7 +141,9 @@ t = knobs[1].slider(
     help="The bottom panel's step: how GAE weighs each Â^(k) there, with the steps left in "
     "its segment.",
 )  # fmt: skip
-_ui.to_url(run=run_id, policy=policy_step, critic=critic_step, trajectory=source)
+fresh = {} if fresh_seed is None else {"seed": fresh_seed}  # what makes the numbers: in the link
+_ui.to_url(run=run_id, policy=policy_step, critic=critic_step, trajectory=source,
+           gamma=f"{gamma:.12g}", **fresh)  # fmt: skip
 # defaults through Session State, as the per-run boxes': `_sorted` sets these keys, and a
 # widget with a default argument whose key the API set logs Streamlit's warning about both
 _start_at("ex.pinned", [1.0])  # λ = 0 is δ itself: pinning it would draw δ twice

@@ -185,6 +185,35 @@ def _draw_each_estimator_once_and_keep_chips_sorted() -> None:
 
 
 @pytest.mark.slow
+def test_the_explorers_link_holds_gamma_and_the_fresh_episodes_seed(recorded_run, data_dir):
+    """γ and a fresh episode's seed change every number on the page: a reload or a pasted
+    link opens at the same ones, and a γ outside [0, 1] in a link falls back to the run's."""
+    from streamlit.testing.v1 import AppTest
+
+    at = app("pages/explorer.py")
+    at.number_input(key="ex.gamma").set_value(0.95).run()
+    at.selectbox(key="ex.source").set_value("fresh recording").run()
+    at.text_input(key="ex.seed").set_value("5").run()
+    assert not at.exception
+    link = {name: at.query_params[name] for name in at.query_params}
+    assert link["gamma"] in ("0.95", ["0.95"]) and link["seed"] in ("5", ["5"])
+    pasted = AppTest.from_file("../dashboard.py", default_timeout=60)
+    pasted.query_params.update(link)
+    pasted.run()
+    pasted.switch_page("pages/explorer.py").run()
+    assert not pasted.exception
+    assert pasted.number_input(key="ex.gamma").value == 0.95
+    assert pasted.selectbox(key="ex.source").value == "fresh recording"
+    assert pasted.text_input(key="ex.seed").value == "5"
+    bad = AppTest.from_file("../dashboard.py", default_timeout=60)
+    bad.query_params.update(run=recorded_run, gamma="7")
+    bad.run()
+    bad.switch_page("pages/explorer.py").run()
+    run_gamma = RunStore(data_dir).get_run(recorded_run).config["gamma"]
+    assert bad.number_input(key="ex.gamma").value == pytest.approx(run_gamma)
+
+
+@pytest.mark.slow
 def test_explorer_fresh_recording_and_early_critic(recorded_run, data_dir):
     """The page draws the seed-7 episode of the chosen policy, and V(s_t) of the chosen critic:
     the early checkpoint's values, not the policy's own."""
