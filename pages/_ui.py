@@ -86,6 +86,14 @@ def from_url(name: str, options: Sequence[_T], fallback: _T) -> _T:
     return next((option for option in options if [str(option)] == wanted), fallback)
 
 
+def not_held(what: str, ids: Sequence[str]) -> str:
+    """Why a link's run or sweep ids cannot be opened when the store has none of them."""
+    quoted = ", ".join(echo(i) for i in ids[:5]) + (", …" if len(ids) > 5 else "")
+    plural = "s" if len(ids) > 1 else ""
+    return (f"this data folder holds no {what}{plural} {quoted} (deleted, or a link from "
+            "another folder)")  # fmt: skip
+
+
 def text_from_url(name: str, fallback: str) -> str:
     """The URL's ``?name=`` as text (without one, the session's context), else ``fallback``:
     a text box's default, checked where the box's own text is (the explorer's fresh seed)."""
@@ -122,13 +130,12 @@ def say_if_linked_missing(ids: Sequence[str], shown: str, lacking: str, what: st
     named = st.query_params.get_all(what)[:1]
     if not named or named[0] in ids:
         return
-    quoted = echo(named[0])  # typed or pasted: quoted, cut short if long
     try:
         (store().get_run if what == "run" else store().get_sweep)(named[0])
     except StoreError:
-        why = f"this data folder holds no {what} {quoted} (deleted, or a link from another folder)"
+        why = not_held(what, named)
     else:
-        why = f"{what} {quoted} {lacking}"
+        why = f"{what} {echo(named[0])} {lacking}"  # typed or pasted: quoted, cut if long
     st.info(markdown_text(f"The link names a {what} this page cannot open: {why}. Showing "
                           f"{shown}."), icon=":material/link_off:")  # fmt: skip
 

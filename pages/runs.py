@@ -68,6 +68,12 @@ def runs_view() -> None:
     # changes and the selection starts from the URL's runs, by id, instead of pointing at
     # whichever run moved into the selected row.
     shown_ids = shown["run_id"].tolist()
+    held = {r.id for r in store.list_runs()}
+    if gone := [i for i in st.query_params.get_all("run") if i not in held]:
+        # a link to runs deleted since (the page's own Delete takes its run out of the URL)
+        why = _ui.not_held("run", gone)
+        st.info(markdown_text(f"The link names a run this page cannot open: {why}."),
+                icon=":material/link_off:")  # fmt: skip
     digest = hashlib.sha1("\n".join([visit, *shown_ids]).encode()).hexdigest()[:16]
     table_key = f"runs.table.{digest}"
     wanted = [shown_ids.index(i) for i in _ui.all_from_url("run", shown_ids, [])]
@@ -195,6 +201,7 @@ def confirm_delete(run_id: str, name: str) -> None:
         except StoreError as error:
             st.error(str(error))
             return
+        _ui.to_url(run=[r for r in st.query_params.get_all("run") if r != run_id])
         st.rerun()
 
 

@@ -370,6 +370,18 @@ def test_delete_removes_the_opened_run_even_after_another_process_deleted_one(da
     at.button(key="runs.delete.confirm").click().run()
     assert not at.exception
     assert [r.name for r in store.list_runs()] == ["oldest"]
+    # the deleted run leaves the URL: the page does not call the user's own Delete a stale
+    # link, and a link to it opened later says the folder no longer holds it
+    assert ids["middle"] not in str(at.query_params.get("run", ""))
+    assert not any(i.value.startswith("The link names") for i in at.info)
+    later = AppTest.from_file("../dashboard.py", default_timeout=60)
+    later.query_params.update(run=ids["middle"])
+    later.run()
+    later.switch_page("pages/runs.py").run()
+    notes = [note for note in said(later.info) if note.startswith("The link names")]
+    gone = ids["middle"]
+    assert notes == [f"The link names a run this page cannot open: this data folder holds no "
+                     f"run '{gone}' (deleted, or a link from another folder)."]  # fmt: skip
 
 
 def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_dir):
