@@ -320,7 +320,8 @@ second = options[4].selectbox(
     f"of {label(group)} × this field, drawn as a heat map below the summary.",
 )  # fmt: skip
 center = options[1].segmented_control(
-    "curve", ["iqm", "mean"], default="iqm", format_func=str.upper, key="cmp.center",
+    "curve", ["iqm", "mean"], default="iqm", format_func={"iqm": "IQM", "mean": "mean"}.get,
+    key="cmp.center",
     help="IQM: the mean of the middle 50 % of seeds (robust to one failed seed); mean: all.",
 )  # fmt: skip
 window = options[2].slider("episodes per run's running mean", 1, 100, 10, key="cmp.window")

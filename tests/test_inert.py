@@ -187,6 +187,12 @@ def test_status_text_says_how_a_run_ended():
     assert views.status_text(unstarted) == "stopped before it started"
     stopped = RunRecord(**{**never.__dict__, "env_steps": 700, "status": "stopped"})
     assert views.status_text(stopped) == f"stopped at step 700: not solved; final return 9.0 {mean}"
+    # a run whose process died says what it had reached, as a stopped one does
+    died = RunRecord(**{**kept.__dict__, "env_steps": 700, "status": "interrupted"})
+    assert views.status_text(died) == (
+        "interrupted at step 700 (its process ended before the run did; the data up to then is "
+        f"kept): solved at 180,000, stayed solved; final return 498.0 {mean}"
+    )
 
 
 def test_progress_never_passes_100_percent():

@@ -52,7 +52,8 @@ class TrainConfig:
     )
     env_id: str = _field(
         "CartPole-v1",
-        "Gymnasium id (classic control); other plain ids registered in this process also work",
+        "Gymnasium id (classic control or MuJoCo); other plain ids registered in this process "
+        "also work",
         choices=tuple(SUPPORTED_ENVS),
     )
     num_envs: int = _field(16, "Parallel environments in the vector env", min=1, max=1024)

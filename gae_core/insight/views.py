@@ -228,13 +228,17 @@ def status_text(run: RunRecord, window_from: int | None = None) -> str:
     if run.status == "failed":
         reason = (run.error or "unknown error").strip().splitlines()
         return f"failed: {reason[-1] if reason else 'unknown error'}"
-    if run.status == "interrupted":
-        return "interrupted: its process ended before the run did (data up to then is kept)"
     if run.status in ("queued", "running"):
         return run.status
     if run.status == "stopped" and run.env_steps == 0:  # a sweep cancelled before its turn
         return "stopped before it started"
-    head = "finished" if run.status == "finished" else f"stopped at step {run.env_steps:,}"
+    head = {
+        "finished": "finished",
+        "stopped": f"stopped at step {run.env_steps:,}",
+        # what it had reached is kept and said, as a stopped run's is
+        "interrupted": f"interrupted at step {run.env_steps:,} (its process ended before the "
+        "run did; the data up to then is kept)",
+    }.get(run.status, run.status)
     final = summary.final_return
     # the mean of the last episodes, not the last one the chart ends on: say so
     last = min(summary.episodes, SOLVED_WINDOW)
