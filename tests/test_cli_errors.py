@@ -129,6 +129,12 @@ def test_train_names_every_bad_flag_at_once_one_a_line_and_takes_no_abbreviation
         "error: --workers: workers must be an integer in [1, 256], got 0",
         "error: --retries: retries must be an integer in [0, 10], got -1",
     ]
+    # and every axis of its grid
+    axes = cli_in_process(tmp_path, "sweep", "--lambdas", "0.9", "1.2", "--gammas", "2")
+    assert axes.returncode == 2 and axes.stderr.splitlines() == [
+        "error: sweep grid lambda_: lambda_ must be in [0.0, 1.0], got 1.2",
+        "error: sweep grid gamma: gamma must be in [0.0, 1.0], got 2.0",
+    ]
     # the check that spans fields is said with the others
     ppo = cli_in_process(tmp_path, "train", "--algo", "ppo", "--num-envs", "2", "--rollout-steps",
                          "4", "--minibatch-size", "9", "--gamma", "-1")  # fmt: skip

@@ -39,39 +39,44 @@ def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[Train
     """Every combination of the grid's values applied to ``base`` (last key varies fastest).
 
     Raises ``ConfigError`` naming the grid field for an unknown field, an empty value list, a bad
-    value or a duplicate (``1`` and ``1.0`` are the same λ) — before anything is started.
+    value or a duplicate (``1`` and ``1.0`` are the same λ), every axis's problem at once, one a
+    line — before anything is started.
     """
     normalised: dict[str, list[Any]] = {}
+    problems = []
     for name, values in grid.items():
         try:
             spec = field_spec(name)
         except ConfigError as exc:
-            raise ConfigError(f"sweep grid: {exc}") from None
-        values = list(values)
-        if not values:
-            raise ConfigError(f"sweep grid {spec.name}: needs at least one value")
-        checked = []
-        for value in values:
-            try:
-                checked.append(getattr(dataclasses.replace(base, **{spec.name: value}), spec.name))
-            except ConfigError as exc:
-                raise ConfigError(f"sweep grid {spec.name}: {exc}") from None
-            except TypeError:
-                raise ConfigError(
-                    f"sweep grid {spec.name}: cannot use {value!r}; expected {spec.allowed}"
-                ) from None
-        duplicates = [v for i, v in enumerate(checked) if v in checked[:i]]
-        if duplicates:
-            raise ConfigError(
-                f"sweep grid {spec.name}: duplicate value {duplicates[0]!r} "
-                "(each value may appear once)"
-            )
-        normalised[spec.name] = checked
+            problems.append(f"sweep grid: {exc}")
+            continue
+        try:
+            normalised[spec.name] = _axis_values(base, spec, list(values))
+        except ConfigError as exc:
+            problems.append(f"sweep grid {spec.name}: {exc}")
+    if problems:
+        raise ConfigError("\n".join(problems))
     names = list(normalised)
     return [
         dataclasses.replace(base, **dict(zip(names, combo, strict=True)))
         for combo in itertools.product(*(normalised[n] for n in names))
     ] or [base]
+
+
+def _axis_values(base: TrainConfig, spec: Any, values: list[Any]) -> list[Any]:
+    """One axis's values as the config holds them; ConfigError for its first problem."""
+    if not values:
+        raise ConfigError("needs at least one value")
+    checked = []
+    for value in values:
+        try:
+            checked.append(getattr(dataclasses.replace(base, **{spec.name: value}), spec.name))
+        except TypeError:
+            raise ConfigError(f"cannot use {value!r}; expected {spec.allowed}") from None
+    duplicates = [v for i, v in enumerate(checked) if v in checked[:i]]
+    if duplicates:
+        raise ConfigError(f"duplicate value {duplicates[0]!r} (each value may appear once)")
+    return checked
 
 
 def hold_critic_target(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> TrainConfig:
