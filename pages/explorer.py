@@ -141,9 +141,10 @@ t = knobs[1].slider(
     help="The bottom panel's step: how GAE weighs each Â^(k) there, with the steps left in "
     "its segment.",
 )  # fmt: skip
-fresh = {} if fresh_seed is None else {"seed": fresh_seed}  # what makes the numbers: in the link
+# what makes the numbers, in the link: γ as it round-trips, a fresh episode's seed (none for a
+# recorded one: another run's fresh seed would carry over)
 _ui.to_url(run=run_id, policy=policy_step, critic=critic_step, trajectory=source,
-           gamma=f"{gamma:.12g}", **fresh)  # fmt: skip
+           gamma=repr(float(gamma)), seed=[] if fresh_seed is None else fresh_seed)  # fmt: skip
 # defaults through Session State, as the per-run boxes': `_sorted` sets these keys, and a
 # widget with a default argument whose key the API set logs Streamlit's warning about both
 _start_at("ex.pinned", [1.0])  # λ = 0 is δ itself: pinning it would draw δ twice

@@ -72,7 +72,8 @@ def runs_view() -> None:
     if gone := [i for i in st.query_params.get_all("run") if i not in held]:
         # a link to runs deleted since (the page's own Delete takes its run out of the URL)
         why = _ui.not_held("run", gone)
-        st.info(markdown_text(f"The link names a run this page cannot open: {why}."),
+        what = "runs" if len(gone) > 1 else "a run"
+        st.info(markdown_text(f"The link names {what} this page cannot open: {why}."),
                 icon=":material/link_off:")  # fmt: skip
     digest = hashlib.sha1("\n".join([visit, *shown_ids]).encode()).hexdigest()[:16]
     table_key = f"runs.table.{digest}"

@@ -129,6 +129,23 @@ def test_train_names_every_bad_flag_at_once_one_a_line_and_takes_no_abbreviation
         "error: --workers: workers must be an integer in [1, 256], got 0",
         "error: --retries: retries must be an integer in [0, 10], got -1",
     ]
+    # a sweep's own flags and the config's, together; a seed it cannot read, by its flag
+    both = cli_in_process(tmp_path, "sweep", "--lambdas", "0.9", "--workers", "0",
+                          "--num-envs", "abc")  # fmt: skip
+    assert both.returncode == 2 and both.stderr.splitlines() == [
+        "error: --num-envs: num_envs must be an integer in [1, 1024], got 'abc'",
+        "error: --workers: workers must be an integer in [1, 256], got 0",
+    ]
+    seeds = cli_in_process(tmp_path, "sweep", "--seeds", "abc")
+    assert seeds.returncode == 2 and seeds.stderr.splitlines() == [
+        "error: --seeds: seed must be an integer in [0, 2147483647], got 'abc'"
+    ]
+    # a field the check across fields needs, unread: no check on the preset's value instead
+    unread = cli_in_process(tmp_path, "train", "--algo", "ppo", "--num-envs", "abc",
+                            "--minibatch-size", "4096")  # fmt: skip
+    assert unread.stderr.splitlines() == [
+        "error: --num-envs: num_envs must be an integer in [1, 1024], got 'abc'"
+    ]
     # and every axis of its grid
     axes = cli_in_process(tmp_path, "sweep", "--lambdas", "0.9", "1.2", "--gammas", "2")
     assert axes.returncode == 2 and axes.stderr.splitlines() == [

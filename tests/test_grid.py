@@ -96,6 +96,21 @@ def test_one_seed_per_cell_marks_no_cell_as_distinguishable_or_not():
     assert all("1 seed" in h and "[" not in h for h in hover)
 
 
+def test_a_cell_of_two_seeds_with_one_score_has_no_interval_to_tell_cells_apart():
+    """The bounds, not the seed count, say whether a cell has an interval: a cell of two seeds
+    whose second score is missing (NaN) has none, so nothing is marked ≈ against it and the
+    sentence does not say the others lie apart from it."""
+    from gae_core.insight import grid as grid_module
+
+    table = pd.DataFrame({"lambda_": [0.9, 1.0], "gamma": [0.99, 0.99], "score": "auc",
+                          "seeds": [2, 2], "iqm": [9.0, 5.0], "iqm_ci_low": [np.nan, 4.0],
+                          "iqm_ci_high": [np.nan, 6.0], "mean": [9.0, 5.0]})  # fmt: skip
+    grid_module._mark(table, higher=True)
+    assert table["best"].tolist() == [True, False] and not table["not_distinguishable"].any()
+    sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
+    assert "lies apart" not in sentence and "which cells it beats cannot be told" in sentence
+
+
 def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():
     levels = {(lam, g): 10.0 * lam + g for lam in (0.5, 1.0) for g in (0.9, 0.99)}
     episodes = _study(levels, seeds=5, noise=3.0)

@@ -205,6 +205,9 @@ def test_the_explorers_link_holds_gamma_and_the_fresh_episodes_seed(recorded_run
     assert pasted.number_input(key="ex.gamma").value == 0.95
     assert pasted.selectbox(key="ex.source").value == "fresh recording"
     assert pasted.text_input(key="ex.seed").value == "5"
+    # back on a recorded episode the link holds no seed: it would carry over to another run
+    pasted.selectbox(key="ex.source").set_value("recorded #0").run()
+    assert "seed" not in pasted.query_params and "gamma" in pasted.query_params
     bad = AppTest.from_file("../dashboard.py", default_timeout=60)
     bad.query_params.update(run=recorded_run, gamma="7")
     bad.run()

@@ -319,12 +319,16 @@ def with_stored_defaults(data: dict[str, Any]) -> dict[str, Any]:
     return {**STORED_BEFORE, **data}
 
 
+#: The fields of the one check that spans fields (a PPO minibatch within a rollout).
+SPANNING_FIELDS = frozenset({"algo", "minibatch_size", "num_envs", "rollout_steps"})
+
+
 def field_problems(values: dict[str, Any]) -> dict[str, str]:
     """Every field of ``values`` that :class:`TrainConfig` would refuse, each with the message
     it would raise (naming the field and what it allows), unknown keys included: a form shows
     them all at once, where building the config stops at the first. Empty when every field is
     valid. The one check that spans fields (a PPO minibatch within a rollout) is reported under
-    ``minibatch_size``."""
+    ``minibatch_size``, where none of :data:`SPANNING_FIELDS` has a problem of its own."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     problems = {}
     for name, value in values.items():
@@ -336,7 +340,7 @@ def field_problems(values: dict[str, Any]) -> dict[str, str]:
         except ConfigError as error:
             problems[name] = str(error)
     merged = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | values
-    if not problems.keys() & {"algo", "minibatch_size", "num_envs", "rollout_steps"}:
+    if not problems.keys() & SPANNING_FIELDS:
         rows = merged["num_envs"] * merged["rollout_steps"]
         problem = _minibatch_problem(merged["algo"], merged["minibatch_size"], rows)
         if problem:

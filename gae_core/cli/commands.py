@@ -13,7 +13,13 @@ import threading
 import time
 from typing import Any
 
-from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_problems, field_spec
+from gae_core.agent.config import (
+    FIELD_SPECS,
+    SPANNING_FIELDS,
+    TrainConfig,
+    field_problems,
+    field_spec,
+)
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.field_spec import int_problem
 from gae_core.agent.presets import preset_values
@@ -78,7 +84,10 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
     env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
     algo = values.get("algo", FIELD_SPECS["algo"].default)
     values = {**preset_values(env_id, algo), **values}
-    problems = {**field_problems(values), **unread}
+    problems = field_problems(values)
+    if unread.keys() & SPANNING_FIELDS:  # a field of the check was not read: no check
+        problems.pop("minibatch_size", None)
+    problems |= unread
     if problems:
         order = list(FIELD_SPECS)
         named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
@@ -304,6 +313,8 @@ def _grid(args: argparse.Namespace) -> dict[str, list[Any]]:
     if args.gammas is not None:
         add("gamma", list(args.gammas), "--gammas")
     if args.seeds is not None:
+        if refused := [s for s in args.seeds if isinstance(s, Unread)]:  # (the seed's parser)
+            raise UsageError(f"--seeds: {refused[0].message}")
         add("seed", list(args.seeds), "--seeds")
     for axis in args.grid:
         name, sep, raw = axis.partition("=")
@@ -336,10 +347,15 @@ def sweep(args: argparse.Namespace) -> int:
     )
 
     grid = _grid(args)
-    # as start_sweep checks them, before a line, a bar, a store or a sweep exists
+    # as start_sweep checks them, with the config flags' problems, before a line, a bar, a
+    # store or a sweep exists
     problems = [f"--{name}: {problem}" for name, value, low, high in (
         ("workers", args.workers, 1, MOST_WORKERS), ("retries", args.retries, 0, 10))
         if value is not None and (problem := int_problem(name, value, low, high))]  # fmt: skip
+    try:
+        base = config_from_args(args)
+    except ConfigError as exc:
+        problems = [*str(exc).splitlines(), *problems]
     if problems:
         raise UsageError("\n".join(problems))
     members = DEFAULT_MEMBERS if args.population is None else args.population
@@ -347,7 +363,6 @@ def sweep(args: argparse.Namespace) -> int:
         backend = backend_factory(args.backend, args.address, members=members)
     except ConfigError as exc:
         raise UsageError(f"--{exc}".replace("--members", "--population")) from None
-    base = config_from_args(args)
     held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
     expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
     if args.name:  # as start_sweep checks it, before a store, a bar or a sweep exists

@@ -143,9 +143,11 @@ def _mark(table: pd.DataFrame, *, higher: bool, ranked: np.ndarray | None = None
     low, high = table["iqm_ci_low"].iloc[first], table["iqm_ci_high"].iloc[first]
     overlaps = (table["iqm_ci_low"] <= high) & (table["iqm_ci_high"] >= low)
     table["best"] = best
-    if table["seeds"].iloc[first] < 2:  # one seed: no interval, nothing can be told apart
+    # an interval where a cell has two or more scores (one seed, or its other seeds' scores
+    # missing: NaN bounds): without one, nothing can be told apart
+    with_interval = np.isfinite(table[["iqm_ci_low", "iqm_ci_high"]].to_numpy()).all(axis=1)
+    if not with_interval[first]:
         return
-    with_interval = (table["seeds"] >= 2).to_numpy()
     table["not_distinguishable"] = (~best) & finite & with_interval & overlaps.to_numpy()
 
 
@@ -184,7 +186,7 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
     text = f"Best: {names} (IQM {estimate})"
     tied = int(table["not_distinguishable"].sum())
     others = len(table) - len(best)
-    if int(table["seeds"].min()) < 2:
+    if table[["iqm_ci_low", "iqm_ci_high"]].isna().to_numpy().any():  # (a cell of one seed)
         return text + (
             "; one seed in a cell gives no interval, so which cells it beats cannot be told: "
             "run more seeds"
