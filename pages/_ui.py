@@ -131,11 +131,12 @@ def say_if_linked_missing(ids: Sequence[str], shown: str, lacking: str, what: st
     if not named or named[0] in ids:
         return
     try:
-        (store().get_run if what == "run" else store().get_sweep)(named[0])
+        record = (store().get_run if what == "run" else store().get_sweep)(named[0])
     except StoreError:
         why = not_held(what, named)
-    else:
-        why = f"{what} {echo(named[0])} {lacking}"  # typed or pasted: quoted, cut if long
+    else:  # typed or pasted: quoted, cut short if long
+        damaged = getattr(record, "damaged", None)  # (pages leave damaged runs out)
+        why = f"{what} {echo(named[0])} " + (f"is damaged: {damaged}" if damaged else lacking)
     st.info(markdown_text(f"The link names a {what} this page cannot open: {why}. Showing "
                           f"{shown}."), icon=":material/link_off:")  # fmt: skip
 

@@ -349,6 +349,15 @@ def test_a_run_with_a_corrupt_row_is_listed_and_says_what_is_wrong(data_dir):
     assert not at.exception
     header = next(m.value for m in at.markdown if "—" in m.value)
     assert "damaged" in header and "config is not a valid JSON object" in header
+    # a link to it from a page that leaves damaged runs out says that is why
+    RunStore(data_dir).save_checkpoint(good, 10, b"x", [])  # the lab lists the good run
+    linked = AppTest.from_file("../dashboard.py", default_timeout=60)
+    linked.query_params.update(run=bad)
+    linked.run()
+    linked.switch_page("pages/lab.py").run()
+    notes = [note for note in said(linked.info) if note.startswith("The link names")]
+    assert len(notes) == 1 and f"run '{bad}' is damaged: " in notes[0], notes
+    assert "config is not a valid JSON object" in notes[0]
 
 
 def test_delete_removes_the_opened_run_even_after_another_process_deleted_one(data_dir):
