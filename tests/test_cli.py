@@ -17,7 +17,7 @@ from conftest import TINY_FLAGS, cli, cli_env, cli_in_process
 
 from gae_core import metrics as M
 from gae_core.cli import build_parser
-from gae_core.cli.commands import config_from_args
+from gae_core.cli.flags import config_from_args
 from gae_core.storage.store import RunStore
 from gae_core.storage.table import RUN_COLUMNS
 

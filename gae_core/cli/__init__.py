@@ -19,8 +19,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gae_core.agent.config import FIELD_SPECS, FieldSpec
+from gae_core.agent.config import FIELD_SPECS
 from gae_core.cli import commands, study
+from gae_core.cli.flags import add_config_flags, flag_type, name_flag
 from gae_core.env_modules import ENV_MODULES_VAR, use_env_modules
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text
@@ -30,40 +31,6 @@ from gae_core.storage.records import STATUSES
 from gae_core.storage.store import DATA_ENV_VAR
 
 __all__ = ["build_parser", "main"]
-
-
-def _flag_type(spec: FieldSpec) -> Callable[[str], object]:
-    def parse(text: str) -> object:
-        try:
-            return spec.parse(text)
-        except ConfigError as exc:  # named with the other flags' problems, all at once
-            return commands.Unread(text, str(exc))
-
-    parse.__name__ = spec.kind  # argparse names the type in its message
-    return parse
-
-
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``TrainConfig`` field; unset flags are absent from the namespace."""
-    group = parser.add_argument_group(
-        "training config (TrainConfig fields; unset ones come from the env's preset)"
-    )
-    for spec in FIELD_SPECS.values():
-        default = spec.default
-        if isinstance(default, tuple):
-            default = " ".join(map(str, default))
-        common = {
-            "dest": spec.name,
-            "default": argparse.SUPPRESS,
-            "help": f"{spec.help}; {spec.allowed} (field default: {default})".replace("%", "%%"),
-        }
-        if spec.kind == "bool":
-            group.add_argument(*spec.flags, action=argparse.BooleanOptionalAction, **common)
-        elif spec.kind == "int_list":  # --hidden-sizes 64 64, or --hidden-sizes 64x64
-            group.add_argument(*spec.flags, type=_flag_type(spec), nargs="+", metavar="N", **common)
-        else:
-            metavar = {"int": "N", "float": "X"}.get(spec.kind, "VALUE")
-            group.add_argument(*spec.flags, type=_flag_type(spec), metavar=metavar, **common)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"γ values: with --lambdas, a γ × {lam} study (summary and the compare page draw "
         "it as a heat map)",
     )
-    sweep.add_argument("--seeds", type=_flag_type(FIELD_SPECS["seed"]), nargs="+", metavar="S")
+    sweep.add_argument("--seeds", type=flag_type(FIELD_SPECS["seed"]), nargs="+", metavar="S")
     sweep.add_argument(
         "--grid",
         action="append",
@@ -302,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except (ConfigError, commands.UsageError, ValueError) as exc:
         for line in str(exc).splitlines() or [""]:  # every problem named: one line each
-            print(f"error: {terminal_text(commands.name_flag(line))}", file=sys.stderr)
+            print(f"error: {terminal_text(name_flag(line))}", file=sys.stderr)
         return commands.EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

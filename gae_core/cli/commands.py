@@ -13,16 +13,10 @@ import threading
 import time
 from typing import Any
 
-from gae_core.agent.config import (
-    FIELD_SPECS,
-    SPANNING_FIELDS,
-    TrainConfig,
-    field_problems,
-    field_spec,
-)
+from gae_core.agent.config import field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.field_spec import int_problem
-from gae_core.agent.presets import preset_values
+from gae_core.cli.flags import Unread, config_from_args
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label
@@ -48,51 +42,6 @@ def _summary(store: RunStore, sweep_id: str, grid: dict) -> list[dict]:
 
 class UsageError(Exception):
     """Bad command-line input; reported on stderr with exit code 2."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Unread:
-    """A config flag's text that its field's parser refused, kept (not an argparse error,
-    which stops at the first) for :func:`config_from_args` to name with every other problem."""
-
-    text: str
-    message: str
-
-
-def name_flag(message: str) -> str:
-    """Prefix a ConfigError message that starts with a field name with that field's flag."""
-    field = message.split(" ", 1)[0].rstrip(":")
-    spec = FIELD_SPECS.get(field)
-    return f"{spec.flags[0]}: {message}" if spec else message
-
-
-def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
-    """The preset of the env and algorithm (:mod:`gae_core.agent.presets`, CartPole-v1 and A2C
-    when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming every
-    bad field, one a line in the flags' order (the Train form lists them all at once too)."""
-    values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
-    unread = {}  # flags whose text the field's parser refused (Unread): said with the rest
-    for name, value in list(values.items()):
-        parts = value if FIELD_SPECS[name].kind == "int_list" else [value]
-        refused = [part for part in parts if isinstance(part, Unread)]
-        if refused:
-            unread[name] = refused[0].message
-            del values[name]
-        elif FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
-            values[name] = tuple(int(x) for part in value for x in part)
-    values.update(overrides)
-    env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
-    algo = values.get("algo", FIELD_SPECS["algo"].default)
-    values = {**preset_values(env_id, algo), **values}
-    problems = field_problems(values)
-    if unread.keys() & SPANNING_FIELDS:  # a field of the check was not read: no check
-        problems.pop("minibatch_size", None)
-    problems |= unread
-    if problems:
-        order = list(FIELD_SPECS)
-        named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
-        raise ConfigError("\n".join(problems[name] for name in named))
-    return TrainConfig(**values)
 
 
 def open_store(args: argparse.Namespace) -> RunStore:

@@ -1,0 +1,102 @@
+"""The training config's flags (every ``TrainConfig`` field is a flag of ``train`` and ``sweep``,
+generated from its :class:`~gae_core.agent.config.FieldSpec`) and the config they make: a
+flag's text is read by the field's own parser, and every bad flag is named at once, one a line
+(:func:`config_from_args`), as the Train form lists every bad field."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from gae_core.agent.config import (
+    FIELD_SPECS,
+    SPANNING_FIELDS,
+    FieldSpec,
+    TrainConfig,
+    field_problems,
+)
+from gae_core.agent.presets import preset_values
+from gae_core.errors import ConfigError
+
+__all__ = ["Unread", "add_config_flags", "config_from_args", "flag_type", "name_flag"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Unread:
+    """A config flag's text that its field's parser refused, kept (not an argparse error,
+    which stops at the first) for :func:`config_from_args` to name with every other problem."""
+
+    text: str
+    message: str
+
+
+def flag_type(spec: FieldSpec) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        try:
+            return spec.parse(text)
+        except ConfigError as exc:  # named with the other flags' problems, all at once
+            return Unread(text, str(exc))
+
+    parse.__name__ = spec.kind  # argparse names the type in its message
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``TrainConfig`` field; unset flags are absent from the namespace."""
+    group = parser.add_argument_group(
+        "training config (TrainConfig fields; unset ones come from the env's preset)"
+    )
+    for spec in FIELD_SPECS.values():
+        default = spec.default
+        if isinstance(default, tuple):
+            default = " ".join(map(str, default))
+        common = {
+            "dest": spec.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{spec.help}; {spec.allowed} (field default: {default})".replace("%", "%%"),
+        }
+        if spec.kind == "bool":
+            group.add_argument(*spec.flags, action=argparse.BooleanOptionalAction, **common)
+        elif spec.kind == "int_list":  # --hidden-sizes 64 64, or --hidden-sizes 64x64
+            group.add_argument(*spec.flags, type=flag_type(spec), nargs="+", metavar="N", **common)
+        else:
+            metavar = {"int": "N", "float": "X"}.get(spec.kind, "VALUE")
+            group.add_argument(*spec.flags, type=flag_type(spec), metavar=metavar, **common)
+
+
+def name_flag(message: str) -> str:
+    """Prefix a ConfigError message that starts with a field name with that field's flag."""
+    field = message.split(" ", 1)[0].rstrip(":")
+    spec = FIELD_SPECS.get(field)
+    return f"{spec.flags[0]}: {message}" if spec else message
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
+    """The preset of the env and algorithm (:mod:`gae_core.agent.presets`, CartPole-v1 and A2C
+    when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming every
+    bad field, one a line in the flags' order (the Train form lists them all at once too)."""
+    values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
+    unread = {}  # flags whose text the field's parser refused (Unread): said with the rest
+    for name, value in list(values.items()):
+        parts = value if FIELD_SPECS[name].kind == "int_list" else [value]
+        refused = [part for part in parts if isinstance(part, Unread)]
+        if refused:
+            unread[name] = refused[0].message
+            del values[name]
+        elif FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
+            values[name] = tuple(int(x) for part in value for x in part)
+    values.update(overrides)
+    env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
+    algo = values.get("algo", FIELD_SPECS["algo"].default)
+    values = {**preset_values(env_id, algo), **values}
+    problems = field_problems(values)
+    if unread.keys() & SPANNING_FIELDS:  # a field of the check was not read: no check
+        problems.pop("minibatch_size", None)
+    problems |= unread
+    if problems:
+        order = list(FIELD_SPECS)
+        named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
+        raise ConfigError("\n".join(problems[name] for name in named))
+    return TrainConfig(**values)
