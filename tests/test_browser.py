@@ -28,6 +28,7 @@ from conftest import APP_READY, POINTS_JS, wait_until, write_measurements
 import gae_core
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
+from gae_core.agent.presets import preset_values
 from gae_core.insight import figures
 from gae_core.runs.manager import RunManager
 from gae_core.runs.sweep import grid_of, run_sweep
@@ -1189,6 +1190,12 @@ def test_a_new_users_journey_keeps_its_context_and_every_csv_says_what_it_holds(
     page.wait_for_function(
         "(sel) => document.querySelector(sel).value === 'InvertedPendulum-v5'",
         arg=".st-key-train-env_id input",
+    )
+    # the env's preset has loaded (its budget replaced the 3,000 typed above) before a budget
+    # is typed: typed sooner, the preset's rerun could land after it and write its own back
+    budget = str(preset_values("InvertedPendulum-v5")["total_steps"])
+    expect(page.locator(".st-key-train-total_steps input"), "the preset's budget").to_have_value(
+        budget, timeout=30_000
     )
     wait_idle(page)
     set_number(page, "train-total_steps", 2000)
