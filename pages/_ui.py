@@ -137,8 +137,15 @@ def say_if_linked_missing(ids: Sequence[str], shown: str, lacking: str, what: st
     else:  # typed or pasted: quoted, cut short if long
         damaged = getattr(record, "damaged", None)  # (pages leave damaged runs out)
         why = f"{what} {echo(named[0])} " + (f"is damaged: {damaged}" if damaged else lacking)
-    st.info(markdown_text(f"The link names a {what} this page cannot open: {why}. Showing "
-                          f"{shown}."), icon=":material/link_off:")  # fmt: skip
+    say_cannot_open(f"a {what}", why, shown)
+
+
+def say_cannot_open(named: str, why: str, shown: str | None = None) -> None:
+    """The info line of a link naming what a page cannot open (``named``: "a run", "runs"),
+    why, and what the page shows instead."""
+    instead = f" Showing {shown}." if shown else ""
+    st.info(markdown_text(f"The link names {named} this page cannot open: {why}.{instead}"),
+            icon=":material/link_off:")  # fmt: skip
 
 
 def _texts(value: Any) -> list[str]:
@@ -151,9 +158,8 @@ def to_url(**selection: Any) -> None:
     already holds the value is left alone.
 
     Every change of one call goes in one update: the browser adds a history entry for each
-    URL Streamlit sends, so four parameters written one by one made the Back button step
-    through three half-written URLs before the page before. A page writes its whole
-    selection in one call for the same reason."""
+    URL Streamlit sends, and Back should step over a page's selection, not through each of
+    its parameters. A page writes its whole selection in one call for the same reason."""
     context = st.session_state.setdefault(_CONTEXT, {})
     written = st.session_state.setdefault(_WRITTEN, {})
     if "run" in selection and context.get("run") != _texts(selection["run"]):

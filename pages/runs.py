@@ -68,13 +68,15 @@ def runs_view() -> None:
     # changes and the selection starts from the URL's runs, by id, instead of pointing at
     # whichever run moved into the selected row.
     shown_ids = shown["run_id"].tolist()
-    held = {r.id for r in store.list_runs()}
-    if gone := [i for i in st.query_params.get_all("run") if i not in held]:
-        # a link to runs deleted since (the page's own Delete takes its run out of the URL)
-        why = _ui.not_held("run", gone)
-        what = "runs" if len(gone) > 1 else "a run"
-        st.info(markdown_text(f"The link names {what} this page cannot open: {why}."),
-                icon=":material/link_off:")  # fmt: skip
+    gone = []  # a link to runs deleted since (the page's own Delete takes its run out of it)
+    for linked in st.query_params.get_all("run"):
+        if linked not in shown_ids:  # filtered out, or gone: only then asks the store
+            try:
+                store.get_run(linked)
+            except StoreError:
+                gone.append(linked)
+    if gone:
+        _ui.say_cannot_open("runs" if len(gone) > 1 else "a run", _ui.not_held("run", gone))
     digest = hashlib.sha1("\n".join([visit, *shown_ids]).encode()).hexdigest()[:16]
     table_key = f"runs.table.{digest}"
     wanted = [shown_ids.index(i) for i in _ui.all_from_url("run", shown_ids, [])]
@@ -135,7 +137,7 @@ def runs_view() -> None:
         new_name = actions[0].text_input("name", value=run.name, key=f"runs.name.{run.id}")
 
         # never disabled by the box's value: a text box sends what was typed only when it
-        # loses focus, so a button disabled until then took the first click as that blur
+        # loses focus, so the click that takes the focus away must itself reach the button
         if actions[1].button("Rename", key="runs.rename"):
             if new_name.strip() == run.name:
                 st.info("Type the new name in the box, then press Rename.")

@@ -119,8 +119,7 @@ def cell_table(
         solved = runs.groupby(CELL, sort=True)["solved_at_step"]
         table["solved_fraction"] = solved.apply(lambda s: float(s.notna().mean())).to_numpy()
     # a cell none of whose runs reached the threshold scores the study's end (censored): a
-    # value of the study's length, not of the cell, so it is never best (every cell tied at
-    # the end was "best" when no run solved)
+    # value of the study's length, not of the cell, so it is never best
     ranked = table["solved_fraction"].to_numpy() > 0 if score == "steps_to_threshold" else None
     _mark(table, higher=SCORES[score][1], ranked=ranked)
     return table.drop(columns=CELL)
