@@ -524,7 +524,9 @@ def run_charts(
         else:  # e.g. a sweep's trial cancelled before its turn
             st.info("No metrics: the run ended before its first update.")
         return False
-    if live:
+    if not live:  # the caption's slot, held so the charts keep their place when a run ends
+        st.empty()  # (Streamlit shows a moved element twice, faded, until the rerun ends)
+    else:
         metrics = views.live_snapshot(metrics)
         st.caption(
             f"While the run trains, the return redraws every {LIVE_CHARTS_EVERY_S:g} s and the "

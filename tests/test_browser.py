@@ -234,6 +234,9 @@ def set_number(page, key: str, value) -> None:
 
 
 def download_csv(page, locator) -> tuple[str, pd.DataFrame]:
+    """Click a download link or button once it is the only one matched: while a rerun draws,
+    Streamlit keeps an element that moved both where it was (faded) and where it is now."""
+    expect(locator).to_have_count(1)
     with page.expect_download() as info:
         locator.click()
     download = info.value
