@@ -280,6 +280,17 @@ def test_an_int_fields_parse_error_names_it_and_its_whole_range():
     assert FIELD_SPECS["seed"].parse(" 1,000 ") == 1000
 
 
+@pytest.mark.parametrize("text", ["64x64", "64, 64", "64 64", " 64 X 64 ", "64,64"])
+def test_hidden_sizes_read_each_way_the_form_and_cli_write_them(text):
+    assert FIELD_SPECS["hidden_sizes"].parse(text) == (64, 64)
+
+
+@pytest.mark.parametrize("text", ["64,,64", "64,", ",64", "64xx64", "64 x, 64", "", " "])
+def test_hidden_sizes_with_an_empty_place_are_refused_not_read_as_fewer_layers(text):
+    with pytest.raises(ConfigError, match=r"^hidden_sizes: cannot read .*expected 1 to 8"):
+        FIELD_SPECS["hidden_sizes"].parse(text)
+
+
 def test_one_owner_words_every_whole_number_out_of_its_range():
     """The form's seed (field_problems, a text box's parse) and the lab's (check_int) are refused
     in int_problem's words; what each accepts is unchanged."""

@@ -145,8 +145,9 @@ class FieldSpec:
                     raise ValueError(item)
                 return item.lower() in _TRUE
             if self.kind == "int_list":
-                parts = [p for p in item.lower().replace(",", " ").replace("x", " ").split()]
-                if not parts:
+                # one separator between sizes: "64,,64" or "64," is a typo, not two sizes
+                parts = re.split(r"\s*[,x]\s*|\s+", item.lower())
+                if "" in parts:
                     raise ValueError(item)
                 return tuple(parse_int(p) for p in parts)
             if self.kind == "int" or (self.kind == "choice" and isinstance(self.default, int)):
