@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import sys
 import threading
 import time
@@ -79,19 +80,45 @@ def _wanted(name: str) -> list[str]:
     return [] if held is None else held
 
 
-def from_url(name: str, options: Sequence[_T], fallback: _T) -> _T:
+def from_url(name: str, options: Sequence[_T], fallback: _T, why: str | None = None) -> _T:
     """The option the URL's ``?name=`` names (compared as text; without one, the session's
-    context), else ``fallback``: the default to give a widget."""
+    context), else ``fallback``: the default to give a widget. With ``why`` (what the page
+    allows, in words), a link naming something else says so (:func:`say_unread`)."""
     wanted = _wanted(name)[:1]
-    return next((option for option in options if [str(option)] == wanted), fallback)
+    chosen = next((option for option in options if [str(option)] == wanted), None)
+    if chosen is None and why is not None:
+        say_unread(name, wanted, why, fallback)
+    return fallback if chosen is None else chosen
 
 
-def not_held(what: str, ids: Sequence[str]) -> str:
-    """Why a link's run or sweep ids cannot be opened when the store has none of them."""
+def say_unread(name: str, unread: Sequence[str], why: str, shown: Any) -> None:
+    """The info line of a link whose ``?name=`` holds values the page cannot show (``why``:
+    what it allows), rather than replacing them silently; only the URL counts, not the
+    session's context (a value another run's page left there)."""
+    linked = st.query_params.get_all(name)
+    unread = [text for text in unread if text in linked]
+    if unread:
+        quoted = ", ".join(echo(text) for text in unread[:5]) + (", …" if len(unread) > 5 else "")
+        shown = ", ".join(map(_shown, shown)) if isinstance(shown, list) else _shown(shown)
+        say_cannot_open(f"{name} {quoted}", why, shown or "none")
+
+
+def _shown(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def not_a_checkpoint(steps: Sequence[int]) -> str:
+    """Why a link's checkpoint (``?policy=``, ``?critic=``) is not one the run has."""
+    return f"it is not one of this run's checkpoints ({steps[0]:,} to {steps[-1]:,} env steps)"
+
+
+def not_held(what: str, ids: Sequence[str] = ()) -> str:
+    """Why a link's run or sweep ids cannot be opened when the store has none of them
+    (without ``ids``: "no such run", after a line that quotes them)."""
     quoted = ", ".join(echo(i) for i in ids[:5]) + (", …" if len(ids) > 5 else "")
     plural = "s" if len(ids) > 1 else ""
-    return (f"this data folder holds no {what}{plural} {quoted} (deleted, or a link from "
-            "another folder)")  # fmt: skip
+    named = f"{what}{plural} {quoted}" if ids else f"such {what}"
+    return f"this data folder holds no {named} (deleted, or a link from another folder)"
 
 
 def text_from_url(name: str, fallback: str) -> str:
@@ -102,22 +129,31 @@ def text_from_url(name: str, fallback: str) -> str:
 
 def number_from_url(name: str, fallback: float, low: float, high: float) -> float:
     """The number the URL's ``?name=`` (without one, the session's context) gives, where it
-    reads as a finite number in ``[low, high]``, else ``fallback``: a widget's default for a
-    value with no list of options (the explorer's γ)."""
+    reads as a finite number in ``[low, high]``, else ``fallback`` (and a link's value out of
+    it says so): a widget's default for a value with no list of options (the explorer's γ)."""
     wanted = _wanted(name)[:1]
     try:
         value = float(wanted[0]) if wanted else fallback
     except ValueError:
-        return fallback
-    return value if low <= value <= high else fallback  # (NaN is in no range)
+        value = math.nan
+    if low <= value <= high:  # (NaN is in no range)
+        return value
+    say_unread(name, wanted, f"it must be a number in [{low:g}, {high:g}]", fallback)
+    return fallback
 
 
-def all_from_url(name: str, options: Sequence[_T], fallback: list[_T]) -> list[_T]:
+def all_from_url(
+    name: str, options: Sequence[_T], fallback: list[_T], why: str | None = None
+) -> list[_T]:
     """:func:`from_url` of a multiselect: every option the URL's repeated ``?name=`` names, in
-    the URL's order, else ``fallback``."""
+    the URL's order, else ``fallback``; with ``why``, a link's values that are not options are
+    named (:func:`say_unread`)."""
     by_text = {str(option): option for option in options}
-    chosen = [by_text[text] for text in _wanted(name) if text in by_text]
-    return list(dict.fromkeys(chosen)) or fallback
+    wanted = _wanted(name)
+    chosen = list(dict.fromkeys(by_text[text] for text in wanted if text in by_text)) or fallback
+    if why is not None:
+        say_unread(name, [text for text in wanted if text not in by_text], why, chosen)
+    return chosen
 
 
 def say_if_linked_missing(ids: Sequence[str], shown: str, lacking: str, what: str = "run") -> None:

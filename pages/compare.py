@@ -276,7 +276,8 @@ if view == "Launch a sweep":
 if "cmp.source" not in st.session_state:  # a link naming a sweep or runs says which
     named = "sweep" if "sweep" in st.query_params else "runs" if "run" in st.query_params else None
     if named is None or "source" in st.query_params:
-        named = _ui.from_url("source", list(SOURCES.values()), "sweep")  # else the context's
+        words = f"the sources are {', '.join(SOURCES.values())}"  # the link's, else the context's
+        named = _ui.from_url("source", list(SOURCES.values()), "sweep", words)
     wanted = named
     st.session_state["cmp.source"] = next(k for k, v in SOURCES.items() if v == wanted)
 source = st.radio("runs", list(SOURCES), horizontal=True, key="cmp.source")
@@ -298,7 +299,9 @@ else:
     sweep_id, first_axis, other_axis = "runs", "lambda_", None
     all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
     if "cmp.runs" not in st.session_state:
-        st.session_state["cmp.runs"] = _ui.all_from_url("run", list(all_runs), [])
+        st.session_state["cmp.runs"] = _ui.all_from_url(
+            "run", list(all_runs), [], _ui.not_held("run")
+        )
     run_ids = st.multiselect("runs", list(all_runs), format_func=all_runs.get, key="cmp.runs")
     picked_in_url = {"run": run_ids}
 fields = [name for name in FIELD_SPECS if name != "seed"]

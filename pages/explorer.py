@@ -83,13 +83,15 @@ run = store.get_run(run_id)
 steps = store.checkpoint_steps(run_id)
 # the URL's checkpoints count only for the run it names (another run's steps mean nothing here)
 url_run = _ui.from_url("run", [run_id], None) == run_id
-_start_at("ex.policy", _ui.from_url("policy", steps if url_run else [], steps[-1]))
+unheld = _ui.not_a_checkpoint(steps)
+_start_at("ex.policy", _ui.from_url("policy", steps, steps[-1], unheld) if url_run else steps[-1])
 policy_step = pick[1].selectbox(
     "policy checkpoint (env step)", steps, format_func="{:,}".format, key="ex.policy"
 )
 # the lab's critics are a list (an early one next to the policy's own): the explorer takes the
 # last, the policy's own where the lab's default or its "Measure this checkpoint" set them
-_start_at("ex.critic", _ui.all_from_url("critic", steps if url_run else [], [policy_step])[-1])
+_start_at("ex.critic", _ui.all_from_url("critic", steps, [policy_step], unheld)[-1]
+          if url_run else policy_step)  # fmt: skip
 critic_step = pick[2].selectbox(
     "critic checkpoint (values)",
     steps,
@@ -100,7 +102,9 @@ critic_step = pick[2].selectbox(
 )
 recorded = len(store.trajectory_blobs(run_id, policy_step))
 sources = [f"recorded #{i}" for i in range(recorded)] + ["fresh recording"]
-_start_at("ex.source", _ui.from_url("trajectory", sources if url_run else [], sources[0]))
+unrecorded = f"this checkpoint's trajectories are {', '.join(sources)}"
+_start_at("ex.source", _ui.from_url("trajectory", sources, sources[0], unrecorded)
+          if url_run else sources[0])  # fmt: skip
 source = pick[3].selectbox("trajectory", sources, key="ex.source")
 fresh_seed = None
 if source == "fresh recording":
@@ -134,7 +138,8 @@ gamma = knobs[0].number_input(
 )  # fmt: skip
 # λ moves in the browser (the chart's own slider): the server only says where it starts
 lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID]
-lambda_ = _ui.from_url("lambda", lambda_grid if url_run else [], round(run.config["lambda_"], 2))
+own_lambda, off_grid = round(run.config["lambda_"], 2), "λ goes from 0 to 1 in steps of 0.01"
+lambda_ = _ui.from_url("lambda", lambda_grid, own_lambda, off_grid) if url_run else own_lambda
 _start_at("ex.t", 0)
 t = knobs[1].slider(
     "step t for the weights", 0, max(len(arrays[0]) - 1, 0), key="ex.t",

@@ -305,12 +305,14 @@ except UnsupportedEnvError as error:
 if run.config.get("use_sde"):
     st.info(GSDE_NOTE, icon=":material/info:")
 steps = store.checkpoint_steps(run_id)
-url_steps = steps if _ui.from_url("run", [run_id], None) == run_id else []  # the URL's run's
+url_run = _ui.from_url("run", [run_id], None) == run_id
+url_steps = steps if url_run else []  # the URL's checkpoints are the URL's run's
+unheld = _ui.not_a_checkpoint(steps) if url_run else None
 if st.session_state.get("lab.policy") not in steps:
-    st.session_state["lab.policy"] = _ui.from_url("policy", url_steps, steps[-1])
+    st.session_state["lab.policy"] = _ui.from_url("policy", url_steps, steps[-1], unheld)
 if "lab.critics" not in st.session_state or not set(st.session_state["lab.critics"]) <= set(steps):
     fallback = list(dict.fromkeys([steps[0], steps[-1]]))
-    st.session_state["lab.critics"] = _ui.all_from_url("critic", url_steps, fallback)
+    st.session_state["lab.critics"] = _ui.all_from_url("critic", url_steps, fallback, unheld)
 pick = st.columns([2, 3])
 policy_step = pick[0].selectbox(
     "policy checkpoint (env step)", steps, format_func="{:,}".format, key="lab.policy"
@@ -323,7 +325,8 @@ critic_steps = pick[1].multiselect(
 )
 views_ = ["per state", "policy gradient"]
 view = st.segmented_control(
-    "view", views_, default=_ui.from_url("view", views_, "per state"), key="lab.view",
+    "view", views_, key="lab.view",
+    default=_ui.from_url("view", views_, "per state", f"the views are {', '.join(views_)}"),
     help="Per state: bias², variance and MSE of each advantage against Monte-Carlo truth. "
     "Policy gradient: the same estimators' batch gradients against a reference gradient.",
 ) or "per state"  # fmt: skip

@@ -582,6 +582,77 @@ def test_a_link_naming_a_sweep_compares_it_whatever_was_compared_before(data_dir
                            "Showing S · A2C · CartPole-v1 · ")  # fmt: skip
 
 
+def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recorded_run, data_dir):
+    """A link to a run the page opens, with a checkpoint it lacks, a γ out of range, a λ off
+    the chart's grid, an unknown view, status or run: each page says which value it cannot show,
+    why, and what it shows instead."""
+    from streamlit.testing.v1 import AppTest
+
+    store = RunStore(data_dir)
+    steps = store.checkpoint_steps(recorded_run)
+    held = f"({steps[0]:,} to {steps[-1]:,} env steps)"
+    recorded = len(store.trajectory_blobs(recorded_run, steps[-1]))
+    sources = ", ".join([f"recorded #{i}" for i in range(recorded)] + ["fresh recording"])
+
+    def notes(page: str, **link) -> tuple[AppTest, list[str]]:
+        at = AppTest.from_file("../dashboard.py", default_timeout=60)
+        at.query_params.update(link)
+        at.run()
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, page
+        said = [said_plain(i.value) for i in at.info if i.value.startswith("The link names")]
+        return at, said
+
+    at, said = notes("explorer", run=recorded_run, policy="999999", critic=["3", str(steps[0])],
+                     trajectory="recorded #99", gamma="7", **{"lambda": "0.955"})  # fmt: skip
+    assert at.selectbox(key="ex.policy").value == steps[-1]
+    assert at.selectbox(key="ex.critic").value == steps[0]  # the link's one the run holds
+    assert at.selectbox(key="ex.source").value == "recorded #0"
+    assert at.number_input(key="ex.gamma").value == store.get_run(recorded_run).config["gamma"]
+    assert said == [
+        f"The link names policy '999999' this page cannot open: it is not one of this run's "
+        f"checkpoints {held}. Showing {steps[-1]:,}.",
+        f"The link names critic '3' this page cannot open: it is not one of this run's "
+        f"checkpoints {held}. Showing {steps[0]:,}.",
+        "The link names trajectory 'recorded #99' this page cannot open: this checkpoint's "
+        f"trajectories are {sources}. Showing recorded #0.",
+        "The link names gamma '7' this page cannot open: it must be a number in [0, 1]. "
+        "Showing 0.99.",
+        "The link names lambda '0.955' this page cannot open: λ goes from 0 to 1 in steps of "
+        "0.01. Showing 0.95.",
+    ]
+    assert at.query_params["policy"] in (str(steps[-1]), [str(steps[-1])])  # the link is fixed
+
+    at, said = notes("lab", run=recorded_run, policy="x", view="bogus")
+    assert at.selectbox(key="lab.policy").value == steps[-1]
+    assert said == [
+        f"The link names policy 'x' this page cannot open: it is not one of this run's "
+        f"checkpoints {held}. Showing {steps[-1]:,}.",
+        "The link names view 'bogus' this page cannot open: the views are per state, policy "
+        "gradient. Showing per state.",
+    ]
+
+    at, said = notes("compare", source="runs", run=[recorded_run, "zzz"])
+    assert at.multiselect(key="cmp.runs").value == [recorded_run]
+    assert said == [
+        "The link names run 'zzz' this page cannot open: this data folder holds no such run "
+        f"(deleted, or a link from another folder). Showing {recorded_run}."
+    ]
+    at, said = notes("compare", source="bogus")
+    assert said == ["The link names source 'bogus' this page cannot open: the sources are sweep, "
+                    "runs. Showing sweep."]  # fmt: skip
+
+    at, said = notes("runs", status=["finished", "done"])
+    assert at.multiselect(key="runs.status").value == ["finished"]
+    assert said == [
+        "The link names status 'done' this page cannot open: the statuses are queued, running, "
+        "stopped, finished, failed, interrupted. Showing finished."
+    ]
+    # a good link says nothing
+    at, said = notes("explorer", run=recorded_run, policy=str(steps[0]), gamma="0.9")
+    assert said == [] and at.number_input(key="ex.gamma").value == 0.9
+
+
 def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
     handed: dict[str, object] = {}
     monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
