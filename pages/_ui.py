@@ -377,7 +377,7 @@ def _widget_value(spec: FieldSpec, value: Any) -> Any:
     return value
 
 
-def _widget(spec: FieldSpec, key: str, on_change: Any = None) -> Any:
+def _widget(spec: FieldSpec, key: str, on_change: Callable[[], None] | None = None) -> Any:
     """One field's widget; its value lives in session state (set by :func:`config_form`).
 
     Every value reaches the form's validation (:func:`~gae_core.insight.views.build_config`),
@@ -431,22 +431,31 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
         if name not in exclude and key not in st.session_state:
             st.session_state[key] = _widget_value(FIELD_SPECS[name], value)
 
+    shown_key = f"{prefix}.shown"  # the tuned fields' values as the last run drew them
+
     def load_preset() -> None:
         chosen = st.session_state[env_key]
         algo = st.session_state.get(algo_key, FIELD_SPECS["algo"].default)
-        changed = []  # the fields whose value the preset changes, named in the toast
+        shown = st.session_state.get(shown_key, {})
+        changed, kept = [], []  # the fields the preset changes, and those typed meanwhile
         for name, value in preset_values(chosen, algo).items():
             if name not in exclude and name in TUNED_FIELDS:
                 key, new = f"{prefix}.{name}", _widget_value(FIELD_SPECS[name], value)
+                if name in shown and st.session_state.get(key, shown[name]) != shown[name]:
+                    # typed right after the env was chosen: Streamlit ran both in one rerun,
+                    # this callback after the typed value arrived, which must win
+                    kept.append(FIELD_SPECS[name].label)
+                    continue
                 if key in st.session_state and st.session_state[key] != new:
                     changed.append(FIELD_SPECS[name].label)
                 st.session_state[key] = new
         where = "its preset" if preset_of(chosen, algo) else "the field defaults (it has no preset)"
         more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
         said = ", ".join(changed[:6]) + more
+        typed = f"; kept as you typed: {', '.join(kept)}" if kept else ""
         st.toast(f"{chosen}, {algorithm_name(algo)}: the tuned settings are {where}"
-                 f"{f' (changed: {said})' if changed else ''}; the others are as you left "
-                 "them.")  # fmt: skip
+                 f"{f' (changed: {said})' if changed else ''}{typed}; the others are as you "
+                 "left them.")  # fmt: skip
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs(exclude)
@@ -457,6 +466,11 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
     with st.expander("Advanced"):
         for spec in advanced:
             values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
+    st.session_state[shown_key] = {
+        name: st.session_state[f"{prefix}.{name}"]
+        for name in TUNED_FIELDS
+        if f"{prefix}.{name}" in st.session_state
+    }
     chosen_algo = values.get("algo", FIELD_SPECS["algo"].default)
     preset = preset_of(values.get("env_id"), chosen_algo)
     if preset is not None:

@@ -429,6 +429,28 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     assert not at.error and not at.button(key="train.start").disabled
 
 
+def test_a_budget_typed_in_the_same_rerun_as_an_env_change_is_kept(data_dir):
+    """On a busy server Streamlit can run an env change and a budget typed right after it as
+    one rerun, the preset's callback after the typed value arrived: the typed budget wins, the
+    rest of the preset loads, and the toast says which was kept."""
+    from gae_core.agent.presets import preset_values
+
+    at = app("pages/train.py")
+    at.selectbox(key="train.env_id").set_value("Acrobot-v1")
+    at.text_input(key="train.total_steps").set_value("2000")
+    at.run()  # both in one rerun
+    preset = preset_values("Acrobot-v1")
+    assert at.text_input(key="train.total_steps").value == "2000"
+    assert at.text_input(key="train.num_envs").value == str(preset["num_envs"]) != "8"
+    (toast,) = [t.value for t in at.toast]
+    assert "kept as you typed: budget (env steps)" in toast and "envs" in toast
+    # an env change alone still loads the preset's budget over the one typed before it
+    at.selectbox(key="train.env_id").set_value("CartPole-v1").run()
+    assert at.text_input(key="train.total_steps").value == str(
+        preset_values("CartPole-v1")["total_steps"]
+    )
+
+
 def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     """γ = 1.5 typed into the form: the error names γ and its range and Start is disabled (the
     browser no longer swallows the value and trains with the last valid one). Three bad fields
