@@ -111,6 +111,26 @@ def test_a_cell_of_two_seeds_with_one_score_has_no_interval_to_tell_cells_apart(
     assert "lies apart" not in sentence and "which cells it beats cannot be told" in sentence
 
 
+@pytest.mark.parametrize("seeds", [2, 4, 5])
+def test_cells_apart_on_fewer_than_five_seeds_are_said_to_be_too_few_to_trust(seeds):
+    """Two seeds a cell that lie apart give intervals that are their range, not their noise:
+    the verdict says so below FEW_SEEDS (as the λ sentence does), and not from five up."""
+    levels = {(lam, 0.99): 100.0 * lam for lam in (0.0, 0.5, 1.0)}
+    table = cell_table(_study(levels, seeds=seeds, noise=1.0), "lambda_", "gamma")
+    sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
+    assert "every other cell's interval lies apart from it (2 cells)" in sentence
+    few = f" — from only {seeds} seeds in a cell: too few for this interval to be trusted"
+    assert (few in sentence) is (seeds < stats.FEW_SEEDS)
+
+
+def test_one_tied_cell_is_named_in_the_singular():
+    levels = {(lam, 0.99): 100.0 * lam for lam in (0.0, 0.5, 1.0)}
+    levels[(0.5, 0.99)] = 100.0  # tied with λ = 1
+    table = cell_table(_study(levels, seeds=5, noise=1.0), "lambda_", "gamma")
+    sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
+    assert "; 1 of the other 2 cells is not distinguishable from it" in sentence
+
+
 def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():
     levels = {(lam, g): 10.0 * lam + g for lam in (0.5, 1.0) for g in (0.9, 0.99)}
     episodes = _study(levels, seeds=5, noise=3.0)

@@ -191,11 +191,16 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
             "run more seeds"
         )
     if tied:
-        return text + (
-            f"; {tied} of the other {others} cells are not distinguishable from it "
+        verb = "is" if tied == 1 else "are"
+        text += (
+            f"; {tied} of the other {others} cells {verb} not distinguishable from it "
             f"(their {stats.CONFIDENCE_TEXT} intervals overlap)"
         )
-    return text + f"; every other cell's interval lies apart from it ({others} cells)"
+    else:
+        text += f"; every other cell's interval lies apart from it ({others} cells)"
+    if tied < others and (few := stats.too_few_seeds(int(table["seeds"].min()), "cell")):
+        text += f" — {few}"  # a cell "apart" on 2 seeds is their range, not their noise
+    return text
 
 
 def axis_values(table: pd.DataFrame, field: str) -> Sequence[Any]:

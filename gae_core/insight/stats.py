@@ -56,6 +56,7 @@ __all__ = [
     "performance_profile",
     "probability_of_improvement",
     "stratified_bootstrap_ci",
+    "too_few_seeds",
 ]
 
 #: Below this many seeds per group the page warns that intervals are wide.
@@ -429,14 +430,20 @@ def best_group_sentence(
         return text + " — one seed in a group, so no interval: not distinguishable from seed noise"
     if low <= 0.5 <= high:
         text += " — not distinguishable from seed noise at this sample size"
-    elif (fewest := min(len(finite[best]), len(finite[second]))) < FEW_SEEDS:
+    elif few := too_few_seeds(min(len(finite[best]), len(finite[second]))):
         # 2 seeds a group that all order one way give [1.00, 1.00]: a bootstrap over so few
         # seeds cannot see their noise (few_seeds_warning)
-        text += (
-            f" — from only {fewest} seeds in a group: too few for this interval to be trusted "
-            "(use 10 per group)"
-        )
+        text += f" — {few}"
     return text
+
+
+def too_few_seeds(fewest: int, unit: str = "group") -> str | None:
+    """The clause a verdict drawn from intervals adds when its smallest ``unit`` (a group, a
+    cell) has fewer than :data:`FEW_SEEDS` seeds, or None."""
+    if fewest >= FEW_SEEDS:
+        return None
+    return (f"from only {fewest} seeds in a {unit}: too few for this interval to be trusted "
+            f"(use 10 per {unit})")  # fmt: skip
 
 
 def few_seeds_warning(n_min: int) -> str | None:
