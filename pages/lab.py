@@ -3,6 +3,7 @@ truth, on a run's checkpoints or on the exact chain."""
 
 import dataclasses
 
+import gymnasium as gym
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -172,12 +173,15 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     for problem in problems:  # every problem of the boxes, one a line
         st.error(markdown_text(problem))  # it quotes what was typed
     if not problems:
-        samples = settings.batches * settings.batch_size + settings.reference
-        st.caption(f"At least {samples:,} samples: the reference plays whole episodes, 256 "
-                   "at a time, until it has its share, so it often takes more (a round of "
-                   "CartPole's 500-step episodes is up to 128,000). On CartPole "
-                   "the defaults took 30–45 s on a 2-core CPU, on HalfCheetah a few "
-                   "minutes (the ETA settles once the first episodes have ended).")  # fmt: skip
+        limit = gym.spec(run.config["env_id"]).max_episode_steps
+        rounds = (f" (a round of {run.config['env_id']}'s episodes of up to {limit:,} steps is "
+                  f"up to {256 * limit:,} samples)" if limit else "")  # fmt: skip
+        st.caption(f"{settings.batches} batches of {settings.batch_size:,} samples, and a "
+                   f"reference of at least {settings.reference:,}: it plays whole episodes, "
+                   f"256 at a time, until it has its share, so it often takes more{rounds}. "
+                   "For scale, the defaults took 30–45 s on CartPole on a 2-core CPU and a "
+                   "few minutes on HalfCheetah (the ETA settles once the first episodes have "
+                   "ended).")  # fmt: skip
     if st.button("Measure the gradient", type="primary", disabled=bool(problems),
                  key="lab.g_start"):  # fmt: skip
         _ui.lab_jobs()[f"gradient {run.id}"] = LabJob(
@@ -197,16 +201,29 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
         st.info("No gradient measurement of this run yet.")
         return
 
-    def name(i: int) -> str:
-        record = records[i]
+    by_id = {r.id: r for r in records}
+
+    def name(record_id: str) -> str:
+        record = by_id[record_id]
         summary = record.summary
         best = summary.get("best_lambda")
         return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
                 f"{summary.get('batch_size'):,} · {LAMBDA}* = {best:g}")  # fmt: skip
 
-    index = st.selectbox("stored gradient measurements (newest first)", range(len(records)),
-                         format_func=name, key="lab.g_stored")  # fmt: skip
-    result = GradientResult.from_json(store.load_lab_result(records[index].id))
+    # the newest measurement of the policy checkpoint chosen above (a link names the policy),
+    # again whenever that checkpoint changes
+    if (st.session_state.get("lab.g_stored") not in by_id
+            or st.session_state.get("lab.g_stored_for") != (run.id, policy_step)):  # fmt: skip
+        of_policy = [r.id for r in records if r.policy_step == policy_step]
+        st.session_state["lab.g_stored"] = (of_policy or list(by_id))[0]
+        st.session_state["lab.g_stored_for"] = (run.id, policy_step)
+    record = by_id[st.selectbox("stored gradient measurements (newest first)", list(by_id),
+                                format_func=name, key="lab.g_stored")]  # fmt: skip
+    if record.policy_step != policy_step:
+        st.info(f"Shown: a measurement of policy {record.policy_step:,}, not of the policy "
+                f"checkpoint chosen above ({policy_step:,}): Measure the gradient to measure "
+                "that one.", icon=":material/info:")  # fmt: skip
+    result = GradientResult.from_json(store.load_lab_result(record.id))
     if note := result.reference_note():
         st.warning(note, icon=":material/warning:")
     for critic in result.table["critic"].unique():
@@ -214,8 +231,12 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     st.subheader(f"Over {LAMBDA}")
     figure, frame = lab_figures.gradient_figure(result.table)
     st.plotly_chart(figure, key="lab.g_lambda", config={"displaylogo": False})
-    made_by = {"run_id": run.id, "policy_step": records[index].policy_step,
-               **dataclasses.asdict(result.settings)}  # fmt: skip
+    made_by = {
+        "run_id": run.id,
+        "policy_step": record.policy_step,
+        **dataclasses.asdict(result.settings),  # the batch the measurement used, also
+        "batch_size": result.batch["envs"] * result.batch["steps"],
+    }  # where it defaulted
     _ui.csv_button(f"Gradient over {LAMBDA} CSV", frame, "gradient_lambda.csv", "lab.g_l_csv",
                    made_by)  # fmt: skip
     st.subheader("Over k (Â^(k))")
@@ -225,7 +246,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     ref = result.reference
     st.caption(
         f"Reference g*: {ref['samples']:,} samples, norm {ref['norm']:.4g}, standard error "
-        f"{ref['standard_error']:.3g} (its noise is subtracted from bias²). Batches: "
+        f"{ref['standard_error']:.3g} (its noise and the batches' are subtracted from bias², "
+        "which can therefore dip below 0 where it is small). Batches: "
         f"{result.settings.batches} × {result.batch['envs'] * result.batch['steps']:,} "
         f"({result.batch['samples']:,} samples each after the reset rows); bands: "
         f"{result.settings.confidence * 100:g} % percentile bootstrap over batches. "

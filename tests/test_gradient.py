@@ -24,6 +24,7 @@ from gae_core.lab.gradient import (
     actor_parameters,
     batch_gradients,
     batch_problem,
+    gradient_sentence,
     gradient_statistics,
     measure_gradient,
     per_sample_scores,
@@ -187,6 +188,36 @@ def _replay(env_id: str = "CartPole-v1") -> Replay:
     return Replay(ActorCritic(env.observation_space, env.action_space, (16,), seed=0).eval())
 
 
+def _lens_rows(mse, cosine, half_width=0.5):
+    """A gradient table of GAE rows at λ = 0, 0.5, 1 for one critic."""
+    import pandas as pd
+
+    mse = np.asarray(mse, float)
+    return pd.DataFrame({"critic": "critic 1", "kind": "gae", "param": [0.0, 0.5, 1.0],
+                         "mse": mse, "mse_ci_low": mse - half_width,
+                         "mse_ci_high": mse + half_width, "cosine": cosine})  # fmt: skip
+
+
+def test_the_gradient_sentence_names_the_least_mse_and_what_it_cannot_tell_apart():
+    sentence = gradient_sentence(_lens_rows([5.0, 2.0, 2.4], [0.2, 0.5, 0.9]), "critic 1")
+    assert sentence == ("critic 1: the least gradient MSE is at λ = 0.5 (MSE 2 [1.5, 2.5], "
+                        "cosine to g* 0.500); λ from 0.5 to 1 cannot be told apart from it at "
+                        "this number of batches")  # fmt: skip
+    alone = gradient_sentence(_lens_rows([5.0, 2.0, 4.0], [0.2, 0.5, 0.9]), "critic 1")
+    assert "; no other λ's interval overlaps it at" in alone and "points away" not in alone
+
+
+def test_a_least_mse_gradient_that_points_away_from_g_star_is_said_to():
+    """A short gradient has a small MSE whatever its direction: where the least-MSE λ's cosine
+    is ≤ 0 the sentence says so and names the λ best aligned with g*."""
+    sentence = gradient_sentence(_lens_rows([3.0, 2.0, 2.9], [-0.7, -0.444, 0.98]), "critic 1")
+    assert "cosine to g* −0.444)" in sentence and "-" not in sentence.replace("critic 1", "")
+    assert sentence.endswith(
+        ". Its gradient points away from g* (cosine ≤ 0): a short gradient has a small MSE "
+        "whatever its direction, so read the cosine here; the highest is at λ = 1 (0.980)"
+    )
+
+
 def test_measure_gradient_is_deterministic_for_a_seed_and_round_trips():
     settings = GradientSettings(gamma=0.95, lambdas=(0.0, 0.9, 1.0), ks=(1,), batches=3,
                                 reference=1500, resamples=100, seed=4)  # fmt: skip
@@ -317,6 +348,14 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     # the CSV says which run, policy checkpoint and settings made it
     assert (frame["run_id"] == run_id).all() and (frame["batches"] == 3).all()
     assert (frame["policy_step"] == gradient_records()[0].policy_step).all()
+    assert (frame["batch_size"] == 16).all()  # the batch it used (from the CLI: the run's own)
+    assert not [i for i in at.info if i.value.startswith("Shown: a measurement of policy")]
+    # another policy checkpoint chosen above: the stored one shown says whose it is
+    first, last = store.checkpoint_steps(run_id)[0], gradient_records()[0].policy_step
+    at.selectbox(key="lab.policy").set_value(first).run()
+    (shown,) = [i.value for i in at.info if i.value.startswith("Shown: a measurement of policy")]
+    assert shown.startswith(f"Shown: a measurement of policy {last:,}, not of the policy "
+                            f"checkpoint chosen above ({first:,})")  # fmt: skip
     # the per-state view does not list the gradient measurement
     at.segmented_control(key="lab.view").set_value("per state").run()
     assert not at.exception and any("No measurement of this run yet" in i.value for i in at.info)

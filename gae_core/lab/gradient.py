@@ -368,8 +368,21 @@ def gradient_sentence(table: pd.DataFrame, critic: str) -> str:
     lam = label("lambda_")
     span = (f"{lam} from {tied.min():g} to {tied.max():g} cannot be told apart from it"
             if len(tied) > 1 else f"no other {lam}'s interval overlaps it")  # fmt: skip
-    return (
+    text = (
         f"{critic}: the least gradient MSE is at {assignment('lambda_', best['param'])} "
         f"(MSE {best['mse']:.4g} [{best['mse_ci_low']:.4g}, {best['mse_ci_high']:.4g}], cosine "
-        f"to g* {best['cosine']:.3f}); {span} at this number of batches"
+        f"to g* {_signed(best['cosine'])}); {span} at this number of batches"
     )
+    if best["cosine"] <= 0:  # a short gradient that points the wrong way can have the least MSE
+        aligned = rows.loc[rows["cosine"].idxmax()]
+        text += (
+            f". Its gradient points away from g* (cosine ≤ 0): a short gradient has a small "
+            f"MSE whatever its direction, so read the cosine here; the highest is at "
+            f"{assignment('lambda_', aligned['param'])} ({_signed(aligned['cosine'])})"
+        )
+    return text
+
+
+def _signed(value: float) -> str:
+    """A cosine as the page writes numbers: three decimals, a typographic minus."""
+    return f"{value:.3f}".replace("-", "−")
