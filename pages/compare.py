@@ -213,6 +213,10 @@ if view == "Launch a sweep":
                 # the progress box is keyed: once drawn, it keeps its own choice over `index`
                 st.session_state["cmp.sweep"] = sweep.sweep_id
                 st.session_state["cmp.progress_sweep"] = sweep.sweep_id
+                # the link and the Compare view follow the sweep just launched
+                st.session_state["cmp.sweep_pick"] = sweep.sweep_id
+                st.session_state["cmp.source"] = "a sweep"
+                _ui.to_url(source="sweep", sweep=sweep.sweep_id)
     with right:
         sweep_list = store.list_sweeps()
         if not sweep_list:

@@ -740,6 +740,11 @@ def test_a_launched_sweep_takes_the_progress_panel_from_the_one_shown_before(dat
     assert not at.exception
     (launched,) = {s.id for s in store.list_sweeps()} - {earlier}
     assert at.selectbox(key="cmp.progress_sweep").value == launched
+    # the link names the sweep just launched, and the Compare view opens on it
+    assert at.query_params["sweep"] in (launched, [launched])
+    at.segmented_control(key="cmp.view").set_value("Compare").run()
+    assert at.selectbox(key="cmp.sweep_pick").value == launched
+    at.segmented_control(key="cmp.view").set_value("Launch a sweep").run()
     (trial,) = store.list_runs(sweep_id=launched)
     assert wait_until(lambda: store.get_run(trial.id).env_steps > 0, 60)
     at.run()
