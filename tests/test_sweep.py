@@ -52,6 +52,23 @@ def test_expand_grid_order_and_validation():
         expand_grid(BASE, {"hidden_sizes": [(8,), [8]]})
 
 
+def test_the_form_and_the_cli_expand_a_study_into_the_same_trials_in_the_same_order():
+    """Trials batched into populations differ in their last bits from the same trial batched
+    otherwise: the form (grid_of) and `sweep` must order one study alike (seed fastest)."""
+    from gae_core.cli import build_parser
+    from gae_core.cli.commands import _grid
+
+    args = build_parser().parse_args(
+        ["sweep", "--lambdas", "0.9", "1", "--gammas", "0.95", "0.99", "--seeds", "0", "1"]
+    )
+    cli_grid = _grid(args)
+    form_grid = grid_of(lambdas=[0.9, 1.0], seeds=[0, 1], gamma=[0.95, 0.99])
+    assert list(cli_grid) == list(form_grid) == ["lambda_", "gamma", "seed"]
+    order = [(c.lambda_, c.gamma, c.seed) for c in expand_grid(BASE, form_grid)]
+    assert order == [(c.lambda_, c.gamma, c.seed) for c in expand_grid(BASE, cli_grid)]
+    assert order[:3] == [(0.9, 0.95, 0), (0.9, 0.95, 1), (0.9, 0.99, 0)]
+
+
 def test_a_sweep_name_its_trials_cannot_carry_is_refused_before_anything_is_stored(tmp_path):
     """A trial's name is the sweep's plus its grid values; a sweep name that fits alone but
     not with them (or has nothing printable) is refused naming the field and the length

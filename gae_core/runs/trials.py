@@ -29,10 +29,11 @@ def grid_of(
     seeds: Sequence[int] | None = None,
     **fields: Sequence[Any],
 ) -> dict[str, list[Any]]:
-    """``{"lambda_": lambdas, "seed": seeds, **fields}`` without the empty entries."""
-    named = {"lambda_": lambdas, "seed": seeds}
-    grid = {name: list(values) for name, values in named.items() if values is not None}
-    return grid | {name: list(values) for name, values in fields.items()}
+    """``{"lambda_": lambdas, **fields, "seed": seeds}`` without the empty entries: the order
+    the CLI's ``sweep`` builds (λ, γ, seed), so the form and the CLI expand one study into the
+    same trials in the same order, named alike and batched into the same populations."""
+    named = {"lambda_": lambdas, **fields, "seed": seeds}
+    return {name: list(values) for name, values in named.items() if values is not None}
 
 
 def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[TrainConfig]:
