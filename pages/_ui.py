@@ -80,18 +80,31 @@ def _wanted(name: str) -> list[str]:
     return [] if held is None else held
 
 
-def from_url(name: str, options: Sequence[_T], fallback: _T, why: str | None = None) -> _T:
+def from_url(
+    name: str,
+    options: Sequence[_T],
+    fallback: _T,
+    why: str | None = None,
+    shown_as: Callable[[Any], str] | None = None,
+) -> _T:
     """The option the URL's ``?name=`` names (compared as text; without one, the session's
     context), else ``fallback``: the default to give a widget. With ``why`` (what the page
-    allows, in words), a link naming something else says so (:func:`say_unread`)."""
+    allows, in words), a link naming something else says so (:func:`say_unread`), showing
+    the fallback as ``shown_as`` writes it (the widget's ``format_func``)."""
     wanted = _wanted(name)[:1]
     chosen = next((option for option in options if [str(option)] == wanted), None)
     if chosen is None and why is not None:
-        say_unread(name, wanted, why, fallback)
+        say_unread(name, wanted, why, fallback, shown_as)
     return fallback if chosen is None else chosen
 
 
-def say_unread(name: str, unread: Sequence[str], why: str, shown: Any) -> None:
+def say_unread(
+    name: str,
+    unread: Sequence[str],
+    why: str,
+    shown: Any,
+    shown_as: Callable[[Any], str] | None = None,
+) -> None:
     """The info line of a link whose ``?name=`` holds values the page cannot show (``why``:
     what it allows), rather than replacing them silently; only the URL counts, not the
     session's context (a value another run's page left there)."""
@@ -99,7 +112,8 @@ def say_unread(name: str, unread: Sequence[str], why: str, shown: Any) -> None:
     unread = [text for text in unread if text in linked]
     if unread:
         quoted = ", ".join(echo(text) for text in unread[:5]) + (", …" if len(unread) > 5 else "")
-        shown = ", ".join(map(_shown, shown)) if isinstance(shown, list) else _shown(shown)
+        write = shown_as or _shown
+        shown = ", ".join(map(write, shown)) if isinstance(shown, list) else write(shown)
         say_cannot_open(f"{name} {quoted}", why, shown or "none")
 
 

@@ -311,11 +311,12 @@ else:
 fields = [name for name in FIELD_SPECS if name != "seed"]
 options = st.columns([2, 1.5, 2, 1.5, 2.5])  # the heat map's axis box reads whole
 # the URL's grouping, else the sweep's own axis (not an earlier comparison's grouping)
-wanted_group = st.query_params.get("group", first_axis)
+wanted_group = first_axis if first_axis in fields else "lambda_"
+if "group" in st.query_params:  # a link's, named if it is no field to group by
+    wanted_group = _ui.from_url("group", fields, wanted_group, "it is not a config field", label)
 group = options[0].selectbox(
-    "group curves by", fields,
-    index=fields.index(wanted_group if wanted_group in fields else "lambda_"),
-    format_func=label, key="cmp.group",
+    "group curves by", fields, index=fields.index(wanted_group), format_func=label,
+    key="cmp.group",
 )  # fmt: skip
 _ui.to_url(source=SOURCES[source], **picked_in_url, group=group)  # one history entry
 seconds = [None, *(f for f in fields if f != group)]

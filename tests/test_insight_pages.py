@@ -622,6 +622,7 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
         "0.01. Showing 0.95.",
     ]
     assert at.query_params["policy"] in (str(steps[-1]), [str(steps[-1])])  # the link is fixed
+    assert at.query_params["lambda"] in ("0.95", ["0.95"])  # λ too, though the browser moves it
 
     at, said = notes("lab", run=recorded_run, policy="x", view="bogus")
     assert at.selectbox(key="lab.policy").value == steps[-1]
@@ -638,6 +639,10 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
         "The link names run 'zzz' this page cannot open: this data folder holds no such run "
         f"(deleted, or a link from another folder). Showing {recorded_run}."
     ]
+    at, said = notes("compare", source="runs", run=recorded_run, group="bogus")
+    assert at.selectbox(key="cmp.group").value == "lambda_"
+    assert said == ["The link names group 'bogus' this page cannot open: it is not a config "
+                    "field. Showing λ."]  # fmt: skip
     at, said = notes("compare", source="bogus")
     assert said == ["The link names source 'bogus' this page cannot open: the sources are sweep, "
                     "runs. Showing sweep."]  # fmt: skip
