@@ -153,7 +153,9 @@ if view == "Launch a sweep":
         )
         # held, the critic's target is the checkbox's: its own fields would contradict it
         held_fields = ("critic_target", "critic_lambda") if hold else ()
-        values = _ui.config_form("cmp", exclude=("lambda_", "seed", *held_fields))
+        # γ values given: the grid sets every trial's γ, so the form's γ box would mislead
+        gridded = ("gamma",) if gammas_text.strip() else ()
+        values = _ui.config_form("cmp", exclude=("lambda_", "seed", *held_fields, *gridded))
         gammas: list[float] = []
         errors = []
         try:
@@ -194,6 +196,8 @@ if view == "Launch a sweep":
         plural = "seed" if seeds == 1 else "seeds"
         axes = f"{len(gammas)} γ × " if gammas else ""
         launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {seeds} {plural})"
+        if base is not None:  # the budget is set far below this button: say it on it
+            launch += f", {base.total_steps:,} env steps each"
         if blocked:  # a count from half-read boxes ("0 λ" for "0.9, 1.5") would mislead
             launch = "Launch: fix what is named above first"
         with launch_slot:

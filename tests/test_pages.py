@@ -570,7 +570,15 @@ def test_seeds_per_lambda_and_workers_are_typed_named_with_their_range_and_launc
             assert at.button(key="cmp.launch").disabled
             at.text_input(key=key).set_value(" 1 ").run()
             assert not at.error and not at.button(key="cmp.launch").disabled
-    assert "× 1 seed)" in at.button(key="cmp.launch").label
+    # the budget, set far below Launch, is on it
+    budget = int(at.text_input(key="cmp.total_steps").value)
+    assert at.button(key="cmp.launch").label.endswith(f"× 1 seed), {budget:,} env steps each")
+    # γ values given: the grid sets γ, and the form has no γ box to contradict it
+    assert at.number_input(key="cmp.gamma")
+    at.text_input(key="cmp.gammas").set_value("0.9 0.99").run()
+    assert not [w for w in at.number_input if w.key == "cmp.gamma"]
+    assert "(2 γ × " in at.button(key="cmp.launch").label
+    at.text_input(key="cmp.gammas").set_value("").run()
     # what was typed shows as typed: a link, bold or a colour directive does not act
     at.text_input(key="cmp.seeds").set_value("[x](e.org) **b** :red[c]").run()
     assert [e.value for e in at.error] == [
