@@ -138,7 +138,7 @@ gamma = knobs[0].number_input(
 )  # fmt: skip
 # λ moves in the browser (the chart's own slider): the server only says where it starts
 lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID]
-own_lambda, off_grid = round(run.config["lambda_"], 2), "λ goes from 0 to 1 in steps of 0.01"
+own_lambda, off_grid = round(run.config["lambda_"], 2), f"{LAMBDA} goes from 0 to 1 by 0.01"
 lambda_ = _ui.from_url("lambda", lambda_grid, own_lambda, off_grid) if url_run else own_lambda
 _start_at("ex.t", 0)
 t = knobs[1].slider(

@@ -27,7 +27,7 @@ from gae_core.lab.measure import (
     check_memory,
     trade_off_sentence,
 )
-from gae_core.lab.states import STATE_FAMILIES, state_access
+from gae_core.lab.states import state_access
 from gae_core.labels import assignment, label
 from pages import _ui
 
@@ -322,7 +322,7 @@ run = store.get_run(run_id)
 try:
     state_access(run.config["env_id"])
 except UnsupportedEnvError as error:
-    st.error(f"{error}. The lab supports {', '.join(STATE_FAMILIES)}.")
+    st.error(f"{error}.")  # it names the families the lab supports
     st.stop()
 if run.config.get("use_sde"):
     st.info(GSDE_NOTE, icon=":material/info:")

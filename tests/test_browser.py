@@ -911,7 +911,9 @@ def test_compare_launch_button_runs_a_sweep_in_worker_processes(app_page, app_se
     set_number(page, "cmp-total_steps", 1500)
     # a committed value's rerun may not have begun when wait_idle looks (the app reads idle
     # until it does), so wait for the label rather than read it once
-    expect(launch).to_have_text("Launch 2 runs (2 λ × 1 seed), 1,500 env steps each", timeout=30_000)
+    expect(launch).to_have_text(
+        "Launch 2 runs (2 λ × 1 seed), 1,500 env steps each", timeout=30_000
+    )
     # back up to the study's boxes, as a user who set the budget far down the form does: the
     # fills above scrolled the page by however far the form reached at that moment (once in a
     # full run it left the progress panel's row above the viewport)

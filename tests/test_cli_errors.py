@@ -55,7 +55,7 @@ def tiny_run(data: Path, *extra: str) -> str:
         ("LunarLander-v3", "LunarLander-v3 needs a package that is not installed: Box2D"),
         ("Blackjack-v1", "Blackjack-v1 has observation space Tuple"),
         ("FrozenLake-v1", "FrozenLake-v1 has observation space Discrete(16)"),
-        ("NoSuchEnv-v0", "unknown environment 'NoSuchEnv-v0'"),
+        ("NoSuchEnv-v0", "'NoSuchEnv-v0' is not a registered environment"),
         ("os:system", "not a 'module:Class' path"),
     ],
 )

@@ -67,6 +67,10 @@ def test_the_example_module_trains_sweeps_and_says_what_it_needed(tmp_path):
                    "GAEExample/DictObs-v0", "--total-steps", "100", **env)  # fmt: skip
     assert dict_obs.returncode == 2 and "GAEExample/DictObs-v0" in dict_obs.stderr
     assert "flat Box" in dict_obs.stderr and len(dict_obs.stderr.strip().splitlines()) == 1
+    # an unknown id lists the module's envs the trainer can take, not the Dict one
+    typo = cli(data, "train", "--env-module", "gae_example_envs", "--env", "Corridr-v0", **env)
+    assert typo.returncode == 2 and "'Corridr-v0' is not a registered environment" in typo.stderr
+    assert CORRIDOR in typo.stderr and "DictObs" not in typo.stderr
     missing = cli(data, "train", "--env-module", "nowhere_envs", "--env", CORRIDOR, **env)
     assert missing.returncode == 2 and "env module 'nowhere_envs' not found" in missing.stderr
 

@@ -205,6 +205,19 @@ def test_the_heat_map_draws_exactly_the_table():
     assert json.loads(json.dumps(cell_records(table, "lambda_", "gamma")))[0]["lambda_"] == 0.0
 
 
+def test_heat_map_cells_of_a_thousand_and_up_read_as_whole_numbers():
+    """Env steps to a threshold (about 20,000 here) read "19,998" in a cell, not "2e+04", and
+    the colour bar's ticks keep their digits."""
+    levels = {(lam, 0.99): 20_000.0 - 3.0 * lam for lam in (0.0, 0.5, 1.0)}
+    table = cell_table(_study(levels, seeds=4), "lambda_", "gamma")
+    heat = grid_figure(table, "lambda_", "gamma")[0].data[0]
+    for row in table.itertuples():
+        j = [0.0, 0.5, 1.0].index(row.lambda_)
+        mark = "★ " if row.best else "≈ " if row.not_distinguishable else ""
+        assert heat.text[0][j] == f"{mark}{row.iqm:,.0f}" and "e+" not in heat.text[0][j]
+    assert heat.colorbar.tickformat == ",.6~r"
+
+
 def test_sweep_gammas_flag_expands_and_rejects_clearly(tmp_path):
     both = cli_in_process(tmp_path / "d", "sweep", "--gammas", "0.9", "--gamma", "0.99")
     assert both.returncode == 2 and "--gammas conflicts with --gamma" in both.stderr

@@ -618,8 +618,8 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
         f"trajectories are {sources}. Showing recorded #0.",
         "The link names gamma '7' this page cannot open: it must be a number in [0, 1]. "
         "Showing 0.99.",
-        "The link names lambda '0.955' this page cannot open: λ goes from 0 to 1 in steps of "
-        "0.01. Showing 0.95.",
+        "The link names lambda '0.955' this page cannot open: λ goes from 0 to 1 by 0.01. "
+        "Showing 0.95.",
     ]
     assert at.query_params["policy"] in (str(steps[-1]), [str(steps[-1])])  # the link is fixed
     assert at.query_params["lambda"] in ("0.95", ["0.95"])  # λ too, though the browser moves it

@@ -245,7 +245,7 @@ def test_a_sweep_whose_every_trial_failed_is_failed(tmp_path):
     record = store.get_sweep(progress.sweep_id)
     assert record.error.startswith("2 of 2 trials did not finish")
     for run in store.list_runs(sweep_id=progress.sweep_id):
-        assert run.status == "failed" and "unknown environment" in run.error
+        assert run.status == "failed" and "is not a registered environment" in run.error
     store.close()
 
 

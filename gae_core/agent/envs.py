@@ -134,16 +134,18 @@ def env_id_problem(env_id: object) -> str | None:
         import_named_modules()
     except EnvModuleError as exc:
         return f"cannot be looked up: {exc}"
-    supported = ", ".join([*SUPPORTED_ENVS, *registered_env_ids()])
+    # a module's envs the trainer can take (one it registers with Dict observations is not)
+    own = [i for i in registered_env_ids() if i not in SUPPORTED_ENVS and _built(i)[0] is None]
+    supported = ", ".join([*SUPPORTED_ENVS, *own])
     if not isinstance(env_id, str) or not env_id:
         return f"must be a non-empty string, one of: {supported}"
     if ":" in env_id:
         return f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported}"
     if env_id not in gym.envs.registry:
         return (
-            f"unknown environment {env_id!r}; supported: {supported} (an env your own module "
-            f"registers: name the module with --env-module, or {ENV_MODULES_VAR} for the "
-            "dashboard)"
+            f"{env_id!r} is not a registered environment; supported: {supported} (an env "
+            f"your own module registers: name the module with --env-module, or "
+            f"{ENV_MODULES_VAR} for the dashboard)"
         )
     return _built(env_id)[0]
 

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser(
         "sweep",
         parents=[data_dir, modules],
-        help=f"run a {lam} × seed grid in worker processes",
+        help=f"run a grid of {lam} (and γ, or any field) × seeds in worker processes",
         description="Run every combination of the grid as its own run, in worker processes. "
         "Ctrl-C cancels: pending trials are skipped, running ones stop; data is kept.",
     )

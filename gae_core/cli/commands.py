@@ -399,7 +399,8 @@ def sweep(args: argparse.Namespace) -> int:
                 f"{run.id}  {run.status:<11}  {run.env_steps:>11,}  "
                 f"{_fmt(run.summary.final_return, '9.2f'):>9}  {terminal_text(run.name)}"
             )
-        print(f"sweep {handle.sweep_id} {progress.status} in {wall:.1f} s: {progress.counts}")
+        counts = ", ".join(f"{n} {status}" for status, n in progress.counts.items() if n)
+        print(f"sweep {handle.sweep_id} {progress.status} in {wall:.1f} s: {counts or 'no trials'}")
         if record.error:
             print(terminal_text(record.error), file=sys.stderr)
     # 130 for a cancel of the whole sweep (Ctrl-C); a trial stopped alone is no failure

@@ -223,7 +223,9 @@ def grid_figure(cells: pd.DataFrame, x: str, y: str) -> tuple[go.Figure, pd.Data
         i, j = ys.index(row[y]), xs.index(row[x])
         z[i, j] = row["iqm"]
         mark = "★ " if row["best"] else "≈ " if row["not_distinguishable"] else ""
-        text[i, j] = f"{mark}{row['iqm']:,.4g}"
+        # whole numbers from 1,000 up: env steps and large returns, never "2e+04"
+        value = row["iqm"]
+        text[i, j] = f"{mark}{value:,.0f}" if abs(value) >= 1000 else f"{mark}{value:,.4g}"
         hover[i, j] = (
             f"{assignment(x, row[x])}, {assignment(y, row[y])}<br>IQM "
             f"{estimate_text(row['iqm'], row['iqm_ci_low'], row['iqm_ci_high'])}<br>mean "
@@ -244,7 +246,7 @@ def grid_figure(cells: pd.DataFrame, x: str, y: str) -> tuple[go.Figure, pd.Data
             hovertemplate="%{customdata}<extra></extra>",
             colorscale="Viridis",
             reversescale=not higher,
-            colorbar={"title": "IQM"},
+            colorbar={"title": "IQM", "tickformat": ",.6~r"},  # "19,997.6", not "19.9976k"
         )
     )
     _layout(
