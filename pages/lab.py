@@ -139,8 +139,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
         f"What {LAMBDA} does to the policy-gradient estimate itself. K independent batches, each "
         f"the size the run trains on, give ĝ = mean ∇log π(a|s)·Â for every {LAMBDA} with the "
         "chosen critic; a reference g* from many whole episodes with Monte-Carlo advantages is "
-        f"the truth. Cosine to g*, cosine between batches, bias², variance and MSE per {LAMBDA}, "
-        "with bootstrap intervals over batches."
+        f"the truth. Cosine to g*, cosine between batches, bias², variance, MSE and the "
+        f"signal-to-noise ratio per {LAMBDA}, with bootstrap intervals over batches."
     )
     envs = int(run.config.get("num_envs", 8))
     default_size = envs * int(run.config.get("rollout_steps", 5))
@@ -247,7 +247,8 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     st.caption(
         f"Reference g*: {ref['samples']:,} samples, norm {ref['norm']:.4g}, standard error "
         f"{ref['standard_error']:.3g} (its noise and the batches' are subtracted from bias², "
-        "which can therefore dip below 0 where it is small). Batches: "
+        "and the batches' from the SNR's signal ‖E ĝ‖², so both can dip below 0 where they "
+        "are small). Batches: "
         f"{result.settings.batches} × {result.batch['envs'] * result.batch['steps']:,} "
         f"({result.batch['samples']:,} samples each after the reset rows); bands: "
         f"{result.settings.confidence * 100:g} % percentile bootstrap over batches. "

@@ -19,6 +19,7 @@ from gae_core.agent.recording import Replay
 from gae_core.estimators import gae_lambda_sweep, k_step_advantages
 from gae_core.lab import chain, chain_gradient
 from gae_core.lab.gradient import (
+    QUANTITIES,
     GradientResult,
     GradientSettings,
     actor_parameters,
@@ -218,6 +219,23 @@ def test_a_least_mse_gradient_that_points_away_from_g_star_is_said_to():
     )
 
 
+def test_the_lens_figure_stars_the_least_mse_on_the_mse_panel():
+    from gae_core.insight.lab_figures import GRADIENT_PANELS, gradient_figure
+
+    rows = _lens_rows([3.0, 2.0, 2.9], [0.1, 0.5, 0.9])
+    for quantity in QUANTITIES:
+        if quantity not in rows:
+            rows[quantity] = [0.1, 0.2, 0.3]
+        for end in ("_ci_low", "_ci_high"):
+            if f"{quantity}{end}" not in rows:
+                rows[f"{quantity}{end}"] = rows[quantity]
+    figure, frame = gradient_figure(rows)
+    (star,) = [t for t in figure.data if t.mode == "markers"]
+    panel = 1 + [q for q, _ in GRADIENT_PANELS].index("mse")
+    assert (star.x[0], star.y[0]) == (0.5, 2.0) and star.yaxis == f"y{panel}"
+    assert set(frame["quantity"]) == set(QUANTITIES)
+
+
 def test_measure_gradient_is_deterministic_for_a_seed_and_round_trips():
     settings = GradientSettings(gamma=0.95, lambdas=(0.0, 0.9, 1.0), ks=(1,), batches=3,
                                 reference=1500, resamples=100, seed=4)  # fmt: skip
@@ -345,6 +363,11 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     expected = result.table[result.table["kind"] == "gae"].sort_values("param")["mse"].to_numpy()
     np.testing.assert_allclose(mse, expected)
     assert set(frame["critic"]) == set(result.table["critic"])
+    # every quantity the lens measures is drawn and in the CSV, the SNR too
+    assert set(frame["quantity"]) == set(QUANTITIES)
+    snr = frame[frame["quantity"] == "snr"].sort_values("param")["value"].to_numpy()
+    gae = result.table[result.table["kind"] == "gae"].sort_values("param")
+    np.testing.assert_allclose(snr, gae["snr"].to_numpy())
     # the CSV says which run, policy checkpoint and settings made it
     assert (frame["run_id"] == run_id).all() and (frame["batches"] == 3).all()
     assert (frame["policy_step"] == gradient_records()[0].policy_step).all()

@@ -233,7 +233,11 @@ GRADIENT_PANELS = (
     ("bias2", "bias² ‖E ĝ − g*‖²"),
     ("variance", "variance tr Cov(ĝ)"),
     ("mse", "MSE E‖ĝ − g*‖²"),
+    ("snr", "SNR ‖E ĝ‖² / tr Cov"),
 )
+
+
+_MSE_PANEL = 1 + [quantity for quantity, _ in GRADIENT_PANELS].index("mse")
 
 
 def gradient_figure(table: pd.DataFrame, *, kind: str = "gae") -> tuple[go.Figure, pd.DataFrame]:
@@ -270,7 +274,7 @@ def gradient_figure(table: pd.DataFrame, *, kind: str = "gae") -> tuple[go.Figur
             x=[best["param"]], y=[best["mse"]], mode="markers",
             marker={"symbol": "star", "size": 14, "color": color},
             name=plotly_text(f"{critic}: least MSE at {best['param']:g}"), legendgroup=critic,
-        ), row=1, col=len(GRADIENT_PANELS))  # fmt: skip
+        ), row=1, col=_MSE_PANEL)  # fmt: skip
     if kind == "k_step":
         figure.update_xaxes(type="log", **_k_ticks(table.loc[table["kind"] == kind, "param"]))
     figure.update_xaxes(title_text=label("lambda_") if kind == "gae" else "k")
