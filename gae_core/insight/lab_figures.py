@@ -282,5 +282,6 @@ def gradient_figure(table: pd.DataFrame, *, kind: str = "gae") -> tuple[go.Figur
     figure.update_yaxes(range=[-1.02, 1.02], row=1, col=2)
     figure.update_layout(height=380, margin={"l": 40, "r": 10, "t": 40, "b": 40},
                          legend={"orientation": "h", "y": -0.3})  # fmt: skip
+    figure.update_annotations(font_size=13)  # six panel titles side by side, apart
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return figure, frame
