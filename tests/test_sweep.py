@@ -21,6 +21,7 @@ from gae_core.inert import MAX_NAME_LENGTH
 from gae_core.outcome import RunSummary
 from gae_core.runs.sinks import Lost, Report
 from gae_core.runs.sweep import check_sweep_name, expand_grid, grid_of, run_sweep, start_sweep
+from gae_core.runs.trials import trial_name
 from gae_core.storage.store import RunStore
 
 BASE = TrainConfig(num_envs=4, rollout_steps=16, total_steps=2000, hidden_sizes=(16,))
@@ -58,15 +59,17 @@ def test_the_form_and_the_cli_expand_a_study_into_the_same_trials_in_the_same_or
     from gae_core.cli import build_parser
     from gae_core.cli.commands import _grid
 
-    args = build_parser().parse_args(
-        ["sweep", "--lambdas", "0.9", "1", "--gammas", "0.95", "0.99", "--seeds", "0", "1"]
-    )
-    cli_grid = _grid(args)
     form_grid = grid_of(lambdas=[0.9, 1.0], seeds=[0, 1], gamma=[0.95, 0.99])
-    assert list(cli_grid) == list(form_grid) == ["lambda_", "gamma", "seed"]
     order = [(c.lambda_, c.gamma, c.seed) for c in expand_grid(BASE, form_grid)]
-    assert order == [(c.lambda_, c.gamma, c.seed) for c in expand_grid(BASE, cli_grid)]
     assert order[:3] == [(0.9, 0.95, 0), (0.9, 0.95, 1), (0.9, 0.99, 0)]
+    names = [trial_name("s", c, form_grid) for c in expand_grid(BASE, form_grid)]
+    assert names[0] == "s λ = 0.9 γ = 0.95 seed = 0"
+    for flags in (["--gammas", "0.95", "0.99", "--seeds", "0", "1"],
+                  ["--seeds", "0", "1", "--grid", "gamma=0.95,0.99"]):  # fmt: skip
+        cli_grid = _grid(build_parser().parse_args(["sweep", "--lambdas", "0.9", "1", *flags]))
+        configs = expand_grid(BASE, cli_grid)
+        assert [(c.lambda_, c.gamma, c.seed) for c in configs] == order, flags
+        assert [trial_name("s", c, cli_grid) for c in configs] == names, flags
 
 
 def test_a_sweep_name_its_trials_cannot_carry_is_refused_before_anything_is_stored(tmp_path):

@@ -29,15 +29,25 @@ def grid_of(
     seeds: Sequence[int] | None = None,
     **fields: Sequence[Any],
 ) -> dict[str, list[Any]]:
-    """``{"lambda_": lambdas, **fields, "seed": seeds}`` without the empty entries: the order
-    the CLI's ``sweep`` builds (λ, γ, seed), so the form and the CLI expand one study into the
-    same trials in the same order, named alike and batched into the same populations."""
-    named = {"lambda_": lambdas, **fields, "seed": seeds}
-    return {name: list(values) for name, values in named.items() if values is not None}
+    """``{"lambda_": lambdas, "seed": seeds, **fields}`` without the empty entries (the order
+    its trials expand in is :func:`expand_grid`'s, whatever the dict's)."""
+    named = {"lambda_": lambdas, "seed": seeds}
+    grid = {name: list(values) for name, values in named.items() if values is not None}
+    return grid | {name: list(values) for name, values in fields.items()}
+
+
+def axis_order(names: Sequence[str]) -> list[str]:
+    """A grid's axes in the order its trials expand and are named in: λ first, the seed last
+    (fastest), the others as given. One order however the grid was written (the sweep form,
+    ``sweep --gammas`` or ``--grid``), so one study expands into the same trials in the same
+    order, named alike and batched into the same populations (members of one population are
+    not bit for bit the same trials batched otherwise)."""
+    return sorted(names, key=lambda name: (name != "lambda_", name == "seed"))  # stable
 
 
 def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[TrainConfig]:
-    """Every combination of the grid's values applied to ``base`` (last key varies fastest).
+    """Every combination of the grid's values applied to ``base``, in :func:`axis_order` (the
+    seed varies fastest).
 
     Raises ``ConfigError`` naming the grid field for an unknown field, an empty value list, a bad
     value or a duplicate (``1`` and ``1.0`` are the same λ), every axis's problem at once, one a
@@ -57,7 +67,7 @@ def expand_grid(base: TrainConfig, grid: dict[str, Sequence[Any]]) -> list[Train
             problems.append(f"sweep grid {spec.name}: {exc}")
     if problems:
         raise ConfigError("\n".join(problems))
-    names = list(normalised)
+    names = axis_order(list(normalised))
     return [
         dataclasses.replace(base, **dict(zip(names, combo, strict=True)))
         for combo in itertools.product(*(normalised[n] for n in names))
@@ -113,5 +123,5 @@ def checked_name(name: str, configs: Sequence[TrainConfig], grid: dict) -> str:
 
 def trial_name(prefix: str, config: TrainConfig, grid: dict[str, Sequence[Any]]) -> str:
     """``prefix λ = 0.95 seed = 3``: the sweep's name and the trial's grid values."""
-    names = [field_spec(n).name for n in grid]
+    names = axis_order([field_spec(n).name for n in grid])
     return " ".join([prefix, *(assignment(n, getattr(config, n)) for n in names)])
