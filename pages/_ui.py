@@ -104,17 +104,19 @@ def say_unread(
     why: str,
     shown: Any,
     shown_as: Callable[[Any], str] | None = None,
+    empty: str = "none",
 ) -> None:
     """The info line of a link whose ``?name=`` holds values the page cannot show (``why``:
-    what it allows), rather than replacing them silently; only the URL counts, not the
-    session's context (a value another run's page left there)."""
+    what it allows), rather than replacing them silently, and what is shown instead (``empty``
+    for an empty selection); only the URL counts, not the session's context (a value another
+    run's page left there)."""
     linked = st.query_params.get_all(name)
     unread = [text for text in unread if text in linked]
     if unread:
         quoted = ", ".join(echo(text) for text in unread[:5]) + (", …" if len(unread) > 5 else "")
         write = shown_as or _shown
         shown = ", ".join(map(write, shown)) if isinstance(shown, list) else write(shown)
-        say_cannot_open(f"{name} {quoted}", why, shown or "none")
+        say_cannot_open(f"{name} {quoted}", why, shown or empty)
 
 
 def _shown(value: Any) -> str:
@@ -157,16 +159,21 @@ def number_from_url(name: str, fallback: float, low: float, high: float) -> floa
 
 
 def all_from_url(
-    name: str, options: Sequence[_T], fallback: list[_T], why: str | None = None
+    name: str,
+    options: Sequence[_T],
+    fallback: list[_T],
+    why: str | None = None,
+    empty: str = "none",
 ) -> list[_T]:
     """:func:`from_url` of a multiselect: every option the URL's repeated ``?name=`` names, in
     the URL's order, else ``fallback``; with ``why``, a link's values that are not options are
-    named (:func:`say_unread`)."""
+    named (:func:`say_unread`; ``empty``: what an empty selection shows)."""
     by_text = {str(option): option for option in options}
     wanted = _wanted(name)
     chosen = list(dict.fromkeys(by_text[text] for text in wanted if text in by_text)) or fallback
     if why is not None:
-        say_unread(name, [text for text in wanted if text not in by_text], why, chosen)
+        unread = [text for text in wanted if text not in by_text]
+        say_unread(name, unread, why, chosen, empty=empty)
     return chosen
 
 
@@ -431,12 +438,16 @@ def _widget(spec: FieldSpec, key: str, on_change: Callable[[], None] | None = No
     )
 
 
-def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Widgets for every TrainConfig field (main ones first, the rest under "Advanced"),
-    starting from the preset of the chosen env and algorithm; choosing another env or
-    algorithm loads its preset into the fields presets tune
+def config_form(
+    prefix: str, *, exclude: tuple[str, ...] = (), hidden: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Widgets for every TrainConfig field but ``exclude``'s (main ones first, the rest under
+    "Advanced"), starting from the preset of the chosen env and algorithm; choosing another
+    env or algorithm loads its preset into the fields presets tune
     (:data:`~gae_core.agent.presets.TUNED_FIELDS`), says so, and keeps the others (the seed, …)
-    as the user set them. Why the preset is what it is sits under it."""
+    as the user set them. Why the preset is what it is sits under it. ``hidden`` fields are
+    not drawn for now (another box sets them) but still follow the presets, so they come back
+    right."""
     env_key, algo_key = f"{prefix}.env_id", f"{prefix}.algo"
     env_id = st.session_state.get(env_key, FIELD_SPECS["env_id"].default)
     algo = st.session_state.get(algo_key, FIELD_SPECS["algo"].default)
@@ -455,7 +466,8 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
         for name, value in preset_values(chosen, algo).items():
             if name not in exclude and name in TUNED_FIELDS:
                 key, new = f"{prefix}.{name}", _widget_value(FIELD_SPECS[name], value)
-                if name in shown and st.session_state.get(key, shown[name]) != shown[name]:
+                now = st.session_state.get(key, shown.get(name))
+                if name not in ("env_id", "algo") and name in shown and now != shown[name]:
                     # typed right after the env was chosen: Streamlit ran both in one rerun,
                     # this callback after the typed value arrived, which must win
                     kept.append(FIELD_SPECS[name].label)
@@ -472,7 +484,7 @@ def config_form(prefix: str, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]
                  "left them.")  # fmt: skip
 
     values: dict[str, Any] = {}
-    main, advanced = views.form_specs(exclude)
+    main, advanced = views.form_specs((*exclude, *hidden))
     for spec in main:
         key = f"{prefix}.{spec.name}"
         loads = spec.name in ("env_id", "algo")

@@ -155,7 +155,7 @@ if view == "Launch a sweep":
         held_fields = ("critic_target", "critic_lambda") if hold else ()
         # γ values given: the grid sets every trial's γ, so the form's γ box would mislead
         gridded = ("gamma",) if gammas_text.strip() else ()
-        values = _ui.config_form("cmp", exclude=("lambda_", "seed", *held_fields, *gridded))
+        values = _ui.config_form("cmp", exclude=("lambda_", "seed", *held_fields), hidden=gridded)
         gammas: list[float] = []
         errors = []
         try:
@@ -285,7 +285,7 @@ if "cmp.source" not in st.session_state:  # a link naming a sweep or runs says w
     named = "sweep" if "sweep" in st.query_params else "runs" if "run" in st.query_params else None
     if named is None or "source" in st.query_params:
         words = f"the sources are {', '.join(SOURCES.values())}"  # the link's, else the context's
-        named = _ui.from_url("source", list(SOURCES.values()), "sweep", words)
+        named = _ui.from_url("source", list(SOURCES.values()), named or "sweep", words)
     wanted = named
     st.session_state["cmp.source"] = next(k for k, v in SOURCES.items() if v == wanted)
 source = st.radio("runs", list(SOURCES), horizontal=True, key="cmp.source")
@@ -317,7 +317,9 @@ options = st.columns([2, 1.5, 2, 1.5, 2.5])  # the heat map's axis box reads who
 # the URL's grouping, else the sweep's own axis (not an earlier comparison's grouping)
 wanted_group = first_axis if first_axis in fields else "lambda_"
 if "group" in st.query_params:  # a link's, named if it is no field to group by
-    wanted_group = _ui.from_url("group", fields, wanted_group, "it is not a config field", label)
+    wanted_group = _ui.from_url(
+        "group", fields, wanted_group, "it is not a field the runs can be grouped by", label
+    )
 group = options[0].selectbox(
     "group curves by", fields, index=fields.index(wanted_group), format_func=label,
     key="cmp.group",

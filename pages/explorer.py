@@ -137,9 +137,9 @@ gamma = knobs[0].number_input(
     help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
 )  # fmt: skip
 # λ moves in the browser (the chart's own slider): the server only says where it starts
-lambda_grid = [round(float(x), 2) for x in explorer.LAMBDA_GRID]
-own_lambda, off_grid = round(run.config["lambda_"], 2), f"{LAMBDA} goes from 0 to 1 by 0.01"
-lambda_ = _ui.from_url("lambda", lambda_grid, own_lambda, off_grid) if url_run else own_lambda
+own_lambda = round(run.config["lambda_"], 2)  # the slider's grid: λ to 2 decimals
+linked = _ui.number_from_url("lambda", own_lambda, 0.0, 1.0) if url_run else own_lambda
+lambda_ = round(linked, 2)  # on the slider's grid (a link's 0.955 starts it at 0.95)
 _start_at("ex.t", 0)
 t = knobs[1].slider(
     "step t for the weights", 0, max(len(arrays[0]) - 1, 0), key="ex.t",

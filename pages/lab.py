@@ -19,6 +19,7 @@ from gae_core.lab.gradient import (
     batch_problem,
     gradient_sentence,
 )
+from gae_core.lab.gradient_samples import REFERENCE_COPIES
 from gae_core.lab.jobs import LabJob, measure_gradient_run
 from gae_core.lab.measure import (
     GSDE_NOTE,
@@ -175,10 +176,11 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     if not problems:
         limit = gym.spec(run.config["env_id"]).max_episode_steps
         rounds = (f" (a round of {run.config['env_id']}'s episodes of up to {limit:,} steps is "
-                  f"up to {256 * limit:,} samples)" if limit else "")  # fmt: skip
+                  f"up to {REFERENCE_COPIES * limit:,} samples)" if limit else "")  # fmt: skip
         st.caption(f"{settings.batches} batches of {settings.batch_size:,} samples, and a "
                    f"reference of at least {settings.reference:,}: it plays whole episodes, "
-                   f"256 at a time, until it has its share, so it often takes more{rounds}. "
+                   f"{REFERENCE_COPIES} at a time, until it has its share, so it often takes "
+                   f"more{rounds}. "
                    "For scale, the defaults took 30–45 s on CartPole on a 2-core CPU and a "
                    "few minutes on HalfCheetah (the ETA settles once the first episodes have "
                    "ended).")  # fmt: skip
@@ -211,12 +213,13 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
                 f"{summary.get('batch_size'):,} · {LAMBDA}* = {best:g}")  # fmt: skip
 
     # the newest measurement of the policy checkpoint chosen above (a link names the policy),
-    # again whenever that checkpoint changes
+    # again whenever that checkpoint changes or a newer measurement of it is stored
+    of_policy = [r.id for r in records if r.policy_step == policy_step]
+    newest = (run.id, policy_step, of_policy[0] if of_policy else None)
     if (st.session_state.get("lab.g_stored") not in by_id
-            or st.session_state.get("lab.g_stored_for") != (run.id, policy_step)):  # fmt: skip
-        of_policy = [r.id for r in records if r.policy_step == policy_step]
+            or st.session_state.get("lab.g_stored_for") != newest):  # fmt: skip
         st.session_state["lab.g_stored"] = (of_policy or list(by_id))[0]
-        st.session_state["lab.g_stored_for"] = (run.id, policy_step)
+        st.session_state["lab.g_stored_for"] = newest
     record = by_id[st.selectbox("stored gradient measurements (newest first)", list(by_id),
                                 format_func=name, key="lab.g_stored")]  # fmt: skip
     if record.policy_step != policy_step:

@@ -37,7 +37,8 @@ if table.empty:
 filters = st.columns([2, 2, 2.6, 1.4], vertical_alignment="bottom")  # CSV link: one line
 unknown = f"the statuses are {', '.join(STATUSES)}"
 statuses = filters[0].multiselect(
-    "status", list(STATUSES), default=_ui.all_from_url("status", list(STATUSES), [], unknown),
+    "status", list(STATUSES),
+    default=_ui.all_from_url("status", list(STATUSES), [], unknown, empty="every status"),
     key="runs.status",
 )  # fmt: skip
 _ui.to_url(status=statuses)

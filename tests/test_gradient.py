@@ -379,6 +379,11 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     (shown,) = [i.value for i in at.info if i.value.startswith("Shown: a measurement of policy")]
     assert shown.startswith(f"Shown: a measurement of policy {last:,}, not of the policy "
                             f"checkpoint chosen above ({first:,})")  # fmt: skip
+    at.button(key="lab.g_start").click().run()  # measured: the page shows the new one
+    assert wait_until(lambda: len(gradient_records()) == 2, 120)
+    at.run()
+    assert not [i for i in at.info if i.value.startswith("Shown: a measurement of policy")]
+    assert at.selectbox(key="lab.g_stored").value == gradient_records()[0].id
     # the per-state view does not list the gradient measurement
     at.segmented_control(key="lab.view").set_value("per state").run()
     assert not at.exception and any("No measurement of this run yet" in i.value for i in at.info)

@@ -604,7 +604,7 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
         return at, said
 
     at, said = notes("explorer", run=recorded_run, policy="999999", critic=["3", str(steps[0])],
-                     trajectory="recorded #99", gamma="7", **{"lambda": "0.955"})  # fmt: skip
+                     trajectory="recorded #99", gamma="7", **{"lambda": "7"})  # fmt: skip
     assert at.selectbox(key="ex.policy").value == steps[-1]
     assert at.selectbox(key="ex.critic").value == steps[0]  # the link's one the run holds
     assert at.selectbox(key="ex.source").value == "recorded #0"
@@ -618,7 +618,7 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
         f"trajectories are {sources}. Showing recorded #0.",
         "The link names gamma '7' this page cannot open: it must be a number in [0, 1]. "
         "Showing 0.99.",
-        "The link names lambda '0.955' this page cannot open: λ goes from 0 to 1 by 0.01. "
+        "The link names lambda '7' this page cannot open: it must be a number in [0, 1]. "
         "Showing 0.95.",
     ]
     assert at.query_params["policy"] in (str(steps[-1]), [str(steps[-1])])  # the link is fixed
@@ -641,8 +641,8 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
     ]
     at, said = notes("compare", source="runs", run=recorded_run, group="bogus")
     assert at.selectbox(key="cmp.group").value == "lambda_"
-    assert said == ["The link names group 'bogus' this page cannot open: it is not a config "
-                    "field. Showing λ."]  # fmt: skip
+    assert said == ["The link names group 'bogus' this page cannot open: it is not a field "
+                    "the runs can be grouped by. Showing λ."]  # fmt: skip
     at, said = notes("compare", source="bogus")
     assert said == ["The link names source 'bogus' this page cannot open: the sources are sweep, "
                     "runs. Showing sweep."]  # fmt: skip
@@ -653,8 +653,13 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
         "The link names status 'done' this page cannot open: the statuses are queued, running, "
         "stopped, finished, failed, interrupted. Showing finished."
     ]
-    # a good link says nothing
-    at, said = notes("explorer", run=recorded_run, policy=str(steps[0]), gamma="0.9")
+    at, said = notes("runs", status="done")  # no status left: the filter shows them all
+    assert said[0].endswith("Showing every status.")
+    at, said = notes("compare", source="bogus", run=recorded_run)  # the runs the link names
+    assert at.radio(key="cmp.source").value == "pick runs" and said[0].endswith("Showing runs.")
+    # a good link says nothing (λ written "1" is 1.0)
+    at, said = notes("explorer", run=recorded_run, policy=str(steps[0]), gamma="0.9",
+                     **{"lambda": "1"})  # fmt: skip
     assert said == [] and at.number_input(key="ex.gamma").value == 0.9
 
 

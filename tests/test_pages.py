@@ -444,6 +444,11 @@ def test_a_budget_typed_in_the_same_rerun_as_an_env_change_is_kept(data_dir):
     assert at.text_input(key="train.num_envs").value == str(preset["num_envs"]) != "8"
     (toast,) = [t.value for t in at.toast]
     assert "kept as you typed: budget (env steps)" in toast and "envs" in toast
+    # an algorithm change is the user's choice, never "kept as you typed"
+    at.selectbox(key="train.algo").set_value("ppo").run()
+    (toast,) = [t.value for t in at.toast]
+    assert "kept as you typed" not in toast and "PPO" in toast
+    at.selectbox(key="train.algo").set_value("a2c").run()
     # an env change alone still loads the preset's budget over the one typed before it
     at.selectbox(key="train.env_id").set_value("CartPole-v1").run()
     assert at.text_input(key="train.total_steps").value == str(
@@ -578,7 +583,10 @@ def test_seeds_per_lambda_and_workers_are_typed_named_with_their_range_and_launc
     at.text_input(key="cmp.gammas").set_value("0.9 0.99").run()
     assert not [w for w in at.number_input if w.key == "cmp.gamma"]
     assert "(2 γ × " in at.button(key="cmp.launch").label
+    # … and while hidden it still follows the env's preset (Pendulum's γ is 0.9)
+    at.selectbox(key="cmp.env_id").set_value("Pendulum-v1").run()
     at.text_input(key="cmp.gammas").set_value("").run()
+    assert at.number_input(key="cmp.gamma").value == 0.9
     # what was typed shows as typed: a link, bold or a colour directive does not act
     at.text_input(key="cmp.seeds").set_value("[x](e.org) **b** :red[c]").run()
     assert [e.value for e in at.error] == [

@@ -134,16 +134,20 @@ def env_id_problem(env_id: object) -> str | None:
         import_named_modules()
     except EnvModuleError as exc:
         return f"cannot be looked up: {exc}"
-    # a module's envs the trainer can take (one it registers with Dict observations is not)
-    own = [i for i in registered_env_ids() if i not in SUPPORTED_ENVS and _built(i)[0] is None]
-    supported = ", ".join([*SUPPORTED_ENVS, *own])
+
+    def supported() -> str:  # a module's envs the trainer can take (not one with Dict obs)
+        own = [i for i in registered_env_ids() if i not in SUPPORTED_ENVS and not _built(i)[0]]
+        return ", ".join([*SUPPORTED_ENVS, *own])
+
     if not isinstance(env_id, str) or not env_id:
-        return f"must be a non-empty string, one of: {supported}"
+        return f"must be a non-empty string, one of: {supported()}"
     if ":" in env_id:
-        return f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported}"
+        return (
+            f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported()}"
+        )
     if env_id not in gym.envs.registry:
         return (
-            f"{env_id!r} is not a registered environment; supported: {supported} (an env "
+            f"{env_id!r} is not a registered environment; supported: {supported()} (an env "
             f"your own module registers: name the module with --env-module, or "
             f"{ENV_MODULES_VAR} for the dashboard)"
         )

@@ -360,7 +360,9 @@ def measure_gradient(
 
 def gradient_sentence(table: pd.DataFrame, critic: str) -> str:
     """Which λ gives ``critic``'s most reliable gradient (least MSE against g*), how sure that
-    is (the λ whose MSE interval overlaps the best one's), and its cosine to g*."""
+    is (the λ whose MSE interval overlaps the best one's), and its cosine to g*; where that
+    cosine is ≤ 0 (a short gradient pointing the wrong way), that it points away from g* and
+    which λ's gradient is best aligned with it."""
     rows = table[(table["kind"] == "gae") & (table["critic"] == critic)].sort_values("param")
     best = rows.loc[rows["mse"].idxmin()]
     tied = rows[(rows["mse_ci_low"] <= best["mse_ci_high"])

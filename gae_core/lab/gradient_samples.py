@@ -22,6 +22,9 @@ from gae_core.lab.states import Simulator
 
 #: Blocks of reference episodes whose spread gives the reference's own noise.
 REFERENCE_BLOCKS = 32
+#: Env copies the reference plays at once: it ends a round of whole episodes, so it can take
+#: up to this many episodes' samples more than asked (the lab page's caption says so).
+REFERENCE_COPIES = 256
 #: Samples whose scores are held at once (a [chunk, parameters] float32 block, with vmap's
 #: per-layer gradients beside it): 2,048 keeps HalfCheetah's lens at 1.53 GB peak where 8,192
 #: took 2.14 GB, at the same speed (docs/PERFORMANCE.md).
@@ -157,8 +160,14 @@ def window_advantages(w: Windows, critic: Replay, k: int, settings: Any) -> np.n
     return out[:, w.valid[k]]
 
 
-def reference_gradient(env_id: str, policy: Replay, critic: Replay, settings: Any,
-               progress: Progress, copies: int = 256) -> tuple[np.ndarray, float, int]:  # fmt: skip
+def reference_gradient(
+    env_id: str,
+    policy: Replay,
+    critic: Replay,
+    settings: Any,
+    progress: Progress,
+    copies: int = REFERENCE_COPIES,
+) -> tuple[np.ndarray, float, int]:
     """(g*, tr Cov(ĝ*), samples): whole episodes from the env's start distribution, every step
     up to the time limit a sample, Monte-Carlo advantages past the limit (module docstring)."""
     rng = np.random.default_rng([settings.seed, 2])
