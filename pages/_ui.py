@@ -600,8 +600,9 @@ def run_charts(
         else:  # e.g. a sweep's trial cancelled before its turn
             st.info("No metrics: the run ended before its first update.")
         return False
-    if not live:  # the caption's slot, held so the charts keep their place when a run ends
-        st.empty()  # (Streamlit shows a moved element twice, faded, until the rerun ends)
+    if not live:  # a caption where the live one was: the charts keep their place when a run
+        # ends (Streamlit shows a moved element twice, faded, until the rerun ends)
+        st.caption("Each CSV holds every point logged, smoothed like its chart.")
     else:
         metrics = views.live_snapshot(metrics)
         st.caption(

@@ -194,8 +194,8 @@ if view == "Launch a sweep":
         seeds, blocked = seeds or 0, bool(errors or form_errors)  # (unread seeds: none)
         trials = len(lambdas) * max(len(gammas), 1) * seeds
         plural = "seed" if seeds == 1 else "seeds"
-        axes = f"{len(gammas)} γ × " if gammas else ""
-        launch = f"Launch {trials} runs ({axes}{len(lambdas)} {LAMBDA} × {seeds} {plural})"
+        axes = f" × {len(gammas)} γ" if gammas else ""  # in the trials' order: λ, γ, seed
+        launch = f"Launch {trials} runs ({len(lambdas)} {LAMBDA}{axes} × {seeds} {plural})"
         if base is not None:  # the budget is set far below this button: say it on it
             launch += f", {base.total_steps:,} env steps each"
         if blocked:  # a count from half-read boxes ("0 λ" for "0.9, 1.5") would mislead
@@ -242,7 +242,8 @@ if view == "Launch a sweep":
                     text=f"{state.done}/{state.total} trials ended · "
                     + ", ".join(f"{k}: {v}" for k, v in state.counts.items() if v),
                 )
-                trials = runs_frame(store.list_runs(sweep_id=sweep_id))
+                # oldest first: the grid's order (λ, γ, then seed), as `sweep` prints them
+                trials = runs_frame(store.list_runs(sweep_id=sweep_id)[::-1])
                 trials["progress"] = (trials["env_steps"] / trials["total_steps"]).clip(0.0, 1.0)
                 st.dataframe(
                     trials[["name", "status", "env_steps", "progress", "final_return"]],

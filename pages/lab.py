@@ -2,6 +2,7 @@
 truth, on a run's checkpoints or on the exact chain."""
 
 import dataclasses
+import datetime as dt
 
 import gymnasium as gym
 import numpy as np
@@ -209,8 +210,9 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
         record = by_id[record_id]
         summary = record.summary
         best = summary.get("best_lambda")
+        when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
         return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
-                f"{summary.get('batch_size'):,} · {LAMBDA}* = {best:g}")  # fmt: skip
+                f"{summary.get('batch_size'):,} · {LAMBDA}* = {best:g} · {when}")  # fmt: skip
 
     # the newest measurement of the policy checkpoint chosen above (a link names the policy),
     # again whenever that checkpoint changes or a newer measurement of it is stored

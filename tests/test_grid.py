@@ -129,6 +129,11 @@ def test_one_tied_cell_is_named_in_the_singular():
     table = cell_table(_study(levels, seeds=5, noise=1.0), "lambda_", "gamma")
     sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
     assert "; 1 of the other 2 cells is not distinguishable from it" in sentence
+    flat = {(lam, 0.99): 100.0 for lam in (0.0, 0.5, 1.0)}  # every cell alike: all tied
+    table = cell_table(_study(flat, seeds=5, noise=1.0), "lambda_", "gamma")
+    sentence = best_cell_sentence(table, "lambda_", "gamma", lambda f, v: f"{f}={v}")
+    assert "; both other cells are not distinguishable from it" in sentence
+    assert "too few" not in sentence  # none said apart: no clause
 
 
 def test_cell_statistics_equal_the_one_axis_summary_of_that_cell():

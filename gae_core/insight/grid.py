@@ -192,9 +192,11 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
         )
     if tied:
         verb = "is" if tied == 1 else "are"
+        every = "both other cells are" if others == 2 else f"all {others} other cells are"
+        which = every if tied == others > 1 else f"{tied} of the other {others} cells {verb}"
         text += (
-            f"; {tied} of the other {others} cells {verb} not distinguishable from it "
-            f"(their {stats.CONFIDENCE_TEXT} intervals overlap)"
+            f"; {which} not distinguishable from it (their {stats.CONFIDENCE_TEXT} intervals "
+            "overlap)"
         )
     else:
         text += f"; every other cell's interval lies apart from it ({others} cells)"
