@@ -479,9 +479,10 @@ def config_form(
         more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
         said = ", ".join(changed[:6]) + more
         typed = f"; kept as you typed: {', '.join(kept)}" if kept else ""
-        st.toast(f"{chosen}, {algorithm_name(algo)}: the tuned settings are {where}"
-                 f"{f' (changed: {said})' if changed else ''}{typed}; the others are as you "
-                 "left them.")  # fmt: skip
+        # what matters first: a long toast is cut behind "view more"
+        st.toast(f"{chosen}, {algorithm_name(algo)}: the tuned settings are {where}, the "
+                 f"others as you left them{f' (changed: {said}{typed})' if changed or kept else ''}"
+                 ".")  # fmt: skip
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs((*exclude, *hidden))
