@@ -507,6 +507,24 @@ def config_form(
     return values
 
 
+def offer_spacing(prefix: str, config: Any) -> None:
+    """Under a short budget's warnings, a button that spreads checkpoints and evaluations over
+    it (:func:`~gae_core.insight.views.spacing`): a run with one checkpoint gives the explorer
+    and the lab nothing to compare."""
+    spaced = views.spacing(config) if config is not None else {}
+    if not spaced:
+        return
+    words = {"checkpoint_every": "checkpoint", "eval_every": "evaluate"}
+    what = " and ".join(f"{words[name]} every {steps:,}" for name, steps in spaced.items())
+    st.button(f"Fit them to this budget: {what} env steps", key=f"{prefix}.spacing",
+              on_click=_set_fields, args=(prefix, spaced))  # fmt: skip
+
+
+def _set_fields(prefix: str, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
+
+
 def show_problems(errors: list[str], warnings: list[str]) -> None:
     """A form's errors and warnings; an error quotes what was typed (``got '[x](…)'``), shown
     as typed, not as markdown."""

@@ -202,6 +202,7 @@ if view == "Launch a sweep":
             launch = "Launch: fix what is named above first"
         with launch_slot:
             _ui.show_problems(errors + form_errors, warnings)
+            _ui.offer_spacing("cmp", base)
             # (blocked: a click that reaches this run anyway launches nothing either)
             clicked = st.button(launch, type="primary", disabled=blocked, key="cmp.launch")
         if clicked and not blocked:

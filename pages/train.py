@@ -51,6 +51,7 @@ with form_column:
                     # the run selectbox below is keyed: set its state, or it keeps the old run
                     st.session_state["train.view"] = run_id
         _ui.show_problems(errors, warnings)
+        _ui.offer_spacing("train", config)
 
 with live_column:
     runs = store.list_runs()

@@ -292,6 +292,41 @@ def test_the_form_warns_when_a_normalisation_setting_has_nothing_to_act_on():
     assert reset.startswith("reward_norm_reset (termination) has no effect: normalize_rewards")
 
 
+@given(
+    total=st.integers(1, 10**6),
+    checkpoint_every=st.integers(0, 2 * 10**6),
+    eval_every=st.integers(0, 2 * 10**6),
+)
+def test_spacing_fits_checkpoints_and_evaluations_to_a_short_budget(
+    total, checkpoint_every, eval_every
+):
+    """Only what config_warnings calls too long is respaced: SPACED_CHECKPOINTS checkpoints and
+    SPACED_EVALUATIONS evaluations, at least an update apart, inside the budget; 0 stays off;
+    the respaced config has no such warning left (unless one update outruns the budget)."""
+    import dataclasses
+
+    from gae_core.agent.config import TrainConfig
+    from gae_core.insight import views
+
+    config = TrainConfig(total_steps=total, checkpoint_every=checkpoint_every,
+                         eval_every=eval_every, num_envs=4, rollout_steps=8)  # fmt: skip
+    spaced = views.spacing(config)
+    short = {
+        "checkpoint_every": 0 < checkpoint_every > total,
+        "eval_every": 0 < eval_every >= total,
+    }
+    assert set(spaced) == {name for name, is_short in short.items() if is_short}
+    for name, count in (("checkpoint_every", views.SPACED_CHECKPOINTS),
+                        ("eval_every", views.SPACED_EVALUATIONS)):  # fmt: skip
+        if name in spaced:
+            assert spaced[name] == max(config.batch_size, total // count)
+    respaced = dataclasses.replace(config, **spaced)
+    if total >= views.SPACED_EVALUATIONS * config.batch_size:
+        assert views.spacing(respaced) == {}
+        assert not [w for w in views.config_warnings(respaced)
+                    if "checkpoint every" in w or "eval every" in w]  # fmt: skip
+
+
 def _stored(run_id: str, **fields):
     """A stored run as the provenance reads it (id, config, env steps, status)."""
     from types import SimpleNamespace

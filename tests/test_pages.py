@@ -456,6 +456,25 @@ def test_a_budget_typed_in_the_same_rerun_as_an_env_change_is_kept(data_dir):
     )
 
 
+def test_a_short_budget_offers_to_fit_checkpoints_and_evaluations_to_it(data_dir):
+    """CartPole's preset checkpoints every 50,000 steps: a 20,000-step run would keep one
+    checkpoint (nothing for the explorer and the lab to compare). The warning comes with a
+    button that spaces them over the budget, and then neither warning is left."""
+    at = app("pages/train.py")
+    assert not [b for b in at.button if b.key == "train.spacing"]  # the preset's budget: none
+    at.text_input(key="train.total_steps").set_value("20000").run()
+    assert any("checkpoint every (50,000) exceeds" in w for w in said(at.warning))
+    button = at.button(key="train.spacing")
+    assert button.label == ("Fit them to this budget: checkpoint every 5,000 and evaluate "
+                            "every 2,000 env steps")  # fmt: skip
+    button.click().run()
+    assert at.text_input(key="train.checkpoint_every").value == "5000"
+    assert at.text_input(key="train.eval_every").value == "2000"
+    assert not [w for w in said(at.warning) if "every" in w]
+    assert not [b for b in at.button if b.key == "train.spacing"]
+    assert not at.button(key="train.start").disabled
+
+
 def test_an_invalid_value_blocks_start_with_the_fields_range(data_dir):
     """γ = 1.5 typed into the form: the error names γ and its range and Start is disabled (the
     browser no longer swallows the value and trains with the last valid one). Three bad fields

@@ -39,6 +39,7 @@ __all__ = [
     "format_duration",
     "parse_float_list",
     "progress",
+    "spacing",
     "status_text",
     "sweep_seeds",
     "typed_count",
@@ -211,6 +212,25 @@ def config_warnings(config: TrainConfig) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- run state
+
+
+#: How many checkpoints and evaluations :func:`spacing` spreads over a short budget.
+SPACED_CHECKPOINTS, SPACED_EVALUATIONS = 4, 10
+
+
+def spacing(config: TrainConfig) -> dict[str, int]:
+    """``checkpoint_every`` and ``eval_every`` spread over a budget too short for them (the
+    cases :func:`config_warnings` names): :data:`SPACED_CHECKPOINTS` checkpoints (the explorer
+    and the lab compare an early one with a late one) and :data:`SPACED_EVALUATIONS`
+    evaluations, each at least one update apart; empty where nothing is short. A field set to
+    0 (off on purpose) is left alone."""
+    total, update = config.total_steps, config.batch_size
+    spaced = {}
+    if config.checkpoint_every and config.checkpoint_every > total:
+        spaced["checkpoint_every"] = max(update, total // SPACED_CHECKPOINTS)
+    if config.eval_every and config.eval_every >= total:
+        spaced["eval_every"] = max(update, total // SPACED_EVALUATIONS)
+    return spaced
 
 
 def _steps(value: int | None) -> str:
