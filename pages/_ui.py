@@ -56,7 +56,7 @@ _CONTEXT = "gae.context"
 _PAGE = "gae.page"
 _WRITTEN = "gae.written"  # what the page shown last wrote into the URL
 #: The names that belong to one run: a context that changes run forgets them.
-_PER_RUN = ("policy", "critic", "trajectory", "gamma", "seed")
+_PER_RUN = ("policy", "critic", "trajectory", "gamma", "seed", "lambda")
 
 
 def arrive(page: str, keys: Sequence[str]) -> None:

@@ -623,6 +623,17 @@ def test_a_links_values_a_page_cannot_show_are_named_not_replaced_silently(recor
     ]
     assert at.query_params["policy"] in (str(steps[-1]), [str(steps[-1])])  # the link is fixed
     assert at.query_params["lambda"] in ("0.95", ["0.95"])  # λ too, though the browser moves it
+    # that λ is the run's: another run chosen elsewhere (the lab) drops it from the session's
+    # context, so the explorer reached from the sidebar opens that run at its own λ
+    assert at.session_state["gae.context"]["lambda"] == ["0.95"]
+    other = _ui.manager().start({**TINY, "total_steps": 400, "checkpoint_every": 400,
+                                 "lambda_": 0.8})  # fmt: skip
+    assert _ui.manager().wait(other, 60)
+    at.query_params.clear()
+    at.switch_page("pages/lab.py").run()
+    at.selectbox(key="lab.run").set_value(other).run()
+    assert not at.exception and at.query_params["run"] in (other, [other])
+    assert "lambda" not in at.session_state["gae.context"]
 
     at, said = notes("lab", run=recorded_run, policy="x", view="bogus")
     assert at.selectbox(key="lab.policy").value == steps[-1]
