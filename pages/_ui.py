@@ -123,6 +123,11 @@ def _shown(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def options_are(what: str, options: Sequence[Any]) -> str:
+    """Why a link's value is not one of a page's ``options``: "the views are per state, …"."""
+    return f"{what} are {', '.join(map(str, options))}"
+
+
 def not_a_checkpoint(steps: Sequence[int]) -> str:
     """Why a link's checkpoint (``?policy=``, ``?critic=``) is not one the run has."""
     return f"it is not one of this run's checkpoints ({steps[0]:,} to {steps[-1]:,} env steps)"

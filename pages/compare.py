@@ -286,7 +286,7 @@ if view == "Launch a sweep":
 if "cmp.source" not in st.session_state:  # a link naming a sweep or runs says which
     named = "sweep" if "sweep" in st.query_params else "runs" if "run" in st.query_params else None
     if named is None or "source" in st.query_params:
-        words = f"the sources are {', '.join(SOURCES.values())}"  # the link's, else the context's
+        words = _ui.options_are("the sources", SOURCES.values())  # the link's, else the context's
         named = _ui.from_url("source", list(SOURCES.values()), named or "sweep", words)
     wanted = named
     st.session_state["cmp.source"] = next(k for k, v in SOURCES.items() if v == wanted)

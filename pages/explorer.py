@@ -102,7 +102,7 @@ critic_step = pick[2].selectbox(
 )
 recorded = len(store.trajectory_blobs(run_id, policy_step))
 sources = [f"recorded #{i}" for i in range(recorded)] + ["fresh recording"]
-unrecorded = f"this checkpoint's trajectories are {', '.join(sources)}"
+unrecorded = _ui.options_are("this checkpoint's trajectories", sources)
 _start_at("ex.source", _ui.from_url("trajectory", sources, sources[0], unrecorded)
           if url_run else sources[0])  # fmt: skip
 source = pick[3].selectbox("trajectory", sources, key="ex.source")

@@ -354,7 +354,7 @@ critic_steps = pick[1].multiselect(
 views_ = ["per state", "policy gradient"]
 view = st.segmented_control(
     "view", views_, key="lab.view",
-    default=_ui.from_url("view", views_, "per state", f"the views are {', '.join(views_)}"),
+    default=_ui.from_url("view", views_, "per state", _ui.options_are("the views", views_)),
     help="Per state: bias², variance and MSE of each advantage against Monte-Carlo truth. "
     "Policy gradient: the same estimators' batch gradients against a reference gradient.",
 ) or "per state"  # fmt: skip

@@ -35,7 +35,7 @@ if table.empty:
     st.info("No runs in the store yet. Start one on the Train page.")
     st.stop()
 filters = st.columns([2, 2, 2.6, 1.4], vertical_alignment="bottom")  # CSV link: one line
-unknown = f"the statuses are {', '.join(STATUSES)}"
+unknown = _ui.options_are("the statuses", STATUSES)
 statuses = filters[0].multiselect(
     "status", list(STATUSES),
     default=_ui.all_from_url("status", list(STATUSES), [], unknown, empty="every status"),

@@ -96,7 +96,7 @@ def test_stop_button_stops_the_run(data_dir):
     assert wait_until(lambda: RunStore(data_dir).get_run(run_id).status == "running")
     at.run()
     at.button(key="train.stop").click().run()
-    # 20 s: 5 s missed once beside a full suite on this 2-core machine
+    # generous: on a loaded 2-core machine the worker can take seconds to see the stop
     assert wait_until(lambda: RunStore(data_dir).get_run(run_id).status == "stopped", 20)
     at.run()
     assert any("stopped at step" in m.value for m in at.markdown)
