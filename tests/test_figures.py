@@ -148,7 +148,7 @@ def test_explorer_figure_marks_each_boundary_kind():
     steps = frames["steps"]
     assert "gae[lambda=0.5]" in steps and "k_step[k=3]" in steps and "delta" in steps
     names = [trace.name for trace in figure.data]
-    assert "GAE λ = 0.5" in names and "Â^(3)" in names and "δ_t" in names
+    assert "GAE λ = 0.5 (pinned)" in names and "Â^(3)" in names and "δ_t" in names
 
 
 def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
@@ -158,7 +158,8 @@ def test_each_estimator_keeps_its_colour_whatever_else_is_shown():
                                                "gae[lambda=1]"])  # fmt: skip
     color = {t.name: t.line.color for t in many.data if t.type == "scatter"}
     assert {t.name: t.line.color for t in one.data if t.type == "scatter"}.items() <= color.items()
-    assert len({color["GAE λ = 1"], color["GAE λ = 0.5"], color["Â^(3)"], color["δ_t"]}) == 4
+    pinned = color["GAE λ = 1 (pinned)"], color["GAE λ = 0.5 (pinned)"]
+    assert len({*pinned, color["Â^(3)"], color["δ_t"]}) == 4
 
 
 def test_the_sliders_lambda_stands_out_from_pinned_ones_of_a_like_colour():
@@ -166,7 +167,13 @@ def test_the_sliders_lambda_stands_out_from_pinned_ones_of_a_like_colour():
     figure, _, _ = _explorer([0] * 6, [0] * 6, show=["gae[lambda=1]"], lambda_=0.95)
     line = {t.name: t.line for t in figure.data if t.type == "scatter" and t.name != "V(s_t)"}
     assert (line["GAE λ = 0.95"].dash, line["GAE λ = 0.95"].width) == (None, 3.5)
-    assert (line["GAE λ = 1"].dash, line["GAE λ = 1"].width) == ("longdash", 2)
+    assert (line["GAE λ = 1 (pinned)"].dash, line["GAE λ = 1 (pinned)"].width) == ("longdash", 2)
+
+
+def test_a_pinned_lambda_on_the_sliders_lambda_keeps_a_name_of_its_own():
+    figure, _, _ = _explorer([0] * 6, [0] * 6, show=["gae[lambda=1]"], lambda_=1.0)
+    names = [t.name for t in figure.data if t.type == "scatter"]
+    assert names.count("GAE λ = 1") == 1 and names.count("GAE λ = 1 (pinned)") == 1
 
 
 @settings(max_examples=15, deadline=None)

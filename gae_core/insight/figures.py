@@ -311,8 +311,10 @@ def explorer_figure(
         # style tells them from the slider's
         dash = "dot" if column.startswith("k_step[") else None
         dash, width = ("longdash", 2) if column.startswith("gae[") else (dash, 1.5)
+        # a pinned λ says so: on the slider's λ the two lines would share a name
+        name = f"{_pretty(column)} (pinned)" if column.startswith("gae[") else _pretty(column)
         figure.add_trace(
-            go.Scatter(x=table["t"], y=table[column], mode="lines", name=_pretty(column),
+            go.Scatter(x=table["t"], y=table[column], mode="lines", name=name,
                        line={"dash": dash, "width": width, "color": estimator_color(column)}),
             row=2, col=1,
         )  # fmt: skip
