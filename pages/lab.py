@@ -209,10 +209,14 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
     def name(record_id: str) -> str:
         record = by_id[record_id]
         summary = record.summary
-        best = summary.get("best_lambda")
+        steps, bests = summary.get("critic_steps") or [], summary.get("best_lambdas") or []
+        best = (", ".join(f"critic {s:,}: {LAMBDA}* = {b:g}"
+                          for s, b in zip(steps, bests, strict=True))
+                if len(steps) == len(bests) > 1  # several critics: each one's
+                else f"{LAMBDA}* = {summary.get('best_lambda'):g}")  # fmt: skip
         when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
         return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
-                f"{summary.get('batch_size'):,} · {LAMBDA}* = {best:g} · {when}")  # fmt: skip
+                f"{summary.get('batch_size'):,} · {best} · {when}")  # fmt: skip
 
     # the newest measurement of the policy checkpoint chosen above (a link names the policy),
     # again whenever that checkpoint changes or a newer measurement of it is stored

@@ -358,6 +358,12 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     assert (result.batch["envs"], result.batch["steps"]) == (2, 8)
     sentences = [m.value for m in at.markdown if "least gradient MSE" in m.value]
     assert len(sentences) == result.table["critic"].nunique() >= 1
+    # the stored measurement's label names every critic's λ*, not the first one's alone
+    (label,) = at.selectbox(key="lab.g_stored").options
+    critics = list(result.table["critic"].unique())
+    bests = [f"{c}: λ* = {result.best_lambda(c):g}" for c in critics]
+    assert all(b in label for b in bests) if len(critics) > 1 else (
+        f"· λ* = {result.best_lambda():g} ·" in label)  # fmt: skip
     frame = handed[f"{run_id}_gradient_lambda.csv"]
     mse = frame[frame["quantity"] == "mse"].sort_values("param")["value"].to_numpy()
     expected = result.table[result.table["kind"] == "gae"].sort_values("param")["mse"].to_numpy()

@@ -88,9 +88,12 @@ def measure_gradient_run(
     meta = {"run_id": run_id, "run_name": store.get_run(run_id).name,
             "policy_step": policy_step, "critic_steps": steps}  # fmt: skip
     result = replace(result, meta=meta)
-    summary = {"kind": "gradient", "best_lambda": result.best_lambda(), "gamma": settings.gamma,
-               "batches": settings.batches, "batch_size": size,
-               "seconds": result.seconds}  # fmt: skip
+    # λ* of every critic, in the order of ``steps`` ("best_lambda": the first's, as stored
+    # before measurements held several)
+    bests = [result.best_lambda(f"critic {s:,}") for s in steps]
+    summary = {"kind": "gradient", "best_lambda": bests[0], "best_lambdas": bests,
+               "critic_steps": steps, "gamma": settings.gamma, "batches": settings.batches,
+               "batch_size": size, "seconds": result.seconds}  # fmt: skip
     return store.save_lab_result(run_id, policy_step, steps[0], summary, result.to_json()), result
 
 
