@@ -56,21 +56,24 @@ _CONTEXT = "gae.context"
 _PAGE = "gae.page"
 _WRITTEN = "gae.written"  # what the page shown last wrote into the URL
 #: The names that belong to one run: a context that changes run forgets them.
-_PER_RUN = ("policy", "critic", "trajectory", "gamma", "seed", "lambda")
+_PER_RUN = ("policy", "critic", "trajectory", "gamma", "seed", "lambda", "measurement")
 
 
-def arrive(page: str, keys: Sequence[str]) -> None:
+def arrive(page: str, keys: Sequence[str]) -> bool:
     """Call first on a page whose widgets ``keys`` follow the URL: on the first run of the page
     since another page, or when the URL no longer holds what the page last wrote (the Back
     button, a link to the same page), forget their values, so the widgets open on the URL's
-    selection (or the session's context); other runs keep what the user chose."""
+    selection (or the session's context); other runs keep what the user chose. Whether it
+    forgot them: a choice the page makes itself reads the link only then."""
     written = st.session_state.get(_WRITTEN, {})
     moved = any(st.query_params.get_all(name) != texts for name, texts in written.items())
-    if st.session_state.get(_PAGE) != page or moved:
+    arrived = st.session_state.get(_PAGE) != page or moved
+    if arrived:
         for key in keys:
             st.session_state.pop(key, None)
     st.session_state[_PAGE] = page
     st.session_state[_WRITTEN] = {}
+    return arrived
 
 
 def _wanted(name: str) -> list[str]:

@@ -31,6 +31,7 @@ from gae_core.lab.measure import (
 )
 from gae_core.lab.states import state_access
 from gae_core.labels import assignment, label
+from gae_core.storage.lab_table import LabRecord
 from pages import _ui
 
 _ui.require_navigation("pages/lab.py")
@@ -117,9 +118,12 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
 
 def job_status(job: LabJob, cancel_key: str) -> None:
     """A lab job's progress, ETA and Cancel while it runs; its error or cancellation once it
-    ended, when the whole page is redrawn once (its results appear, the fragment's timer
-    stops)."""
+    ended. A job this session watched running redraws the whole page once when it ends (its
+    results appear, the fragment's timer stops); one that had ended before does not (a rerun
+    would drop the page's first-run lines, a link's notes among them)."""
+    watched = f"{cancel_key}.watched"
     if not job.done:
+        st.session_state[watched] = job  # the job itself: an id can be reused
         st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
         st.button("Cancel", key=cancel_key, on_click=job.cancel)  # a callback: see train.py's Stop
         return
@@ -129,14 +133,81 @@ def job_status(job: LabJob, cancel_key: str) -> None:
             st.code(job.error)
     elif job.cancelled:
         st.warning("Cancelled: nothing was stored.")
-    ended = f"{cancel_key}.ended"
-    if st.session_state.get(ended) is not job:  # the job itself: an id can be reused
-        st.session_state[ended] = job
+    if st.session_state.get(watched) is job:
+        del st.session_state[watched]
         st.rerun()
 
 
-def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
-    """The policy-gradient view: measure (in the background) and show stored measurements."""
+def gradient_label(record: LabRecord) -> str:
+    """A stored gradient measurement as its box lists it: policy, batches, each critic's λ*."""
+    summary = record.summary
+    steps, bests = summary.get("critic_steps") or [], summary.get("best_lambdas") or []
+    best = (", ".join(f"critic {s:,}: {LAMBDA}* = {b:g}" for s, b in zip(steps, bests, strict=True))
+            if len(steps) == len(bests) > 1  # several critics: each one's
+            else f"{LAMBDA}* = {summary.get('best_lambda'):g}")  # fmt: skip
+    when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
+    return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
+            f"{summary.get('batch_size'):,} · {best} · {when}")  # fmt: skip
+
+
+def state_label(*batch: LabRecord) -> str:
+    """One per-state Measure (a result per critic) as its box lists it."""
+    return (f"policy {batch[0].policy_step:,} · {batch[0].summary.get('states')} states · "
+            + ", ".join(f"critic {r.critic_step:,}: {LAMBDA}* = {r.summary.get('best_lambda'):g}"
+                        for r in batch))  # fmt: skip
+
+
+def stored_measurements(run_id: str, gradient: bool) -> dict[str, list[LabRecord]]:
+    """The run's stored measurements of one view, newest first, under the id a link names
+    (``?measurement=``): a gradient measurement's own; a per-state Measure's results (one per
+    critic, in critic order) under its first one's."""
+    records = [r for r in store.lab_records(run_id)
+               if (r.summary.get("kind") == "gradient") == gradient]  # fmt: skip
+    if gradient:
+        return {r.id: [r] for r in records}
+    by_batch: dict[object, list[LabRecord]] = {}
+    for record in records:
+        by_batch.setdefault(record.summary.get("batch", record.id), []).append(record)
+    batches = [sorted(batch, key=lambda r: r.critic_step) for batch in by_batch.values()]
+    return {batch[0].id: batch for batch in batches}
+
+
+def choose_stored(
+    stored: dict[str, list[LabRecord]], gradient: bool, linked: bool, run_id: str, policy_step: int
+) -> None:
+    """Set the view's stored-measurement box where it holds nothing it lists: to the link's
+    ``?measurement=`` where ``linked`` (the page arrived at a URL naming this run; not after a
+    switch of view, whose measurement the URL still holds), else to the newest; the
+    gradient lens's to the newest measurement of the policy checkpoint chosen above, again
+    whenever that checkpoint changes or a newer measurement of it is stored."""
+    key = "lab.g_stored" if gradient else "lab.stored"
+    if not stored:
+        st.session_state.pop(key, None)
+        return
+    newest = next(iter(stored))
+    if gradient:
+        of_policy = [i for i, (r,) in stored.items() if r.policy_step == policy_step]
+        follows = (run_id, policy_step, of_policy[0] if of_policy else None)
+        if st.session_state.get(key) in stored and st.session_state.get(f"{key}_for") == follows:
+            return
+        st.session_state[f"{key}_for"] = follows
+        newest = (of_policy or [newest])[0]
+    elif st.session_state.get(key) in stored:
+        return
+    kind = "gradient measurements" if gradient else "per-state measurements"
+    st.session_state[key] = (
+        _ui.from_url("measurement", list(stored), newest,
+                     f"it is not one of this run's stored {kind}",
+                     lambda i: (gradient_label if gradient else state_label)(*stored[i]))
+        if linked else newest
+    )  # fmt: skip
+
+
+def gradient_lens(
+    run, policy_step: int, critic_steps: list[int], stored: dict[str, list[LabRecord]]
+) -> None:
+    """The policy-gradient view: measure (in the background) and show the ``stored``
+    measurement chosen (:func:`stored_measurements`)."""
     st.caption(
         f"What {LAMBDA} does to the policy-gradient estimate itself. K independent batches, each "
         f"the size the run trains on, give ĝ = mean ∇log π(a|s)·Â for every {LAMBDA} with the "
@@ -199,35 +270,12 @@ def gradient_lens(run, policy_step: int, critic_steps: list[int]) -> None:
             job_status(job, "lab.g_cancel")
 
     progress()
-    records = [r for r in store.lab_records(run.id) if r.summary.get("kind") == "gradient"]
-    if not records:
+    if not stored:
         st.info("No gradient measurement of this run yet.")
         return
-
-    by_id = {r.id: r for r in records}
-
-    def name(record_id: str) -> str:
-        record = by_id[record_id]
-        summary = record.summary
-        steps, bests = summary.get("critic_steps") or [], summary.get("best_lambdas") or []
-        best = (", ".join(f"critic {s:,}: {LAMBDA}* = {b:g}"
-                          for s, b in zip(steps, bests, strict=True))
-                if len(steps) == len(bests) > 1  # several critics: each one's
-                else f"{LAMBDA}* = {summary.get('best_lambda'):g}")  # fmt: skip
-        when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
-        return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
-                f"{summary.get('batch_size'):,} · {best} · {when}")  # fmt: skip
-
-    # the newest measurement of the policy checkpoint chosen above (a link names the policy),
-    # again whenever that checkpoint changes or a newer measurement of it is stored
-    of_policy = [r.id for r in records if r.policy_step == policy_step]
-    newest = (run.id, policy_step, of_policy[0] if of_policy else None)
-    if (st.session_state.get("lab.g_stored") not in by_id
-            or st.session_state.get("lab.g_stored_for") != newest):  # fmt: skip
-        st.session_state["lab.g_stored"] = (of_policy or list(by_id))[0]
-        st.session_state["lab.g_stored_for"] = newest
-    record = by_id[st.selectbox("stored gradient measurements (newest first)", list(by_id),
-                                format_func=name, key="lab.g_stored")]  # fmt: skip
+    (record,) = stored[st.selectbox("stored gradient measurements (newest first)", list(stored),
+                                    format_func=lambda i: gradient_label(*stored[i]),
+                                    key="lab.g_stored")]  # fmt: skip
     if record.policy_step != policy_step:
         st.info(f"Shown: a measurement of policy {record.policy_step:,}, not of the policy "
                 f"checkpoint chosen above ({policy_step:,}): Measure the gradient to measure "
@@ -322,7 +370,8 @@ if not runs:
     st.stop()
 labels = {r.id: _ui.run_label(r) for r in runs}
 ids = list(labels)
-_ui.arrive("lab", ("lab.run", "lab.policy", "lab.critics", "lab.view"))
+arrived = _ui.arrive("lab", ("lab.run", "lab.policy", "lab.critics", "lab.view", "lab.g_stored",
+                             "lab.stored"))  # fmt: skip
 run_id = st.selectbox(
     "run", ids, index=ids.index(_ui.from_url("run", ids, ids[0])), format_func=labels.get,
     key="lab.run",
@@ -362,9 +411,15 @@ view = st.segmented_control(
     help="Per state: bias², variance and MSE of each advantage against Monte-Carlo truth. "
     "Policy gradient: the same estimators' batch gradients against a reference gradient.",
 ) or "per state"  # fmt: skip
-_ui.to_url(run=run_id, policy=policy_step, critic=critic_steps, view=view)
-if view == "policy gradient":
-    gradient_lens(run, policy_step, critic_steps)
+# the view's stored measurement is chosen here, so the link gets it in the same one update
+gradient = view == "policy gradient"
+stored = stored_measurements(run_id, gradient)
+choose_stored(stored, gradient, arrived and url_run, run_id, policy_step)
+shown = st.session_state.get("lab.g_stored" if gradient else "lab.stored")
+_ui.to_url(run=run_id, policy=policy_step, critic=critic_steps, view=view,
+           measurement=[] if shown is None else shown)  # fmt: skip
+if gradient:
+    gradient_lens(run, policy_step, critic_steps, stored)
     st.stop()
 # no min/max on the boxes, and whole numbers as text: the browser would refuse an
 # out-of-range value (or one past 2^53) with a small red mark and keep the last one; here it
@@ -418,34 +473,23 @@ def progress() -> None:
 
 progress()
 
-# the per-state measurements (the gradient lens's results are stored beside them)
-records = [r for r in store.lab_records(run_id) if r.summary.get("kind") != "gradient"]
-if not records:
+if not stored:
     st.info("No measurement of this run yet: choose checkpoints and press Measure.")
     st.stop()
-by_batch: dict[tuple, list] = {}
-for record in records:  # the results of one Measure (one per critic) are shown together
-    by_batch.setdefault(record.summary.get("batch", record.id), []).append(record)
-batches = [sorted(batch, key=lambda r: r.critic_step) for batch in by_batch.values()]
-index = st.selectbox(
-    "stored measurements (newest first)",
-    range(len(batches)),
-    format_func=lambda i: (
-        f"policy {batches[i][0].policy_step:,} · {batches[i][0].summary.get('states')} states · "
-        + ", ".join(
-            f"critic {r.critic_step:,}: {LAMBDA}* = {r.summary.get('best_lambda'):g}"
-            for r in batches[i]
-        )
-    ),
-    key="lab.stored",
-)
+batch = stored[
+    st.selectbox(
+        "stored measurements (newest first)",
+        list(stored),
+        format_func=lambda i: state_label(*stored[i]),
+        key="lab.stored",
+    )
+]
 results = {
-    f"critic {r.critic_step:,}": LabResult.from_json(store.load_lab_result(r.id))
-    for r in batches[index]
+    f"critic {r.critic_step:,}": LabResult.from_json(store.load_lab_result(r.id)) for r in batch
 }
-st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batches[index][0].policy_step:,}")
+st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batch[0].policy_step:,}")
 first = next(iter(results.values()))
 # the truth horizon H the measurement used (the settings hold None where H was derived from γ)
-made_by = {"run_id": run_id, "policy_step": batches[index][0].policy_step,
+made_by = {"run_id": run_id, "policy_step": batch[0].policy_step,
            **dataclasses.asdict(first.settings), "horizon": first.horizon}  # fmt: skip
 show_result(results, "lab.result", made_by)

@@ -427,6 +427,12 @@ def data_dir(tmp_path, monkeypatch):
     st.cache_resource.clear()
 
 
+def said_plain(text: str) -> str:
+    """Markdown text as the page shows it: its escapes (and the word joiners that keep a
+    link-like text from being linked) taken off."""
+    return re.sub(r"\\(.)", r"\1", text).replace("\u2060", "")
+
+
 def app(page: str | None = None):
     """The app (``app.py``) run once under AppTest, switched to ``page`` if given."""
     from streamlit.testing.v1 import AppTest

@@ -322,7 +322,8 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
 
 @pytest.mark.slow
 def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir, monkeypatch):
-    from conftest import TINY, app, said, wait_until
+    from conftest import TINY, app, said, said_plain, wait_until
+    from streamlit.testing.v1 import AppTest
 
     from pages import _ui
 
@@ -390,6 +391,26 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     at.run()
     assert not [i for i in at.info if i.value.startswith("Shown: a measurement of policy")]
     assert at.selectbox(key="lab.g_stored").value == gradient_records()[0].id
+    newer, older = (r.id for r in gradient_records())  # of policy `first`, of `last`
+    assert at.query_params["measurement"] in ([newer], newer)
+    # a link names a stored measurement: it opens that one, not the newest of its policy
+    linked = AppTest.from_file("../dashboard.py", default_timeout=60)
+    linked.query_params.update(run=run_id, policy=str(first), view="policy gradient",
+                               measurement=older)  # fmt: skip
+    linked.run()
+    linked.switch_page("pages/lab.py").run()
+    assert not linked.exception and linked.selectbox(key="lab.g_stored").value == older
+    shown = f"Shown: a measurement of policy {last:,}"
+    assert [i for i in linked.info if i.value.startswith(shown)]
+    linked.selectbox(key="lab.g_stored").set_value(newer).run()  # a choice reaches the URL
+    assert linked.query_params["measurement"] in ([newer], newer)
+    linked = AppTest.from_file("../dashboard.py", default_timeout=60)
+    linked.query_params.update(run=run_id, view="policy gradient", measurement="nope")
+    linked.run()
+    linked.switch_page("pages/lab.py").run()
+    (said_so,) = [said_plain(i.value) for i in linked.info if i.value.startswith("The link names")]
+    assert "measurement 'nope'" in said_so and "stored gradient measurements" in said_so
+    assert linked.selectbox(key="lab.g_stored").value in (older, newer)
     # the per-state view does not list the gradient measurement
     at.segmented_control(key="lab.view").set_value("per state").run()
     assert not at.exception and any("No measurement of this run yet" in i.value for i in at.info)

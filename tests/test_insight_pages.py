@@ -7,13 +7,21 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import re
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY, app, handing_to, runs_of_three_widths, said, set_field, wait_until
+from conftest import (
+    TINY,
+    app,
+    handing_to,
+    runs_of_three_widths,
+    said,
+    said_plain,
+    set_field,
+    wait_until,
+)
 
 import gae_core
 from gae_core import metrics as M
@@ -455,12 +463,6 @@ def saved_as_picked(handed: dict, run_ids) -> dict:
     return {name.removeprefix(lead): frame for name, frame in picked.items()}
 
 
-def said_plain(text: str) -> str:
-    """Markdown text as the page shows it: its escapes (and the word joiners that keep a
-    link-like text from being linked) taken off."""
-    return re.sub(r"\\(.)", r"\1", text).replace("\u2060", "")
-
-
 def _array(value):
     """A Plotly JSON array: a list, or Plotly 6's typed-array encoding."""
     if isinstance(value, dict):
@@ -798,6 +800,8 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     """From the explorer's link to a finished measurement: the page starts a job with the
     explorer's checkpoints, and after a reload draws the stored result, whose curves are the
     stored numbers, and each CSV button hands out its own chart's data."""
+    from streamlit.testing.v1 import AppTest
+
     from gae_core.lab.measure import LabResult
 
     handed: dict[str, object] = {}  # file name → what its button was given (read after the run)
@@ -828,6 +832,18 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     assert label.endswith(", ".join(
         f"critic {step:,}: λ* = {stored[step].best_lambda():g}" for step in sorted(stored)
     ))  # fmt: skip
+    # the link names it (by its first critic's result), and a link naming another says so
+    (shown,) = [r.id for r in store.lab_records(recorded_run) if r.critic_step == min(stored)]
+    assert at.query_params["measurement"] in (shown, [shown])
+    linked = AppTest.from_file("../dashboard.py", default_timeout=60)
+    linked.query_params.update(run=recorded_run, measurement="nope")
+    linked.run()
+    linked.switch_page("pages/lab.py").run()
+    assert linked.selectbox(key="lab.stored").value == shown
+    assert [said_plain(i.value) for i in linked.info if i.value.startswith("The link names")] == [
+        "The link names measurement 'nope' this page cannot open: it is not one of this run's "
+        f"stored per-state measurements. Showing {label}."
+    ]
     level = next(iter(stored.values())).settings.confidence
     assert any(
         f"Bands: {level * 100:g} % percentile bootstrap across the 4 states" in c.value
