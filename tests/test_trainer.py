@@ -854,3 +854,23 @@ def test_mujoco_envs_build_without_warnings_a_user_cannot_act_on():
     output = done.stdout + done.stderr
     assert "settotalmass" not in output and "precision lowered" not in output
     assert "another warning still shows" in output
+
+
+@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+def test_use_sde_on_discrete_actions_is_idle_and_trains_the_same_numbers(algo):
+    """``use_sde`` is idle on a categorical policy (``idle_fields`` says so, and a comparison
+    counts such runs as one): it must not switch the gradient's route either, whose float
+    rounding differs."""
+    base = dict(env_id="CartPole-v1", algo=algo, num_envs=2, rollout_steps=8, seed=3,
+                total_steps=400, **({"minibatch_size": 8} if algo == "ppo" else {}))  # fmt: skip
+    plain, sde = TrainConfig(**base), TrainConfig(**base, use_sde=True)
+    assert "use_sde" in sde.idle_fields()
+    trainers = [Trainer(plain), Trainer(sde)]
+    assert trainers[0].by_hand and trainers[1].by_hand
+    for trainer in trainers:
+        while not trainer.done:
+            trainer.step()
+    for mine, theirs in zip(*(t.actor.parameters() for t in trainers), strict=True):
+        assert torch.equal(mine, theirs)
+    for trainer in trainers:
+        trainer.close()

@@ -39,7 +39,8 @@ def _field(default: Any, help: str, *, min=None, max=None, choices=None) -> Any:
     return field(default=default, metadata=meta)
 
 
-# Field defaults are the neutral A2C choices; every supported env starts from its preset in
+# Field defaults are plain A2C choices (advantages standardised, unlike SB3's A2C default;
+# Adam); every supported env starts from its preset in
 # gae_core/agent/presets.py (one table, measured in benchmarks/bench_presets.py), which is what
 # the form, the CLI and the comparison use.
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class TrainConfig:
     learning_rate: float = _field(5e-3, "Optimizer step size", min=1e-8, max=1.0)
     lr_schedule: str = _field(
         "constant",
-        "Learning-rate schedule: constant, or linear decay to 0 at total_steps (SB3's lin_)",
+        "Learning-rate schedule: constant, or linear decay to 0 at total_steps, at the env "
+        "steps spent before each rollout (CleanRL's annealing; SB3's lin_ is a rollout lower)",
         choices=("constant", "linear"),
     )
     optimizer: str = _field("adam", "Optimizer", choices=("adam", "rmsprop"))
@@ -83,7 +85,9 @@ class TrainConfig:
         (64, 64), "Hidden layer widths of the actor and of the critic (tanh)", min=1, max=4096
     )
     normalize_advantages: bool = _field(
-        True, "Standardise advantages per update (not in the paper)"
+        True,
+        "Standardise advantages per update (A2C) or per minibatch (PPO, as SB3 and CleanRL); "
+        "not in the paper",
     )
     normalize_observations: bool = _field(
         False,
@@ -140,8 +144,8 @@ class TrainConfig:
     )
     clip_range_schedule: str = _field(
         "constant",
-        "PPO: the clip range's schedule: constant, or linear decay to 0 at total_steps (SB3's "
-        "lin_)",
+        "PPO: the clip range's schedule: constant, or linear decay to 0 at total_steps, at the "
+        "env steps spent before each rollout (as lr_schedule)",
         choices=("constant", "linear"),
     )
     clip_range_vf: float = _field(
@@ -307,7 +311,9 @@ STORED_BEFORE: dict[str, Any] = {"normalize_clip": 0.0, "reward_norm_reset": "te
 def scheduled(value: float, schedule: str, spent: int, total_steps: int) -> float:
     """``value`` (a learning rate, a clip range) once ``spent`` of ``total_steps`` env steps
     are spent: itself under ``"constant"``, or decayed linearly to 0 at ``total_steps`` under
-    ``"linear"`` (SB3's ``lin_`` schedules): value · (1 − min(1, spent / total_steps))."""
+    ``"linear"``: value · (1 − min(1, spent / total_steps)). The trainer passes the steps
+    spent before the update's rollout, as CleanRL anneals; SB3's ``lin_`` schedules count
+    that rollout too, so theirs sit one rollout's decay lower."""
     if schedule != "linear":
         return value
     return value * (1.0 - min(1.0, spent / total_steps))

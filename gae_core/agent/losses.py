@@ -6,8 +6,8 @@ the member's valid rows, 0 on NEXT_STEP reset rows and rows past its budget) and
 member's terms ``[M]``: a member's means run over its own valid rows only, so its loss, and
 therefore its gradient, never depends on another member's rows. Gradients come from autograd
 (the trainer sums the members' losses; each member's parameters are its own slice of the
-stack, so the sum's gradient is every member's own), except A2C's without gSDE, which also
-exists by hand (below).
+stack, so the sum's gradient is every member's own); without gSDE both also exist by hand
+(below), and the trainer takes those.
 
 The one combination of the terms, :func:`combine`, is
 

@@ -115,7 +115,8 @@ class Trainer:
         self._bounds = None if self.discrete else (space.low, space.high)
         models = [self._model(c, c.seed, c.ortho_init) for c in configs]
         self.sde = models[0].sde
-        self.by_hand = gradient_by_hand(shared)  # False forces autograd (tests, benchmarks)
+        # the one switch between the routes; False forces autograd (tests, benchmarks)
+        self.by_hand = gradient_by_hand(shared)
         # by hand: the rollout's actor activations (a list a layer, [M, E, width] a step)
         self._kept, self._kept_for = None, None
         self.actor = StackedMLP([m.actor for m in models]).to(self.device)
@@ -154,7 +155,7 @@ class Trainer:
 
     @property
     def _hand(self) -> bool:  # A2C by hand (never with gSDE): the rollout keeps activations
-        return self.by_hand and gradient_by_hand(self.shared) and self.shared.algo == "a2c"
+        return self.by_hand and self.shared.algo == "a2c"
 
     @property
     def done(self) -> bool:
@@ -396,8 +397,7 @@ class Trainer:
         spent = [m.steps_before_update for m in self._members]
         self.optimizer.learning_rate = self._rates(spent)
         learning = training & finite & rewarded & rollout.valid.reshape(shape).any((0, 2))
-        by_hand = self.by_hand and gradient_by_hand(self.shared)
-        result = self.learner.learn(batch, learning, training, spent, by_hand)
+        result = self.learner.learn(batch, learning, training, spent, self.by_hand)
         self._fail({i: what for i, what in result.failures.items() if i in active})
         rates = self.optimizer.learning_rate  # one float, or each member's
         each = isinstance(rates, np.ndarray)

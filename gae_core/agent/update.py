@@ -38,6 +38,7 @@ import torch
 
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig, scheduled
+from gae_core.agent.envs import discrete_actions
 from gae_core.agent.losses import (
     LossTerms,
     PPOFixed,
@@ -64,8 +65,9 @@ __all__ = ["Batch", "Learned", "Learner", "gradient_by_hand"]
 def gradient_by_hand(config: TrainConfig) -> bool:
     """Whether a trainer of ``config`` takes its loss's gradient by hand
     (``losses.a2c_gradients``, ``losses.ppo_gradients``; ``benchmarks/bench_hand_gradient.py``
-    times both routes on whole runs) rather than by autograd: without gSDE."""
-    return not config.use_sde
+    times both routes on whole runs) rather than by autograd: without gSDE (``use_sde`` on
+    discrete actions is idle, :meth:`TrainConfig.idle_fields`, and changes no route)."""
+    return not config.use_sde or bool(discrete_actions(config.env_id))
 
 
 @dataclass
@@ -328,7 +330,8 @@ class Learner:
 
     def _clip_ranges(self) -> torch.Tensor:
         """Each member's PPO clip range for this update: constant, or decayed linearly with
-        its share of its budget spent (``clip_range_schedule``, SB3's ``lin_``)."""
+        its share of its budget spent before the rollout (``clip_range_schedule``,
+        :func:`~gae_core.agent.config.scheduled`)."""
         ranges = [scheduled(c.clip_range, c.clip_range_schedule, spent, c.total_steps)
                   for c, spent in zip(self.configs, self._spent, strict=True)]  # fmt: skip
         return torch.tensor(ranges, dtype=torch.float32)
