@@ -294,13 +294,6 @@ def test_a_stacked_network_is_its_members_networks():
         out = stacked(x)
         for i, net in enumerate(nets):
             torch.testing.assert_close(out[i], net(x[i]), rtol=1e-5, atol=2e-6)
-        # snapshots of single members, joined in another order, are those members' networks
-        order = [2, 0, 3]
-        joined = StackedMLP.concat([stacked.select([i]) for i in order])
-        torch.testing.assert_close(joined(x[order]), out[order], rtol=0, atol=0)
-        for p in stacked.parameters():
-            p.data.add_(1.0)  # the stack trains on: a snapshot keeps the weights it was taken with
-        torch.testing.assert_close(joined(x[order]), out[order], rtol=0, atol=0)
 
 
 # -- the update -------------------------------------------------------------------------------

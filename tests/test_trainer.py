@@ -750,26 +750,33 @@ def test_gsde_log_prob_and_entropy_are_the_gaussians_with_state_dependent_std():
 
 
 def test_gsde_noise_has_the_policys_variance_and_is_fixed_within_a_rollout():
-    """With a drawn matrix W per env the noise is φ(s) · W: linear in the features, so the
-    same W gives the same noise for the same state, and over many W its variance per action
-    dimension is φ(s)² · σ² (the distribution the log-prob uses). Without W (a replay) each
-    row is drawn from that distribution directly."""
-    model = _sde_model(log_std_init=-0.5)
+    """With a drawn matrix W per env (the trainer's own draw and sampling) the noise is
+    φ(s) · W: linear in the features, so the same W gives the same noise for the same state,
+    and over many W its variance per action dimension is φ(s)² · σ² (the distribution the
+    log-prob uses). Without W (a replay's ``sample``) each row is drawn from that distribution
+    directly."""
+    config = tiny("Pendulum-v1", use_sde=True, log_std_init=-0.5, num_envs=50)
+    trainer = Trainer(config)
+    model = trainer.model_of(0)
     rng = np.random.default_rng(0)
-    obs = torch.from_numpy(rng.normal(size=(1, 3)).astype(np.float32))
+    row = rng.normal(size=(1, 3)).astype(np.float32)
+    obs = np.repeat(row, config.num_envs, axis=0)  # every env in the same state
     with torch.inference_mode():
-        mean = model.act(obs)
-        _, features = model._actor_features(obs)
+        mean = model.act(torch.from_numpy(row))
+        _, features = model._actor_features(torch.from_numpy(row))
         expected = (features.square() @ model.log_std.exp().square()).numpy()[0]
-        count = 20_000
-        noise = model.sde_noise(count, rng)
-        assert noise.shape == (count, 5, 2)
-        drawn = model.sample(obs.expand(count, 3), rng, noise) - mean
-        fresh = model.sample(obs.expand(count, 3), rng) - mean
-        again = model.sample(obs.expand(count, 3), rng, noise) - mean
+        drawn, again, fresh = [], [], []
+        for _ in range(400):  # 20,000 matrices
+            noise = trainer._sde_noise()
+            drawn.append(trainer._sample(obs, trainer._rng, noise, 0, None) - mean)
+            again.append(trainer._sample(obs, trainer._rng, noise, 1, None) - mean)
+            fresh.append(model.sample(torch.from_numpy(obs), rng) - mean)
+    drawn, again, fresh = (np.concatenate(x) for x in (drawn, again, fresh))
+    trainer.close()
+    assert drawn.shape == (20_000, 1)
     np.testing.assert_allclose(drawn, again, rtol=1e-6, atol=1e-7)  # same W, same noise
     for samples in (drawn, fresh):
-        assert np.all(np.abs(samples.mean(axis=0)) <= 4 * np.sqrt(expected / count))
+        assert np.all(np.abs(samples.mean(axis=0)) <= 4 * np.sqrt(expected / len(samples)))
         # the sample variance's standard error is √(2/n)·σ² ≈ 1 % of it here
         np.testing.assert_allclose(samples.var(axis=0), expected, rtol=0.05)
 

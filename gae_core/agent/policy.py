@@ -123,12 +123,12 @@ class ActorCritic(nn.Module):
     ``use_sde`` with ``full_std``): the noise is ``φ(s) · W``, with φ(s) the actor's last hidden
     features (detached) and W a ``[features, actions]`` matrix with entries ~ N(0, σ²),
     ``σ = exp(log_std)`` (one log-std per entry). The trainer draws one W per env per rollout
-    (:meth:`sde_noise`), so exploration is smooth along a trajectory. For a given s the action is
-    Gaussian with mean μ(s) and variance ``Σ_j φ_j(s)² σ_ja² + ε`` per dimension (ε = 1e-6, as
-    SB3), which is what the log-prob and entropy use; without a W (replays, the lab) ``sample``
-    draws from that same per-step distribution. ``sample`` returns the *unclipped* sample, whose
-    log-prob the loss uses; the trainer clips a copy to the action bounds for the env (the usual
-    practice, e.g. SB3; the paper does not discuss bounds).
+    (``Trainer._sde_noise``), so exploration is smooth along a trajectory. For a given s the
+    action is Gaussian with mean μ(s) and variance ``Σ_j φ_j(s)² σ_ja² + ε`` per dimension
+    (ε = 1e-6, as SB3), which is what the log-prob and entropy use; without a W (replays, the
+    lab) ``sample`` draws from that same per-step distribution. ``sample`` returns the
+    *unclipped* sample, whose log-prob the loss uses; the trainer clips a copy to the action
+    bounds for the env (the usual practice, e.g. SB3; the paper does not discuss bounds).
     """
 
     def __init__(
@@ -168,12 +168,6 @@ class ActorCritic(nn.Module):
         h, features = _forward(self._actor_layers, obs)
         return h, features.detach()
 
-    def sde_noise(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """``count`` exploration matrices W ``[count, features, actions]``, entries
-        ~ N(0, exp(log_std)²): one per env, drawn at the start of a rollout (gSDE)."""
-        sigma = np.exp(self.log_std.detach().cpu().numpy())
-        return (sigma * rng.standard_normal((count, *sigma.shape))).astype(np.float32)
-
     def _sde_std(self, features: torch.Tensor) -> torch.Tensor:
         return sde_std(features, self.log_std)
 
@@ -181,19 +175,13 @@ class ActorCritic(nn.Module):
         """V(s) for ``obs [..., obs_dim]`` → ``[...]``."""
         return _forward(self._critic_layers, obs)[0].squeeze(-1)
 
-    def sample(
-        self, obs: torch.Tensor, rng: np.random.Generator, noise: np.ndarray | None = None
-    ) -> np.ndarray:
+    def sample(self, obs: torch.Tensor, rng: np.random.Generator) -> np.ndarray:
         """Sample actions for a batch (call under ``torch.inference_mode``); numpy out:
-        int64 ``[B]`` (discrete) or float32 ``[B, action_dim]`` (continuous, unclipped).
-        ``noise``: with gSDE, row b's exploration matrix (:meth:`sde_noise`, ``[B, F, A]``);
-        without it each row's noise is drawn afresh from the same per-step distribution."""
+        int64 ``[B]`` (discrete) or float32 ``[B, action_dim]`` (continuous, unclipped). With
+        gSDE each row's noise is drawn afresh from the per-step distribution (no W held: a
+        replay's, the lab's)."""
         if self.sde:
             out, features = self._actor_features(obs)
-            if noise is not None:
-                matrices = torch.as_tensor(noise, device=obs.device)
-                explore = torch.einsum("bf,bfa->ba", features, matrices)
-                return (out + explore).cpu().numpy().astype(np.float32)
             std = self._sde_std(features).cpu().numpy()
             out = out.cpu().numpy()
             return (out + std * rng.standard_normal(out.shape)).astype(np.float32)

@@ -258,29 +258,6 @@ class StackedMLP:
             self.biases = [b.to(device).requires_grad_(True) for b in self.biases]
         return self
 
-    def select(self, members: Sequence[int]) -> StackedMLP:
-        """A detached copy of the given members' networks, in that order."""
-        chosen = object.__new__(StackedMLP)
-        chosen.activation, chosen.linear = self.activation, self.linear
-        index = torch.as_tensor(list(members))
-        with torch.no_grad():
-            chosen.weights = [w[index] for w in self.weights]
-            chosen.biases = [b[index] for b in self.biases]
-        return chosen
-
-    @staticmethod
-    def concat(parts: Sequence[StackedMLP]) -> StackedMLP:
-        """The members of several stacks (e.g. snapshots taken by :meth:`select` at different
-        updates) as one stack, in order; detached."""
-        joined = object.__new__(StackedMLP)
-        joined.activation, joined.linear = parts[0].activation, parts[0].linear
-        with torch.no_grad():
-            layers = zip(*(p.weights for p in parts), strict=True)
-            joined.weights = [torch.cat(ws) for ws in layers]
-            layers = zip(*(p.biases for p in parts), strict=True)
-            joined.biases = [torch.cat(bs) for bs in layers]
-        return joined
-
     def copy_into(self, net: nn.Sequential, member: int) -> None:
         linears = [m for m in net if isinstance(m, nn.Linear)]
         with torch.no_grad():
