@@ -8,7 +8,7 @@ import streamlit as st
 
 from gae_core import metrics as M
 from gae_core.errors import StoreError
-from gae_core.inert import markdown_text
+from gae_core.inert import clean_name, markdown_text
 from gae_core.insight import exports, figures, views
 from gae_core.labels import algorithm_name, label
 from gae_core.storage.records import STATUSES
@@ -141,13 +141,18 @@ def runs_view() -> None:
         # never disabled by the box's value: a text box sends what was typed only when it
         # loses focus, so the click that takes the focus away must itself reach the button
         if actions[1].button("Rename", key="runs.rename"):
-            if new_name.strip() == run.name:
-                st.info("Type the new name in the box, then press Rename.")
+            try:  # checked before the dialog asks to confirm it, as the store will check it
+                new_name = clean_name(new_name, field="run name")
+            except ValueError as error:
+                st.error(markdown_text(str(error)))
             else:
-                # kept in state: the dialog stays open, with the id it was opened for, until
-                # it is answered, whatever the table's selection does meanwhile
-                st.session_state["runs.renaming"] = (run.id, run.name, new_name)
-                st.rerun()  # the whole page: the dialogs are drawn outside this fragment
+                if new_name == run.name:
+                    st.info("Type the new name in the box, then press Rename.")
+                else:
+                    # kept in state: the dialog stays open, with the id it was opened for,
+                    # until it is answered, whatever the table's selection does meanwhile
+                    st.session_state["runs.renaming"] = (run.id, run.name, new_name)
+                    st.rerun()  # the whole page: the dialogs are drawn outside this fragment
         if actions[2].button("Delete", key="runs.delete", disabled=run.active):
             st.session_state["runs.deleting"] = (run.id, run.name)
             st.rerun()

@@ -652,6 +652,12 @@ def test_rename_confirms_and_retention_thins_checkpoints(data_dir):
     at.button(key="runs.rename").click().run()
     assert "Type the new name in the box, then press Rename." in [i.value for i in at.info]
     assert "runs.renaming" not in at.session_state
+    # a name the store would refuse is refused before the dialog asks to confirm it
+    for bad, words in (("   ", "run name cannot be empty"), ("x" * 201, "at most 200")):
+        at.text_input(key=f"runs.name.{run_id}").set_value(bad).run()
+        at.button(key="runs.rename").click().run()
+        assert "runs.renaming" not in at.session_state
+        assert [e for e in said(at.error) if words in e], said(at.error)
     at.text_input(key=f"runs.name.{run_id}").set_value("after").run()
     at.button(key="runs.rename").click().run()
     assert store.get_run(run_id).name == "before"  # nothing until confirmed
