@@ -355,6 +355,9 @@ if unfinished_ids and st.checkbox(
     picked = [r for r in picked if r.id not in unfinished_ids]
 also = (second,) if second else ()
 episodes = compare.episodes_frame(store, [r.id for r in picked], group, also=also)
+if not run_ids:
+    st.info("Pick runs to compare in the box above (at least two, from one environment).")
+    st.stop()
 if episodes.empty:
     st.info("No finished episodes in these runs yet.")
     st.stop()

@@ -479,6 +479,9 @@ def test_compare_groups_picked_runs_by_any_field(data_dir, monkeypatch):
     run_sweep(store, base, grid_of(seeds=[0, 1], gamma=[0.9, 0.99]), workers=1)
     at = app("pages/compare.py")
     at.radio(key="cmp.source").set_value("pick runs").run()
+    assert [i.value for i in at.info] == [
+        "Pick runs to compare in the box above (at least two, from one environment)."
+    ]  # not "no finished episodes in these runs"
     at.multiselect(key="cmp.runs").set_value([r.id for r in store.list_runs()]).run()
     at.selectbox(key="cmp.group").set_value("gamma").run()
     assert not at.exception
