@@ -84,5 +84,7 @@ def format_value(value: Any) -> str:
 
 def assignment(field: str, value: Any) -> str:
     """``λ = 0.95``: a field set to a value, in one format everywhere — a curve or a group of
-    seeds in a comparison, a run's default name, a sweep trial's name, a chart's marker."""
-    return f"{label(field)} = {format_value(value)}"
+    seeds in a comparison, a run's default name, a sweep trial's name, a chart's marker. An
+    algorithm reads as its name (``algorithm = PPO``)."""
+    shown = algorithm_name(value) if field == "algo" and value in ALGORITHMS else value
+    return f"{label(field)} = {format_value(shown)}"

@@ -263,6 +263,15 @@ def test_values_read_with_sensible_precision_and_thousands_separators(value, sho
     assert format_value(value) == shown
 
 
+def test_an_assignment_reads_as_people_write_it():
+    from gae_core.labels import assignment
+
+    assert assignment("lambda_", 0.95) == "λ = 0.95"
+    assert assignment("total_steps", 500_000) == "budget (env steps) = 500,000"
+    assert assignment("algo", "ppo") == "algorithm = PPO"  # as every label writes it
+    assert assignment("algo", "a2c") == "algorithm = A2C"
+
+
 def test_the_final_return_says_where_its_window_of_episodes_starts(tmp_path):
     """InvertedPendulum at 50k steps read "final return 457.1" beside a curve flat at 1,000
     from 30k on: its last 100 episodes reached back to step 426. The line says so."""
