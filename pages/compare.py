@@ -258,7 +258,10 @@ if view == "Launch a sweep":
                             "progress", min_value=0.0, max_value=1.0
                         ),
                         "final_return": st.column_config.NumberColumn(
-                            label("final_return"), format="%.1f"
+                            label("final_return"),
+                            format="%.1f",
+                            help=f"mean of the last {SOLVED_WINDOW} episodes (of all, while "
+                            "fewer have ended); None before the first episode ends",
                         ),
                     },
                 )
@@ -473,11 +476,11 @@ st.dataframe(
     key="cmp.summary",
 )
 st.caption(
-    f"Per seed, the final return is the mean of its last {SOLVED_WINDOW} episodes (of its "
-    "runs' means, where it has several) and the AUC the area under its curve as drawn divided "
-    "by the span (its average return over training). Each cell: the IQM or mean across seeds "
-    "and its "
-    f"{stats.INTERVAL_DEFINITION} interval. Highlighted: the highest final-return IQM. How "
+    f"Per seed, the final return is the mean of its last {SOLVED_WINDOW} episodes (of all "
+    "of them where fewer ended; of its runs' means, where it has several) and the AUC the "
+    "area under its curve as drawn divided by the span (its average return over training). "
+    f"Each cell: the IQM or mean across seeds and its {stats.INTERVAL_DEFINITION} interval. "
+    "Highlighted: the highest final-return IQM. How "
     "each is computed: the methods below."
     + (
         f" Solved: the share of runs with a {SOLVED_WINDOW}-episode mean ≥ {threshold:g}; "

@@ -11,6 +11,7 @@ from gae_core.errors import StoreError
 from gae_core.inert import clean_name, markdown_text
 from gae_core.insight import exports, figures, views
 from gae_core.labels import algorithm_name, label
+from gae_core.outcome import SOLVED_WINDOW
 from gae_core.storage.records import STATUSES
 from gae_core.storage.table import runs_frame
 from pages import _ui
@@ -103,10 +104,15 @@ def runs_view() -> None:
             "gamma": st.column_config.NumberColumn(label("gamma"), format="%.4g"),
             "env_steps": st.column_config.NumberColumn(label("env_steps"), format="localized"),
             "best_return": st.column_config.NumberColumn(
-                label("best_return"), format="%.1f", help="best mean of 100 consecutive episodes"
+                label("best_return"),
+                format="%.1f",
+                help=f"best mean of {SOLVED_WINDOW} consecutive episodes (None until "
+                f"{SOLVED_WINDOW} have ended: a lucky handful is no best)",
             ),
             "final_return": st.column_config.NumberColumn(
-                label("final_return"), format="%.1f", help="mean of the last 100 episodes"
+                label("final_return"),
+                format="%.1f",
+                help=f"mean of the last {SOLVED_WINDOW} episodes (of all, while fewer have ended)",
             ),
             "solved_at_step": st.column_config.NumberColumn(
                 label("solved_at_step"), format="localized"
