@@ -5,6 +5,7 @@ lab's settings alike), quoting what was typed at most :data:`ECHO_LIMIT` charact
 
 from __future__ import annotations
 
+import decimal
 import numbers
 import re
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ _THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
 # 1e6, 2.5E+3: a whole number in scientific notation (a negative exponent could round a
 # fraction to 0: 1e-400 is refused, not read as 0)
 _SCIENTIFIC = re.compile(r"[+-]?\d+(\.\d*)?[eE]\+?\d+")
+#: The most digits a number in scientific notation may have (Python's limit for writing an int)
+_MAX_DIGITS = 4300
 
 
 def parse_int(text: str) -> int:
@@ -36,8 +39,9 @@ def parse_int(text: str) -> int:
         pass
     if not _SCIENTIFIC.fullmatch(text):
         raise ValueError(f"invalid integer {text!r}")
-    value = float(text)
-    if not value.is_integer():
+    # exactly, as a decimal: 1e30 is 10^30, not the float nearest it (…019884624838656)
+    value = decimal.Decimal(text)
+    if value.adjusted() > _MAX_DIGITS or value != value.to_integral_value():
         raise ValueError(f"invalid integer {text!r}")
     return int(value)
 
