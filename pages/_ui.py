@@ -488,9 +488,9 @@ def config_form(
         said = ", ".join(changed[:6]) + more
         typed = f"; kept as you typed: {', '.join(kept)}" if kept else ""
         # what matters first: a long toast is cut behind "view more"
+        detail = f" (new values: {said}{typed})" if changed or kept else ""
         st.toast(f"{chosen}, {algorithm_name(algo)}: the tuned settings are {where}, the "
-                 f"others as you left them{f' (changed: {said}{typed})' if changed or kept else ''}"
-                 ".")  # fmt: skip
+                 f"others as you left them{detail}.")  # fmt: skip
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs((*exclude, *hidden))

@@ -407,7 +407,7 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     (toast,) = [t.value for t in at.toast]
     # it names what the preset changed (six fields, then a count), and keeps the rest
     said = re.fullmatch(r"Pendulum-v1, A2C: the tuned settings are its preset, the others as you "
-                        r"left them \(changed: (.*)\)\.", toast)  # fmt: skip
+                        r"left them \(new values: (.*)\)\.", toast)  # fmt: skip
     named, _, more = said.group(1).partition(" and ")
     before, preset = preset_values("CartPole-v1"), preset_values("Pendulum-v1")
     differ = [FIELD_SPECS[n].label for n in preset if n in TUNED_FIELDS and before[n] != preset[n]]
