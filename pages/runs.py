@@ -73,7 +73,7 @@ def runs_view() -> None:
     shown_ids = shown["run_id"].tolist()
     gone = []  # a link to runs deleted since (the page's own Delete takes its run out of it)
     for linked in st.query_params.get_all("run"):
-        if linked not in shown_ids:  # filtered out, or gone: only then asks the store
+        if linked.strip() and linked not in shown_ids:  # filtered out, or gone: ask the store
             try:
                 store.get_run(linked)
             except StoreError:

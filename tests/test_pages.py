@@ -392,6 +392,12 @@ def test_delete_removes_the_opened_run_even_after_another_process_deleted_one(da
     gone = ids["middle"]
     assert notes == [f"The link names a run this page cannot open: this data folder holds no "
                      f"run '{gone}' (deleted, or a link from another folder)."]  # fmt: skip
+    # an empty run in a link (?run=…&run=) is no run to name
+    blank = AppTest.from_file("../dashboard.py", default_timeout=60)
+    blank.query_params.update(run=[gone, ""])
+    blank.run()
+    blank.switch_page("pages/runs.py").run()
+    assert [note for note in said(blank.info) if note.startswith("The link names")] == notes
 
 
 def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_dir):
