@@ -240,8 +240,11 @@ def test_measure_gradient_is_deterministic_for_a_seed_and_round_trips():
     settings = GradientSettings(gamma=0.95, lambdas=(0.0, 0.9, 1.0), ks=(1,), batches=3,
                                 reference=1500, resamples=100, seed=4)  # fmt: skip
     replay = _replay()
-    first = measure_gradient("CartPole-v1", replay, [replay], settings, envs=2, steps=16)
+    fractions: list[float] = []
+    first = measure_gradient("CartPole-v1", replay, [replay], settings, envs=2, steps=16,
+                             progress=fractions.append)  # fmt: skip
     again = measure_gradient("CartPole-v1", replay, [replay], settings, envs=2, steps=16)
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0  # only grows, to the end
     assert first.table.equals(again.table) and first.reference == again.reference
     assert list(first.table["param"]) == [0.0, 0.9, 1.0, 1.0] and first.batch["envs"] == 2
     assert first.reference["samples"] >= 1500

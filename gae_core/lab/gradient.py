@@ -60,6 +60,8 @@ from gae_core.agent.envs import episode_cap, make_eval_env
 from gae_core.agent.field_spec import int_problem
 from gae_core.agent.recording import Replay
 from gae_core.lab.gradient_samples import (
+    BATCH_SAMPLE_COST,
+    WINDOW_STEP_COST,
     action_tensor,
     actor_parameters,
     batch_gradients,
@@ -68,7 +70,7 @@ from gae_core.lab.gradient_samples import (
     sample_windows,
     window_advantages,
 )
-from gae_core.lab.rollouts import LabCancelled, Progress
+from gae_core.lab.rollouts import Progress
 from gae_core.lab.settings import HORIZON_TOLERANCE, MAX_HORIZON
 from gae_core.labels import assignment, label
 
@@ -310,9 +312,14 @@ def measure_gradient(
     probe = make_eval_env(env_id)
     cap = episode_cap(probe)
     probe.close()
-    # progress: the windows' env steps (at most two time limits and the window per copy), then
-    # the reference's samples
-    ticker = Progress(envs * K * (2 * cap + steps) + settings.reference, progress, cancel)
+    # progress, each part by its cost (gradient_samples.WINDOW_STEP_COST): the windows' env
+    # steps (at most two time limits and the window per copy), each batch's samples per
+    # critic, then the reference's samples
+    ticker = Progress(
+        envs * K * ((2 * cap + steps) * WINDOW_STEP_COST + steps * len(critics) * BATCH_SAMPLE_COST)
+        + settings.reference,
+        progress, cancel,
+    )  # fmt: skip
     windows = sample_windows(env_id, policy, K, envs, steps, settings.seed, ticker)
     # each batch's scores are used for every critic at once and then dropped: K batches of
     # [n, P] scores held together would be most of the memory
@@ -327,8 +334,7 @@ def measure_gradient(
         if not gradients.size:
             gradients = np.zeros((len(critics), K, *each[0].shape))
         gradients[:, k] = each
-        if cancel is not None and cancel.is_set():
-            raise LabCancelled("the lab was cancelled")
+        ticker.step(envs * steps * len(critics) * BATCH_SAMPLE_COST)  # (and any cancel)
     g_star, noise, samples = reference_gradient(env_id, policy, policy, settings, ticker)
     frames = []
     for name, G in zip(names, gradients, strict=True):

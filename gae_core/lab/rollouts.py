@@ -39,13 +39,14 @@ class LabCancelled(Exception):
 
 
 class Progress:
-    """Env steps done out of ``total``: each :meth:`step` reports the fraction to ``callback``
-    and raises :class:`LabCancelled` once ``cancel`` (a ``threading.Event``) is set."""
+    """Work done out of ``total`` (env steps, or any units of the same cost): each
+    :meth:`step` reports the fraction to ``callback`` and raises :class:`LabCancelled` once
+    ``cancel`` (a ``threading.Event``) is set."""
 
-    def __init__(self, total: int, callback: Callable[[float], None] | None, cancel: Any) -> None:
+    def __init__(self, total: float, callback: Callable[[float], None] | None, cancel: Any) -> None:
         self.total, self.done, self.callback, self.cancel = max(total, 1), 0, callback, cancel
 
-    def step(self, steps: int) -> None:
+    def step(self, steps: float) -> None:
         if self.cancel is not None and self.cancel.is_set():
             raise LabCancelled("the lab was cancelled")
         self.done += steps
