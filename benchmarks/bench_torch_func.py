@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 
-from gae_core.agent.losses import a2c_loss, standardize
+from gae_core.agent.losses import Coefficients, Rows, a2c_loss, standardize
 from gae_core.agent.policy import ActorCritic, log_probs_and_entropy
 from gae_core.agent.stacked import StackedMLP
 
@@ -79,8 +79,8 @@ class _MemberLoss(nn.Module):
         advantages = torch.where(standardise, standardize(advantages, mask), advantages)
         log_probs, entropy = self.model.log_probs_and_entropy(obs, actions)
         values = self.model.values(obs)
-        return a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
-                        entropy_coef).loss  # fmt: skip
+        return a2c_loss(log_probs, entropy, values, Rows(advantages, returns, mask),
+                        Coefficients(value_coef, entropy_coef)).loss  # fmt: skip
 
 
 def _setup(obs_dim: int, action_dim: int | None, rows: int, members: int):
@@ -126,8 +126,8 @@ def _setup(obs_dim: int, action_dim: int | None, rows: int, members: int):
         out = actor(d["obs"])
         stacked_log_std = None if discrete else log_std[:, None, :]
         log_probs, entropy = log_probs_and_entropy(out, d["actions"], stacked_log_std)
-        terms = a2c_loss(log_probs, entropy, values, adv, d["returns"], d["mask"],
-                         d["value_coef"], d["entropy_coef"])  # fmt: skip
+        terms = a2c_loss(log_probs, entropy, values, Rows(adv, d["returns"], d["mask"]),
+                         Coefficients(d["value_coef"], d["entropy_coef"]))  # fmt: skip
         terms.loss.sum().backward()
 
     # B: torch.func over the members' stacked parameters

@@ -116,7 +116,7 @@ def ours_ceiling(steps: int) -> dict:
     import numpy as np
     import torch
 
-    from gae_core.agent.losses import a2c_gradients
+    from gae_core.agent.losses import Rows, a2c_gradients
     from gae_core.agent.policy import sample_actions
     from gae_core.agent.presets import preset_config
     from gae_core.agent.trainer import Trainer
@@ -148,8 +148,8 @@ def ours_ceiling(steps: int) -> dict:
     def update(n: int) -> None:
         for _ in range(n):
             critic_pass = [h[:, :rows] for h in critic.layers(with_bootstrap)]
-            a2c_gradients(actor, critic, None, actor_pass, critic_pass, actions, advantages,
-                          returns, mask, learner.value_coef, learner.entropy_coef)  # fmt: skip
+            a2c_gradients(actor, critic, None, actor_pass, critic_pass, actions,
+                          Rows(advantages, returns, mask), learner.coefficients)  # fmt: skip
             trainer.optimizer.step()
 
     def seconds(function, n: int) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,10 @@ from gae_core.agent import update as update_module
 from gae_core.agent.config import TrainConfig
 from gae_core.agent.losses import (
     ADVANTAGE_EPSILON,
+    Coefficients,
+    Rows,
     a2c_gradients,
     a2c_loss,
-    combine,
     masked_mean,
     ppo_fixed,
     ppo_gradients,
@@ -57,14 +59,44 @@ def _mean(x: torch.Tensor, mask_row: torch.Tensor) -> torch.Tensor:
     return x[mask_row.bool()].mean()
 
 
+def ppo(log_probs, old, entropy, values, old_values, advantages, returns, mask, clip_range,
+        clip_range_vf, value_coef, entropy_coef, fixed=None):  # fmt: skip
+    """:func:`ppo_loss` with its inputs in the order of its formulas (π, π_old, H, V, V_old,
+    Â, R, mask, ε, ε_v, c_v, c_e)."""
+    return ppo_loss(
+        log_probs,
+        entropy,
+        values,
+        Rows(advantages, returns, mask, old, old_values),
+        Coefficients(value_coef, entropy_coef, clip_range, clip_range_vf),
+        fixed,
+    )
+
+
+def ppo_by_hand(actor, critic, log_std, actor_pass, critic_pass, actions, old, old_values,
+                advantages, returns, mask, clip_range, clip_range_vf, value_coef, entropy_coef,
+                fixed=None):  # fmt: skip
+    """:func:`ppo_gradients` with the rows and coefficients in :func:`ppo`'s order."""
+    return ppo_gradients(actor, critic, log_std, actor_pass, critic_pass, actions,
+                         Rows(advantages, returns, mask, old, old_values),
+                         Coefficients(value_coef, entropy_coef, clip_range, clip_range_vf),
+                         fixed)  # fmt: skip
+
+
+def fixed_of(advantages, mask, clip_range, value_coef, entropy_coef):
+    """:func:`ppo_fixed` of these advantages, mask and coefficients."""
+    rows = Rows(advantages, torch.zeros_like(advantages), mask)
+    return ppo_fixed(rows, Coefficients(value_coef, entropy_coef, clip_range))
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), members=st.integers(1, 4), rows=st.integers(1, 30))
 def test_a2c_loss_is_its_formula_per_member_over_valid_rows(seed, members, rows):
     draw, mask = _rows(seed, members, rows)
     log_probs, entropy, values, advantages, returns = (draw(members, rows) for _ in range(5))
     value_coef, entropy_coef = draw(members).abs(), draw(members).abs()
-    terms = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
-                     entropy_coef)  # fmt: skip
+    terms = a2c_loss(log_probs, entropy, values, Rows(advantages, returns, mask),
+                     Coefficients(value_coef, entropy_coef))  # fmt: skip
     for m in range(members):
         policy = -_mean(advantages[m] * log_probs[m], mask[m])
         value = _mean((returns[m] - values[m]) ** 2, mask[m])
@@ -85,7 +117,12 @@ def test_a_members_loss_and_gradient_read_only_its_own_valid_rows(seed, members,
     draw, mask = _rows(seed, members, rows)
     inputs = [draw(members, rows).requires_grad_(True) for _ in range(5)]
     coefs = (draw(members).abs(), draw(members).abs())
-    terms = a2c_loss(*inputs, mask, *coefs)
+
+    def a2c(log_probs, entropy, values, advantages, returns, mask, value_coef, entropy_coef):
+        return a2c_loss(log_probs, entropy, values, Rows(advantages, returns, mask),
+                        Coefficients(value_coef, entropy_coef))  # fmt: skip
+
+    terms = a2c(*inputs, mask, *coefs)
     terms.loss.sum().backward()
     for m in range(members):
         moved = [x.detach().clone() for x in inputs]
@@ -94,10 +131,10 @@ def test_a_members_loss_and_gradient_read_only_its_own_valid_rows(seed, members,
         keep[m] = mask[m].bool()
         for x in moved:
             x.add_(torch.where(keep, 0.0, noise))  # everything but m's valid rows moves
-        again = a2c_loss(*moved, mask, *coefs)
+        again = a2c(*moved, mask, *coefs)
         torch.testing.assert_close(again.loss[m], terms.loss[m])
         alone = [x.detach()[m : m + 1].clone().requires_grad_(True) for x in inputs]
-        a2c_loss(*alone, mask[m : m + 1], coefs[0][m : m + 1], coefs[1][m : m + 1]).loss.backward()
+        a2c(*alone, mask[m : m + 1], coefs[0][m : m + 1], coefs[1][m : m + 1]).loss.backward()
         for x, own in zip(inputs, alone, strict=True):
             torch.testing.assert_close(x.grad[m], own.grad[0])
 
@@ -105,7 +142,7 @@ def test_a_members_loss_and_gradient_read_only_its_own_valid_rows(seed, members,
 def _ppo(ratio: float, advantage: float, epsilon: float = 0.2):
     log_probs = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
     one = torch.ones(1, 1, dtype=torch.float64)
-    terms = ppo_loss(
+    terms = ppo(
         log_probs, 0.0 * one, 0.0 * one, one, one, advantage * one, one, one,
         torch.tensor([epsilon]), torch.tensor([math.inf]), torch.ones(1), torch.zeros(1),
     )  # fmt: skip
@@ -143,8 +180,8 @@ def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
     epsilon = draw(members).abs() * 0.3 + 0.01
     epsilon_v = torch.where(draw(members) > 0, draw(members).abs(), math.inf)
     value_coef, entropy_coef = draw(members).abs(), draw(members).abs()
-    terms = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,
-                     epsilon, epsilon_v, value_coef, entropy_coef)  # fmt: skip
+    terms = ppo(log_probs, old, entropy, values, old_values, advantages, returns, mask,
+                epsilon, epsilon_v, value_coef, entropy_coef)  # fmt: skip
     for m in range(members):
         ratio = torch.exp(log_probs[m] - old[m])
         surrogate = torch.minimum(
@@ -165,8 +202,7 @@ def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
         assert terms.approx_kl[m] >= 0  # (r − 1) − log r ≥ 0 for every r > 0
         fraction = _mean(((ratio - 1).abs() > epsilon[m]).double(), mask[m])
         torch.testing.assert_close(terms.clip_fraction[m], fraction)
-        expected = combine(policy, value, _mean(entropy[m], mask[m]), value_coef[m],
-                           entropy_coef[m])  # fmt: skip
+        expected = policy + value_coef[m] * value - entropy_coef[m] * _mean(entropy[m], mask[m])
         torch.testing.assert_close(terms.loss[m], expected)
 
     # a member that does not clip (ε_v = ∞) has, bit for bit, the numbers it has alone with
@@ -175,16 +211,16 @@ def test_ppo_loss_is_its_formula_per_member(seed, members, rows):
         if math.isinf(epsilon_v[m]):
             own = (x[m : m + 1] for x in (log_probs, old, entropy, values, old_values, advantages,
                                           returns, mask))  # fmt: skip
-            alone = ppo_loss(*own, epsilon[m : m + 1], None, value_coef[m : m + 1],
+            alone = ppo(*own, epsilon[m : m + 1], None, value_coef[m : m + 1],
                              entropy_coef[m : m + 1])  # fmt: skip
             for name in ("loss", "policy", "value", "entropy", "approx_kl", "clip_fraction"):
                 torch.testing.assert_close(getattr(alone, name)[0], getattr(terms, name)[m],
                                            rtol=0, atol=0)  # fmt: skip
     # no member clipping its value (None): V_clip = V, the plain squared error; no member
     # weighing the entropy (None): c_e = 0
-    plain = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,
+    plain = ppo(log_probs, old, entropy, values, old_values, advantages, returns, mask,
                      epsilon, None, value_coef, None)  # fmt: skip
-    unclipped = ppo_loss(log_probs, old, entropy, values, old_values, advantages, returns, mask,
+    unclipped = ppo(log_probs, old, entropy, values, old_values, advantages, returns, mask,
                          epsilon, torch.full_like(epsilon, math.inf), value_coef,
                          torch.zeros_like(value_coef))  # fmt: skip
     for name in ("loss", "policy", "value", "entropy", "approx_kl", "clip_fraction"):
@@ -207,7 +243,7 @@ def test_ppo_fixed_is_its_formulas_and_changes_no_bit_of_the_loss(seed, members,
     epsilon = draw(members).abs() * 0.3 + 0.01
     value_coef = draw(members).abs()
     entropy_coef = draw(members).abs() if entropy else None
-    fixed = ppo_fixed(advantages, mask, epsilon, value_coef, entropy_coef)
+    fixed = fixed_of(advantages, mask, epsilon, value_coef, entropy_coef)
     for m in range(members):  # each member's own numbers, in the order the loss takes them
         weight = mask[m] / mask[m].sum().clamp(min=1.0)
         assert torch.equal(fixed.weight[m], weight)
@@ -230,7 +266,7 @@ def test_ppo_fixed_is_its_formulas_and_changes_no_bit_of_the_loss(seed, members,
     for passed in (None, fixed):
         for p in (*actor.parameters(), *critic.parameters()):
             p.grad = None
-        terms = ppo_gradients(actor, critic, None, actor.layers(x), critic.layers(x), *args,
+        terms = ppo_by_hand(actor, critic, None, actor.layers(x), critic.layers(x), *args,
                               passed)  # fmt: skip
         found.append([terms.loss, *(p.grad.clone() for p in (*actor.parameters(),
                                                               *critic.parameters()))])  # fmt: skip
@@ -251,18 +287,21 @@ def test_the_updates_minibatch_carries_the_fixed_part_of_its_own_rows(minibatch)
     learner._spent = [0, 0]
     generator = torch.Generator().manual_seed(0)
     rows = 256
-    columns = (torch.randn(2, rows, 4, generator=generator),
-               torch.randint(0, 2, (2, rows), generator=generator),
-               *(torch.randn(2, rows, generator=generator) for _ in range(4)),
-               (torch.rand(2, rows, generator=generator) < 0.8).float())  # fmt: skip
-    coefficients = (learner._clip_ranges(), learner.clip_range_vf, learner.value_coef,
-                    learner.entropy_coef)  # fmt: skip
+    inputs = (torch.randn(2, rows, 4, generator=generator),
+              torch.randint(0, 2, (2, rows), generator=generator))  # fmt: skip
+    rollout = Rows(*(torch.randn(2, rows, generator=generator) for _ in range(2)),
+                   (torch.rand(2, rows, generator=generator) < 0.8).float(),
+                   *(torch.randn(2, rows, generator=generator) for _ in range(2)))  # fmt: skip
+    coefficients = replace(learner.coefficients, clip_range=learner._clip_ranges())
     index = None if minibatch >= rows else torch.randperm(rows, generator=generator)[:64]
     index = None if index is None else index.expand(2, -1)
-    (*_, advantages, _, mask), fixed, counted = learner._minibatch(columns, coefficients, index)
-    assert not torch.equal(advantages[0], columns[4][0] if index is None else
-                           columns[4][0, index[0]])  # member 0 standardises  # fmt: skip
-    expected = ppo_fixed(advantages, mask, *coefficients[:1], *coefficients[2:])
+    _, part, fixed, counted = learner._minibatch(inputs, rollout, coefficients, index)
+    advantages, mask = part.advantages, part.mask
+    assert not torch.equal(advantages[0], rollout.advantages[0] if index is None else
+                           rollout.advantages[0, index[0]])  # member 0 standardises  # fmt: skip
+    if index is not None:  # every field of the rows taken alike
+        assert torch.equal(part.old_values, rollout.old_values.gather(1, index))
+    expected = ppo_fixed(part, coefficients)
     for name in ("weight", "low", "high", "policy_grad", "entropy_grad", "value_grad"):
         assert torch.equal(getattr(fixed, name), getattr(expected, name)), name
     assert counted.tolist() == (mask.sum(1) > 0).tolist()
@@ -439,7 +478,7 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
         out, acts, None if discrete else log_std_ref[:, None, :]
     )
     if algo == "a2c":
-        rest = (advantages, returns, mask, value_coef, entropy_coef)
+        rest = (Rows(advantages, returns, mask), Coefficients(value_coef, entropy_coef))
         want = a2c_loss(log_probs, entropy, values, *rest)
     else:
         same = torch.rand(members, rows, generator=generator) < 0.3  # ratio 1, value unmoved
@@ -454,10 +493,9 @@ def test_gradients_by_hand_equal_autograd_of_the_loss(
         clip_range_vf = {"edge": change, "inf": torch.full((members,), math.inf), "none": None}[
             value_clip
         ]
-        rest = (old_log_probs, old_values, advantages, returns, mask, clip_range, clip_range_vf,
-                value_coef, entropy_coef)  # fmt: skip
-        old, old_v, *tail = rest
-        want = ppo_loss(log_probs, old, entropy, values, old_v, *tail)
+        rest = (Rows(advantages, returns, mask, old_log_probs, old_values),
+                Coefficients(value_coef, entropy_coef, clip_range, clip_range_vf))  # fmt: skip
+        want = ppo_loss(log_probs, entropy, values, *rest)
     want.loss.sum().backward()
 
     for p in actor.parameters() + critic.parameters() + ([] if discrete else [log_std]):
@@ -506,10 +544,10 @@ def test_ppo_gradient_by_hand_splits_float32_ties_as_torch_minimum_does(side, mo
     monkeypatch.setattr(losses, "_outputs", lambda *a: (log_probs, entropy, values, []))
     capture = lambda *a, log_prob_grad, **k: captured.update(g=log_prob_grad)  # noqa: E731
     monkeypatch.setattr(losses, "_backward", capture)
-    losses.ppo_gradients(None, None, None, None, None, None, *args)
+    ppo_by_hand(None, None, None, None, None, None, *args)
     leaf = log_probs.clone().requires_grad_(True)
     old, old_v, *rest = args
-    ppo_loss(leaf, old, entropy, values, old_v, *rest).loss.sum().backward()
+    ppo(leaf, old, entropy, values, old_v, *rest).loss.sum().backward()
     torch.testing.assert_close(captured["g"], leaf.grad, rtol=0, atol=0)
 
 
@@ -675,8 +713,9 @@ def test_gradient_buffers_made_in_inference_mode_stay_usable_outside_it():
     log_std = (0.1 * draw(2, 2)).requires_grad_(True)
     obs, actions = draw(2, 6, 3), draw(2, 6, 2)
     with torch.inference_mode():
+        rows = Rows(draw(2, 6), draw(2, 6), mask)
         a2c_gradients(actor, critic, log_std, actor.layers(obs), critic.layers(obs), actions,
-                      draw(2, 6), draw(2, 6), mask, draw(2).abs(), None)  # fmt: skip
+                      rows, Coefficients(draw(2).abs(), None))  # fmt: skip
     params = [*actor.parameters(), *critic.parameters(), log_std]
     assert all(p.grad is not None and not p.grad.is_inference() for p in params)
     for p in params:

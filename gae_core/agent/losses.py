@@ -55,7 +55,7 @@ and back through each network (:meth:`~gae_core.agent.stacked.StackedMLP.backwar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -64,8 +64,11 @@ from gae_core.agent.stacked import StackedMLP
 
 __all__ = [
     "ADVANTAGE_EPSILON",
+    "Coefficients",
     "LossTerms",
     "PPOFixed",
+    "RowTerms",
+    "Rows",
     "a2c_gradients",
     "a2c_loss",
     "combine",
@@ -80,6 +83,60 @@ __all__ = [
 ADVANTAGE_EPSILON = 1e-8
 
 
+@dataclass(frozen=True)
+class Coefficients:
+    """Each member's weights and clip ranges ``[M]``, as every loss here takes them."""
+
+    #: c_v, the value term's weight
+    value_coef: torch.Tensor
+    #: c_e, the entropy bonus's weight; None: no member weighs it (c_e = 0, its gradient is
+    #: not written)
+    entropy_coef: torch.Tensor | None
+    #: PPO: ε, the policy's clip range
+    clip_range: torch.Tensor | None = None
+    #: PPO: ε_v, the value's clip range (∞: that member's value is not clipped); None: no
+    #: member's is, V_clip = V
+    clip_range_vf: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A batch's numbers per row ``[M, R]`` besides the networks' outputs: the advantages Â as
+    the loss uses them (standardised or not), the critic's targets R and the valid-row mask;
+    for PPO also the rollout's log π_old(a|s) and V_old(s)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    mask: torch.Tensor
+    old_log_probs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+
+    def take(self, index: torch.Tensor) -> Rows:
+        """Rows ``index [M, B]`` of each member's rows."""
+        return Rows(*(None if x is None else x.gather(1, index) for x in _fields_of(self)))
+
+    def with_advantages(self, advantages: torch.Tensor) -> Rows:
+        return replace(self, advantages=advantages)
+
+
+def _fields_of(rows: Rows) -> tuple[torch.Tensor | None, ...]:
+    """The fields of ``rows`` in order, not copied (``dataclasses.astuple`` deep-copies)."""
+    return tuple(getattr(rows, f.name) for f in fields(rows))
+
+
+@dataclass(frozen=True)
+class RowTerms:
+    """Per row ``[M, R]``, what a gradient by hand takes from its loss (it runs without a
+    graph): the value error's factor (R − V_clip)·ι (A2C: R − V); PPO's r, r·Â, clip(r)·Â and
+    1[r within the clip range]."""
+
+    value_error: torch.Tensor
+    ratio: torch.Tensor | None = None
+    unclipped: torch.Tensor | None = None
+    clipped: torch.Tensor | None = None
+    inside: torch.Tensor | None = None
+
+
 @dataclass
 class LossTerms:
     """Each member's terms ``[M]``; ``loss`` is the one :func:`combine` made of them."""
@@ -90,9 +147,7 @@ class LossTerms:
     entropy: torch.Tensor
     approx_kl: torch.Tensor | None = None
     clip_fraction: torch.Tensor | None = None
-    #: PPO: per row r, r·Â, clip(r)·Â, 1[r within the clip range], (R − V_clip)·ι and w,
-    #: what :func:`ppo_gradients` (which runs without a graph) takes from the loss
-    rows: tuple[torch.Tensor, ...] | None = None
+    rows: RowTerms | None = None
 
 
 @dataclass(frozen=True)
@@ -113,22 +168,23 @@ class PPOFixed:
     value_grad: torch.Tensor
 
 
-def ppo_fixed(
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: torch.Tensor,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor | None,
-) -> PPOFixed:
-    """:class:`PPOFixed` of these rows ``[M, R]`` and coefficients ``[M]``, as
-    :func:`ppo_loss` takes them."""
-    weight = _weight(mask)
-    epsilon = clip_range[:, None]
+def ppo_fixed(rows: Rows, coefficients: Coefficients) -> PPOFixed:
+    """:class:`PPOFixed` of these rows and coefficients, as :func:`ppo_loss` takes them."""
+    weight = _weight(rows.mask)
+    epsilon = coefficients.clip_range[:, None]
+    entropy_grad, value_grad = _term_gradients(weight, coefficients)
+    return PPOFixed(weight, 1.0 - epsilon, 1.0 + epsilon, -weight * rows.advantages,
+                    entropy_grad, value_grad)  # fmt: skip
+
+
+def _term_gradients(
+    weight: torch.Tensor, coefficients: Coefficients
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """h_b = −c_e w_b (None without entropy) and −2 c_v w_b, v_b before its value error: the
+    same in A2C and PPO (module docstring)."""
+    entropy_coef = coefficients.entropy_coef
     entropy_grad = None if entropy_coef is None else -entropy_coef[:, None] * weight
-    return PPOFixed(
-        weight, 1.0 - epsilon, 1.0 + epsilon, -weight * advantages, entropy_grad,
-        (-2.0 * value_coef[:, None]) * weight,
-    )  # fmt: skip
+    return entropy_grad, (-2.0 * coefficients.value_coef[:, None]) * weight
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -149,16 +205,12 @@ def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def combine(
-    policy: torch.Tensor,
-    value: torch.Tensor,
-    entropy: torch.Tensor,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor | None,
+    policy: torch.Tensor, value: torch.Tensor, entropy: torch.Tensor, coefficients: Coefficients
 ) -> torch.Tensor:
-    """policy + c_v · value − c_e · entropy, per member ``[M]`` (the module docstring);
-    ``entropy_coef`` None: no member weighs the entropy (c_e = 0, and its gradient is not
-    written)."""
-    loss = policy + value_coef * value
+    """policy + c_v · value − c_e · entropy, per member ``[M]`` (the module docstring); no
+    entropy coefficient (None): c_e = 0 for every member."""
+    loss = policy + coefficients.value_coef * value
+    entropy_coef = coefficients.entropy_coef
     return loss if entropy_coef is None else loss - entropy_coef * entropy
 
 
@@ -166,22 +218,20 @@ def a2c_loss(
     log_probs: torch.Tensor,
     entropy: torch.Tensor,
     values: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor | None,
+    rows: Rows,
+    coefficients: Coefficients,
 ) -> LossTerms:
-    """The A2C loss of each member (module docstring); every row argument ``[M, R]``, the
-    coefficients ``[M]`` (``entropy_coef`` None: every member's is 0, :func:`combine`).
-    ``advantages`` are used as given (standardised or not)."""
-    weight = _weight(mask)
+    """The A2C loss of each member (module docstring); ``log_probs``, ``entropy`` and
+    ``values`` per row ``[M, R]``. ``rows.advantages`` are used as given (standardised or
+    not)."""
+    weight = _weight(rows.mask)
+    error = rows.returns - values
     surrogate, value, mean_entropy = _means(
-        weight, advantages * log_probs, (returns - values).square(), entropy
+        weight, rows.advantages * log_probs, error.square(), entropy
     )
     policy = -surrogate
-    loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
-    return LossTerms(loss, policy, value, mean_entropy)
+    loss = combine(policy, value, mean_entropy, coefficients)
+    return LossTerms(loss, policy, value, mean_entropy, rows=RowTerms(error))
 
 
 @torch.no_grad()
@@ -192,28 +242,26 @@ def a2c_gradients(
     actor_pass: list[torch.Tensor],
     critic_pass: list[torch.Tensor],
     actions: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor | None,
+    rows: Rows,
+    coefficients: Coefficients,
 ) -> LossTerms:
     """The gradient of every member's :func:`a2c_loss` by hand (module docstring), written into
     the ``.grad`` of the actor's and critic's stacks and of ``log_std`` (Gaussian policies;
     None: logits); returns the loss terms, from :func:`a2c_loss` itself.
 
     ``actor_pass`` and ``critic_pass`` are :meth:`StackedMLP.layers` of the two networks on
-    the rows, by the weights being differentiated; the other arguments as :func:`a2c_loss`
-    takes them. Without gSDE only (its noise scale depends on the features)."""
+    the rows, by the weights being differentiated; ``rows`` and ``coefficients`` as
+    :func:`a2c_loss` takes them. Without gSDE only (its noise scale depends on the
+    features)."""
     log_probs, entropy, values, probs = _outputs(actor_pass, critic_pass, actions, log_std)
-    terms = a2c_loss(log_probs, entropy, values, advantages, returns, mask, value_coef,
-                     entropy_coef)  # fmt: skip
-    weight = _weight(mask)
+    terms = a2c_loss(log_probs, entropy, values, rows, coefficients)
+    weight = _weight(rows.mask)
+    entropy_grad, value_grad = _term_gradients(weight, coefficients)
     _backward(
         actor, critic, log_std, actor_pass, critic_pass, actions, entropy, probs,
-        log_prob_grad=-weight * advantages,
-        entropy_grad=None if entropy_coef is None else -entropy_coef[:, None] * weight,
-        value_grad=(-2.0 * value_coef[:, None]) * weight * (returns - values),
+        log_prob_grad=-weight * rows.advantages,
+        entropy_grad=entropy_grad,
+        value_grad=value_grad * terms.rows.value_error,
     )  # fmt: skip
     return terms
 
@@ -226,15 +274,8 @@ def ppo_gradients(
     actor_pass: list[torch.Tensor],
     critic_pass: list[torch.Tensor],
     actions: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    old_values: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: torch.Tensor,
-    clip_range_vf: torch.Tensor | None,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor | None,
+    rows: Rows,
+    coefficients: Coefficients,
     fixed: PPOFixed | None = None,
 ) -> LossTerms:
     """The gradient of every member's :func:`ppo_loss` by hand (module docstring), written as
@@ -242,21 +283,19 @@ def ppo_gradients(
     ``actor_pass`` and ``critic_pass`` as there, the other arguments as :func:`ppo_loss` takes
     them. Without gSDE only."""
     if fixed is None:
-        fixed = ppo_fixed(advantages, mask, clip_range, value_coef, entropy_coef)
+        fixed = ppo_fixed(rows, coefficients)
     log_probs, entropy, values, probs = _outputs(actor_pass, critic_pass, actions, log_std)
-    terms = ppo_loss(
-        log_probs, old_log_probs, entropy, values, old_values, advantages, returns, mask,
-        clip_range, clip_range_vf, value_coef, entropy_coef, fixed,
-    )  # fmt: skip
-    ratio, unclipped, clipped, inside, within, _ = terms.rows
+    terms = ppo_loss(log_probs, entropy, values, rows, coefficients, fixed)
+    kept = terms.rows
+    ratio = kept.ratio
     # κ = 1[r·Â < clip(r)·Â] + ½ 1[tie] + ½ 1[inside] (a row inside the range always ties)
-    choice = (unclipped < clipped).to(ratio.dtype)
-    choice.add_((unclipped == clipped).to(ratio.dtype).add_(inside), alpha=0.5)
+    choice = (kept.unclipped < kept.clipped).to(ratio.dtype)
+    choice.add_((kept.unclipped == kept.clipped).to(ratio.dtype).add_(kept.inside), alpha=0.5)
     _backward(
         actor, critic, log_std, actor_pass, critic_pass, actions, entropy, probs,
         log_prob_grad=fixed.policy_grad * ratio * choice,  # autograd's order of products
         entropy_grad=fixed.entropy_grad,
-        value_grad=fixed.value_grad * within,
+        value_grad=fixed.value_grad * kept.value_error,
     )  # fmt: skip
     return terms
 
@@ -330,51 +369,52 @@ def _backward(
 
 def ppo_loss(
     log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
     entropy: torch.Tensor,
     values: torch.Tensor,
-    old_values: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: torch.Tensor,
-    clip_range_vf: torch.Tensor | None,
-    value_coef: torch.Tensor,
-    entropy_coef: torch.Tensor | None,
+    rows: Rows,
+    coefficients: Coefficients,
     fixed: PPOFixed | None = None,
 ) -> LossTerms:
-    """The PPO loss of each member (module docstring); every row argument ``[M, R]``, the
-    coefficients and clip ranges ``[M]`` (``clip_range_vf`` ∞: that member's value is not
-    clipped; None: no member's is, V_clip = V; ``entropy_coef`` None as :func:`combine`);
-    ``fixed``: :func:`ppo_fixed` of the same arguments, where the caller kept it.
-    :attr:`LossTerms.rows` holds the per-row numbers :func:`ppo_gradients` takes from it."""
+    """The PPO loss of each member (module docstring); ``log_probs``, ``entropy`` and
+    ``values`` per row ``[M, R]``, ``rows`` with the rollout's log-probs and values, the
+    clip ranges in ``coefficients``; ``fixed``: :func:`ppo_fixed` of the same arguments, where
+    the caller kept it. :attr:`LossTerms.rows` holds the per-row numbers :func:`ppo_gradients`
+    takes from it."""
     if fixed is None:
-        fixed = ppo_fixed(advantages, mask, clip_range, value_coef, entropy_coef)
-    weight = fixed.weight
-    log_ratio = log_probs - old_log_probs
+        fixed = ppo_fixed(rows, coefficients)
+    advantages = rows.advantages
+    log_ratio = log_probs - rows.old_log_probs
     ratio = log_ratio.exp()
     clamped = ratio.clamp(fixed.low, fixed.high)
     unclipped, clipped = ratio * advantages, clamped * advantages
-    if clip_range_vf is None:
-        error = within = returns - values
-    else:
-        epsilon_v = clip_range_vf[:, None]
-        change = values - old_values
-        limited = change.clamp(-epsilon_v, epsilon_v)
-        # a member that does not clip takes V itself, as it would alone (V_old + (V − V_old)
-        # can round away from V): its numbers never depend on whether another member clips
-        clipped_values = torch.where(epsilon_v.isinf(), values, old_values + limited)
-        error = returns - clipped_values
+    error, value_error = _value_error(values, rows, coefficients.clip_range_vf)
     with torch.no_grad():
         inside = (ratio == clamped).to(ratio.dtype)  # clamp's gradient: 1 within its bounds
-        if clip_range_vf is not None:
-            within = error * (limited == change).to(error.dtype)  # (R − V_clip)·ι
         # the diagnostics: r outside [1 − ε, 1 + ε] (|r − 1| > ε up to rounding), and the KL
         diagnostics = ((ratio - 1.0) - log_ratio, 1.0 - inside)
     surrogate, value, mean_entropy, approx_kl, clip_fraction = _means(
-        weight, torch.minimum(unclipped, clipped), error.square(), entropy, *diagnostics
+        fixed.weight, torch.minimum(unclipped, clipped), error.square(), entropy, *diagnostics
     )
     policy = -surrogate
-    loss = combine(policy, value, mean_entropy, value_coef, entropy_coef)
-    rows = (ratio, unclipped, clipped, inside, within, weight)
-    return LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction, rows)
+    loss = combine(policy, value, mean_entropy, coefficients)
+    kept = RowTerms(value_error, ratio, unclipped, clipped, inside)
+    return LossTerms(loss, policy, value, mean_entropy, approx_kl, clip_fraction, kept)
+
+
+def _value_error(
+    values: torch.Tensor, rows: Rows, clip_range_vf: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """R − V_clip per row (with its graph), and (R − V_clip)·ι without one, ι = 1[|V − V_old|
+    ≤ ε_v] (the clip's gradient); with no clip (None), R − V for both."""
+    if clip_range_vf is None:
+        error = rows.returns - values
+        return error, error
+    epsilon_v = clip_range_vf[:, None]
+    change = values - rows.old_values
+    limited = change.clamp(-epsilon_v, epsilon_v)
+    # a member that does not clip takes V itself, as it would alone (V_old + (V − V_old) can
+    # round away from V): its numbers never depend on whether another member clips
+    clipped_values = torch.where(epsilon_v.isinf(), values, rows.old_values + limited)
+    error = rows.returns - clipped_values
+    with torch.no_grad():
+        return error, error * (limited == change).to(error.dtype)

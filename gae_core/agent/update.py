@@ -31,7 +31,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -40,8 +40,10 @@ from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig, scheduled
 from gae_core.agent.envs import discrete_actions
 from gae_core.agent.losses import (
+    Coefficients,
     LossTerms,
     PPOFixed,
+    Rows,
     a2c_gradients,
     a2c_loss,
     ppo_fixed,
@@ -166,14 +168,16 @@ class Learner:
         def column(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
-        self.value_coef = column([c.value_coef for c in configs])
-        # None where no member uses one: the losses then skip the term (losses.combine)
+        # None where no member uses one: the losses then skip the term (losses.combine, the
+        # value clip); PPO's clip range is set at each update (its schedule)
         weighs_entropy = any(c.entropy_coef for c in configs)
-        self.entropy_coef = column([c.entropy_coef for c in configs]) if weighs_entropy else None
         clips_value = any(c.clip_range_vf for c in configs)
-        self.clip_range_vf = (
-            column([c.clip_range_vf or math.inf for c in configs]) if clips_value else None
-        )
+        self.coefficients = Coefficients(
+            value_coef=column([c.value_coef for c in configs]),
+            entropy_coef=column([c.entropy_coef for c in configs]) if weighs_entropy else None,
+            clip_range_vf=(column([c.clip_range_vf or math.inf for c in configs])
+                           if clips_value else None),
+        )  # fmt: skip
         self.max_norm = np.array([c.max_grad_norm or math.inf for c in configs], np.float32)
         self.standardise = torch.tensor([c.normalize_advantages for c in configs], device=device)
         self.any_standardise = bool(self.standardise.any())
@@ -235,65 +239,68 @@ class Learner:
             sums.add(key, value, stepped)
         return Learned(sums.means(), stepped.tolist(), failures)
 
+    def _standardised(self, rows: Rows) -> Rows:
+        """``rows`` with the advantages standardised over their rows for the members that ask
+        (``normalize_advantages``): A2C's over the rollout, PPO's per minibatch."""
+        if not self.any_standardise:
+            return rows
+        standardised = standardize(rows.advantages, rows.mask)
+        return rows.with_advantages(
+            torch.where(self.standardise[:, None], standardised, rows.advantages)
+        )
+
     def _a2c(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> np.ndarray:
-        advantages = batch.advantages
-        if self.any_standardise:
-            standardised = standardize(advantages, batch.mask)
-            advantages = torch.where(self.standardise[:, None], standardised, advantages)
+        rows = self._standardised(Rows(batch.advantages, batch.returns, batch.mask))
         if batch.actor_pass is not None:
             terms = a2c_gradients(
                 self.actor, self.critic, self.log_std, batch.actor_pass, batch.critic_pass,
-                batch.actions, advantages, batch.returns, batch.mask, self.value_coef,
-                self.entropy_coef,
+                batch.actions, rows, self.coefficients,
             )  # fmt: skip
             return self._gradient_step(terms, learning, training, sums, failures, by_hand=True)
         log_probs, entropy = self.policy(batch.observations, batch.actions)
-        terms = a2c_loss(
-            log_probs, entropy, batch.values, advantages, batch.returns, batch.mask,
-            self.value_coef, self.entropy_coef,
-        )  # fmt: skip
-        learning = self._gradient_step(terms, learning, training, sums, failures)
-        return learning
+        terms = a2c_loss(log_probs, entropy, batch.values, rows, self.coefficients)
+        return self._gradient_step(terms, learning, training, sums, failures)
 
     def _ppo(self, batch: Batch, learning, training, sums: _Sums, failures: dict) -> np.ndarray:
         members, rows = batch.mask.shape
         device = batch.mask.device
         with torch.no_grad():
             old_log_probs, _ = self.policy(batch.observations, batch.actions)
-        columns = (batch.observations, batch.actions, old_log_probs, batch.values.detach(),
-                   batch.advantages, batch.returns, batch.mask)  # fmt: skip
-        coefficients = (self._clip_ranges().to(device), self.clip_range_vf, self.value_coef,
-                        self.entropy_coef)  # fmt: skip
+        inputs = (batch.observations, batch.actions)
+        rollout = Rows(batch.advantages, batch.returns, batch.mask, old_log_probs,
+                       batch.values.detach())  # fmt: skip
+        coefficients = replace(self.coefficients, clip_range=self._clip_ranges().to(device))
         stepped, stopped = np.zeros(members, bool), np.zeros(members, bool)
         # One minibatch holding every row (CartPole's Zoo row): each member's loss is a mean
         # over its rows, so their order changes nothing, and the rows, their standardised
         # advantages and the members with a valid row are the same at every epoch.
-        whole = self._minibatch(columns, coefficients) if self.minibatch >= rows else None
+        whole = None
+        if self.minibatch >= rows:
+            whole = self._minibatch(inputs, rollout, coefficients)
         for _ in range(self.epochs):
             if whole is None:
                 order = np.stack([rng.permutation(rows) for rng in self._orders])
                 order = torch.from_numpy(order).to(device)
                 parts = (
-                    self._minibatch(columns, coefficients, order[:, start : start + self.minibatch])
+                    self._minibatch(inputs, rollout, coefficients,
+                                    order[:, start : start + self.minibatch])
                     for start in range(0, rows, self.minibatch)
-                )
+                )  # fmt: skip
             else:
                 parts = (whole,)
-            for (observations, actions, *rows_of), fixed, counted in parts:
+            for (observations, actions), part, fixed, counted in parts:
                 now = learning & ~stopped & counted
                 if not now.any():
                     continue
                 if self._by_hand:
                     terms = ppo_gradients(
                         self.actor, self.critic, self.log_std, self.actor.layers(observations),
-                        self.critic.layers(observations), actions, *rows_of, *coefficients, fixed,
+                        self.critic.layers(observations), actions, part, coefficients, fixed,
                     )  # fmt: skip
                 else:
                     log_probs, entropy = self.policy(observations, actions)
                     values = self.critic(observations).squeeze(-1)
-                    old, old_v, *rest = rows_of
-                    terms = ppo_loss(log_probs, old, entropy, values, old_v, *rest,
-                                     *coefficients, fixed)  # fmt: skip
+                    terms = ppo_loss(log_probs, entropy, values, part, coefficients, fixed)
                 sums.add(M.APPROX_KL.key, terms.approx_kl, now)
                 sums.add(M.CLIP_FRACTION.key, terms.clip_fraction, now)
                 if self.any_target_kl:
@@ -309,24 +316,21 @@ class Learner:
 
     def _minibatch(
         self,
-        columns: tuple[torch.Tensor, ...],
-        coefficients: tuple,
+        inputs: tuple[torch.Tensor, torch.Tensor],
+        rollout: Rows,
+        coefficients: Coefficients,
         index: torch.Tensor | None = None,
-    ) -> tuple[tuple[torch.Tensor, ...], PPOFixed, np.ndarray]:
-        """The rows ``index [M, B]`` (None: all) of each of ``columns`` (observations, actions,
-        old log-probs, old values, advantages, returns, mask), the advantages standardised for
-        the members that ask; their :class:`~gae_core.agent.losses.PPOFixed` under
-        ``coefficients`` (clip range, value clip range, value and entropy coefficients); and
-        which members have a valid row among them (CPU ``[M]``)."""
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], Rows, PPOFixed, np.ndarray]:
+        """The rows ``index [M, B]`` (None: all) of the observations and actions (``inputs``)
+        and of ``rollout``, the advantages standardised for the members that ask; their
+        :class:`~gae_core.agent.losses.PPOFixed` under ``coefficients``; and which members
+        have a valid row among them (CPU ``[M]``)."""
         if index is not None:
-            columns = tuple(_take(column, index) for column in columns)
-        *head, advantages, returns, mask = columns
-        if self.any_standardise:
-            standardised = standardize(advantages, mask)
-            advantages = torch.where(self.standardise[:, None], standardised, advantages)
-        clip_range, _, value_coef, entropy_coef = coefficients
-        fixed = ppo_fixed(advantages, mask, clip_range, value_coef, entropy_coef)
-        return (*head, advantages, returns, mask), fixed, mask.sum(1).cpu().numpy() > 0
+            inputs = tuple(_take(column, index) for column in inputs)
+            rollout = rollout.take(index)
+        rows = self._standardised(rollout)
+        fixed = ppo_fixed(rows, coefficients)
+        return inputs, rows, fixed, rows.mask.sum(1).cpu().numpy() > 0
 
     def _clip_ranges(self) -> torch.Tensor:
         """Each member's PPO clip range for this update: constant, or decayed linearly with
