@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
-    "ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label", "stored_algo",
+    "ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label", "run_label",
+    "stored_algo",
 ]  # fmt: skip
 
 #: The algorithms' names as people write them (``TrainConfig.algo`` → name).
@@ -30,6 +31,17 @@ def stored_algo(config: Mapping[str, Any]) -> str:
     """The algorithm a stored run's config trained with (``TrainConfig.algo``): a run stored
     before PPO joined has no ``algo`` and trained A2C."""
     return config.get("algo", "a2c")
+
+
+def run_label(run: Any) -> str:
+    """A run (a record with ``name``, ``id`` and ``config``) as every picker, legend and CSV
+    names it: stable (no status: a label that changes under a selectbox resets it), unique (its
+    id), with the algorithm where the name does not start with it (a store holds A2C and PPO
+    runs)."""
+    algo = algorithm_name(stored_algo(run.config))
+    if run.name.startswith(f"{algo} "):
+        return f"{run.name} · {run.id}"
+    return f"{run.name} · {algo} · {run.id}"
 
 
 LABELS: dict[str, str] = {

@@ -23,7 +23,7 @@ from gae_core.env_modules import registered_env_ids
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import exports, views
-from gae_core.labels import algorithm_name, stored_algo
+from gae_core.labels import algorithm_name
 from gae_core.runs.manager import RunManager
 from gae_core.storage.store import RunStore
 
@@ -550,17 +550,6 @@ STATUS_ICONS = {
     "failed": ":material/error:",
     "interrupted": ":material/report:",
 }
-
-
-def run_label(run: Any) -> str:
-    """Stable label (no status: a label that changes under a selectbox resets it), with the
-    algorithm where the name does not start with it: a store holds A2C and PPO runs."""
-    algo = algorithm_name(stored_algo(run.config))
-    return (
-        f"{run.name} · {run.id}"
-        if run.name.startswith(f"{algo} ")
-        else (f"{run.name} · {algo} · {run.id}")
-    )
 
 
 #: How often live charts redraw while a run trains (seconds). Slower than the status line: a

@@ -14,7 +14,7 @@ from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, exports, grid, provenance, stats, views
-from gae_core.labels import algorithm_name, assignment, format_value, label, stored_algo
+from gae_core.labels import algorithm_name, assignment, format_value, label, run_label, stored_algo
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
@@ -310,7 +310,7 @@ if source == "a sweep":
     first_axis, other_axis = grid.study_axes(store.get_sweep(sweep_id).grid)
 else:
     sweep_id, first_axis, other_axis = "runs", "lambda_", None
-    all_runs = {r.id: _ui.run_label(r) for r in store.list_runs()}
+    all_runs = {r.id: run_label(r) for r in store.list_runs()}
     if "cmp.runs" not in st.session_state:
         st.session_state["cmp.runs"] = _ui.all_from_url(
             "run", list(all_runs), [], _ui.not_held("run")

@@ -6,7 +6,7 @@ from gae_core.agent.config import field_problems
 from gae_core.inert import markdown_text
 from gae_core.insight import explorer, figures
 from gae_core.insight.views import whole_number
-from gae_core.labels import assignment, label
+from gae_core.labels import assignment, label, run_label
 from pages import _ui
 
 _ui.require_navigation("pages/explorer.py")
@@ -72,7 +72,7 @@ def _start_at(key: str, value) -> None:
 
 _ui.arrive("explorer", ("ex.run", *PER_RUN))
 pick = st.columns([3, 2, 2, 2])
-labels = {r.id: _ui.run_label(r) for r in runs}
+labels = {r.id: run_label(r) for r in runs}
 ids = list(labels)
 run_id = pick[0].selectbox(
     "run", ids, index=ids.index(_ui.from_url("run", ids, ids[0])), format_func=labels.get,

@@ -30,7 +30,7 @@ from gae_core.lab.measure import (
     trade_off_sentence,
 )
 from gae_core.lab.states import state_access
-from gae_core.labels import assignment, label
+from gae_core.labels import assignment, label, run_label
 from gae_core.storage.lab_table import LabRecord
 from pages import _ui
 
@@ -368,7 +368,7 @@ runs = [r for r in store.list_runs() if not r.damaged and store.checkpoint_steps
 if not runs:
     st.info("No run has a checkpoint yet: train one first (checkpoints are what the lab replays).")
     st.stop()
-labels = {r.id: _ui.run_label(r) for r in runs}
+labels = {r.id: run_label(r) for r in runs}
 ids = list(labels)
 arrived = _ui.arrive("lab", ("lab.run", "lab.policy", "lab.critics", "lab.view", "lab.g_stored",
                              "lab.stored"))  # fmt: skip

@@ -10,7 +10,7 @@ from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.inert import clean_name, markdown_text
 from gae_core.insight import exports, figures, views
-from gae_core.labels import algorithm_name, label
+from gae_core.labels import algorithm_name, label, run_label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.storage.records import STATUSES
 from gae_core.storage.table import runs_frame
@@ -180,8 +180,7 @@ def runs_view() -> None:
                 f"({', '.join(sorted(chosen['env_id'].dropna().unique()))}): their returns are not "
                 "on one scale."
             )
-        names = dict(zip(shown["run_id"], shown["name"], strict=True))
-        runs = {f"{names[r]} ({r})": store.metrics(r, [metric]) for r in selected}
+        runs = {run_label(store.get_run(r)): store.metrics(r, [metric]) for r in selected}
         figure, _ = figures.overlay_figure(
             runs, metric, x=controls["x"], smoothing=controls["smoothing"]
         )

@@ -7,7 +7,7 @@ import streamlit as st
 
 from gae_core import metrics as M
 from gae_core.insight import figures, views
-from gae_core.labels import label
+from gae_core.labels import label, run_label
 from pages import _ui
 
 _ui.require_navigation("pages/train.py")
@@ -68,7 +68,7 @@ with live_column:
     ids = [r.id for r in ordered]
     if st.session_state.get("train.view") not in ids:  # arrived here, or the run was deleted
         st.session_state["train.view"] = _ui.from_url("run", ids, ids[0])
-    labels = {r.id: _ui.run_label(r) for r in ordered}
+    labels = {r.id: run_label(r) for r in ordered}
     pick, stop = st.columns([5, 1], vertical_alignment="bottom")
     run_id = pick.selectbox("run", ids, format_func=labels.get, key="train.view")
     _ui.say_if_linked_missing(ids, labels[run_id], "")  # every stored run is listed here

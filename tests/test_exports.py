@@ -90,7 +90,11 @@ def test_overlay_csv_is_long_with_one_label_per_run(store):
     store.create_run({"env_id": "CartPole-v1"}, name="not asked for")
     answer = get(store, exports.overlay_url([a, b], M.EPISODIC_RETURN.key))
     frame = frame_of(answer)
-    assert frame["run"].tolist() == [f"first ({a})", f"first ({a})", f"second ({b})"]
+    assert frame["run"].tolist() == [
+        f"first · A2C · {a}",
+        f"first · A2C · {a}",
+        f"second · A2C · {b}",
+    ]  # as the legend names them
     assert frame["episodic_return"].tolist() == [1.0, 2.0, 3.0]
     assert set(frame["smoothing"]) == {0.0}
     # each row names its run as a run's own CSV does (its id and the settings that tell runs

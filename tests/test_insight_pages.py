@@ -30,6 +30,7 @@ from gae_core.inert import to_csv
 from gae_core.insight import compare, explorer, stats
 from gae_core.insight.lab_figures import _k_ticks
 from gae_core.lab import chain
+from gae_core.labels import run_label
 from gae_core.runs.sweep import grid_of, run_sweep
 from gae_core.storage.store import RunStore
 from gae_core.trajectory import Trajectory
@@ -1045,7 +1046,7 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert fresh.selectbox(key="ex.policy").value == store.checkpoint_steps(newest)[-1]
     # … and says so, rather than switching runs silently
     (note,) = [i.value for i in fresh.info if i.value.startswith("The link names")]
-    shown = _ui.run_label(store.get_run(newest))
+    shown = run_label(store.get_run(newest))
     assert said_plain(note) == ("The link names a run this page cannot open: this data folder "
                                 "holds no run 'no-such-run' (deleted, or a link from another "
                                 f"folder). Showing {shown}.")  # fmt: skip
@@ -1060,7 +1061,7 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
         assert not linked.exception
         notes = [said_plain(i.value) for i in linked.info if i.value.startswith("The link")]
         assert notes == [f"The link names a run this page cannot open: run '{bare}' {lacking}. "
-                         f"Showing {_ui.run_label(store.get_run(newest))}."], page  # fmt: skip
+                         f"Showing {run_label(store.get_run(newest))}."], page  # fmt: skip
     # the Train page lists every stored run: a deleted one's link
     gone = AppTest.from_file("../dashboard.py", default_timeout=60)
     gone.query_params.update(run="0123456789ab")

@@ -6,6 +6,7 @@ AppTest never fires ``run_every``: the tests call ``run()`` again to refresh a f
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sqlite3
@@ -17,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.inert import markdown_text
-from gae_core.labels import label
+from gae_core.labels import label, run_label
 from gae_core.runs.backends import ray_installed
 from gae_core.storage.store import RunStore
 from pages import _ui
@@ -277,6 +278,10 @@ def test_overlaying_runs_of_different_envs_warns(data_dir):
     warning = next(w.value for w in at.warning if "different environments" in w.value)
     assert "Acrobot-v1" in warning and "CartPole-v1" in warning
     assert len(at.get("plotly_chart")) == 1  # one overlay chart, one trace per run
+    # each named as the pickers name it, algorithm included
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    names = {t.get("name") for t in spec["data"]}
+    assert {run_label(r) for r in store.list_runs()} <= names, names
 
 
 def test_a_run_name_renders_as_text_in_the_header(data_dir):
@@ -756,9 +761,9 @@ def test_a_ppo_runs_page_draws_its_kl_and_clip_fraction_and_an_a2c_runs_does_not
     at.run()
     table = at.dataframe[0].value.set_index("run_id")["algo"]
     assert table.to_dict() == {ids["ppo"]: "PPO", ids["a2c"]: "A2C", old: "A2C"}
-    assert _ui.run_label(store.get_run(ids["ppo"])) == f"ppo run · PPO · {ids['ppo']}"
+    assert run_label(store.get_run(ids["ppo"])) == f"ppo run · PPO · {ids['ppo']}"
     store.rename_run(ids["ppo"], "PPO CartPole-v1 seed = 0")  # (a default name says it already)
-    assert _ui.run_label(store.get_run(ids["ppo"])) == f"PPO CartPole-v1 seed = 0 · {ids['ppo']}"
+    assert run_label(store.get_run(ids["ppo"])) == f"PPO CartPole-v1 seed = 0 · {ids['ppo']}"
 
 
 def test_the_train_pages_links_are_drawn_closed_before_the_first_checkpoint(data_dir):

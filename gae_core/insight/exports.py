@@ -44,6 +44,7 @@ from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.inert import to_csv
 from gae_core.insight import figures, views
+from gae_core.labels import run_label
 from gae_core.storage.records import STATUSES
 from gae_core.storage.store import DB_FILENAME, RunStore, open_for_reading, resolve_data_dir
 from gae_core.storage.table import runs_frame
@@ -215,7 +216,7 @@ def _overlay(store: RunStore, column: str, query) -> Answer:
             run = store.get_run(_run_id(run_id, store))
         except StoreError:  # deleted since the check
             raise _NotFound(f"no run with id {run_id!r} in {store.path}") from None
-        name = f"{run.name} ({run.id})"  # the id makes it unique
+        name = run_label(run)  # as the overlay's legend names it (the id makes it unique)
         runs[name] = store.metrics(run.id, [metric.key])
         settings[name] = {"run_id": run.id, **{f: run.config.get(f) for f in RUN_SETTINGS}}
     weight = _smoothing(query) if metric.smoothed else 0.0
