@@ -202,6 +202,11 @@ def say_if_linked_missing(ids: Sequence[str], shown: str, lacking: str, what: st
     else:  # typed or pasted: quoted, cut short if long
         damaged = getattr(record, "damaged", None)  # (pages leave damaged runs out)
         why = f"{what} {echo(named[0])} " + (f"is damaged: {damaged}" if damaged else lacking)
+    # the link's checkpoints, λ, γ … were the run it names: not read for another, and said so
+    held = [name for name in _PER_RUN if name in st.query_params] if what == "run" else []
+    if held:
+        listed = ", ".join(held[:-1]) + (" and " if len(held) > 1 else "") + held[-1]
+        shown = f"{shown}, at its own {listed} (the link's were the run it names)"
     say_cannot_open(f"a {what}", why, shown)
 
 

@@ -1038,7 +1038,7 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     assert at.text_input(key=f"runs.name.{recorded_run}")  # the run is open below the table
 
     fresh = AppTest.from_file("../dashboard.py", default_timeout=60)  # another tab, a bad link
-    fresh.query_params.update(run="no-such-run", policy="123")
+    fresh.query_params.update(run="no-such-run", policy="123", gamma="5", **{"lambda": "abc"})
     fresh.run()
     fresh.switch_page("pages/explorer.py").run()
     assert not fresh.exception
@@ -1049,7 +1049,8 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     shown = run_label(store.get_run(newest))
     assert said_plain(note) == ("The link names a run this page cannot open: this data folder "
                                 "holds no run 'no-such-run' (deleted, or a link from another "
-                                f"folder). Showing {shown}.")  # fmt: skip
+                                f"folder). Showing {shown}, at its own policy, gamma and lambda "
+                                "(the link's were the run it names).")  # fmt: skip
     # a run the store holds but the page cannot open: what it lacks
     bare = store.create_run({**TINY}, name="no checkpoints")
     for page, lacking in (("explorer", "has no recorded trajectory to explore"),
