@@ -359,7 +359,8 @@ if unfinished_ids and st.checkbox(
 also = (second,) if second else ()
 episodes = compare.episodes_frame(store, [r.id for r in picked], group, also=also)
 if not run_ids:
-    st.info("Pick runs to compare in the box above (at least two, from one environment).")
+    st.info("Pick runs to compare in the box above (at least two, from one environment)."
+            if sweep_id == "runs" else "This sweep has no runs left (deleted since).")  # fmt: skip
     st.stop()
 if episodes.empty:
     st.info("No finished episodes in these runs yet.")

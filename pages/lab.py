@@ -2,7 +2,6 @@
 truth, on a run's checkpoints or on the exact chain."""
 
 import dataclasses
-import datetime as dt
 
 import gymnasium as gym
 import numpy as np
@@ -21,7 +20,13 @@ from gae_core.lab.gradient import (
     gradient_sentence,
 )
 from gae_core.lab.gradient_samples import REFERENCE_COPIES
-from gae_core.lab.jobs import LabJob, measure_gradient_run
+from gae_core.lab.jobs import (
+    LabJob,
+    critic_name,
+    gradient_label,
+    measure_gradient_run,
+    state_label,
+)
 from gae_core.lab.measure import (
     GSDE_NOTE,
     LabResult,
@@ -138,25 +143,6 @@ def job_status(job: LabJob, cancel_key: str) -> None:
         st.rerun()
 
 
-def gradient_label(record: LabRecord) -> str:
-    """A stored gradient measurement as its box lists it: policy, batches, each critic's λ*."""
-    summary = record.summary
-    steps, bests = summary.get("critic_steps") or [], summary.get("best_lambdas") or []
-    best = (", ".join(f"critic {s:,}: {LAMBDA}* = {b:g}" for s, b in zip(steps, bests, strict=True))
-            if len(steps) == len(bests) > 1  # several critics: each one's
-            else f"{LAMBDA}* = {summary.get('best_lambda'):g}")  # fmt: skip
-    when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
-    return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
-            f"{summary.get('batch_size'):,} · {best} · {when}")  # fmt: skip
-
-
-def state_label(*batch: LabRecord) -> str:
-    """One per-state Measure (a result per critic) as its box lists it."""
-    return (f"policy {batch[0].policy_step:,} · {batch[0].summary.get('states')} states · "
-            + ", ".join(f"critic {r.critic_step:,}: {LAMBDA}* = {r.summary.get('best_lambda'):g}"
-                        for r in batch))  # fmt: skip
-
-
 def stored_measurements(run_id: str, gradient: bool) -> dict[str, list[LabRecord]]:
     """The run's stored measurements of one view, newest first, under the id a link names
     (``?measurement=``): a gradient measurement's own; a per-state Measure's results (one per
@@ -175,29 +161,31 @@ def stored_measurements(run_id: str, gradient: bool) -> dict[str, list[LabRecord
 def choose_stored(
     stored: dict[str, list[LabRecord]], gradient: bool, linked: bool, run_id: str, policy_step: int
 ) -> None:
-    """Set the view's stored-measurement box where it holds nothing it lists: to the link's
-    ``?measurement=`` where ``linked`` (the page arrived at a URL naming this run; not after a
-    switch of view, whose measurement the URL still holds), else to the newest; the
-    gradient lens's to the newest measurement of the policy checkpoint chosen above, again
-    whenever that checkpoint changes or a newer measurement of it is stored."""
+    """Set the view's stored-measurement box: to the link's ``?measurement=`` where ``linked``
+    (the page arrived at a URL naming this run; not after a switch of view, whose
+    measurement the URL still holds), else to the newest, again whenever a newer one is
+    stored; the gradient lens's to the newest of the policy checkpoint chosen above, again
+    whenever that checkpoint changes too. Otherwise it keeps the user's choice."""
     key = "lab.g_stored" if gradient else "lab.stored"
+    kind = "gradient measurements" if gradient else "per-state measurements"
+    why = f"it is not one of this run's stored {kind}"
     if not stored:
         st.session_state.pop(key, None)
+        if linked:  # a link's measurement of the other view, or of nothing stored: said
+            _ui.say_unread("measurement", st.query_params.get_all("measurement"), why, [])
         return
     newest = next(iter(stored))
     if gradient:
         of_policy = [i for i, (r,) in stored.items() if r.policy_step == policy_step]
-        follows = (run_id, policy_step, of_policy[0] if of_policy else None)
-        if st.session_state.get(key) in stored and st.session_state.get(f"{key}_for") == follows:
-            return
-        st.session_state[f"{key}_for"] = follows
         newest = (of_policy or [newest])[0]
-    elif st.session_state.get(key) in stored:
+        follows = (run_id, policy_step, of_policy[0] if of_policy else None)
+    else:
+        follows = (run_id, newest)
+    if st.session_state.get(key) in stored and st.session_state.get(f"{key}_for") == follows:
         return
-    kind = "gradient measurements" if gradient else "per-state measurements"
+    st.session_state[f"{key}_for"] = follows
     st.session_state[key] = (
-        _ui.from_url("measurement", list(stored), newest,
-                     f"it is not one of this run's stored {kind}",
+        _ui.from_url("measurement", list(stored), newest, why,
                      lambda i: (gradient_label if gradient else state_label)(*stored[i]))
         if linked else newest
     )  # fmt: skip
@@ -485,7 +473,7 @@ batch = stored[
     )
 ]
 results = {
-    f"critic {r.critic_step:,}": LabResult.from_json(store.load_lab_result(r.id)) for r in batch
+    critic_name(r.critic_step): LabResult.from_json(store.load_lab_result(r.id)) for r in batch
 }
 st.markdown(f"**{markdown_text(run.name)}**, policy checkpoint {batch[0].policy_step:,}")
 first = next(iter(results.values()))

@@ -258,7 +258,8 @@ def test_metadata_drives_form_and_docstring():
     [("42", 42), (" 42 ", 42), ("-3", -3), ("1_000", 1000), ("1,000", 1000), ("-1,000", -1000),
      ("12,345,678", 12_345_678), ("1e6", 1_000_000), ("2.5E+3", 2500),
      ("99999999999999999999", 10**20 - 1),
-     ("1e30", 10**30), ("1e400", 10**400)],  # exactly (a float would read 1e30 as …8656)
+     # exactly (a float would read 1e30 as …8656)
+     ("1e30", 10**30), ("1e400", 10**400), ("1e4299", 10**4299)],
 )  # fmt: skip
 def test_an_integer_typed_as_text_is_read_with_its_separators(text, value):
     assert parse_int(text) == value
@@ -267,7 +268,8 @@ def test_an_integer_typed_as_text_is_read_with_its_separators(text, value):
 @pytest.mark.parametrize(
     "text",
     ["", "abc", "1.5", "1,0", "1,00", "1,0000", ",100", "1,,000", "1,000.5", "inf", "nan",
-     "1e-400", "5e-1", "1e5000"],  # a tiny exponent rounds to 0 (checkpoint_every 0: never);
+     "1e-400", "5e-1", "1e5000", "1e4300", "1e9999999999999999999"],  # a tiny exponent
+    # rounds to 0 (checkpoint_every 0: never);
     # past 4,300 digits Python cannot write the int a message would quote
 )  # fmt: skip
 def test_text_that_is_not_one_integer_is_refused(text):

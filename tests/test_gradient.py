@@ -417,3 +417,21 @@ def test_the_lab_page_measures_the_gradient_and_draws_the_stored_result(data_dir
     # the per-state view does not list the gradient measurement
     at.segmented_control(key="lab.view").set_value("per state").run()
     assert not at.exception and any("No measurement of this run yet" in i.value for i in at.info)
+
+
+def test_a_stored_gradient_measurements_label_names_each_critics_best_lambda():
+    """Each critic's λ* where the summary keeps them all; a measurement stored before it did
+    (only the first critic's ``best_lambda``) still reads, with that one."""
+    import datetime as dt
+
+    from gae_core.lab.jobs import gradient_label
+    from gae_core.storage.lab_table import LabRecord
+
+    when = dt.datetime(2026, 11, 27, 8, 0, 0).timestamp()
+    base = {"kind": "gradient", "batches": 32, "batch_size": 4096, "best_lambda": 0.66}
+    kept = {**base, "critic_steps": [12_228, 40_000], "best_lambdas": [0.66, 0.95]}
+    both = LabRecord("a", "run", when, 40_000, 12_228, kept)
+    old = LabRecord("b", "run", when, 40_000, 12_228, base)
+    assert gradient_label(both) == ("policy 40,000 · 32 × 4,096 · critic 12,228: λ* = 0.66, "
+                                    "critic 40,000: λ* = 0.95 · 2026-11-27 08:00:00")  # fmt: skip
+    assert gradient_label(old) == "policy 40,000 · 32 × 4,096 · λ* = 0.66 · 2026-11-27 08:00:00"

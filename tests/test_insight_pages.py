@@ -182,7 +182,7 @@ def _draw_each_estimator_once_and_keep_chips_sorted() -> None:
     chart = next(c for c in at.get("plotly_chart") if "Advantage estimates" in c.proto.spec)
     names = [d.get("name") for d in json.loads(chart.proto.spec)["data"]]
     assert names.count("δ_t") == 1 and "Â^(1)" not in names
-    assert not [n for n in names if n and n.startswith("GAE λ = 0 ")]  # not pinned either
+    assert not {"GAE λ = 0", "GAE λ = 0 (pinned)"} & set(names)  # nor pinned
     assert at.multiselect(key="ex.pinned").value == [1.0]
     assert at.multiselect(key="ex.ks").value == [10]
     at.multiselect(key="ex.pinned").set_value([0.9, 0.3, 1.0]).run()
@@ -806,7 +806,8 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     stored numbers, and each CSV button hands out its own chart's data."""
     from streamlit.testing.v1 import AppTest
 
-    from gae_core.lab.measure import LabResult
+    from gae_core.lab.jobs import measure_run
+    from gae_core.lab.measure import LabResult, LabSettings
 
     handed: dict[str, object] = {}  # file name → what its button was given (read after the run)
     monkeypatch.setattr(_ui, "csv_button", handing_to(handed))
@@ -847,6 +848,25 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     assert [said_plain(i.value) for i in linked.info if i.value.startswith("The link names")] == [
         "The link names measurement 'nope' this page cannot open: it is not one of this run's "
         f"stored per-state measurements. Showing {label}."
+    ]
+    # a newer Measure stored meanwhile: the box moves to it, as it does for the gradient lens
+    measure_run(store, recorded_run, critic_steps=[steps[0]], settings=LabSettings(
+        gamma=0.9, states=2, rollouts=2, continuations=2, segment=5))  # fmt: skip
+    at.run()
+    newest = store.lab_records(recorded_run)[0].id
+    assert at.selectbox(key="lab.stored").value == newest != shown
+    assert at.query_params["measurement"] in (newest, [newest])
+    at.selectbox(key="lab.stored").set_value(shown).run()  # the user's choice then stays
+    at.run()
+    assert at.selectbox(key="lab.stored").value == shown
+    # the gradient lens has none stored: a link's measurement is said to be none of its own
+    none = AppTest.from_file("../dashboard.py", default_timeout=60)
+    none.query_params.update(run=recorded_run, view="policy gradient", measurement=shown)
+    none.run()
+    none.switch_page("pages/lab.py").run()
+    assert [said_plain(i.value) for i in none.info if i.value.startswith("The link names")] == [
+        f"The link names measurement '{shown}' this page cannot open: it is not one of this "
+        "run's stored gradient measurements. Showing none."
     ]
     level = next(iter(stored.values())).settings.confidence
     assert any(

@@ -881,3 +881,18 @@ def test_use_sde_on_discrete_actions_is_idle_and_trains_the_same_numbers(algo):
         assert torch.equal(mine, theirs)
     for trainer in trainers:
         trainer.close()
+
+
+def test_a_gsde_trainer_never_takes_the_gradient_by_hand_even_when_asked():
+    """gSDE's noise scale depends on the features, which the gradients by hand leave out:
+    asking such a trainer for them (a benchmark sets ``by_hand``) changes nothing."""
+    trainer = Trainer(tiny("Pendulum-v1", use_sde=True))
+    assert not trainer.by_hand
+    trainer.by_hand = True
+    assert not trainer.by_hand and not trainer._hand
+    trainer.close()
+    plain = Trainer(tiny("Pendulum-v1"))
+    assert plain.by_hand
+    plain.by_hand = False  # autograd, on request
+    assert not plain.by_hand and not plain._hand
+    plain.close()

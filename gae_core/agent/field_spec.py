@@ -40,9 +40,12 @@ def parse_int(text: str) -> int:
     if not _SCIENTIFIC.fullmatch(text):
         raise ValueError(f"invalid integer {text!r}")
     # exactly, as a decimal: 1e30 is 10^30, not the float nearest it (…019884624838656)
-    value = decimal.Decimal(text)
-    if value.adjusted() > _MAX_DIGITS or value != value.to_integral_value():
-        raise ValueError(f"invalid integer {text!r}")
+    try:
+        value = decimal.Decimal(text)
+        if value.adjusted() >= _MAX_DIGITS or value != value.to_integral_value():
+            raise ValueError(f"invalid integer {text!r}")
+    except decimal.InvalidOperation:  # an exponent past decimal's own limit (1e10^18)
+        raise ValueError(f"invalid integer {text!r}") from None
     return int(value)
 
 

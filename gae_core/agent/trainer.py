@@ -115,8 +115,7 @@ class Trainer:
         self._bounds = None if self.discrete else (space.low, space.high)
         models = [self._model(c, c.seed, c.ortho_init) for c in configs]
         self.sde = models[0].sde
-        # the one switch between the routes; False forces autograd (tests, benchmarks)
-        self.by_hand = gradient_by_hand(shared)
+        self._by_hand = self._can_by_hand = gradient_by_hand(shared)
         # by hand: the rollout's actor activations (a list a layer, [M, E, width] a step)
         self._kept, self._kept_for = None, None
         self.actor = StackedMLP([m.actor for m in models]).to(self.device)
@@ -151,11 +150,12 @@ class Trainer:
             config.hidden_sizes, seed, config.log_std_init, config.use_sde, ortho_init,
         )  # fmt: skip
 
-    # -- the trainer as a whole ------------------------------------------------------------
-
-    @property
-    def _hand(self) -> bool:  # A2C by hand (never with gSDE): the rollout keeps activations
-        return self.by_hand and self.shared.algo == "a2c"
+    # -- the trainer as a whole -----------------------------------------------------------
+    # the one switch between the routes: False forces autograd (tests); never by hand where
+    # gradient_by_hand does not allow it (gSDE). A2C's by hand keeps the rollout's activations
+    by_hand = property(lambda self: self._by_hand and self._can_by_hand,
+                       lambda self, on: setattr(self, "_by_hand", on))  # fmt: skip
+    _hand = property(lambda self: self.by_hand and self.shared.algo == "a2c")
 
     @property
     def done(self) -> bool:

@@ -348,6 +348,7 @@ def measure_gradient(
             frame[quantity], frame[f"{quantity}_ci_low"], frame[f"{quantity}_ci_high"] = (
                 point, low, high)  # fmt: skip
         frames.append(frame)
+    ticker.step(max(0.0, ticker.total - ticker.done))  # done (the windows' bound was loose)
     n = int(windows.valid.sum() / K)
     return GradientResult(
         env_id=env_id,

@@ -6,6 +6,7 @@ limit."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,8 +189,20 @@ def reference_gradient(
     sim = Simulator(env_id, copies, seed=settings.seed)
     total, blocks, counts = None, None, np.zeros(REFERENCE_BLOCKS)
     samples, round_ = 0, 0
+    # its share of the progress, settings.reference, spread over the rounds it will take: a
+    # round plays whole episodes, so the last one overshoots (up to copies × cap samples)
+    units_left, per_round = float(settings.reference), copies * cap  # (at most, at first)
+
+    def tick(count: float) -> None:
+        nonlocal units_left
+        units = min(units_left, count * scale)
+        units_left -= units
+        progress.step(units)  # (and a cancel takes effect)
+
     try:
         while samples < settings.reference:
+            rounds_left = max(1, math.ceil((settings.reference - samples) / per_round))
+            scale = units_left / (rounds_left * per_round)
             obs = sim.reset(seed=settings.seed + 7919 * (round_ + 1))
             rec_obs, rec_act, rec_rew, alive_rows = [], [], [], []
             alive = np.ones(copies, bool)
@@ -200,8 +213,7 @@ def reference_gradient(
                 alive_rows.append(alive.copy())
                 obs, reward, term = sim.step(actions)
                 rec_rew.append(np.where(alive, reward, 0.0))
-                # this step's samples (cancel takes effect within one step)
-                progress.step(REFERENCE_STEP_SHARE * alive.sum() if len(rec_rew) <= cap else 0)
+                tick(REFERENCE_STEP_SHARE * alive.sum() if len(rec_rew) <= cap else 0)
                 alive &= ~term
                 if not alive.any():
                     break
@@ -229,10 +241,12 @@ def reference_gradient(
                 sums.index_add_(0, torch.as_tensor(block[part]), scores)
                 sums = sums.double().numpy()  # chunks add up in float64
                 blocks = sums if blocks is None else blocks + sums
-                progress.step((1.0 - REFERENCE_STEP_SHARE) * len(scores))
+                tick((1.0 - REFERENCE_STEP_SHARE) * len(scores))
             counts += np.bincount(block, minlength=REFERENCE_BLOCKS)
             samples += len(o)
+            per_round = max(len(o), 1)  # the next rounds are like this one
             round_ += 1
+        progress.step(units_left)  # what the estimate left over
     finally:
         sim.close()
     total = blocks.sum(0) / samples

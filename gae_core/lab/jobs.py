@@ -4,6 +4,7 @@ polls it like a training run)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 import traceback
@@ -28,9 +29,39 @@ from gae_core.lab.measure import (
     measure_critics,
 )
 from gae_core.lab.states import state_access
+from gae_core.labels import label
+from gae_core.storage.lab_table import LabRecord
 from gae_core.storage.store import RunStore
 
-__all__ = ["LabJob", "measure_gradient_run", "measure_run"]
+__all__ = ["LabJob", "critic_name", "gradient_label", "measure_gradient_run", "measure_run",
+           "state_label"]  # fmt: skip
+
+
+def critic_name(step: int) -> str:
+    """A critic checkpoint as a measurement's table, sentences and labels name it."""
+    return f"critic {step:,}"
+
+
+def gradient_label(record: LabRecord) -> str:
+    """A stored gradient measurement as its box lists it: policy, batches, each critic's λ*
+    (a measurement stored before it kept them all: the first critic's), when."""
+    summary, lam = record.summary, label("lambda_")
+    steps, bests = summary.get("critic_steps") or [], summary.get("best_lambdas") or []
+    best = (", ".join(f"{critic_name(s)}: {lam}* = {b:g}"
+                      for s, b in zip(steps, bests, strict=True))
+            if len(steps) == len(bests) > 1  # several critics: each one's
+            else f"{lam}* = {summary.get('best_lambda'):g}")  # fmt: skip
+    when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
+    return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
+            f"{summary.get('batch_size'):,} · {best} · {when}")  # fmt: skip
+
+
+def state_label(*batch: LabRecord) -> str:
+    """One per-state Measure (a result per critic, in critic order) as its box lists it."""
+    lam = label("lambda_")
+    return (f"policy {batch[0].policy_step:,} · {batch[0].summary.get('states')} states · "
+            + ", ".join(f"{critic_name(r.critic_step)}: {lam}* = "
+                        f"{r.summary.get('best_lambda'):g}" for r in batch))  # fmt: skip
 
 
 def _step(name: str, step: int | None, available: list[int], default: int) -> int:
@@ -82,7 +113,7 @@ def measure_gradient_run(
 
     result = measure_gradient(
         config.env_id, replay(policy_step), [replay(s) for s in steps], settings,
-        envs=envs, steps=size // envs, critic_names=[f"critic {s:,}" for s in steps],
+        envs=envs, steps=size // envs, critic_names=[critic_name(s) for s in steps],
         progress=progress, cancel=cancel,
     )  # fmt: skip
     meta = {"run_id": run_id, "run_name": store.get_run(run_id).name,
@@ -90,7 +121,7 @@ def measure_gradient_run(
     result = replace(result, meta=meta)
     # λ* of every critic, in the order of ``steps`` ("best_lambda": the first's, as stored
     # before measurements held several)
-    bests = [result.best_lambda(f"critic {s:,}") for s in steps]
+    bests = [result.best_lambda(critic_name(s)) for s in steps]
     summary = {"kind": "gradient", "best_lambda": bests[0], "best_lambdas": bests,
                "critic_steps": steps, "gamma": settings.gamma, "batches": settings.batches,
                "batch_size": size, "seconds": result.seconds}  # fmt: skip
