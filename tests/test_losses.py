@@ -665,7 +665,10 @@ def test_a_ppo_epoch_of_one_minibatch_takes_the_rows_in_any_order(monkeypatch):
     configs = [dataclasses.replace(base, seed=s, total_steps=10**6) for s in range(2)]
     ordered, permuted = Trainer(configs), Trainer(configs)
     gathered = []
-    monkeypatch.setattr(update_module, "_take", lambda *a: gathered.append(1))
+    from gae_core.agent import losses as losses_module
+
+    for module in (update_module, losses_module):  # the inputs' gather and the rows'
+        monkeypatch.setattr(module, "take_rows", lambda *a: gathered.append(1))
     generator = torch.Generator().manual_seed(0)
     learn = permuted.learner.learn
 

@@ -77,6 +77,7 @@ __all__ = [
     "ppo_gradients",
     "ppo_loss",
     "standardize",
+    "take_rows",
 ]
 
 #: Added to the advantages' std when they are standardised (SB3 and CleanRL).
@@ -113,10 +114,17 @@ class Rows:
 
     def take(self, index: torch.Tensor) -> Rows:
         """Rows ``index [M, B]`` of each member's rows."""
-        return Rows(*(None if x is None else x.gather(1, index) for x in _fields_of(self)))
+        return Rows(*(None if x is None else take_rows(x, index) for x in _fields_of(self)))
 
     def with_advantages(self, advantages: torch.Tensor) -> Rows:
         return replace(self, advantages=advantages)
+
+
+def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index [M, B]`` of each member's ``x [M, R, ...]``."""
+    if x.dim() == 2:
+        return x.gather(1, index)
+    return x.gather(1, index[..., None].expand(-1, -1, *x.shape[2:]))
 
 
 def _fields_of(rows: Rows) -> tuple[torch.Tensor | None, ...]:

@@ -50,6 +50,7 @@ from gae_core.agent.losses import (
     ppo_gradients,
     ppo_loss,
     standardize,
+    take_rows,
 )
 from gae_core.agent.optim import Optimizer
 from gae_core.agent.policy import log_probs_and_entropy, sde_std
@@ -326,7 +327,7 @@ class Learner:
         :class:`~gae_core.agent.losses.PPOFixed` under ``coefficients``; and which members
         have a valid row among them (CPU ``[M]``)."""
         if index is not None:
-            inputs = tuple(_take(column, index) for column in inputs)
+            inputs = tuple(take_rows(column, index) for column in inputs)
             rollout = rollout.take(index)
         rows = self._standardised(rollout)
         fixed = ppo_fixed(rows, coefficients)
@@ -380,10 +381,3 @@ class Learner:
                            (M.ENTROPY.key, terms.entropy), (M.GRAD_NORM.key, norms)):  # fmt: skip
             sums.add(key, value, now)
         return now
-
-
-def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``index [M, B]`` of each member's ``x [M, R, ...]``."""
-    if x.dim() == 2:
-        return x.gather(1, index)
-    return x.gather(1, index[..., None].expand(-1, -1, *x.shape[2:]))
