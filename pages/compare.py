@@ -84,8 +84,10 @@ if view == "Launch a sweep":
             "paper's figure 2). Empty: the γ below for every trial.",
         )
         count_column, first_column = st.columns(2)
+        # with γ values every γ × λ cell trains them (the box keeps its text: it is keyed)
+        per = f"γ × {LAMBDA} cell" if gammas_text.strip() else LAMBDA
         seeds_text = count_column.text_input(  # text, read on the server (as the first seed)
-            f"seeds per {LAMBDA}", str(views.DEFAULT_SEEDS_PER_LAMBDA), key="cmp.seeds",
+            f"seeds per {per}", str(views.DEFAULT_SEEDS_PER_LAMBDA), key="cmp.seeds",
             persist_state="session",
             help=f"Bootstrap intervals need about 10 seeds per {LAMBDA} to rank {LAMBDA} values; "
             "fewer than 5 give intervals too wide (and too optimistic) to read (an integer, "
@@ -98,7 +100,7 @@ if view == "Launch a sweep":
             "past an earlier sweep's seeds for fresh replicates of the same study "
             f"(an integer, 0 to {SEED_SPEC.max:,}).",
         )  # fmt: skip
-        seeds, seed_errors = views.typed_count(f"seeds per {LAMBDA}", seeds_text,
+        seeds, seed_errors = views.typed_count(f"seeds per {per}", seeds_text,
                                                *views.SEEDS_PER_LAMBDA)  # fmt: skip
         seed_values, first_errors = views.sweep_seeds(first_seed, seeds or 1)
         name = st.text_input(

@@ -610,8 +610,12 @@ def test_seeds_per_lambda_and_workers_are_typed_named_with_their_range_and_launc
     assert at.button(key="cmp.launch").label.endswith(f"× 1 seed), {budget:,} env steps each")
     # γ values given: the grid sets γ, and the form has no γ box to contradict it
     assert at.number_input(key="cmp.gamma")
+    seeds = at.text_input(key="cmp.seeds").value
     at.text_input(key="cmp.gammas").set_value("0.9 0.99").run()
     assert not [w for w in at.number_input if w.key == "cmp.gamma"]
+    # … and the seeds are per cell of the grid, the count kept as typed
+    assert at.text_input(key="cmp.seeds").label == "seeds per γ × λ cell"
+    assert at.text_input(key="cmp.seeds").value == seeds
     assert f" × 2 γ × 1 seed), {budget:,} env steps each" in at.button(key="cmp.launch").label
     # … and while hidden it still follows the env's preset (Pendulum's γ is 0.9)
     at.selectbox(key="cmp.env_id").set_value("Pendulum-v1").run()
