@@ -30,6 +30,21 @@ class EnvModuleError(ValueError):
     """A named env module is not a module name, cannot be found or fails to import."""
 
 
+def missing_modules_note(code: dict | None) -> str:
+    """Where a stored run was trained with env modules (its code's provenance, ``code``) this
+    process was not told to import, what to name to rebuild its env; else ""."""
+    recorded = (code or {}).get("env_modules") or ()
+    missing = [name for name in recorded if name not in named_modules()]
+    if not missing:
+        return ""
+    names = ", ".join(missing)
+    flags = " ".join(f"--env-module {name}" for name in missing)
+    return (
+        f"it was trained with env module {names}, which this process does not import: "
+        f"name it with {flags} (the dashboard: {ENV_MODULES_VAR}={','.join(missing)})"
+    )
+
+
 def named_modules() -> tuple[str, ...]:
     """The modules :data:`ENV_MODULES_VAR` names (empty entries dropped), in order."""
     raw = os.environ.get(ENV_MODULES_VAR, "")

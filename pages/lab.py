@@ -22,6 +22,7 @@ from gae_core.lab.gradient import (
 from gae_core.lab.gradient_samples import REFERENCE_COPIES
 from gae_core.lab.jobs import (
     LabJob,
+    check_run_env,
     critic_name,
     gradient_label,
     measure_gradient_run,
@@ -367,6 +368,7 @@ run_id = st.selectbox(
 _ui.say_if_linked_missing(ids, labels[run_id], "has no readable checkpoint to replay")
 run = store.get_run(run_id)
 try:
+    check_run_env(run)  # an env of the user's own: names the module the server must import
     state_access(run.config["env_id"])
 except UnsupportedEnvError as error:
     st.error(f"{error}.")  # it names the families the lab supports

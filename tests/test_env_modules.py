@@ -73,6 +73,16 @@ def test_the_example_module_trains_sweeps_and_says_what_it_needed(tmp_path):
     assert CORRIDOR in typo.stderr and "DictObs" not in typo.stderr
     missing = cli(data, "train", "--env-module", "nowhere_envs", "--env", CORRIDOR, **env)
     assert missing.returncode == 2 and "env module 'nowhere_envs' not found" in missing.stderr
+    # the lab on a module env's run, the module not named: one line naming it, both views
+    for view in ([], ["--gradient"]):
+        lab = cli(data, "lab", run["run_id"], *view, **env)
+        assert lab.returncode == 2, lab.stderr
+        assert lab.stderr.strip() == (
+            f"error: run {run['run_id']}'s env {CORRIDOR} cannot be built here: it was trained "
+            "with env module gae_example_envs, which this process does not import: name it "
+            "with --env-module gae_example_envs (the dashboard: "
+            "GAE_CORE_ENV_MODULES=gae_example_envs)"
+        )
 
 
 @pytest.mark.slow

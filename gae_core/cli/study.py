@@ -23,10 +23,14 @@ from gae_core.labels import assignment, format_value, label
 
 
 def _lab_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The run (StoreError, exit 1, for an unknown id) and the settings both lab views share:
-    γ (default: the run's), seed, and the λ and k grids when given."""
+    """The run (StoreError, exit 1, for an unknown id; an env it cannot build here, exit 2)
+    and the settings both lab views share: γ (default: the run's), seed, and the λ and k grids
+    when given."""
+    from gae_core.lab.jobs import check_run_env
+
     with open_store_for_reading(args) as probe:
         run = probe.get_run(args.run_id)
+    check_run_env(run)
     options: dict[str, Any] = {
         "gamma": run.config.get("gamma", 0.99) if args.gamma is None else args.gamma,
         "seed": args.seed,

@@ -13,7 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from gae_core.agent.config import TrainConfig
+from gae_core.agent.envs import env_id_problem
 from gae_core.agent.recording import Replay, load_replay
+from gae_core.env_modules import missing_modules_note
+from gae_core.errors import UnsupportedEnvError
 from gae_core.lab.gradient import (
     GradientResult,
     GradientSettings,
@@ -31,10 +34,11 @@ from gae_core.lab.measure import (
 from gae_core.lab.states import state_access
 from gae_core.labels import label
 from gae_core.storage.lab_table import LabRecord
+from gae_core.storage.records import RunRecord
 from gae_core.storage.store import RunStore
 
-__all__ = ["LabJob", "critic_name", "gradient_label", "measure_gradient_run", "measure_run",
-           "state_label"]  # fmt: skip
+__all__ = ["LabJob", "check_run_env", "critic_name", "gradient_label", "measure_gradient_run",
+           "measure_run", "state_label"]  # fmt: skip
 
 
 def critic_name(step: int) -> str:
@@ -73,9 +77,24 @@ def _step(name: str, step: int | None, available: list[int], default: int) -> in
     return int(step)
 
 
+def check_run_env(run: RunRecord) -> None:
+    """``UnsupportedEnvError`` where ``run``'s env cannot be built in this process, naming the
+    env modules it was trained with that this process does not import (a run on an env of the
+    user's own, measured by a command or a server not told of its module)."""
+    env_id = run.config.get("env_id")
+    problem = env_id_problem(env_id)
+    if problem:
+        note = missing_modules_note(run.code)
+        raise UnsupportedEnvError(f"run {run.id}'s env {env_id} cannot be built here: {note}"
+                                  if note else f"run {run.id}: {problem}")  # fmt: skip
+
+
 def _checkpoints(store: RunStore, run_id: str) -> tuple[TrainConfig, list[int]]:
-    """The run's config and checkpoint steps; ValueError when it has none."""
-    config = TrainConfig.from_stored(store.get_run(run_id).config)
+    """The run's config and checkpoint steps; ValueError when it has none, or when its env
+    cannot be built here for want of the env module it was trained with."""
+    run = store.get_run(run_id)
+    check_run_env(run)
+    config = TrainConfig.from_stored(run.config)
     available = store.checkpoint_steps(run_id)
     if not available:
         raise ValueError(f"run {run_id} has no checkpoint yet: the lab replays checkpoints")

@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from gae_core.agent.envs import quiet_env_warnings
+from gae_core.agent.envs import check_env_id, quiet_env_warnings
 from gae_core.errors import UnsupportedEnvError
 from gae_core.lab import chain
 
@@ -89,7 +89,9 @@ STATE_FAMILIES = ("classic control", "MuJoCo", "the lab's chain")
 
 def state_access(env_id: str) -> StateAccess:
     """The state access of ``env_id``'s family; ``UnsupportedEnvError`` naming the id and the
-    families the lab supports otherwise."""
+    families the lab supports otherwise, or why the id cannot be built here (an env module's id
+    whose module this process was not told to import)."""
+    check_env_id(env_id)
     quiet_env_warnings(env_id)
     env = gym.make(env_id).unwrapped
     try:
