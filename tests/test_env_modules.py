@@ -144,3 +144,48 @@ def test_a_module_imported_by_two_threads_at_once_registers_its_envs_for_both(tm
     done = subprocess.run([sys.executable, "-c", _IMPORTED_AT_ONCE], capture_output=True,
                           text=True, timeout=120, env=env, check=True)  # fmt: skip
     assert json.loads(done.stdout) == [{"slow_envs": ["SlowCartPole-v0"]}] * 2
+
+
+CRASHING = """
+import gymnasium as gym
+import numpy as np
+
+
+STEPS = [0]  # every copy's steps: the checks build copies of their own
+
+
+class Crash(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        STEPS[0] += 1
+        if STEPS[0] > 500:
+            raise ValueError("the env gave up at step 500")
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+gym.register("Crashes/Crash-v0", entry_point=Crash, max_episode_steps=40)
+"""
+
+
+def test_a_run_that_fails_says_why_in_one_line_and_keeps_its_traceback(tmp_path):
+    """An env that raises mid-run: the command says the reason once, in one line (its last
+    line), exit 1; the traceback is stored with the run for whoever wants it."""
+    (tmp_path / "crashing_envs.py").write_text(CRASHING)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    data = tmp_path / "data"
+    done = cli(data, "--env-module", "crashing_envs", "train", "--env", "Crashes/Crash-v0",
+               "--total-steps", "5000", "--num-envs", "2", "--no-progress", **env)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    said = [line for line in done.stderr.splitlines() if "failed" in line]
+    assert len(said) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert said[0].endswith("failed: ValueError: the env gave up at step 500 (the whole "
+                            "traceback: `runs --json`, its error)")  # fmt: skip
+    with RunStore(data, recover=False) as store:
+        (run,) = store.list_runs()
+        assert run.status == "failed" and run.error.startswith("Traceback")

@@ -180,9 +180,10 @@ def train(args: argparse.Namespace) -> int:
         steps_per_second=env_steps / wall if wall > 0 else 0.0,
         data_dir=str(store.data_dir),
     )
-    if status == "failed":
-        print(f"run {run_id} failed: {terminal_text(result.get('error') or error)}",
-              file=sys.stderr)  # fmt: skip
+    if status == "failed":  # the reason, its last line; the traceback is stored with it
+        reason = (result.get("error") or error or "").strip().splitlines() or ["unknown error"]
+        print(f"run {run_id} failed: {terminal_text(reason[-1])} (the whole traceback: `runs "
+              "--json`, its error)", file=sys.stderr)  # fmt: skip
     if args.json:
         print_json(result)
     else:

@@ -134,7 +134,9 @@ def execute_run(
             if isinstance(exc, TrainingDiverged | FloatingPointError)
             else traceback.format_exc()
         )
-        log.warning("runs %s failed: %s", [r.run_id for r in claimed], error)
+        # stored with each run, which its caller reports (the command's line, the page's
+        # status); a log line at warning level would print it twice on a terminal
+        log.info("run %s failed: %s", ", ".join(r.run_id for r in claimed), error)
         for run in claimed:
             if run.status is None:
                 run.status, run.error = "failed", error
