@@ -312,6 +312,33 @@ def test_ctrl_c_stops_and_keeps_data(tmp_path, signum):
 
 
 @pytest.mark.slow
+def test_a_cancelled_sweep_tells_stopped_trials_from_those_that_never_started(tmp_path):
+    """Ctrl-C on a sweep training one trial at a time: the trial it stopped reads "stopped",
+    those still queued "not started", in its table and its last line (all are stored as
+    stopped; a walk-through read "16 stopped" of which 14 had not trained a step)."""
+    proc = _popen(tmp_path, "sweep", "--lambdas", "0.9", "1", "--seeds", "0", "1",
+                  "--total-steps", "100000000", "--workers", "1", "--population", "1",
+                  *TINY_FLAGS, "--no-progress")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if (tmp_path / "data" / "runs.sqlite3").exists():
+                with RunStore(tmp_path / "data", recover=False) as store:
+                    if any(r.env_steps > 0 for r in store.list_runs()):
+                        break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    table, last = stdout.strip().splitlines()[:-1], stdout.strip().splitlines()[-1]
+    assert [line.split()[1] for line in table].count("stopped") == 1, stdout
+    assert [line.split()[1] for line in table].count("not") == 3, stdout  # "not started"
+    assert last.endswith(": 1 stopped, 3 not started"), last
+
+
+@pytest.mark.slow
 def test_a_second_ctrl_c_exits_130_with_the_run_stopped_and_its_data(tmp_path):
     """Ctrl-C twice in a row: the command exits 130 without waiting on its own, and the run,
     trained in a thread of the command, still ends ``stopped`` with its data (the exit waits

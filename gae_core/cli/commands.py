@@ -339,7 +339,7 @@ def sweep(args: argparse.Namespace) -> int:
         shown[0] = percent
         counts = progress.counts
         bar.set_postfix_str(
-            f"{progress.done}/{progress.total} done, {counts['running']} running, "
+            f"{progress.done}/{progress.total} ended, {counts['running']} running, "
             f"{counts['failed']} failed",
             refresh=False,
         )
@@ -396,11 +396,16 @@ def sweep(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         for run in found:
+            status = "not started" if run.never_started else run.status
             print(
-                f"{run.id}  {run.status:<11}  {run.env_steps:>11,}  "
+                f"{run.id}  {status:<11}  {run.env_steps:>11,}  "
                 f"{_fmt(run.summary.final_return, '9.2f'):>9}  {terminal_text(run.name)}"
             )
-        counts = ", ".join(f"{n} {status}" for status, n in progress.counts.items() if n)
+        ended = dict(progress.counts)  # a trial cancelled before its turn: not "stopped"
+        if never := sum(run.never_started for run in found):
+            ended["stopped"] -= never
+            ended["not started"] = never
+        counts = ", ".join(f"{n} {status}" for status, n in ended.items() if n)
         print(f"sweep {handle.sweep_id} {progress.status} in {wall:.1f} s: {counts or 'no trials'}")
         if record.error:
             print(terminal_text(record.error), file=sys.stderr)

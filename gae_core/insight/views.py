@@ -250,7 +250,7 @@ def status_text(run: RunRecord, window_from: int | None = None) -> str:
         return f"failed: {reason[-1] if reason else 'unknown error'}"
     if run.status in ("queued", "running"):
         return run.status
-    if run.status == "stopped" and run.env_steps == 0:  # a sweep cancelled before its turn
+    if run.never_started:  # a sweep cancelled before its turn
         return "stopped before it started"
     head = {
         "finished": "finished",

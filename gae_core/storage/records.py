@@ -64,6 +64,12 @@ class RunRecord:
         return self.status in ACTIVE_STATUSES
 
     @property
+    def never_started(self) -> bool:
+        """Stopped before it trained a step (a sweep's trial still queued when it was
+        cancelled): "stopped" alone would read as if it had trained."""
+        return self.status == "stopped" and self.env_steps == 0
+
+    @property
     def total_steps(self) -> int:
         return int(self.config.get("total_steps", 0) or 0)
 
