@@ -434,17 +434,10 @@ with downloads[1]:  # (which statistic: the frame's own column)
                    {**curve_made_by, "interval": stats.INTERVAL_DEFINITION})  # fmt: skip
 
 summary = compare.summary_table(episodes, group=group, threshold=threshold)
-scores = compare.seed_scores(episodes, group=group)
 st.subheader("Summary")
-# Both scores: a final return at the env's ceiling (CartPole's 500) ties every group, and then
-# the AUC (how fast it got there) is what separates them.
-SCORES = {"final_return": "Final return", "auc": "AUC (how fast it learned)"}
-score_groups = {
-    score: {k: f[score].to_numpy() for k, f in scores.groupby(group, sort=True)} for score in SCORES
-}
-for score, what in SCORES.items():
-    sentence = stats.best_group_sentence(score_groups[score], lambda k: assignment(group, k))
-    st.markdown(f"**{what}:** {sentence}.")
+score_groups = compare.group_scores(episodes, group)
+for score, sentence in compare.group_sentences(score_groups, group).items():
+    st.markdown(f"**{compare.RANKED_SCORES[score]}:** {sentence}.")
 shown = summary.copy()
 cells = []
 for score in ("final_return", "auc"):
@@ -527,7 +520,7 @@ with st.expander("Methods and provenance (to cite these figures)"):
         "cmp.provenance_json",
     )  # fmt: skip
 pair_score = st.segmented_control(
-    "score for the two charts below", list(SCORES), default="final_return",
+    "score for the two charts below", list(compare.RANKED_SCORES), default="final_return",
     format_func=label, key="cmp.pair_score",
     help=f"Final return: the last {SOLVED_WINDOW} episodes per run (a seed: its runs' mean). "
     "AUC: the average return over training (how fast it learned); it separates groups that "

@@ -336,6 +336,18 @@ def test_a_cancelled_sweep_tells_stopped_trials_from_those_that_never_started(tm
     assert [line.split()[1] for line in table].count("stopped") == 1, stdout
     assert [line.split()[1] for line in table].count("not") == 3, stdout  # "not started"
     assert last.endswith(": 1 stopped, 3 not started"), last
+    # its summary says what the cancel left: runs short of their budget, a λ without a run
+    sweep_id = last.split()[1]
+    summary = cli(tmp_path / "data", "summary", sweep_id)
+    assert summary.returncode == 0, summary.stderr
+    notes = [line for line in summary.stdout.splitlines() if line.startswith("note: ")]
+    assert notes[0].startswith("note: 4 of these 4 runs have not finished their budget (1 "
+                               "stopped, 3 not started); 3 finished no episode"), notes  # fmt: skip
+    assert "leaves λ = 1 with no run" in notes[0] and "Only 1 seed" in notes[1], notes
+    assert [line for line in summary.stdout.splitlines() if line.startswith("Final return: ")]
+    report = _last_json(cli(tmp_path / "data", "summary", sweep_id, "--json").stdout)
+    assert [n.split(":")[0] for n in report["notes"]] == [n[6:].split(":")[0] for n in notes]
+    assert set(report["best"]) == {"final_return", "auc"}
 
 
 @pytest.mark.slow

@@ -244,9 +244,16 @@ def test_a_group_of_one_seed_has_a_score_and_no_interval():
         (1234.56, 1200.0, 1260.34, "1,234.6 [1,200.0, 1,260.3]"),
         (150.0, 150.0, 150.0, "150.0 [150.0, 150.0]"),  # every seed alike: a real interval
         (-83.44, float("nan"), float("nan"), "-83.4 (one seed: no interval)"),
-        (5.0, None, None, "5.0 (one seed: no interval)"),  # a JSON record's null
+        (5.0, None, None, "5.00 (one seed: no interval)"),  # a JSON record's null
         (float("nan"), float("nan"), float("nan"), "–"),
         (None, None, None, "–"),
+        # small scores keep three significant digits of the largest number
+        (0.2661, 0.2213, 0.3049, "0.266 [0.221, 0.305]"),
+        (5.04, 4.8, 5.31, "5.04 [4.80, 5.31]"),
+        (0.0012345, 0.001, 0.0015, "0.00123 [0.00100, 0.00150]"),
+        (-0.5, -0.75, -0.25, "-0.500 [-0.750, -0.250]"),
+        (0.0, 0.0, 0.0, "0.0 [0.0, 0.0]"),
+        (9.99, 9.5, 10.2, "10.0 [9.5, 10.2]"),  # the interval's end sets it: 10.2 ≥ 10
     ],
 )
 def test_estimate_text_reads_a_score_and_its_interval_or_says_there_is_none(point, low, high, text):

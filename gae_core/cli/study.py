@@ -275,10 +275,14 @@ def summary(args: argparse.Namespace) -> int:
         # scipy.stats (0.9 s to import) only for the commands that print statistics
         from gae_core.insight import stats
         from gae_core.insight.compare import (
+            RANKED_SCORES,
             distinct_runs,
             episodes_frame,
+            group_scores,
+            group_sentences,
             summary_records,
             summary_table,
+            unfinished_note,
         )
         from gae_core.insight.grid import cell_records, cell_table, check_axes, study_axes
         from gae_core.insight.provenance import methods_record, methods_text
@@ -307,6 +311,13 @@ def summary(args: argparse.Namespace) -> int:
         return EXIT_OK
     threshold = runs[0].summary.reward_threshold if runs else None
     records = summary_records(summary_table(episodes, group=group, threshold=threshold), group)
+    # what the comparison page says beside its table: runs short of their budget (and groups
+    # they leave without a run), too few seeds, and which group is best on each score
+    notes = [note for note in (
+        unfinished_note(runs, episodes, group),
+        stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min())),
+    ) if note]  # fmt: skip
+    sentences = group_sentences(group_scores(episodes, group), group)
     cells = None
     if second is not None:
         try:
@@ -314,7 +325,8 @@ def summary(args: argparse.Namespace) -> int:
         except ValueError as exc:  # steps_to_threshold on an env without a threshold
             raise UsageError(f"--score: {exc}") from None
     if args.json:
-        report: dict[str, Any] = {"sweep_id": args.sweep_id, "group": group, "summary": records}
+        report: dict[str, Any] = {"sweep_id": args.sweep_id, "group": group, "summary": records,
+                                  "notes": notes, "best": sentences}  # fmt: skip
         if cells is not None:
             report["grid"] = {"x": group, "y": second, "score": args.score,
                               "cells": cell_records(cells, group, second)}  # fmt: skip
@@ -336,6 +348,10 @@ def summary(args: argparse.Namespace) -> int:
     print((f"{label(group):>10}{counts}  " + "".join(f"{c:<{width}}" for c in heads)).rstrip())
     for lead, cells_ in rows:  # as wide as the widest cell: one seed's words are long
         print((lead + "".join(f"{c:<{width}}" for c in cells_)).rstrip())
+    for score, sentence in sentences.items():
+        print(f"{RANKED_SCORES[score]}: {sentence}.")
+    for note in notes:
+        print(f"note: {note}")
     if cells is not None:
         _print_grid(cells, group, second, args.score)
     print(f"\nmethods: {terminal_text(methods_text(methods))}")

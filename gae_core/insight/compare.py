@@ -201,6 +201,31 @@ def run_scores(
     return pd.DataFrame(rows)
 
 
+#: The two scores a comparison ranks its groups by, as its sentences name them: a final return
+#: at the env's ceiling (CartPole's 500) ties every group, and then the AUC (how fast it got
+#: there) is what separates them.
+RANKED_SCORES = {"final_return": "Final return", "auc": "AUC (how fast it learned)"}
+
+
+def group_scores(episodes: pd.DataFrame, group: str) -> dict[str, dict[Any, np.ndarray]]:
+    """Per ranked score, each group's seed scores (:func:`seed_scores`), groups in order."""
+    scores = seed_scores(episodes, group=group)
+    return {
+        score: {key: frame[score].to_numpy() for key, frame in scores.groupby(group, sort=True)}
+        for score in RANKED_SCORES
+    }
+
+
+def group_sentences(groups: dict[str, dict[Any, np.ndarray]], group: str) -> dict[str, str]:
+    """Per ranked score, the one sentence on which group is best and what it can be told
+    apart from (:func:`~gae_core.insight.stats.best_group_sentence`), its groups named by
+    their value (``λ = 0.95``)."""
+    return {
+        score: stats.best_group_sentence(groups[score], lambda key: assignment(group, key))
+        for score in RANKED_SCORES
+    }
+
+
 def seed_scores(
     episodes: pd.DataFrame,
     *,
@@ -369,7 +394,13 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     unfinished = unfinished_runs(runs)
     if not unfinished:
         return None
-    how = ", ".join(f"{n} {status}" for status, n in Counter(r.status for r in unfinished).items())
+    said = Counter("not started" if getattr(r, "never_started", False) else r.status
+                   for r in unfinished)  # fmt: skip
+    order = ["running", "queued", "stopped", "failed", "interrupted", "not started"]
+    how = ", ".join(
+        f"{said[status]} {status}"
+        for status in sorted(said, key=lambda s: order.index(s) if s in order else 0)
+    )
     verb = "has not finished its" if len(unfinished) == 1 else "have not finished their"
     text = f"{len(unfinished)} of these {len(runs)} runs {verb} budget ({how})"
     drawn = set(episodes["run_id"]) if not episodes.empty else set()

@@ -181,7 +181,7 @@ def best_cell_sentence(table: pd.DataFrame, x: str, y: str, assignment: Any) -> 
     if first["iqm_ci_low"] == first["iqm_ci_low"]:  # (NaN: one seed)
         estimate = stats.estimate_text(first["iqm"], first["iqm_ci_low"], first["iqm_ci_high"])
     else:  # not "(IQM 146.3 (one seed: no interval))"
-        estimate = f"{first['iqm']:,.1f}; {stats.NO_INTERVAL}"
+        estimate = f"{first['iqm']:,.{stats.score_places(first['iqm'])}f}; {stats.NO_INTERVAL}"
     text = f"Best: {names} (IQM {estimate})"
     tied = int(table["not_distinguishable"].sum())
     others = len(table) - len(best)

@@ -27,6 +27,7 @@ Every function is deterministic for a given ``seed``.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "bootstrap_ci",
     "curve_band",
     "default_taus",
+    "estimate_text",
     "few_seeds_warning",
     "group_summary",
     "improvement_matrix",
@@ -55,6 +57,7 @@ __all__ = [
     "mean",
     "performance_profile",
     "probability_of_improvement",
+    "score_places",
     "stratified_bootstrap_ci",
     "too_few_seeds",
 ]
@@ -344,19 +347,32 @@ def group_summary(
 NO_INTERVAL = "one seed: no interval"
 
 
+def score_places(*values: float) -> int:
+    """Decimal places for scores of these sizes (:func:`estimate_text`'s rule): one where the
+    largest is at least 10 (or 0), else three significant digits of it."""
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    if largest >= 10 or largest == 0:
+        return 1
+    return max(1, 2 - math.floor(math.log10(largest)))
+
+
 def estimate_text(point: float | None, low: float | None, high: float | None) -> str:
-    """A score and its interval as every table of them prints it, to one decimal with
-    thousands separators: ``1,234.5 [1,200.0, 1,260.3]``; ``1,234.5 (one seed: no
-    interval)`` where the bounds are missing (NaN or None); ``–`` where the score is."""
+    """A score and its interval as every table of them prints it, with thousands separators,
+    to one decimal where the largest of its numbers is at least 10 and otherwise to three
+    significant digits of that largest (a return of a fraction of one must not read 0.3 for
+    every group): ``1,234.5 [1,200.0, 1,260.3]``, ``0.266 [0.221, 0.305]``; ``1,234.5 (one
+    seed: no interval)`` where the bounds are missing (NaN or None); ``–`` where the score
+    is."""
 
     def missing(value: float | None) -> bool:
         return value is None or value != value
 
     if missing(point):
         return "–"
+    places = score_places(*(v for v in (point, low, high) if not missing(v)))
     if missing(low) or missing(high):
-        return f"{point:,.1f} ({NO_INTERVAL})"
-    return f"{point:,.1f} [{low:,.1f}, {high:,.1f}]"
+        return f"{point:,.{places}f} ({NO_INTERVAL})"
+    return f"{point:,.{places}f} [{low:,.{places}f}, {high:,.{places}f}]"
 
 
 def best_group_sentence(
