@@ -14,6 +14,7 @@ from gae_core.insight import lab_figures
 from gae_core.insight.views import format_duration, whole_number
 from gae_core.lab import chain
 from gae_core.lab.gradient import (
+    DEBIASED_NOTE,
     GradientResult,
     GradientSettings,
     batch_problem,
@@ -29,6 +30,7 @@ from gae_core.lab.jobs import (
     state_label,
 )
 from gae_core.lab.measure import (
+    BIAS2_NOTE,
     GSDE_NOTE,
     LabResult,
     LabSettings,
@@ -72,8 +74,8 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
         f"Least MSE — {bests}. Bands: {first.settings.confidence * 100:g} % percentile "
         f"bootstrap across the {len(first.states)} "
         f"states. Truth horizon H = {first.horizon} steps ({label('gamma')}^H = "
-        f"{first.discount_left:.1e} of the discount left). bias² is the unbiased estimate (both "
-        "means' noise subtracted), so it can dip slightly below 0 where the critic is nearly exact."
+        f"{first.discount_left:.1e} of the discount left). {BIAS2_NOTE[0].upper()}"
+        f"{BIAS2_NOTE[1:]}."
     )
     for name, result in results.items():
         who = f"{name}: " if len(results) > 1 else ""
@@ -292,9 +294,7 @@ def gradient_lens(
     ref = result.reference
     st.caption(
         f"Reference g*: {ref['samples']:,} samples, norm {ref['norm']:.4g}, standard error "
-        f"{ref['standard_error']:.3g} (its noise and the batches' are subtracted from bias², "
-        "and the batches' from the SNR's signal ‖E ĝ‖², so both can dip below 0 where they "
-        "are small). Batches: "
+        f"{ref['standard_error']:.3g} ({DEBIASED_NOTE}). Batches: "
         f"{result.settings.batches} × {result.batch['envs'] * result.batch['steps']:,} "
         f"({result.batch['samples']:,} samples each after the reset rows); bands: "
         f"{result.settings.confidence * 100:g} % percentile bootstrap over batches. "

@@ -19,6 +19,7 @@ from gae_core.agent.recording import Replay
 from gae_core.estimators import gae_lambda_sweep, k_step_advantages
 from gae_core.lab import chain, chain_gradient
 from gae_core.lab.gradient import (
+    DEBIASED_NOTE,
     QUANTITIES,
     GradientResult,
     GradientSettings,
@@ -308,6 +309,14 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
     assert report["reference"]["samples"] >= 2000 and report["batch_size"] == 32
     # δ = Â^(1) = GAE(λ = 0): one gradient, reported alike
     assert report["ks"][0]["variance"] == pytest.approx(report["lambdas"][0]["variance"])
+    # as text: what the page says under the same numbers, and why bias² and SNR can be < 0
+    text = cli(data, "lab", run_id, "--gradient", "--batches", "3", "--batch-size", "32",
+               "--reference", "2000", "--lambdas", "0", "1", "--ks", "1",
+               "--no-progress")  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    assert f"critic {report['critic_steps'][0]:,}: the least gradient MSE is at λ = " in text.stdout
+    assert f"note: {DEBIASED_NOTE}." in text.stdout
+    assert f"samples ({report['samples_per_batch']:,} each after the reset rows)" in text.stdout
     for args, words in (
         (["--batches", "1"], "batches K must be an integer in [2, 10000], got 1"),
         (["--batch-size", "33"], "batch size must be a multiple of the run's num_envs (2)"),

@@ -365,7 +365,7 @@ def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
     the CLI (and the page, from the same GSDE_NOTE) says so."""
     import json
 
-    from gae_core.lab.measure import GSDE_NOTE
+    from gae_core.lab.measure import BIAS2_NOTE, GSDE_NOTE
 
     cli = _cli(tmp_path)
     trained = cli(
@@ -377,7 +377,8 @@ def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
     small = ["--states", "2", "--rollouts", "2", "--continuations", "2", "--segment", "5"]
     done = cli("lab", run_id, *small, "--lambdas", "0", "1", "--ks", "1", "--no-progress")
     assert done.returncode == 0, done.stderr
-    assert GSDE_NOTE in done.stderr and "least MSE at" in done.stdout
+    assert GSDE_NOTE in done.stderr and "Least MSE at λ = " in done.stdout
+    assert f"note: {BIAS2_NOTE}." in done.stdout
 
 
 def _cli(data_dir):

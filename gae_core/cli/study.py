@@ -65,7 +65,13 @@ def lab(args: argparse.Namespace) -> int:
     if args.gradient:
         return _gradient(args)
     from gae_core.lab.jobs import measure_run
-    from gae_core.lab.measure import GSDE_NOTE, LabCancelled, LabSettings, check_memory
+    from gae_core.lab.measure import (
+        BIAS2_NOTE,
+        GSDE_NOTE,
+        LabCancelled,
+        LabSettings,
+        check_memory,
+    )
 
     run, options = _lab_options(args)
     options |= {"states": args.states, "rollouts": args.rollouts,
@@ -101,7 +107,7 @@ def lab(args: argparse.Namespace) -> int:
         # critic's under "critics" when several were measured
         print_json(reports[0] if len(reports) == 1 else {**reports[0], "critics": reports})
         return EXIT_OK
-    for report in reports:
+    for report, (_, result) in zip(reports, saved, strict=True):
         print(
             f"lab {report['result_id']}: policy step {report['policy_step']:,}, critic step "
             f"{report['critic_step']:,}, {report['states']} states, {report['seconds']:.1f} s"
@@ -120,15 +126,16 @@ def lab(args: argparse.Namespace) -> int:
                 f"{row['estimator']:<16}{row['bias2']:>12.4g}{row['variance']:>12.4g}"
                 f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
             )
-        print(f"least MSE at {assignment('lambda_', report['best_lambda'])}")
+        print(f"{result.sentence()}.")  # what the page says under the same numbers
         if report["horizon_note"]:
             print(report["horizon_note"])
+    print(f"note: {BIAS2_NOTE}.")
     return EXIT_OK
 
 
 def _gradient(args: argparse.Namespace) -> int:
     """``lab RUN --gradient``: :func:`gae_core.lab.jobs.measure_gradient_run`."""
-    from gae_core.lab.gradient import GradientSettings
+    from gae_core.lab.gradient import DEBIASED_NOTE, GradientSettings, gradient_sentence
     from gae_core.lab.jobs import measure_gradient_run
     from gae_core.lab.measure import LabCancelled
 
@@ -163,7 +170,8 @@ def _gradient(args: argparse.Namespace) -> int:
     ref = report["reference"]
     print(
         f"gradient lens {result_id}: policy step {report['policy_step']:,}, "
-        f"{report['batches']} batches of {report['batch_size']:,} samples, reference of "
+        f"{report['batches']} batches of {report['batch_size']:,} samples "
+        f"({report['samples_per_batch']:,} each after the reset rows), reference of "
         f"{ref['samples']:,} samples (standard error {ref['standard_error']:.4g}, norm "
         f"{ref['norm']:.4g}), {report['seconds']:.1f} s"
     )
@@ -177,9 +185,10 @@ def _gradient(args: argparse.Namespace) -> int:
             cosine = f"{r['cosine']:.3f} [{r['cosine_ci_low']:.3f}, {r['cosine_ci_high']:.3f}]"
             print(f"{name:<14}{cosine:<26}{r['pairwise_cosine']:>10.3f}{r['bias2']:>12.4g}"
                   f"{r['variance']:>12.4g}{r['mse']:>12.4g}{r['snr']:>9.3g}")  # fmt: skip
-        print(f"least gradient MSE at {assignment('lambda_', critic['best_lambda'])}")
+        print(f"{gradient_sentence(result.table, critic['critic'])}.")  # as the page says
     if report["reference_note"]:
         print(f"\n{report['reference_note']}")
+    print(f"note: {DEBIASED_NOTE}.")
     return EXIT_OK
 
 

@@ -75,6 +75,7 @@ from gae_core.lab.settings import HORIZON_TOLERANCE, MAX_HORIZON
 from gae_core.labels import assignment, label
 
 __all__ = [
+    "DEBIASED_NOTE",
     "GradientResult",
     "GradientSettings",
     "actor_parameters",
@@ -88,6 +89,11 @@ __all__ = [
 
 #: The quantities measured per estimator, in the order tables and JSON give them.
 QUANTITIES = ("cosine", "pairwise_cosine", "bias2", "variance", "mse", "snr")
+#: Why bias² and the SNR can read below 0 (the page's caption and the CLI say it).
+DEBIASED_NOTE = (
+    "the reference's noise and the batches' are subtracted from bias², and the batches' from "
+    "the SNR's signal ‖E ĝ‖², so both can dip below 0 where they are small"
+)
 
 
 def _default_lambdas() -> tuple[float, ...]:

@@ -77,6 +77,7 @@ from gae_core.lab.states import sample_starts
 from gae_core.labels import assignment, label
 
 __all__ = [
+    "BIAS2_NOTE",
     "DEFAULT_KS",
     "DEFAULT_LAMBDAS",
     "GSDE_NOTE",
@@ -98,6 +99,12 @@ __all__ = [
     "sample_starts",
     "trade_off_sentence",
 ]
+
+#: Why a bias² can read below 0 (the page's caption and the CLI say it beside the numbers).
+BIAS2_NOTE = (
+    "bias² is the unbiased estimate (both means' noise subtracted), so it can dip slightly "
+    "below 0 where the critic is nearly exact"
+)
 
 #: What the lab measures for a run that explored with gSDE (``use_sde``).
 GSDE_NOTE = (
