@@ -519,3 +519,25 @@ def test_sweep_on_a_full_disk_exits_1_with_one_line_and_not_running(tmp_path, mo
     result = _last_json(done.stdout)
     assert result["status"] == "failed" and "is full" in result["error"]
     assert "\n" not in result["error"] and "Traceback" not in done.stderr
+
+
+def test_a_flag_that_changes_nothing_given_the_others_is_said_to(tmp_path):
+    """``--n-epochs`` under A2C, ``--use-sde`` on CartPole's discrete actions: a note each on
+    stderr (as the Train form says of odd combinations), and the run trains; a flag that
+    matters in some of a sweep's trials (an algorithm axis) gets none."""
+    done = cli_in_process(tmp_path, "train", "--n-epochs", "5", "--use-sde", "--total-steps",
+                          "200", *TINY_FLAGS, "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: --n-epochs has no effect: algo is a2c (one gradient step per rollout, no clipping)",
+        "note: --use-sde has no effect: CartPole-v1's actions are discrete",
+    ]
+    quiet = cli_in_process(tmp_path, "train", "--total-steps", "200", *TINY_FLAGS,
+                           "--no-progress")  # fmt: skip
+    assert not [line for line in quiet.stderr.splitlines() if line.startswith("note: ")]
+    swept = cli_in_process(tmp_path, "sweep", "--grid", "algo=a2c,ppo", "--n-epochs", "2",
+                           "--minibatch-size", "64", "--seeds", "0", "--total-steps", "200",
+                           *TINY_FLAGS, "--no-progress")  # fmt: skip
+    assert swept.returncode == 0, swept.stderr
+    assert "--n-epochs has no effect" not in swept.stderr, swept.stderr

@@ -16,7 +16,7 @@ from typing import Any
 from gae_core.agent.config import field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.field_spec import int_problem
-from gae_core.cli.flags import Unread, config_from_args
+from gae_core.cli.flags import Unread, config_from_args, idle_flag_notes
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label
@@ -132,6 +132,8 @@ def train(args: argparse.Namespace) -> int:
     from gae_core.runs.sweep import Sweep
 
     config = config_from_args(args)  # ConfigError (exit 2) before any run exists
+    for note in idle_flag_notes(args, config):
+        print(note, file=sys.stderr)
     store = open_store(args)
     try:
         run_id = store.create_run(
@@ -314,7 +316,7 @@ def sweep(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(f"--{exc}".replace("--members", "--population")) from None
     held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
-    expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep exists
+    trials = expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep
     if args.name:  # as start_sweep checks it, before a store, a bar or a sweep exists
         try:
             check_sweep_name(args.name, held, grid)
@@ -329,6 +331,8 @@ def sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     base = held
+    for note in idle_flag_notes(args, *trials):  # idle in every trial (the critic's target held)
+        print(note, file=sys.stderr)
     store = open_store(args)
     bar = progress_bar(100, args.no_progress, unit="%")
     shown = [0]

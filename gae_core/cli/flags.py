@@ -20,7 +20,9 @@ from gae_core.agent.config import (
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
 
-__all__ = ["Unread", "add_config_flags", "config_from_args", "flag_type", "name_flag"]
+__all__ = [
+    "Unread", "add_config_flags", "config_from_args", "flag_type", "idle_flag_notes", "name_flag",
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,17 @@ def name_flag(message: str) -> str:
     field = message.split(" ", 1)[0].rstrip(":")
     spec = FIELD_SPECS.get(field)
     return f"{spec.flags[0]}: {message}" if spec else message
+
+
+def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:
+    """A line for each flag given whose field changes nothing given the others in every one of
+    ``configs`` (a run's, or a sweep's trials': :meth:`TrainConfig.idle_fields`, ``--n-epochs``
+    under A2C, ``--use-sde`` on discrete actions), as the Train form says of odd combinations;
+    nothing for a field left alone."""
+    idle = [config.idle_fields() for config in configs]
+    return [f"note: {FIELD_SPECS[name].flags[0]} has no effect: {idle[0][name]}"
+            for name in FIELD_SPECS
+            if hasattr(args, name) and all(name in each for each in idle)]  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
