@@ -189,3 +189,18 @@ def test_a_run_that_fails_says_why_in_one_line_and_keeps_its_traceback(tmp_path)
     with RunStore(data, recover=False) as store:
         (run,) = store.list_runs()
         assert run.status == "failed" and run.error.startswith("Traceback")
+
+
+def test_an_env_module_that_registers_nothing_is_named_by_the_unknown_ids_message(
+    tmp_path, monkeypatch
+):
+    from gae_core.agent.envs import env_id_problem
+
+    (tmp_path / "registers_nothing.py").write_text("ANSWER = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV_MODULES_VAR, "registers_nothing")
+    problem = env_id_problem("Mine/Corridor-v0")
+    assert problem.startswith("'Mine/Corridor-v0' is not a registered environment")
+    assert problem.endswith("(env module registers_nothing registered no env)"), problem
+    monkeypatch.delenv(ENV_MODULES_VAR)
+    assert "name the module with --env-module" in env_id_problem("Mine/Corridor-v0")

@@ -146,11 +146,13 @@ def env_id_problem(env_id: object) -> str | None:
             f"must be a registered gymnasium id, not a 'module:Class' path; one of: {supported()}"
         )
     if env_id not in gym.envs.registry:
-        return (
-            f"{env_id!r} is not a registered environment; supported: {supported()} (an env "
-            f"your own module registers: name the module with --env-module, or "
-            f"{ENV_MODULES_VAR} for the dashboard)"
-        )
+        # a module named that registered nothing (a typo in its register call, a guard that
+        # skipped it) is the likelier cause than an unnamed one: said first
+        empty = [name for name, ids in import_named_modules().items() if not ids]
+        hint = (f"env module {', '.join(empty)} registered no env" if empty else
+                "an env your own module registers: name the module with --env-module, or "
+                f"{ENV_MODULES_VAR} for the dashboard")  # fmt: skip
+        return f"{env_id!r} is not a registered environment; supported: {supported()} ({hint})"
     return _built(env_id)[0]
 
 
