@@ -96,12 +96,12 @@ def test_bad_flags_name_the_field_and_what_it_allows(tmp_path):
     assert backend.returncode == 2 and "invalid choice: 'spark'" in backend.stderr
     population = cli_in_process(tmp_path, "sweep", "--seeds", "0", "--population", "0")
     assert population.returncode == 2
-    assert "--population must be an integer in [1, 256], got 0" in one_line_error(population)
+    assert "--population: must be an integer in [1, 256], got 0" in one_line_error(population)
     ray_population = cli_in_process(
         tmp_path, "sweep", "--seeds", "0", "--backend", "ray", "--population", "300"
     )  # refused before Ray is imported or started
     assert ray_population.returncode == 2
-    assert "--population must be an integer in [1, 256], got 300" in one_line_error(ray_population)
+    assert "--population: must be an integer in [1, 256], got 300" in one_line_error(ray_population)
     assert not (tmp_path / DB_FILENAME).exists()
 
 
@@ -499,3 +499,16 @@ def test_the_data_folder_path_is_shown_without_control_characters(tmp_path):
     assert refused.returncode == 1
     line = one_line_error(refused)
     assert "\x1b" not in line and "f[2Jile is a file, not a folder" in line, line
+
+
+def test_runs_names_a_missing_sweep_and_the_store_it_read_and_writes_a_csv_alone(tmp_path):
+    with RunStore(tmp_path) as store:
+        run_id = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="one")
+    missing = cli_in_process(tmp_path, "runs", "--sweep", "nosuch")
+    assert missing.returncode == 1 and "no sweep 'nosuch'" in missing.stderr, missing.stderr
+    empty = cli_in_process(tmp_path / "elsewhere", "runs")
+    assert empty.returncode == 0
+    assert empty.stderr.strip() == f"no runs in {tmp_path / 'elsewhere' / DB_FILENAME}"
+    csv = cli_in_process(tmp_path, "runs", "--csv", str(tmp_path / "runs.csv"))
+    assert csv.returncode == 0 and csv.stdout == "", csv.stdout  # the file, not the table too
+    assert run_id in (tmp_path / "runs.csv").read_text()

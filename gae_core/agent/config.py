@@ -392,7 +392,8 @@ def _check(f: dataclasses.Field, value: Any) -> Any:
         return value
     if meta["choices"] is not None:
         if value not in meta["choices"]:
-            raise ConfigError(f"{name} must be one of {list(meta['choices'])}, got {echo(value)}")
+            choices = ", ".join(map(str, meta["choices"]))
+            raise ConfigError(f"{name} must be one of {choices}, got {echo(value)}")
         return value
     if kind == "int":  # the one wording of a whole number out of its range (field_spec's)
         problem = int_problem(name, value, meta["min"], meta["max"])

@@ -207,7 +207,10 @@ def train(args: argparse.Namespace) -> int:
 
 def runs(args: argparse.Namespace) -> int:
     with open_store_for_reading(args) as store:
+        if args.sweep is not None:
+            store.get_sweep(args.sweep)  # StoreError (exit 1) naming it, as `summary` says
         found = store.list_runs(status=args.status, sweep_id=args.sweep)
+        where = terminal_text(store.path)
     if args.csv:
         frame = runs_frame(found)
         if args.csv == "-":
@@ -215,11 +218,12 @@ def runs(args: argparse.Namespace) -> int:
             return EXIT_OK
         to_csv(frame, args.csv)
         print(f"wrote {len(frame)} runs to {terminal_text(args.csv)}", file=sys.stderr)
+        return EXIT_OK  # the file was asked for, not the table as well
     if args.json:
         print_json([run_row(r) for r in found])
         return EXIT_OK
     if not found:
-        print("no runs", file=sys.stderr)
+        print(f"no runs in {where}", file=sys.stderr)  # (a mistyped --data-dir reads empty)
         return EXIT_OK
     print(f"{'RUN_ID':<12}  {'STATUS':<11}  {'ENV_STEPS':>11}  {'RETURN':>9}  {'SOLVED':<6}  NAME")
     for run in found:
@@ -314,7 +318,9 @@ def sweep(args: argparse.Namespace) -> int:
     try:
         backend = backend_factory(args.backend, args.address, members=members)
     except ConfigError as exc:
-        raise UsageError(f"--{exc}".replace("--members", "--population")) from None
+        text = f"--{exc}".replace("--members", "--population")
+        flag, _, rest = text.partition(" ")  # as every flag's message: "--population: …"
+        raise UsageError(f"{flag.rstrip(':')}: {rest}") from None
     held = base if hasattr(args, "critic_target") else hold_critic_target(base, grid)
     trials = expand_grid(held, grid)  # ConfigError (exit 2) before a store, a bar or a sweep
     if args.name:  # as start_sweep checks it, before a store, a bar or a sweep exists
