@@ -343,6 +343,9 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
         assert record.id == report["result_id"] and record.critic_step == steps[0]
         stored = store.load_lab_result(record.id)
         assert stored["estimators"]["mse"][-1] == pytest.approx(report["lambdas"][-1]["mse"])
+        # V^π − V̂ per state, reported apart as the README says
+        assert report["state_offsets"] == pytest.approx(stored["states"]["offset"])
+        assert len(report["state_offsets"]) == report["states"] == 4
     # two critics: the first one's figures on top, both under "critics"
     both = cli("lab", run_id, *small, "--critic-step", str(steps[0]), "--critic-step",
                str(steps[-1]), "--json", "--no-progress")  # fmt: skip
@@ -378,6 +381,7 @@ def test_the_lab_says_what_it_measures_for_a_gsde_run(tmp_path):
     done = cli("lab", run_id, *small, "--lambdas", "0", "1", "--ks", "1", "--no-progress")
     assert done.returncode == 0, done.stderr
     assert GSDE_NOTE in done.stderr and "Least MSE at λ = " in done.stdout
+    assert "V^π(s) − V̂(s), a state-only offset that does not bias the policy" in done.stdout
     assert f"note: {BIAS2_NOTE}." in done.stdout
 
 

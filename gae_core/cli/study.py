@@ -127,6 +127,10 @@ def lab(args: argparse.Namespace) -> int:
                 f"{row['mse']:>12.4g}  [{row['ci_low']:.4g}, {row['ci_high']:.4g}]"
             )
         print(f"{result.sentence()}.")  # what the page says under the same numbers
+        offsets = result.states["offset"]
+        print(f"V^π(s) − V̂(s), a state-only offset that does not bias the policy gradient: "
+              f"mean {offsets.mean():.4g}, mean |·| {offsets.abs().mean():.4g} over the "
+              f"{len(offsets)} states")  # fmt: skip
         if report["horizon_note"]:
             print(report["horizon_note"])
     print(f"note: {BIAS2_NOTE}.")
@@ -237,7 +241,8 @@ def gradient_report(result_id: str, result: Any) -> dict[str, Any]:
 def lab_report(result_id: str, result: Any) -> dict[str, Any]:
     """The ``lab --json`` object: per λ and per k, bias², variance and MSE with bootstrap
     intervals across states at the measurement's ``confidence`` (``ci_low``/``ci_high``: the
-    MSE's; ``bias2_ci_*``, ``variance_ci_*`` the others')."""
+    MSE's; ``bias2_ci_*``, ``variance_ci_*`` the others'), and each state's V^π − V̂
+    (``state_offsets``)."""
     frame = result.estimators
 
     def rows(kind: str, key: str) -> list[dict[str, Any]]:
@@ -269,6 +274,8 @@ def lab_report(result_id: str, result: Any) -> dict[str, Any]:
         "discount_left": result.discount_left,
         "horizon_note": result.horizon_note(),
         "best_lambda": result.best_lambda(),
+        # V^π(s) − V̂(s) per state: reported apart, as it does not bias the policy gradient
+        "state_offsets": [float(x) for x in result.states["offset"]],
         "delta": {k: v for k, v in rows("delta", "k")[0].items() if k != "k"},
         "lambdas": rows("gae", "lambda"),
         "ks": rows("k_step", "k"),
