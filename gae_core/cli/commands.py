@@ -366,8 +366,9 @@ def sweep(args: argparse.Namespace) -> int:
         backend=backend,
     )
     print(
-        f"sweep {handle.sweep_id}: {len(handle.run_ids)} trials on {handle.workers} "
-        f"{args.backend} workers "
+        f"sweep {handle.sweep_id}: {len(handle.run_ids)} trial"
+        f"{'' if len(handle.run_ids) == 1 else 's'} on {handle.workers} {args.backend} worker"
+        f"{'' if handle.workers == 1 else 's'} "
         f"in {terminal_text(store.path)}",
         file=sys.stderr,
         flush=True,
@@ -405,6 +406,8 @@ def sweep(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
+        if found:  # the columns as `runs` heads them
+            print(f"{'RUN_ID':<12}  {'STATUS':<11}  {'ENV_STEPS':>11}  {'RETURN':>9}  NAME")
         for run in found:
             status = "not started" if run.never_started else run.status
             print(
