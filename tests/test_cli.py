@@ -41,10 +41,10 @@ def _wait_for_metrics(data: Path, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (data / "runs.sqlite3").exists():
-            with RunStore(data, recover=False) as store:
-                runs = store.list_runs()
-                if runs and len(store.metrics(runs[0].id)) > 0:
-                    return runs[0].id
+            with RunStore(data, recover=False) as store:  # (a sweep's: the one training)
+                for run in store.list_runs():
+                    if len(store.metrics(run.id)) > 0:
+                        return run.id
         time.sleep(0.1)
     raise AssertionError("no metrics appeared")
 
@@ -320,13 +320,7 @@ def test_a_cancelled_sweep_tells_stopped_trials_from_those_that_never_started(tm
                   "--total-steps", "100000000", "--workers", "1", "--population", "1",
                   *TINY_FLAGS, "--no-progress")  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if (tmp_path / "data" / "runs.sqlite3").exists():
-                with RunStore(tmp_path / "data", recover=False) as store:
-                    if any(r.env_steps > 0 for r in store.list_runs()):
-                        break
-            time.sleep(0.1)
+        _wait_for_metrics(tmp_path / "data")
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
