@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = [
     "ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label", "run_label",
-    "stored_algo",
+    "stored_algo", "value_text",
 ]  # fmt: skip
 
 #: The algorithms' names as people write them (``TrainConfig.algo`` → name).
@@ -94,9 +94,15 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def value_text(field: str, value: Any) -> str:
+    """A field's value as people read it (:func:`format_value`); an algorithm as its name
+    (``PPO``, not ``ppo``)."""
+    return format_value(algorithm_name(value) if field == "algo" and value in ALGORITHMS
+                        else value)  # fmt: skip
+
+
 def assignment(field: str, value: Any) -> str:
     """``λ = 0.95``: a field set to a value, in one format everywhere — a curve or a group of
-    seeds in a comparison, a run's default name, a sweep trial's name, a chart's marker. An
-    algorithm reads as its name (``algorithm = PPO``)."""
-    shown = algorithm_name(value) if field == "algo" and value in ALGORITHMS else value
-    return f"{label(field)} = {format_value(shown)}"
+    seeds in a comparison, a run's default name, a sweep trial's name, a chart's marker
+    (:func:`value_text`: ``algorithm = PPO``)."""
+    return f"{label(field)} = {value_text(field, value)}"

@@ -14,7 +14,15 @@ from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, exports, grid, provenance, stats, views
-from gae_core.labels import algorithm_name, assignment, format_value, label, run_label, stored_algo
+from gae_core.labels import (
+    algorithm_name,
+    assignment,
+    format_value,
+    label,
+    run_label,
+    stored_algo,
+    value_text,
+)
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.backends import DEFAULT_MEMBERS, backend_factory, ray_installed
 from gae_core.runs.sweep import (
@@ -450,7 +458,7 @@ for score in ("final_return", "auc"):
                 shown[base], shown[f"{base}_ci_low"], shown[f"{base}_ci_high"], strict=True
             )
         ]
-shown[label(group)] = [format_value(v) for v in shown[group]]
+shown[label(group)] = [value_text(group, v) for v in shown[group]]
 columns = [label(group), "seeds", *cells]
 if (summary["runs"] != summary["seeds"]).any():  # a seed's runs averaged: say how many
     columns.insert(2, "runs")

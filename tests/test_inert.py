@@ -270,6 +270,9 @@ def test_an_assignment_reads_as_people_write_it():
     assert assignment("total_steps", 500_000) == "budget (env steps) = 500,000"
     assert assignment("algo", "ppo") == "algorithm = PPO"  # as every label writes it
     assert assignment("algo", "a2c") == "algorithm = A2C"
+    from gae_core.labels import value_text
+
+    assert value_text("algo", "ppo") == "PPO" and value_text("gamma", 0.99) == "0.99"
 
 
 def test_the_final_return_says_where_its_window_of_episodes_starts(tmp_path):

@@ -19,7 +19,7 @@ from gae_core.cli.commands import (
     progress_bar,
 )
 from gae_core.inert import terminal_text
-from gae_core.labels import assignment, format_value, label
+from gae_core.labels import assignment, format_value, label, value_text
 
 
 def _lab_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -358,7 +358,7 @@ def summary(args: argparse.Namespace) -> int:
         final, auc = entry["final_return"], entry["auc"]
         cells_ = [_cell(final, "iqm"), _cell(final, "mean"), _cell(auc, "iqm"), _cell(auc, "mean")]
         seeds = f"{entry['seeds']:>6}" + (f"{entry['runs']:>6}" if several else "")
-        rows.append((f"{format_value(entry['value']):>10}{seeds}  ", cells_))
+        rows.append((f"{value_text(group, entry['value']):>10}{seeds}  ", cells_))
     heads = [f"{c} [CI]" for c in columns]
     width = 2 + max(len(c) for c in heads + [c for _, cells_ in rows for c in cells_])
     print((f"{label(group):>10}{counts}  " + "".join(f"{c:<{width}}" for c in heads)).rstrip())
