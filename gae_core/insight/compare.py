@@ -22,6 +22,7 @@ from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.labels import assignment, format_value
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
+from gae_core.storage.records import STATUSES
 from gae_core.storage.store import RunStore
 
 #: The common env-step grid every run's curve is put on, and the AUC is taken over.
@@ -396,11 +397,8 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
         return None
     said = Counter("not started" if getattr(r, "never_started", False) else r.status
                    for r in unfinished)  # fmt: skip
-    order = ["running", "queued", "stopped", "failed", "interrupted", "not started"]
-    how = ", ".join(
-        f"{said[status]} {status}"
-        for status in sorted(said, key=lambda s: order.index(s) if s in order else 0)
-    )
+    order = [*STATUSES, "not started"]  # the store's order, never-started trials last
+    how = ", ".join(f"{said[status]} {status}" for status in sorted(said, key=order.index))
     verb = "has not finished its" if len(unfinished) == 1 else "have not finished their"
     text = f"{len(unfinished)} of these {len(runs)} runs {verb} budget ({how})"
     drawn = set(episodes["run_id"]) if not episodes.empty else set()
