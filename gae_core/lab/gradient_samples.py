@@ -33,9 +33,8 @@ SCORE_CHUNK = 2048
 #: The progress a unit of each part of the lens counts, against a reference sample's 1 (its
 #: env step, its score and its Monte-Carlo return): an env step of a batch's window (no score
 #: yet), and a batch sample's gradient for one critic (its score and every estimator's
-#: advantages). Measured: a reference sample took 25–30 µs, a window's env step 1–13 µs and a
-#: batch sample per critic 26 µs (CartPole, Pendulum); so the ETA, elapsed time over the
-#: share done, holds from the start rather than running a few times short.
+#: advantages), in the ratio of their measured costs (docs/PERFORMANCE.md, "The gradient
+#: lens's ETA"), so that the ETA, elapsed time over the share done, holds from the start.
 WINDOW_STEP_COST, BATCH_SAMPLE_COST = 0.2, 0.9
 #: The share of a reference sample's 1 counted when its step is played; the rest when its
 #: score is taken, at the end of its round of episodes (most of its cost on CartPole).
