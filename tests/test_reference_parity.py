@@ -1,0 +1,244 @@
+"""Our update against Stable-Baselines3's, the presets' reference, on the same rollout.
+
+SB3 collects a rollout with its own policy and computes its GAE; our trainer's member 0 takes
+SB3's weights, and our :class:`~gae_core.agent.update.Learner` learns from SB3's rows, in
+SB3's row order, drawing SB3's minibatch permutations. One update on each side must then end
+at the same weights (to float32 rounding) and report the same losses: the same objective,
+minibatch epochs, advantage standardisation, value clip, KL stop, gradient-norm clip and
+optimizer step (Adam for PPO, RMSprop for A2C), by autograd and by hand. Our GAE on SB3's
+rows gives SB3's advantages, time-limit bootstraps included. What these tests leave out is
+the collect itself: SB3's envs reset in the step that ends an episode, ours in the next
+(``gae_core.agent.envs``), so the two never see the same stream of observations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from gae_core import metrics as M
+from gae_core.agent.config import TrainConfig
+from gae_core.agent.trainer import Trainer
+from gae_core.agent.update import Batch
+from gae_core.estimators import gae
+
+ENVS, STEPS = 4, 32  # a rollout of 128 rows: CartPole's random policy ends episodes in it
+TIME_LIMIT = 12  # every env truncates inside the rollout: GAE's bootstrap rows
+ATOL = 2e-6  # float32 rounding of a few steps; an update moves some weight by ≥ 100 × this
+
+
+def _sb3(algo: str, env_id: str, **hyper):
+    """An SB3 model with our networks' shape (64 × 64 tanh, separate actor and critic) and one
+    rollout collected by its own loop."""
+    env = DummyVecEnv([lambda: gym.make(env_id, max_episode_steps=TIME_LIMIT)] * ENVS)
+    kind = PPO if algo == "ppo" else A2C
+    model = kind(
+        "MlpPolicy", env, n_steps=STEPS, seed=3, device="cpu",
+        policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]},
+                       "activation_fn": torch.nn.Tanh},
+        **hyper,
+    )  # fmt: skip
+    _, callback = model._setup_learn(10 * ENVS * STEPS, None)
+    callback.on_training_start(locals(), globals())
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, STEPS)
+    return model
+
+
+def _ours(model, **fields) -> Trainer:
+    """Our trainer of one member with ``model``'s weights."""
+    config = TrainConfig(env_id=model.env.envs[0].spec.id, num_envs=ENVS, rollout_steps=STEPS,
+                         hidden_sizes=(64, 64), gamma=model.gamma, lambda_=model.gae_lambda,
+                         checkpoint_every=0, eval_every=0, record_episodes=0, **fields)  # fmt: skip
+    trainer = Trainer(config)
+    policy = model.policy
+    pairs = (
+        (trainer.actor, [*policy.mlp_extractor.policy_net, policy.action_net]),
+        (trainer.critic, [*policy.mlp_extractor.value_net, policy.value_net]),
+    )
+    with torch.no_grad():
+        for stack, modules in pairs:
+            layers = [m for m in modules if isinstance(m, torch.nn.Linear)]
+            for weight, bias, layer in zip(stack.weights, stack.biases, layers, strict=True):
+                weight[0].copy_(layer.weight.T)
+                bias[0, 0].copy_(layer.bias)
+        if trainer.log_std is not None:
+            trainer.log_std[0].copy_(policy.log_std)
+    return trainer
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    """SB3's ``swap_and_flatten``: ``[steps, envs, ...]`` → rows ``env · steps + step``."""
+    return array.swapaxes(0, 1).reshape(-1, *array.shape[2:])
+
+
+def _batch(model, trainer: Trainer, autograd_values: bool) -> Batch:
+    """SB3's rollout as our member 0's batch, in SB3's row order."""
+    buffer = model.rollout_buffer
+
+    def rows(array, dtype=torch.float32):
+        return torch.as_tensor(_flat(array), dtype=dtype)[None]
+
+    observations = rows(buffer.observations)
+    if isinstance(model.action_space, gym.spaces.Discrete):
+        actions = rows(buffer.actions[..., 0], torch.long)
+    else:
+        actions = rows(buffer.actions)
+    if autograd_values:  # A2C by autograd: the critic's values with their graph
+        values = trainer.critic(observations).squeeze(-1)
+    else:
+        values = rows(buffer.values)
+    batch = Batch(observations, actions, rows(buffer.advantages), rows(buffer.returns), values,
+                  torch.ones(1, ENVS * STEPS))  # fmt: skip
+    return batch
+
+
+class _SameOrder:
+    """Our member's minibatch order, drawn as SB3's buffer draws it (NumPy's global
+    ``permutation`` after ``np.random.seed(seed)``)."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = np.random.RandomState(seed)
+
+    def permutation(self, n: int) -> np.ndarray:
+        return self.state.permutation(n)
+
+
+def _assert_same_networks(model, trainer: Trainer, atol: float = ATOL) -> None:
+    ours = trainer.model_of(0)
+    policy = model.policy
+    pairs = (
+        (ours.actor, [*policy.mlp_extractor.policy_net, policy.action_net]),
+        (ours.critic, [*policy.mlp_extractor.value_net, policy.value_net]),
+    )
+    for mine, modules in pairs:
+        theirs = [m for m in modules if isinstance(m, torch.nn.Linear)]
+        linears = [m for m in mine if isinstance(m, torch.nn.Linear)]
+        for i, (a, b) in enumerate(zip(linears, theirs, strict=True)):
+            torch.testing.assert_close(a.weight, b.weight.detach(), rtol=0, atol=atol,
+                                       msg=lambda m, i=i: f"layer {i} weight: {m}")  # fmt: skip
+            torch.testing.assert_close(a.bias, b.bias.detach(), rtol=0, atol=atol)
+    if ours.log_std is not None:
+        torch.testing.assert_close(ours.log_std, policy.log_std.detach(), rtol=0, atol=atol)
+
+
+def _moved(model, before: dict[str, torch.Tensor]) -> float:
+    """The largest change of any parameter in SB3's update (the scale the tolerance is read
+    against)."""
+    after = model.policy.state_dict()
+    return max(float((after[k] - before[k]).abs().max()) for k in before)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_our_gae_on_sb3s_rows_is_sb3s(env_id):
+    """SB3 folds a time limit's bootstrap γ·V(s_T) into the reward and ends the chain there;
+    ours reads it as a truncation with V(s_T) as the next value. On SB3's rows (every env
+    truncates at least once, CartPole's also terminate) both give the same advantages."""
+    model = _sb3("ppo", env_id, gamma=0.97, gae_lambda=0.9)
+    buffer = model.rollout_buffer
+    starts = buffer.episode_starts
+    assert starts[1:].sum() >= ENVS  # episodes end inside the rollout
+    with torch.no_grad():
+        last = model.policy.predict_values(model.policy.obs_to_tensor(model._last_obs)[0])
+    ended = np.concatenate([starts[1:], model._last_episode_starts[None]]).astype(bool)
+    next_values = np.concatenate([buffer.values[1:], last.numpy().reshape(1, ENVS)])
+    ours = gae(buffer.rewards, buffer.values, next_values, ended, np.zeros_like(ended),
+               gamma=model.gamma, lambda_=model.gae_lambda)  # fmt: skip
+    np.testing.assert_allclose(ours, buffer.advantages, rtol=1e-5, atol=1e-5)
+
+
+PPO_CASES = {
+    # SB3's defaults but smaller minibatches: 4 epochs × 4 minibatches of 32 rows
+    "defaults": ({}, {}),
+    "entropy, value clip": (
+        {"ent_coef": 0.01, "clip_range_vf": 0.05},
+        {"entropy_coef": 0.01, "clip_range_vf": 0.05},
+    ),
+    "a KL stop": ({"target_kl": 1e-5}, {"target_kl": 1e-5}),
+    "raw advantages": ({"normalize_advantage": False}, {"normalize_advantages": False}),
+}
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("case", list(PPO_CASES))
+@pytest.mark.parametrize("by_hand", [True, False], ids=["by hand", "autograd"])
+def test_a_ppo_update_is_sb3s_on_the_same_rollout(env_id, case, by_hand):
+    """One PPO update (n_epochs passes in minibatches, Adam with eps 1e-5, the whole network's
+    gradient norm clipped to 0.5) ends at SB3's weights, with SB3's losses, KL and clip
+    fraction (not its approximate KL: SB3 logs its last epoch's mean, ours is the update's, so
+    their agreement shows in the KL stop's case instead); with a small KL target both stop
+    early, at the same minibatch."""
+    theirs, ours = PPO_CASES[case]
+    hyper = {"batch_size": 32, "n_epochs": 4, "learning_rate": 1e-3, **theirs}
+    model = _sb3("ppo", env_id, **hyper)
+    trainer = _ours(model, algo="ppo", minibatch_size=32, n_epochs=4, learning_rate=1e-3,
+                    optimizer="adam", **ours)  # fmt: skip
+    try:
+        batch = _batch(model, trainer, autograd_values=False)
+        trainer.learner._orders = [_SameOrder(11)]
+        before = {k: v.clone() for k, v in model.policy.state_dict().items()}
+        np.random.seed(11)  # noqa: NPY002 - SB3's buffer draws from NumPy's global state
+        model.train()
+        learned = trainer.learner.learn(batch, [True], [True], [0], by_hand=by_hand)
+        logged = model.logger.name_to_value
+        stepped_theirs = int(logged["train/n_updates"])
+        assert _moved(model, before) > 100 * ATOL
+        _assert_same_networks(model, trainer)
+        mine = learned.metrics[0]
+        if case == "a KL stop":
+            # SB3 counts the epochs it started; its means take the stopping minibatch's
+            # losses too, ours the steps taken, so only the weights are compared
+            steps = next(iter(model.policy.optimizer.state.values()))["step"]
+            assert stepped_theirs < 4  # SB3 stopped early
+            assert trainer.optimizer.steps == int(steps)  # and we at the same minibatch
+            return
+        assert stepped_theirs == 4
+        for key, sb3_key, sign in (
+            (M.POLICY_LOSS.key, "train/policy_gradient_loss", 1.0),
+            (M.VALUE_LOSS.key, "train/value_loss", 1.0),
+            (M.ENTROPY.key, "train/entropy_loss", -1.0),
+            (M.CLIP_FRACTION.key, "train/clip_fraction", 1.0),
+            (M.EXPLAINED_VARIANCE.key, "train/explained_variance", 1.0),
+        ):
+            assert mine[key] == pytest.approx(sign * logged[sb3_key], rel=1e-4, abs=1e-6), key
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("by_hand", [True, False], ids=["by hand", "autograd"])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_an_a2c_update_is_sb3s_on_the_same_rollout(env_id, by_hand, entropy_coef):
+    """One A2C step (RMSprop α = 0.99, eps 1e-5, the gradient norm clipped to 0.5) ends at
+    SB3's weights with SB3's losses, by hand (the rollout's activations kept) and by
+    autograd."""
+    model = _sb3("a2c", env_id, ent_coef=entropy_coef, learning_rate=7e-4)
+    trainer = _ours(model, algo="a2c", optimizer="rmsprop", learning_rate=7e-4,
+                    entropy_coef=entropy_coef, normalize_advantages=False)  # fmt: skip
+    try:
+        batch = _batch(model, trainer, autograd_values=not by_hand)
+        if by_hand:
+            batch = dataclasses.replace(
+                batch,
+                actor_pass=trainer.actor.layers(batch.observations),
+                critic_pass=trainer.critic.layers(batch.observations),
+            )
+        before = {k: v.clone() for k, v in model.policy.state_dict().items()}
+        model.train()
+        learned = trainer.learner.learn(batch, [True], [True], [0])
+        assert _moved(model, before) > 100 * ATOL
+        _assert_same_networks(model, trainer)
+        logged, mine = model.logger.name_to_value, learned.metrics[0]
+        for key, sb3_key, sign in (
+            (M.POLICY_LOSS.key, "train/policy_loss", 1.0),
+            (M.VALUE_LOSS.key, "train/value_loss", 1.0),
+            (M.ENTROPY.key, "train/entropy_loss", -1.0),
+        ):
+            assert mine[key] == pytest.approx(sign * logged[sb3_key], rel=1e-4, abs=1e-6), key
+    finally:
+        trainer.close()
