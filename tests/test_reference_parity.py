@@ -6,9 +6,11 @@ SB3's row order, drawing SB3's minibatch permutations. One update on each side m
 at the same weights (to float32 rounding) and report the same losses: the same objective,
 minibatch epochs, advantage standardisation, value clip, KL stop, gradient-norm clip and
 optimizer step (Adam for PPO, RMSprop for A2C), by autograd and by hand. Our GAE on SB3's
-rows gives SB3's advantages, time-limit bootstraps included. What these tests leave out is
-the collect itself: SB3's envs reset in the step that ends an episode, ours in the next
-(``gae_core.agent.envs``), so the two never see the same stream of observations.
+rows gives SB3's advantages, time-limit bootstraps included, and our normalisation on the same
+episodes gives ``VecNormalize``'s numbers. What differs is the collect's layout: SB3's envs
+reset in the step that ends an episode, ours in the next (``gae_core.agent.envs``), a row
+that PPO's minibatches carry with weight 0, so a minibatch of ours holds up to its size in
+valid rows where SB3's holds exactly that many.
 """
 
 from __future__ import annotations
@@ -240,5 +242,89 @@ def test_an_a2c_update_is_sb3s_on_the_same_rollout(env_id, by_hand, entropy_coef
             (M.ENTROPY.key, "train/entropy_loss", -1.0),
         ):
             assert mine[key] == pytest.approx(sign * logged[sb3_key], rel=1e-4, abs=1e-6), key
+    finally:
+        trainer.close()
+
+
+class _Scripted(gym.Env):
+    """Episodes scripted by env index (its first reset's seed), episode and step, actions
+    ignored: the same lengths in every env (so both vector envs count their samples in the
+    same batches), terminations and truncations in turn, and an outlier observation and
+    reward that the ±10 clips cut."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    LENGTHS = (4, 7, 5, 9, 6)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.index, self.episode = seed, 0
+        else:
+            self.episode += 1
+        self.t = 0
+        return self._observation(), {}
+
+    def _observation(self) -> np.ndarray:
+        i, e, t = self.index, self.episode, self.t
+        x = [np.sin(1.3 * t + i) * (1 + e), np.cos(0.7 * t * i) + 5.0, (t * i) % 3]
+        if (i, e, t) == (0, 6, 1):  # past 100 samples: far beyond 10 of their stds
+            x[0] = 1e3
+        return np.array(x, np.float32)
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.LENGTHS[self.episode % len(self.LENGTHS)]
+        outlier = (self.index, self.episode, self.t) == (0, 7, 2)
+        reward = float(np.cos(self.t + self.index)) + (1e3 if outlier else 0.0)
+        terminated = end and self.episode % 2 == 0
+        return self._observation(), reward, terminated, end and not terminated, {}
+
+
+gym.register("ParityScripted-v0", entry_point=_Scripted)
+
+
+def test_our_normalisation_is_vecnormalizes_on_the_same_episodes():
+    """Fed the same episodes, our trainer's observation and reward normalisation gives what
+    SB3's ``VecNormalize`` (the presets' reference) gives: every normalised observation a
+    policy acts on, every normalised reward of a transition, and the statistics at the end.
+    Our envs reset in the step after an episode's end (an invalid row, whose final
+    observation is not counted); SB3's in the same step."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    sb3 = VecNormalize(DummyVecEnv([lambda: _Scripted()] * ENVS), gamma=0.99)
+    sb3.seed(0)
+    acted, rewards = [sb3.reset()], []
+    config = TrainConfig(env_id="ParityScripted-v0", num_envs=ENVS, rollout_steps=STEPS,
+                         gamma=0.99, normalize_observations=True, normalize_rewards=True,
+                         checkpoint_every=0, eval_every=0, record_episodes=0)  # fmt: skip
+    trainer = Trainer(config)
+    try:
+        ours_acted, ours_rewards = [], []
+        for _ in range(3):
+            trainer.collect([0])
+            rollout = trainer._batch
+            valid = rollout.valid.all(1)
+            assert (rollout.valid.any(1) == valid).all()  # every env resets in the same step
+            ours_acted.append(rollout.observations[:-1][valid])
+            ours_rewards.append(rollout.rewards[valid])
+        ours_acted, ours_rewards = np.concatenate(ours_acted), np.concatenate(ours_rewards)
+        transitions = len(ours_rewards)
+        assert transitions < 3 * STEPS  # reset rows were skipped
+        for _ in range(transitions):
+            observations, reward, _, _ = sb3.step(np.zeros(ENVS, np.int64))
+            acted.append(observations)
+            rewards.append(reward)
+        acted, rewards = np.stack(acted[:transitions]), np.stack(rewards)
+        assert np.abs(acted).max() == pytest.approx(10.0)  # the outliers were clipped
+        assert np.abs(rewards).max() == pytest.approx(10.0)
+        np.testing.assert_allclose(ours_acted, acted, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ours_rewards, rewards, rtol=1e-5, atol=1e-5)
+        # (SB3 takes a batch's moments in float32, the observations' dtype; ours in float64)
+        state = trainer.normalizers.state(0)
+        np.testing.assert_allclose(state["obs_mean"], sb3.obs_rms.mean, rtol=1e-6)
+        np.testing.assert_allclose(state["obs_var"], sb3.obs_rms.var, rtol=1e-6)
+        assert float(state["obs_count"]) == pytest.approx(sb3.obs_rms.count, rel=1e-12)
+        assert float(state["return_var"]) == pytest.approx(float(sb3.ret_rms.var), rel=1e-6)
     finally:
         trainer.close()
