@@ -343,6 +343,43 @@ def test_ppo_takes_every_minibatch_step_of_every_epoch_without_target_kl():
         trainer.close()
 
 
+def test_each_ppo_minibatch_but_a_members_last_holds_exactly_its_size_in_valid_rows(monkeypatch):
+    """SB3's minibatches hold ``batch_size`` rows, all transitions. Ours order a member's
+    invalid rows (NEXT_STEP reset rows) after its valid ones: in every epoch each member's
+    minibatches hold exactly ``minibatch_size`` valid rows until its valid rows run out, the
+    last taking what is left, and together all of them; minibatches past every member's valid
+    rows are not taken at all."""
+    seen = []
+    take = update_module.Learner._minibatch
+
+    def spy(self, inputs, rollout, coefficients, index=None):
+        out = take(self, inputs, rollout, coefficients, index)
+        seen.append(out[1].mask.sum(1).tolist())
+        return out
+
+    monkeypatch.setattr(update_module.Learner, "_minibatch", spy)
+    trainer = _trainer(n_epochs=2)
+    try:
+        short = 0
+        for _ in range(6):
+            seen.clear()
+            trainer.step()
+            valid = trainer._batch.valid.reshape(16, 2, 4).sum((0, 2)).tolist()  # per member
+            parts = -(-max(valid) // 16)
+            assert len(seen) == 2 * parts
+            for epoch in (seen[:parts], seen[parts:]):
+                for m in range(2):
+                    full, rest = divmod(valid[m], 16)
+                    expected = [16] * full + [rest] * (rest > 0)
+                    assert [int(part[m]) for part in epoch] == expected + [0] * (
+                        parts - len(expected)
+                    )
+            short += sum(v < 64 for v in valid)
+        assert short  # some rollouts had reset rows
+    finally:
+        trainer.close()
+
+
 def test_ppos_target_kl_stops_only_the_member_past_it_before_its_step():
     """SB3's rule: before a minibatch's step, a member whose approximate KL exceeds 1.5 ×
     target_kl takes no more steps on this rollout. The first minibatch has KL 0 (the policy

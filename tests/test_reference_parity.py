@@ -8,9 +8,9 @@ minibatch epochs, advantage standardisation, value clip, KL stop, gradient-norm 
 optimizer step (Adam for PPO, RMSprop for A2C), by autograd and by hand. Our GAE on SB3's
 rows gives SB3's advantages, time-limit bootstraps included, and our normalisation on the same
 episodes gives ``VecNormalize``'s numbers. What differs is the collect's layout: SB3's envs
-reset in the step that ends an episode, ours in the next (``gae_core.agent.envs``), a row
-that PPO's minibatches carry with weight 0, so a minibatch of ours holds up to its size in
-valid rows where SB3's holds exactly that many.
+reset in the step that ends an episode, ours in the next (``gae_core.agent.envs``), an invalid
+row that PPO's epochs order after the valid ones (``gae_core.agent.update``), so a rollout
+of ours holds a few transitions fewer than its rows and the same minibatches of valid rows.
 """
 
 from __future__ import annotations

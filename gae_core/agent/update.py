@@ -8,10 +8,11 @@ standardised per minibatch where the member asks; before each minibatch's step i
 approximate KL with ``1.5 × target_kl`` and, past it, the member takes no more steps on this
 rollout (SB3's rule). Where one minibatch holds every row (CartPole's Zoo row) there is no
 order to draw: each member's loss is a mean over its rows, so the order changes nothing, and
-every epoch takes the rows as they are. Rows are the rollout's rows; a member's NEXT_STEP reset
-rows and rows past its budget are in its minibatches with weight 0 (its means run over its
-valid rows), so a minibatch holds up to ``minibatch_size`` valid rows where SB3's holds exactly
-that many.
+every epoch takes the rows as they are. Rows are the rollout's rows: a member's epoch takes
+its valid rows in its drawn order, then its invalid ones (NEXT_STEP reset rows, rows past its
+budget), which ride with weight 0 (its means run over its valid rows). So each of its
+minibatches holds exactly ``minibatch_size`` valid rows, as SB3's do, but the last one with a
+valid row, which takes what is left.
 
 Every gradient step is the same for both: autograd of the sum of the stepping members' losses
 (:mod:`gae_core.agent.losses`; a member's parameters are its own slice of the stacks, so it
@@ -148,6 +149,13 @@ class _Sums:
         ]
 
 
+def _valid_rows_first(rng: np.random.Generator, valid: np.ndarray) -> np.ndarray:
+    """One member's row order for a PPO epoch: its valid rows (``valid [R]``) in an order drawn
+    from ``rng``, then its invalid rows (module docstring)."""
+    rows = np.flatnonzero(valid)
+    return np.concatenate([rows[rng.permutation(len(rows))], np.flatnonzero(~valid)])
+
+
 class Learner:
     """The update of one trainer's members (module docstring)."""
 
@@ -275,17 +283,21 @@ class Learner:
         # One minibatch holding every row (CartPole's Zoo row): each member's loss is a mean
         # over its rows, so their order changes nothing, and the rows, their standardised
         # advantages and the members with a valid row are the same at every epoch.
-        whole = None
+        whole = valid = None
         if self.minibatch >= rows:
             whole = self._minibatch(inputs, rollout, coefficients)
+        else:
+            valid = host(batch.mask) > 0
+            ordered = int(valid.sum(1).max())  # past these, every member's rows are invalid
         for _ in range(self.epochs):
             if whole is None:
-                order = np.stack([rng.permutation(rows) for rng in self._orders])
+                order = np.stack([_valid_rows_first(rng, rows_valid) for rng, rows_valid
+                                  in zip(self._orders, valid, strict=True)])  # fmt: skip
                 order = torch.from_numpy(order).to(device)
                 parts = (
                     self._minibatch(inputs, rollout, coefficients,
                                     order[:, start : start + self.minibatch])
-                    for start in range(0, rows, self.minibatch)
+                    for start in range(0, ordered, self.minibatch)
                 )  # fmt: skip
             else:
                 parts = (whole,)
