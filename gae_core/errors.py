@@ -6,7 +6,7 @@ as one line and the dashboard shows it as is.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "StoreError", "StoreFull", "UnsupportedEnvError"]
+__all__ = ["ConfigError", "NoStore", "StoreError", "StoreFull", "UnsupportedEnvError"]
 
 
 class ConfigError(ValueError):
@@ -21,6 +21,11 @@ class UnsupportedEnvError(ConfigError):
 class StoreError(RuntimeError):
     """The run store cannot do what was asked: unknown run, damaged or unreadable database
     (the message names the path), newer schema, run still active."""
+
+
+class NoStore(StoreError):
+    """A store was to be opened, not made, and its folder holds none (the message names the
+    file it looked for)."""
 
 
 class StoreFull(StoreError):

@@ -174,7 +174,8 @@ def test_bad_config_exits_2_naming_the_field(tmp_path):
     not_a_number = cli_in_process(tmp_path / "data", "train", "--gamma", "abc")
     assert not_a_number.returncode == 2 and "--gamma" in not_a_number.stderr
     listed = cli_in_process(tmp_path / "data", "runs", "--json")
-    assert _last_json(listed.stdout) == []  # nothing was created
+    assert listed.returncode == 1 and "no run store at" in listed.stderr  # nothing was created
+    assert not (tmp_path / "data").exists()
 
 
 @pytest.mark.slow

@@ -501,14 +501,32 @@ def test_the_data_folder_path_is_shown_without_control_characters(tmp_path):
     assert "\x1b" not in line and "f[2Jile is a file, not a folder" in line, line
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["runs"], ["export", "abc", "--csv", "-"], ["summary", "abc"], ["lab", "abc"],
+     ["stop", "abc"], ["rename", "abc", "new"], ["delete", "abc"]],
+)  # fmt: skip
+def test_a_command_on_a_folder_without_a_store_names_it_and_creates_nothing(tmp_path, command):
+    """A mistyped --data-dir: every command that acts on stored runs says there is no store
+    there (exit 1, one line) and leaves no folder or empty store behind."""
+    missing = tmp_path / "typo"
+    done = cli_in_process(missing, *command)
+    assert done.returncode == 1, done.stderr
+    line = one_line_error(done)
+    assert f"no run store at {missing / DB_FILENAME}: name its folder with --data-dir" in line
+    assert not missing.exists()
+
+
 def test_runs_names_a_missing_sweep_and_the_store_it_read_and_writes_a_csv_alone(tmp_path):
     with RunStore(tmp_path) as store:
         run_id = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="one")
     missing = cli_in_process(tmp_path, "runs", "--sweep", "nosuch")
     assert missing.returncode == 1 and "no sweep 'nosuch'" in missing.stderr, missing.stderr
-    empty = cli_in_process(tmp_path / "elsewhere", "runs")
+    with RunStore(tmp_path / "empty"):
+        pass
+    empty = cli_in_process(tmp_path / "empty", "runs")
     assert empty.returncode == 0
-    assert empty.stderr.strip() == f"no runs in {tmp_path / 'elsewhere' / DB_FILENAME}"
+    assert empty.stderr.strip() == f"no runs in {tmp_path / 'empty' / DB_FILENAME}"
     csv = cli_in_process(tmp_path, "runs", "--csv", str(tmp_path / "runs.csv"))
     assert csv.returncode == 0 and csv.stdout == "", csv.stdout  # the file, not the table too
     assert run_id in (tmp_path / "runs.csv").read_text()

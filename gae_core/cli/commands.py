@@ -17,10 +17,10 @@ from gae_core.agent.config import field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.field_spec import int_problem
 from gae_core.cli.flags import Unread, config_from_args, idle_flag_notes
-from gae_core.errors import ConfigError, StoreError
+from gae_core.errors import ConfigError, NoStore, StoreError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label
-from gae_core.storage.store import RunStore, open_for_reading
+from gae_core.storage.store import DATA_ENV_VAR, RunStore, open_for_reading
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -48,10 +48,16 @@ def open_store(args: argparse.Namespace) -> RunStore:
     return RunStore(getattr(args, "data_dir", None))
 
 
-def open_store_for_reading(args: argparse.Namespace) -> RunStore:
-    """The store, recovered if it can be written; read-only where the folder is read-only or
-    the disk is full (:func:`~gae_core.storage.store.open_for_reading`)."""
-    return open_for_reading(getattr(args, "data_dir", None))
+def open_existing_store(args: argparse.Namespace) -> RunStore:
+    """The store of a command that acts on what it holds (every command but ``train`` and
+    ``sweep``): recovered if it can be written; read-only where the folder is read-only or the
+    disk is full (:func:`~gae_core.storage.store.open_for_reading`). A folder with no store is
+    an error naming it (exit 1), so a mistyped ``--data-dir`` creates nothing."""
+    try:
+        return open_for_reading(getattr(args, "data_dir", None), create=False)
+    except NoStore as exc:
+        raise NoStore(f"{exc}: name its folder with --data-dir (default: ${DATA_ENV_VAR}, "
+                         "else ./runs)") from None  # fmt: skip
 
 
 def print_json(value: Any) -> None:
@@ -206,7 +212,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def runs(args: argparse.Namespace) -> int:
-    with open_store_for_reading(args) as store:
+    with open_existing_store(args) as store:
         if args.sweep is not None:
             store.get_sweep(args.sweep)  # StoreError (exit 1) naming it, as `summary` says
         found = store.list_runs(status=args.status, sweep_id=args.sweep)
@@ -223,7 +229,7 @@ def runs(args: argparse.Namespace) -> int:
         print_json([run_row(r) for r in found])
         return EXIT_OK
     if not found:
-        print(f"no runs in {where}", file=sys.stderr)  # (a mistyped --data-dir reads empty)
+        print(f"no runs in {where}", file=sys.stderr)
         return EXIT_OK
     print(f"{'RUN_ID':<12}  {'STATUS':<11}  {'ENV_STEPS':>11}  {'RETURN':>9}  {'SOLVED':<6}  NAME")
     for run in found:
@@ -236,7 +242,7 @@ def runs(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    with open_store_for_reading(args) as store:
+    with open_existing_store(args) as store:
         store.get_run(args.run_id)  # StoreError if unknown
         frame = store.metrics(args.run_id) if args.long else store.metrics_wide(args.run_id)
     if args.csv == "-":
@@ -434,14 +440,14 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def stop(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_existing_store(args) as store:
         status = store.request_stop(args.run_id)
     print(f"run {args.run_id}: {status} (a running run stops on its next flush)", file=sys.stderr)
     return EXIT_OK
 
 
 def rename(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_existing_store(args) as store:
         try:
             store.rename_run(args.run_id, args.name)
         except ValueError as exc:
@@ -450,7 +456,7 @@ def rename(args: argparse.Namespace) -> int:
 
 
 def delete(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_existing_store(args) as store:
         run = store.get_run(args.run_id)
         if run.active and args.force:
             # Stop it cleanly first, so its process ends and reports instead of failing on a

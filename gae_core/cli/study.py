@@ -13,8 +13,8 @@ from gae_core.cli.commands import (
     EXIT_OK,
     StopOnSignal,
     UsageError,
+    open_existing_store,
     open_store,
-    open_store_for_reading,
     print_json,
     progress_bar,
 )
@@ -28,7 +28,7 @@ def _lab_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     when given."""
     from gae_core.lab.jobs import check_run_env
 
-    with open_store_for_reading(args) as probe:
+    with open_existing_store(args) as probe:
         run = probe.get_run(args.run_id)
     check_run_env(run)
     options: dict[str, Any] = {
@@ -286,7 +286,7 @@ def summary(args: argparse.Namespace) -> int:
     """A sweep's per-group statistics (the λ comparison's numbers) as a table or JSON, with
     what they were made from (:mod:`gae_core.insight.provenance`); for a two-axis study (or
     with ``--second``) also the grid of one score (:mod:`gae_core.insight.grid`)."""
-    with open_store_for_reading(args) as store:
+    with open_existing_store(args) as store:
         sweep = store.get_sweep(args.sweep_id)  # StoreError (exit 1) for an unknown id
         # scipy.stats (0.9 s to import) only for the commands that print statistics
         from gae_core.insight import stats

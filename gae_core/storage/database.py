@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from gae_core.errors import StoreError, StoreFull
+from gae_core.errors import NoStore, StoreError, StoreFull
 from gae_core.storage.ownership import OWNER_COLUMNS, Owner, owner_alive
 from gae_core.storage.schema import SCHEMA_VERSION, migrate, refuse_newer
 
@@ -44,6 +44,7 @@ __all__ = [
     "Database",
     "folder_is_writable",
     "new_id",
+    "no_store",
     "resolve_data_dir",
 ]
 
@@ -57,6 +58,11 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
     if data_dir is None or str(data_dir) == "":
         data_dir = os.environ.get(DATA_ENV_VAR) or DEFAULT_DATA_DIR
     return Path(data_dir).expanduser()
+
+
+def no_store(path: Path) -> NoStore:
+    """What opening a store that must exist says where ``path`` (its file) is missing."""
+    return NoStore(f"no run store at {path}")
 
 
 def folder_is_writable(folder: Path) -> bool:
@@ -171,7 +177,7 @@ class Database:
             raise StoreError(f"{folder} is a file, not a folder: choose another data folder")
         if self.read_only:
             if not self.path.is_file():
-                raise StoreError(f"no run store at {self.path}")
+                raise no_store(self.path)
             # mode=ro needs the -shm file (or a writable folder to make one); a read-only
             # folder whose store was closed cleanly has neither, so fall back to immutable.
             uris = [f"file:{self.path}?mode=ro", f"file:{self.path}?immutable=1"]

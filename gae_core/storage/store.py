@@ -32,6 +32,7 @@ from gae_core.storage.database import (
     flag,
     folder_is_writable,
     new_id,
+    no_store,
     resolve_data_dir,
 )
 from gae_core.storage.lab_table import LabTable
@@ -378,12 +379,17 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         return {row[0] for row in self._read("SELECT DISTINCT run_id FROM trajectories")}
 
 
-def open_for_reading(data_dir: str | os.PathLike[str] | None = None, *, recover=True) -> RunStore:
+def open_for_reading(
+    data_dir: str | os.PathLike[str] | None = None, *, recover=True, create=True
+) -> RunStore:
     """The store at ``data_dir`` for what only reads it (``runs``, ``export``, the dashboard's
     CSV exports): opened for writing where it can be (a live store is read with its latest
     writes; recovered when ``recover``), read-only where the folder refuses new files or the
-    disk is full."""
+    disk is full. ``create=False``: a folder holding no store is a :class:`StoreError`
+    (:func:`~gae_core.storage.database.no_store`), not a new empty store."""
     folder = resolve_data_dir(data_dir)
+    if not create and not folder.is_file() and not (folder / DB_FILENAME).is_file():
+        raise no_store(folder / DB_FILENAME)
     try:
         if not folder.is_dir() or folder_is_writable(folder):
             return RunStore(folder, recover=recover)
