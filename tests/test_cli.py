@@ -104,7 +104,10 @@ def test_train_json_contract_runs_and_export(tmp_path):
     (row,) = _last_json(listed.stdout)
     assert row["run_id"] == run_id and row["status"] == "finished" and row["seed"] == 3
     table = cli(tmp_path / "data", "runs")
-    assert run_id in table.stdout and "finished" in table.stdout
+    head, line = table.stdout.strip().splitlines()
+    assert head.split() == ["RUN_ID", "STATUS", "ALGO", "ENV", "ENV_STEPS", "RETURN", "SOLVED",
+                            "NAME"]  # fmt: skip
+    assert line.split()[:4] == [run_id, "finished", "A2C", "CartPole-v1"]
 
     out = tmp_path / "metrics.csv"
     exported = cli(tmp_path / "data", "export", run_id, "--csv", str(out))

@@ -19,7 +19,7 @@ from gae_core.agent.field_spec import int_problem
 from gae_core.cli.flags import Unread, config_from_args, idle_flag_notes
 from gae_core.errors import ConfigError, NoStore, StoreError
 from gae_core.inert import terminal_text, to_csv
-from gae_core.labels import assignment, label
+from gae_core.labels import assignment, label, stored_algo, value_text
 from gae_core.storage.store import DATA_ENV_VAR, RunStore, open_for_reading
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
@@ -231,12 +231,15 @@ def runs(args: argparse.Namespace) -> int:
     if not found:
         print(f"no runs in {where}", file=sys.stderr)
         return EXIT_OK
-    print(f"{'RUN_ID':<12}  {'STATUS':<11}  {'ENV_STEPS':>11}  {'RETURN':>9}  {'SOLVED':<6}  NAME")
-    for run in found:
+    envs = [terminal_text(r.config.get("env_id", "")) for r in found]
+    wide = max(len("ENV"), *map(len, envs))
+    print(f"{'RUN_ID':<12}  {'STATUS':<11}  ALGO  {'ENV':<{wide}}  {'ENV_STEPS':>11}  "
+          f"{'RETURN':>9}  {'SOLVED':<6}  NAME")  # fmt: skip
+    for run, env in zip(found, envs, strict=True):
         print(
-            f"{run.id:<12}  {run.status:<11}  {run.env_steps:>11,}  "
-            f"{_fmt(run.summary.final_return, '9.2f'):>9}  {_fmt(run.summary.solved_state):<6}  "
-            f"{terminal_text(run.name)}"
+            f"{run.id:<12}  {run.status:<11}  {value_text('algo', stored_algo(run.config)):<4}  "
+            f"{env:<{wide}}  {run.env_steps:>11,}  {_fmt(run.summary.final_return, '9.2f'):>9}  "
+            f"{_fmt(run.summary.solved_state):<6}  {terminal_text(run.name)}"
         )
     return EXIT_OK
 
