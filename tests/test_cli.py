@@ -165,6 +165,47 @@ def test_train_starts_from_the_envs_preset_and_stores_the_resolved_config(tmp_pa
     assert stored["optimizer"] == "rmsprop" and stored["total_steps"] == 320  # the flag wins
 
 
+def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothing(tmp_path):
+    """`train --dry-run`: each field as its flag with where it came from (the flag, the env's
+    preset, the default), the idle fields apart with why, the preset's reason; its lines,
+    given back as flags, make the same config; nothing is stored."""
+    import shlex
+    from dataclasses import asdict
+
+    from gae_core.agent.presets import preset_config, preset_of
+
+    data = tmp_path / "data"
+    flags = ("train", "--algo", "ppo", "--env", "Acrobot-v1", "--n-epochs", "7", "--dry-run")
+    done = cli_in_process(data, *flags)
+    assert done.returncode == 0, done.stderr
+    head, *lines = done.stdout.strip().splitlines()
+    assert head.startswith("Acrobot-v1 with PPO, as `train` would run it")
+    idle_at = lines.index("no effect here:")
+    rows = {line.split()[0]: line.split() for line in lines[:idle_at]}
+    assert rows["--n-epochs"] == ["--n-epochs", "7", "flag"]
+    assert rows["--num-envs"] == ["--num-envs", "16", "preset"]
+    assert rows["--value-coef"] == ["--value-coef", "0.5", "default"]
+    assert rows["--normalize-rewards"] == ["--normalize-rewards", "preset"]
+    assert "--log-std-init" not in rows  # discrete actions: apart, with why
+    assert (
+        "  --log-std-init, --use-sde, --sde-sample-freq: Acrobot-v1's actions are discrete" in lines
+    )
+    assert lines[-1] == f"preset: {preset_of('Acrobot-v1', 'ppo').why}"
+    expected = asdict(preset_config("Acrobot-v1", "ppo", n_epochs=7))
+    as_json = cli_in_process(data, *flags, "--json")
+    result = _last_json(as_json.stdout)
+    assert {
+        k: tuple(v) if isinstance(v, list) else v for k, v in result["config"].items()
+    } == expected
+    assert result["sources"]["n_epochs"] == "flag" and result["sources"]["seed"] == "default"
+    # the printed flags, given back, make the same config (the idle fields are the defaults')
+    words = [w for line in lines[:idle_at] for w in shlex.split(line.rsplit(None, 1)[0])]
+    again = _last_json(cli_in_process(data, "train", *words, "--dry-run", "--json").stdout)
+    assert again["config"] == result["config"]
+    assert set(again["sources"].values()) <= {"flag", "default"}
+    assert not data.exists()
+
+
 def test_bad_config_exits_2_naming_the_field(tmp_path):
     bad = cli(tmp_path / "data", "train", "--lambda", "1.5", "--json")
     assert bad.returncode == 2

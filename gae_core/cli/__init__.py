@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--name", help=f"run name (default: env, {lam}, {gam} and seed)")
     train.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the config it would train with (each field's flag and source: the flag, "
+        "the env's preset or the default) and exit; nothing is trained or stored",
+    )
     add_config_flags(train)
     train.set_defaults(handler=commands.train)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +18,12 @@ from gae_core.agent.config import (
     TrainConfig,
     field_problems,
 )
-from gae_core.agent.presets import preset_values
+from gae_core.agent.presets import preset_of, preset_values
 from gae_core.errors import ConfigError
 
 __all__ = [
-    "Unread", "add_config_flags", "config_from_args", "flag_type", "idle_flag_notes", "name_flag",
+    "Unread", "add_config_flags", "config_from_args", "config_sources", "flag_type", "flag_words",
+    "idle_flag_notes", "name_flag",
 ]  # fmt: skip
 
 
@@ -73,6 +75,26 @@ def name_flag(message: str) -> str:
     field = message.split(" ", 1)[0].rstrip(":")
     spec = FIELD_SPECS.get(field)
     return f"{spec.flags[0]}: {message}" if spec else message
+
+
+def flag_words(name: str, value: Any) -> str:
+    """Field ``name`` set to ``value`` as its flag reads it on a command line
+    (``--hidden-sizes 64x64``, ``--no-normalize-rewards``; text shell-quoted)."""
+    flag = FIELD_SPECS[name].flags[0]
+    if isinstance(value, bool):
+        return flag if value else f"--no-{flag[2:]}"
+    if isinstance(value, (tuple, list)):
+        return f"{flag} {'x'.join(map(str, value))}"
+    return f"{flag} {shlex.quote(str(value))}"
+
+
+def config_sources(args: argparse.Namespace, config: TrainConfig) -> dict[str, str]:
+    """Where each field of ``config`` (made by :func:`config_from_args`) came from: ``flag``,
+    ``preset`` (its env's and algorithm's, :mod:`gae_core.agent.presets`) or ``default``."""
+    preset = preset_of(config.env_id, config.algo)
+    tuned = preset.values if preset is not None else {}
+    return {name: "flag" if hasattr(args, name) else "preset" if name in tuned else "default"
+            for name in FIELD_SPECS}  # fmt: skip
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:
