@@ -103,6 +103,9 @@ def test_train_json_contract_runs_and_export(tmp_path):
     assert listed.returncode == 0
     (row,) = _last_json(listed.stdout)
     assert row["run_id"] == run_id and row["status"] == "finished" and row["seed"] == 3
+    # one wall time and rate for a run: train --json reads them as runs --json does
+    assert (row["wall_seconds"], row["steps_per_second"]) == (result["wall_seconds"],
+                                                              result["steps_per_second"])  # fmt: skip
     table = cli(tmp_path / "data", "runs")
     head, line = table.stdout.strip().splitlines()
     assert head.split() == ["RUN_ID", "STATUS", "ALGO", "ENV", "ENV_STEPS", "RETURN", "SOLVED",

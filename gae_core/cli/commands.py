@@ -192,11 +192,9 @@ def train(args: argparse.Namespace) -> int:
         result.update(status=status, error=error)
     store.close()
     env_steps = result["env_steps"]
-    result.update(
-        wall_seconds=wall,
-        steps_per_second=env_steps / wall if wall > 0 else 0.0,
-        data_dir=str(store.data_dir),
-    )
+    if result["wall_seconds"] is None:  # deleted, or never started: this command's own time
+        result.update(wall_seconds=wall, steps_per_second=env_steps / wall if wall > 0 else 0.0)
+    result["data_dir"] = str(store.data_dir)  # (the rest as `runs --json` reads the run)
     if status == "failed":  # the reason, its last line; the traceback is stored with it
         reason = (result.get("error") or error or "").strip().splitlines() or ["unknown error"]
         print(f"run {run_id} failed: {terminal_text(reason[-1])} (the whole traceback: `runs "
@@ -205,8 +203,8 @@ def train(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print(
-            f"run {run_id} {status}: {env_steps:,} env steps in {wall:.1f} s "
-            f"({result['steps_per_second']:,.0f} steps/s), "
+            f"run {run_id} {status}: {env_steps:,} env steps in {result['wall_seconds']:.1f} s "
+            f"({result['steps_per_second'] or 0:,.0f} steps/s), "
             f"final return {_fmt(result.get('final_return'), '.2f')}, " + _solved_words(result),
             flush=True,
         )
