@@ -13,13 +13,7 @@ from gae_core.inert import markdown_text
 from gae_core.insight import lab_figures
 from gae_core.insight.views import format_duration, whole_number
 from gae_core.lab import chain
-from gae_core.lab.gradient import (
-    DEBIASED_NOTE,
-    GradientResult,
-    GradientSettings,
-    batch_problem,
-    gradient_sentence,
-)
+from gae_core.lab.gradient import DEBIASED_NOTE, GradientResult, batch_problem, gradient_sentence
 from gae_core.lab.gradient_samples import REFERENCE_COPIES
 from gae_core.lab.jobs import (
     LabJob,
@@ -37,6 +31,7 @@ from gae_core.lab.measure import (
     check_memory,
     trade_off_sentence,
 )
+from gae_core.lab.settings import GradientSettings
 from gae_core.lab.states import state_access
 from gae_core.labels import assignment, label, run_label
 from gae_core.storage.lab_table import LabRecord

@@ -22,7 +22,6 @@ from gae_core.lab.gradient import (
     DEBIASED_NOTE,
     QUANTITIES,
     GradientResult,
-    GradientSettings,
     actor_parameters,
     batch_gradients,
     batch_problem,
@@ -30,8 +29,8 @@ from gae_core.lab.gradient import (
     gradient_statistics,
     measure_gradient,
     per_sample_scores,
-    reference_problem,
 )
+from gae_core.lab.settings import GradientSettings, reference_problem
 from gae_core.storage.store import RunStore
 
 

@@ -13,16 +13,15 @@ import threading
 import time
 from typing import Any
 
-from gae_core.agent.config import FIELD_SPECS, TrainConfig, field_spec
+from gae_core.agent.config import field_spec
 from gae_core.agent.envs import reward_threshold
 from gae_core.agent.field_spec import int_problem
-from gae_core.agent.presets import preset_of
 from gae_core.cli.flags import (
     Unread,
     config_from_args,
-    config_sources,
-    flag_words,
     idle_flag_notes,
+    resolved,
+    resolved_lines,
 )
 from gae_core.errors import ConfigError, NoStore, StoreError
 from gae_core.inert import terminal_text, to_csv
@@ -148,7 +147,11 @@ def train(args: argparse.Namespace) -> int:
     for note in idle_flag_notes(args, config):
         print(note, file=sys.stderr)
     if args.dry_run:
-        return _resolved(args, config)
+        if args.json:
+            print_json(resolved(args, config))
+        else:
+            print("\n".join(resolved_lines(args, config)))
+        return EXIT_OK
     store = open_store(args)
     try:
         run_id = store.create_run(
@@ -213,37 +216,6 @@ def train(args: argparse.Namespace) -> int:
         # is a normal end.
         return EXIT_INTERRUPTED if signals.received else EXIT_OK
     return EXIT_OK if status in ("finished", "deleted") else EXIT_FAILED
-
-
-def _resolved(args: argparse.Namespace, config: TrainConfig) -> int:
-    """``train --dry-run``: the config a run would train with, each field as its flag and
-    where it came from (the flag, the env's preset, the field's default), the fields that
-    change nothing here apart with why, and the preset's reason; nothing trained or stored."""
-    sources = config_sources(args, config)
-    idle = config.idle_fields()
-    preset = preset_of(config.env_id, config.algo)
-    if args.json:
-        print_json({"config": config.to_dict(), "sources": sources, "idle": idle,
-                    "preset": preset.why if preset is not None else None})  # fmt: skip
-        return EXIT_OK
-    values = config.to_dict()
-    lines = [(flag_words(name, getattr(config, name)), sources[name])
-             for name in values if name not in idle]  # fmt: skip
-    wide = max(len(words) for words, _ in lines)
-    print(f"{terminal_text(config.env_id)} with {value_text('algo', config.algo)}, as `train` "
-          "would run it (nothing trained or stored):")  # fmt: skip
-    for words, source in lines:
-        print(f"  {terminal_text(words):<{wide}}  {source}")
-    by_reason: dict[str, list[str]] = {}
-    for name, reason in idle.items():
-        by_reason.setdefault(reason, []).append(FIELD_SPECS[name].flags[0])
-    if by_reason:
-        print("no effect here:")
-        for reason, flags in by_reason.items():
-            print(f"  {', '.join(flags)}: {terminal_text(reason)}")
-    if preset is not None:
-        print(f"preset: {preset.why}")
-    return EXIT_OK
 
 
 # -- runs, export ---------------------------------------------------------------------------

@@ -20,10 +20,12 @@ from gae_core.agent.config import (
 )
 from gae_core.agent.presets import preset_of, preset_values
 from gae_core.errors import ConfigError
+from gae_core.inert import terminal_text
+from gae_core.labels import value_text
 
 __all__ = [
-    "Unread", "add_config_flags", "config_from_args", "config_sources", "flag_type", "flag_words",
-    "idle_flag_notes", "name_flag",
+    "Unread", "add_config_flags", "config_from_args", "flag_type", "flag_words", "idle_flag_notes",
+    "name_flag", "resolved", "resolved_lines",
 ]  # fmt: skip
 
 
@@ -88,13 +90,44 @@ def flag_words(name: str, value: Any) -> str:
     return f"{flag} {shlex.quote(str(value))}"
 
 
-def config_sources(args: argparse.Namespace, config: TrainConfig) -> dict[str, str]:
+def _sources(args: argparse.Namespace, config: TrainConfig) -> dict[str, str]:
     """Where each field of ``config`` (made by :func:`config_from_args`) came from: ``flag``,
     ``preset`` (its env's and algorithm's, :mod:`gae_core.agent.presets`) or ``default``."""
     preset = preset_of(config.env_id, config.algo)
     tuned = preset.values if preset is not None else {}
     return {name: "flag" if hasattr(args, name) else "preset" if name in tuned else "default"
             for name in FIELD_SPECS}  # fmt: skip
+
+
+def resolved(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
+    """``train --dry-run --json``: the config, each field's source (the flag, the env's
+    preset, the default), the fields idle here with why, and the preset's reason."""
+    preset = preset_of(config.env_id, config.algo)
+    return {"config": config.to_dict(), "sources": _sources(args, config),
+            "idle": config.idle_fields(), "preset": preset.why if preset else None}  # fmt: skip
+
+
+def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
+    """``train --dry-run``: :func:`resolved` as lines, each field as its flag (a command line
+    can take them back) beside its source; the idle fields apart, grouped by why."""
+    found = resolved(args, config)
+    idle = found["idle"]
+    rows = [(flag_words(name, getattr(config, name)), found["sources"][name])
+            for name in found["config"] if name not in idle]  # fmt: skip
+    wide = max(len(words) for words, _ in rows)
+    lines = [f"{terminal_text(config.env_id)} with {value_text('algo', config.algo)}, as "
+             "`train` would run it (nothing trained or stored):"]  # fmt: skip
+    lines += [f"  {terminal_text(words):<{wide}}  {source}" for words, source in rows]
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in idle.items():
+        by_reason.setdefault(reason, []).append(FIELD_SPECS[name].flags[0])
+    if by_reason:
+        lines.append("no effect here:")
+        lines += [f"  {', '.join(flags)}: {terminal_text(reason)}"
+                  for reason, flags in by_reason.items()]  # fmt: skip
+    if found["preset"] is not None:
+        lines.append(f"preset: {found['preset']}")
+    return lines
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:

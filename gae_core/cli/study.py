@@ -139,9 +139,10 @@ def lab(args: argparse.Namespace) -> int:
 
 def _gradient(args: argparse.Namespace) -> int:
     """``lab RUN --gradient``: :func:`gae_core.lab.jobs.measure_gradient_run`."""
-    from gae_core.lab.gradient import DEBIASED_NOTE, GradientSettings, gradient_sentence
+    from gae_core.lab.gradient import DEBIASED_NOTE, gradient_sentence
     from gae_core.lab.jobs import measure_gradient_run
     from gae_core.lab.measure import LabCancelled
+    from gae_core.lab.settings import GradientSettings
 
     run, options = _lab_options(args)
     options |= {"batches": args.batches, "batch_size": args.batch_size,

@@ -17,13 +17,7 @@ from gae_core.agent.envs import env_id_problem
 from gae_core.agent.recording import Replay, load_replay
 from gae_core.env_modules import missing_modules_note
 from gae_core.errors import UnsupportedEnvError
-from gae_core.lab.gradient import (
-    GradientResult,
-    GradientSettings,
-    batch_problem,
-    measure_gradient,
-    reference_problem,
-)
+from gae_core.lab.gradient import GradientResult, batch_problem, measure_gradient
 from gae_core.lab.measure import (
     LabCancelled,
     LabResult,
@@ -31,6 +25,7 @@ from gae_core.lab.measure import (
     check_memory,
     measure_critics,
 )
+from gae_core.lab.settings import GradientSettings, reference_problem
 from gae_core.lab.states import state_access
 from gae_core.labels import label
 from gae_core.storage.lab_table import LabRecord

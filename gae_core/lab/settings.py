@@ -1,5 +1,7 @@
-"""What the estimator lab measures: :class:`LabSettings`, every field validated, and the defaults
-of the estimator grid (λ from 0 to 1 by 0.01, k by powers of two up to the segment)."""
+"""What the estimator lab measures: :class:`LabSettings` (the per-state view) and
+:class:`GradientSettings` (the gradient lens), every field validated, and the defaults of the
+estimator grid (λ from 0 to 1 by 0.01, k by powers of two up to the segment). Light to import
+(the CLI reads the defaults for its flags' help)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ __all__ = [
     "DEFAULT_LAMBDAS",
     "HORIZON_TOLERANCE",
     "MAX_HORIZON",
+    "GradientSettings",
     "LabSettings",
     "default_ks",
+    "reference_problem",
 ]
 
 #: The truth runs until γ^H is at most this, for at most MAX_HORIZON steps.
@@ -105,3 +109,67 @@ class LabSettings:
         """Env steps the measurement takes at most (sampling the states not counted)."""
         n = self.states if states is None else states
         return n * (2 * self.rollouts * self.truth_horizon + self.continuations * self.segment)
+
+
+@dataclass(frozen=True)
+class GradientSettings:
+    """What the gradient lens measures: ``batches`` (K ≥ 2) batches of ``batch_size`` samples
+    (a multiple of the run's env count; None: the run's envs × steps, the batch it trains on),
+    a reference of at least ``reference`` samples (≥ the batch size), every λ of ``lambdas``
+    and every k of ``ks``, discount ``gamma``; deterministic for a ``seed``."""
+
+    gamma: float = 0.99
+    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    batches: int = 32
+    batch_size: int | None = None
+    reference: int = 500_000
+    seed: int = 0
+    confidence: float = 0.95
+    resamples: int = 2000
+
+    def __post_init__(self) -> None:
+        # every problem at once, one a line, each named as the lab's boxes name it (the CLI's
+        # flags are the first words: --batches, --batch-size, --reference, --seed)
+        problems = []
+        if isinstance(self.gamma, bool) or not 0.0 <= float(self.gamma) <= 1.0:
+            problems.append(f"γ (gamma) must be in [0, 1], got {self.gamma!r}")
+        if not self.lambdas or any(not 0.0 <= float(x) <= 1.0 for x in self.lambdas):
+            problems.append(f"lambdas must be values in [0, 1], got {list(self.lambdas)}")
+        if not self.ks or any(int(k) != k or k < 1 for k in self.ks):
+            problems.append(f"ks must be integers ≥ 1, got {list(self.ks)}")
+        size = 1 if self.batch_size is None else self.batch_size
+        sizes = [int_problem("batch size", size, 1, 1_000_000),
+                 int_problem("reference samples", self.reference, 1, 100_000_000)]  # fmt: skip
+        problems += [int_problem("batches K", self.batches, 2, 10_000), *sizes,
+                     int_problem("seed", self.seed, 0, 2**31 - 1)]  # fmt: skip
+        if not any(sizes) and self.batch_size is not None:
+            problems.append(reference_problem(self.reference, self.batch_size))
+        if not 0.0 < self.confidence < 1.0:
+            problems.append(f"confidence must be in (0, 1), got {self.confidence}")
+        if self.resamples < 1:
+            problems.append(f"resamples must be ≥ 1, got {self.resamples}")
+        if any(problems):
+            raise ValueError("\n".join(p for p in problems if p))
+
+    @property
+    def horizon(self) -> int:
+        """H past the time limit for the reference's returns: γ^H ≤ 10⁻³ (≤ 5,000 steps)."""
+        if self.gamma <= 0.0:
+            return 1
+        if self.gamma < 1.0:
+            steps = math.ceil(math.log(HORIZON_TOLERANCE) / math.log(self.gamma))
+            return min(MAX_HORIZON, max(1, steps))
+        return MAX_HORIZON
+
+    def estimators(self) -> list[tuple[str, float]]:
+        """``(kind, parameter)`` of every estimator measured: GAE per λ, then Â^(k) per k."""
+        return [("gae", float(x)) for x in self.lambdas] + [("k_step", float(k)) for k in self.ks]
+
+
+def reference_problem(reference: int, size: int) -> str | None:
+    """Why ``reference`` samples cannot be the reference for batches of ``size``, or None: the
+    truth has at least as many samples as the batches measured against it."""
+    if reference < size:
+        return f"reference samples must be at least the batch size ({size:,}), got {reference:,}"
+    return None
