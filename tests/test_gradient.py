@@ -310,9 +310,18 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
     assert report["ks"][0]["variance"] == pytest.approx(report["lambdas"][0]["variance"])
     # as text: what the page says under the same numbers, and why bias² and SNR can be < 0
     text = cli(data, "lab", run_id, "--gradient", "--batches", "3", "--batch-size", "32",
-               "--reference", "2000", "--lambdas", "0", "1", "--ks", "1",
+               "--reference", "2000", "--lambdas", "0", "1", "--ks", "1", "--states", "8",
                "--no-progress")  # fmt: skip
     assert text.returncode == 0, text.stderr
+    # a flag of the other view is said to change nothing, either way
+    assert "note: --states has no effect with --gradient (a setting of the other view)" in (
+        text.stderr
+    )
+    per_state = cli_in_process(data, "lab", run_id, "--batches", "3", "--states", "0")
+    assert "note: --batches has no effect without --gradient" in per_state.stderr
+    assert per_state.returncode == 2 and "states N must be an integer in [1, 4096]" in (
+        per_state.stderr
+    )
     assert f"critic {report['critic_steps'][0]:,}: the least gradient MSE is at λ = " in text.stdout
     assert f"note: {DEBIASED_NOTE}." in text.stdout
     assert f"samples ({report['samples_per_batch']:,} each after the reset rows)" in text.stdout

@@ -25,6 +25,7 @@ from gae_core.cli.flags import add_config_flags, flag_type, name_flag
 from gae_core.env_modules import ENV_MODULES_VAR, use_env_modules
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text
+from gae_core.lab.settings import GradientSettings, LabSettings
 from gae_core.labels import label
 from gae_core.runs.backends import BACKENDS, DEFAULT_MEMBERS
 from gae_core.storage.records import STATUSES
@@ -174,14 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the first one's figures on top, every critic's under 'critics')",
     )
     lab.add_argument("--gamma", type=float, help=f"discount {gam} in [0, 1) (default: the run's)")
-    lab.add_argument("--states", type=int, default=64, help="states sampled, N (default 64)")
-    lab.add_argument(
-        "--rollouts", type=int, default=32, help="truth rollouts per state, M (default 32)"
-    )
-    lab.add_argument(
-        "--continuations", type=int, default=32, help="continuations per state, K (default 32)"
-    )
-    lab.add_argument("--segment", type=int, default=500, help="continuation length L")
+    per_state = {"states": "states sampled, N", "rollouts": "truth rollouts per state, M",
+                 "continuations": "continuations per state, K",
+                 "segment": "continuation length L"}  # fmt: skip
+    for name, words in per_state.items():  # (defaults: LabSettings's, where the lab reads them)
+        lab.add_argument(f"--{name}", type=int,
+                         help=f"{words} (default {getattr(LabSettings, name)})")  # fmt: skip
     lab.add_argument("--lambdas", type=float, nargs="+", help=f"{lam} grid (default 0, 0.01, …, 1)")
     lab.add_argument(
         "--ks",
@@ -198,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         "batches, bias², variance, MSE and SNR, with bootstrap intervals over batches",
     )
     lab.add_argument(
-        "--batches", type=int, default=32, help="--gradient: independent batches, K (default 32)"
+        "--batches",
+        type=int,
+        help=f"--gradient: independent batches, K (default {GradientSettings.batches})",
     )
     lab.add_argument(
         "--batch-size",
@@ -208,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument(
         "--reference",
         type=int,
-        default=500_000,
-        help="--gradient: samples of the reference gradient (default 500,000)",
+        help="--gradient: samples of the reference gradient (default "
+        f"{GradientSettings.reference:,})",
     )
     lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     lab.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from gae_core.agent.config import FIELD_SPECS
@@ -20,6 +21,23 @@ from gae_core.cli.commands import (
 )
 from gae_core.inert import terminal_text
 from gae_core.labels import assignment, format_value, label, value_text
+
+#: The lab's flags that only one of its views reads (the others: both).
+PER_STATE_FLAGS = ("states", "rollouts", "continuations", "segment")
+GRADIENT_FLAGS = ("batches", "batch_size", "reference")
+
+
+def _given(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The flags among ``names`` given on the command line (the rest take the settings'
+    defaults); a note on stderr for each flag of the other view, which this one ignores."""
+    other = PER_STATE_FLAGS if names is GRADIENT_FLAGS else GRADIENT_FLAGS
+    view = "without --gradient" if names is PER_STATE_FLAGS else "with --gradient"
+    for name in other:
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            print(f"note: {flag} has no effect {view} (a setting of the other view)",
+                  file=sys.stderr)  # fmt: skip
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _lab_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -74,9 +92,9 @@ def lab(args: argparse.Namespace) -> int:
     )
 
     run, options = _lab_options(args)
-    options |= {"states": args.states, "rollouts": args.rollouts,
-                "continuations": args.continuations, "segment": args.segment}  # fmt: skip
-    settings = LabSettings(**options)  # ValueError naming the field (exit 2)
+    settings = LabSettings(
+        **options, **_given(args, PER_STATE_FLAGS)
+    )  # ValueError naming the field (exit 2)
     # settings past the lab's memory limit: LabTooLarge, one line naming the fields (exit 2)
     check_memory(run.config["env_id"], settings, critics=len(args.critic_step or (None,)))
     if run.config.get("use_sde"):
@@ -145,9 +163,9 @@ def _gradient(args: argparse.Namespace) -> int:
     from gae_core.lab.settings import GradientSettings
 
     run, options = _lab_options(args)
-    options |= {"batches": args.batches, "batch_size": args.batch_size,
-                "reference": args.reference}  # fmt: skip
-    settings = GradientSettings(**options)  # ValueError naming each field (exit 2)
+    settings = GradientSettings(
+        **options, **_given(args, GRADIENT_FLAGS)
+    )  # ValueError naming each field (exit 2)
     if run.config.get("use_sde"):
         from gae_core.lab.measure import GSDE_NOTE
 
