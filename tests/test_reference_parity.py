@@ -212,6 +212,35 @@ def test_a_ppo_update_is_sb3s_on_the_same_rollout(env_id, case, by_hand):
         trainer.close()
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c"])
+def test_a_gsde_update_is_sb3s_on_the_same_rollout(algo):
+    """With gSDE (Pendulum, SB3's ``use_sde``: the action's variance Σ_j φ_j(s)² σ_ja² + 1e-6
+    from the actor's detached features φ) one update ends at SB3's weights and log-std
+    matrix, by autograd (gSDE's route)."""
+    hyper = {"ppo": {"batch_size": 32, "n_epochs": 4, "learning_rate": 1e-3},
+             "a2c": {"learning_rate": 7e-4}}[algo]  # fmt: skip
+    model = _sb3(algo, "Pendulum-v1", use_sde=True, ent_coef=0.01, **hyper)
+    fields = {"ppo": {"minibatch_size": 32, "n_epochs": 4, "optimizer": "adam",
+                      "learning_rate": 1e-3},
+              "a2c": {"optimizer": "rmsprop", "learning_rate": 7e-4,
+                      "normalize_advantages": False}}[algo]  # fmt: skip
+    trainer = _ours(model, algo=algo, use_sde=True, entropy_coef=0.01, **fields)
+    try:
+        assert not trainer.by_hand and trainer.log_std.shape == (1, 64, 1)
+        batch = _batch(model, trainer, autograd_values=algo == "a2c")
+        trainer.learner._orders = [_SameOrder(5)]
+        before = {k: v.clone() for k, v in model.policy.state_dict().items()}
+        np.random.seed(5)  # noqa: NPY002 - SB3's buffer draws from NumPy's global state
+        model.train()
+        learned = trainer.learner.learn(batch, [True], [True], [0])
+        assert _moved(model, before) > 100 * ATOL
+        _assert_same_networks(model, trainer)
+        entropy = model.logger.name_to_value["train/entropy_loss"]
+        assert learned.metrics[0][M.ENTROPY.key] == pytest.approx(-entropy, rel=1e-4, abs=1e-6)
+    finally:
+        trainer.close()
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 @pytest.mark.parametrize("by_hand", [True, False], ids=["by hand", "autograd"])
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
