@@ -7,8 +7,8 @@ and parsed by the same spec that reads ``sweep --grid`` values and the form's te
 Exit codes: 0 success, 1 the run or sweep failed (or something was not found, or the store is
 unusable: the message names the path), 2 bad usage or a bad config value (the message names the
 field and its range), 130 stopped with Ctrl-C or SIGTERM (the data so far is kept; a second
-Ctrl-C aborts at once). With ``--json`` the last line on stdout is one JSON object (``runs
---json``: one JSON array); progress bars and messages go to stderr. Names typed by users are
+Ctrl-C aborts at once, with no JSON). With ``--json`` the last line on stdout is one JSON object
+(``runs --json``: one JSON array); progress bars and messages go to stderr. Names typed by users are
 printed without control characters, and so are paths (the data folder's among them) and error
 messages.
 """
