@@ -331,29 +331,56 @@ def _trainer(**fields) -> Trainer:
 
 
 def test_ppo_takes_every_minibatch_step_of_every_epoch_without_target_kl():
-    """4 envs × 16 steps = 64 rows, minibatches of 16, 5 epochs: 20 gradient steps per update
-    for each member (Adam counts each member's own), as SB3's loop takes."""
+    """4 envs × 16 steps = 64 rows, minibatches of 16, 5 epochs: 5 × ⌈V / 16⌉ gradient steps
+    per update for each member of V valid rows (Adam counts each member's own), as SB3's loop
+    takes (20 without reset rows)."""
     trainer = _trainer()
     try:
-        trainer.step()
-        assert trainer.optimizer.row_steps.tolist() == [20, 20]
-        trainer.step()
-        assert trainer.optimizer.row_steps.tolist() == [40, 40]
+        expected = np.zeros(2, int)
+        for _ in range(2):
+            trainer.step()
+            valid = trainer._batch.valid.reshape(16, 2, 4).sum((0, 2))
+            expected += 5 * -(-valid // 16)
+            assert trainer.optimizer.row_steps.tolist() == expected.tolist()
     finally:
         trainer.close()
 
 
-def test_each_ppo_minibatch_but_a_members_last_holds_exactly_its_size_in_valid_rows(monkeypatch):
-    """SB3's minibatches hold ``batch_size`` rows, all transitions. Ours order a member's
-    invalid rows (NEXT_STEP reset rows) after its valid ones: in every epoch each member's
-    minibatches hold exactly ``minibatch_size`` valid rows until its valid rows run out, the
-    last taking what is left, and together all of them; minibatches past every member's valid
-    rows are not taken at all."""
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(1, 200), size=st.integers(1, 64),
+       share=st.floats(0.0, 1.0))  # fmt: skip
+def test_even_minibatches_split_the_valid_rows_into_as_even_parts_as_can_be(
+    seed, rows, size, share
+):
+    """A member's PPO epoch: its V valid rows, in the order ``rng.permutation(V)`` draws, in
+    ⌈V / size⌉ minibatches whose sizes differ by at most one (SB3's when size divides V; no
+    short tail otherwise), every valid row once, no invalid row; the slots left empty."""
+    valid = np.random.default_rng(seed).random(rows) < share
+    count = int(valid.sum())
+    own = -(-count // size)
+    index, weight = update_module.even_minibatches(
+        np.random.default_rng(seed), valid, size, own + 2
+    )
+    assert index.shape == weight.shape == (own + 2, size)
+    sizes = weight.sum(1).astype(int)
+    assert sizes[own:].sum() == 0 and sizes.sum() == count
+    if count:
+        assert sizes[:own].max() - sizes[:own].min() <= 1 and sizes[:own].min() >= 1
+        assert count % size or (sizes[:own] == size).all()  # size divides V: full minibatches
+    taken = index[weight > 0]  # row-major: minibatch by minibatch, slot by slot
+    order = np.flatnonzero(valid)[np.random.default_rng(seed).permutation(count)]
+    assert taken.tolist() == order.tolist()
+
+
+def test_each_members_ppo_minibatches_split_its_valid_rows_evenly(monkeypatch):
+    """In the update, each member's minibatches are :func:`even_minibatches` of its own valid
+    rows (NEXT_STEP reset rows in none), in every epoch; minibatches past every member's are
+    not taken at all."""
     seen = []
     take = update_module.Learner._minibatch
 
-    def spy(self, inputs, rollout, coefficients, index=None):
-        out = take(self, inputs, rollout, coefficients, index)
+    def spy(self, inputs, rollout, coefficients, index=None, weight=None):
+        out = take(self, inputs, rollout, coefficients, index, weight)
         seen.append(out[1].mask.sum(1).tolist())
         return out
 
@@ -369,11 +396,10 @@ def test_each_ppo_minibatch_but_a_members_last_holds_exactly_its_size_in_valid_r
             assert len(seen) == 2 * parts
             for epoch in (seen[:parts], seen[parts:]):
                 for m in range(2):
-                    full, rest = divmod(valid[m], 16)
-                    expected = [16] * full + [rest] * (rest > 0)
-                    assert [int(part[m]) for part in epoch] == expected + [0] * (
-                        parts - len(expected)
-                    )
+                    own = -(-valid[m] // 16)
+                    bounds = np.arange(own + 1) * valid[m] // own
+                    expected = np.diff(bounds).tolist() + [0] * (parts - own)
+                    assert [int(part[m]) for part in epoch] == expected
             short += sum(v < 64 for v in valid)
         assert short  # some rollouts had reset rows
     finally:

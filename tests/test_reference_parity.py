@@ -5,12 +5,13 @@ SB3's weights, and our :class:`~gae_core.agent.update.Learner` learns from SB3's
 SB3's row order, drawing SB3's minibatch permutations. One update on each side must then end
 at the same weights (to float32 rounding) and report the same losses: the same objective,
 minibatch epochs, advantage standardisation, value clip, KL stop, gradient-norm clip and
-optimizer step (Adam for PPO, RMSprop for A2C), by autograd and by hand. Our GAE on SB3's
-rows gives SB3's advantages, time-limit bootstraps included, and our normalisation on the same
-episodes gives ``VecNormalize``'s numbers. What differs is the collect's layout: SB3's envs
-reset in the step that ends an episode, ours in the next (``gae_core.agent.envs``), an invalid
-row that PPO's epochs order after the valid ones (``gae_core.agent.update``), so a rollout
-of ours holds a few transitions fewer than its rows and the same minibatches of valid rows.
+optimizer step (Adam for PPO, RMSprop for A2C, gSDE's variance), by autograd and by hand, and
+with invalid rows among ours. Our GAE on the rows of SB3's collect, with each time limit read
+as a truncation, gives SB3's advantages, and our normalisation on the same episodes gives
+``VecNormalize``'s numbers. What differs is the collect's layout: SB3's envs reset in the step
+that ends an episode, ours in the next (``gae_core.agent.envs``), an invalid row, so a rollout
+of ours holds a few transitions fewer than its rows (how PPO splits them:
+``gae_core.agent.update``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from gae_core import metrics as M
@@ -31,14 +33,34 @@ from gae_core.agent.update import Batch
 from gae_core.estimators import gae
 
 ENVS, STEPS = 4, 32  # a rollout of 128 rows: CartPole's random policy ends episodes in it
-TIME_LIMIT = 12  # every env truncates inside the rollout: GAE's bootstrap rows
+#: time limits that end episodes inside a rollout, truncated (GAE's bootstrap rows) and, on
+#: CartPole, terminated too
+TIME_LIMIT = {"CartPole-v1": 15, "Pendulum-v1": 12}
 ATOL = 2e-6  # float32 rounding of a few steps; an update moves some weight by ≥ 100 × this
 
 
-def _sb3(algo: str, env_id: str, **hyper):
+class _Ends(BaseCallback):
+    """Each step of SB3's collect as the env gave it, before SB3 folds a time limit's
+    bootstrap into the reward: the rewards, and per env whether it was truncated and its final
+    observation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewards, self.truncated, self.final = [], [], []
+
+    def _on_step(self) -> bool:
+        self.rewards.append(self.locals["rewards"].copy())  # (SB3 adds γ·V(s_T) in place next)
+        dones, infos = self.locals["dones"], self.locals["infos"]
+        self.truncated.append([bool(d and i.get("TimeLimit.truncated")) for d, i in
+                               zip(dones, infos, strict=True)])  # fmt: skip
+        self.final.append([i.get("terminal_observation") for i in infos])
+        return True
+
+
+def _sb3(algo: str, env_id: str, ends: _Ends | None = None, **hyper):
     """An SB3 model with our networks' shape (64 × 64 tanh, separate actor and critic) and one
-    rollout collected by its own loop."""
-    env = DummyVecEnv([lambda: gym.make(env_id, max_episode_steps=TIME_LIMIT)] * ENVS)
+    rollout collected by its own loop (each step seen by ``ends``)."""
+    env = DummyVecEnv([lambda: gym.make(env_id, max_episode_steps=TIME_LIMIT[env_id])] * ENVS)
     kind = PPO if algo == "ppo" else A2C
     model = kind(
         "MlpPolicy", env, n_steps=STEPS, seed=3, device="cpu",
@@ -46,7 +68,7 @@ def _sb3(algo: str, env_id: str, **hyper):
                        "activation_fn": torch.nn.Tanh},
         **hyper,
     )  # fmt: skip
-    _, callback = model._setup_learn(10 * ENVS * STEPS, None)
+    _, callback = model._setup_learn(10 * ENVS * STEPS, ends)
     callback.on_training_start(locals(), globals())
     assert model.collect_rollouts(model.env, callback, model.rollout_buffer, STEPS)
     return model
@@ -79,25 +101,32 @@ def _flat(array: np.ndarray) -> np.ndarray:
     return array.swapaxes(0, 1).reshape(-1, *array.shape[2:])
 
 
-def _batch(model, trainer: Trainer, autograd_values: bool) -> Batch:
-    """SB3's rollout as our member 0's batch, in SB3's row order."""
+def _batch(model, trainer: Trainer, autograd_values: bool, invalid: int = 0) -> Batch:
+    """SB3's rollout as our member 0's batch, in SB3's row order, with ``invalid`` rows of
+    junk (weight 0, as NEXT_STEP reset rows are) among them at random places."""
     buffer = model.rollout_buffer
+    total = ENVS * STEPS + invalid
+    junk = np.zeros(total, bool)
+    junk[np.random.default_rng(invalid).choice(total, invalid, replace=False)] = True
 
     def rows(array, dtype=torch.float32):
-        return torch.as_tensor(_flat(array), dtype=dtype)[None]
+        valid = torch.as_tensor(_flat(array), dtype=dtype)
+        out = torch.full((total, *valid.shape[1:]), 1e3).to(dtype)  # junk: huge, never used
+        out[torch.from_numpy(~junk)] = valid
+        return out[None]
 
     observations = rows(buffer.observations)
     if isinstance(model.action_space, gym.spaces.Discrete):
-        actions = rows(buffer.actions[..., 0], torch.long)
+        actions = rows(buffer.actions[..., 0], torch.long).clamp(max=1)  # (junk: action 1)
     else:
         actions = rows(buffer.actions)
     if autograd_values:  # A2C by autograd: the critic's values with their graph
         values = trainer.critic(observations).squeeze(-1)
     else:
         values = rows(buffer.values)
-    batch = Batch(observations, actions, rows(buffer.advantages), rows(buffer.returns), values,
-                  torch.ones(1, ENVS * STEPS))  # fmt: skip
-    return batch
+    mask = torch.from_numpy(~junk).float()[None]
+    return Batch(observations, actions, rows(buffer.advantages), rows(buffer.returns), values,
+                 mask)  # fmt: skip
 
 
 class _SameOrder:
@@ -139,31 +168,45 @@ def _moved(model, before: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_our_gae_on_sb3s_rows_is_sb3s(env_id):
     """SB3 folds a time limit's bootstrap γ·V(s_T) into the reward and ends the chain there;
-    ours reads it as a truncation with V(s_T) as the next value. On SB3's rows (every env
-    truncates at least once, CartPole's also terminate) both give the same advantages."""
-    model = _sb3("ppo", env_id, gamma=0.97, gae_lambda=0.9)
-    buffer = model.rollout_buffer
-    starts = buffer.episode_starts
-    assert starts[1:].sum() >= ENVS  # episodes end inside the rollout
-    with torch.no_grad():
-        last = model.policy.predict_values(model.policy.obs_to_tensor(model._last_obs)[0])
-    ended = np.concatenate([starts[1:], model._last_episode_starts[None]]).astype(bool)
-    next_values = np.concatenate([buffer.values[1:], last.numpy().reshape(1, ENVS)])
-    ours = gae(buffer.rewards, buffer.values, next_values, ended, np.zeros_like(ended),
+    ours takes the env's own reward with the step marked truncated and V(s_T) as its next
+    value (a termination: no next value). On the rows of SB3's collect, with truncations (and
+    on CartPole terminations), both give the same advantages."""
+    ends = _Ends()
+    model = _sb3("ppo", env_id, ends, gamma=0.97, gae_lambda=0.9)
+    buffer, policy = model.rollout_buffer, model.policy
+    truncated = np.array(ends.truncated)
+    ended = np.concatenate([buffer.episode_starts[1:], model._last_episode_starts[None]]) > 0
+    assert truncated.sum() >= ENVS and (ended & ~truncated).any() == (env_id == "CartPole-v1")
+
+    def value(observations) -> np.ndarray:
+        with torch.no_grad():
+            return policy.predict_values(policy.obs_to_tensor(observations)[0]).numpy()[..., 0]
+
+    next_values = np.concatenate([buffer.values[1:], value(model._last_obs)[None]])
+    for t, e in zip(*np.nonzero(truncated), strict=True):
+        next_values[t, e] = value(ends.final[t][e][None])[0]
+    ours = gae(np.array(ends.rewards), buffer.values, next_values, ended & ~truncated, truncated,
                gamma=model.gamma, lambda_=model.gae_lambda)  # fmt: skip
     np.testing.assert_allclose(ours, buffer.advantages, rtol=1e-5, atol=1e-5)
 
 
 PPO_CASES = {
-    # SB3's defaults but smaller minibatches: 4 epochs × 4 minibatches of 32 rows
+    # SB3's settings (theirs, ours) but smaller minibatches: 4 epochs × 4 minibatches of 32 rows
     "defaults": ({}, {}),
     "entropy, value clip": (
         {"ent_coef": 0.01, "clip_range_vf": 0.05},
         {"entropy_coef": 0.01, "clip_range_vf": 0.05},
     ),
-    "a KL stop": ({"target_kl": 1e-5}, {"target_kl": 1e-5}),
     "raw advantages": ({"normalize_advantage": False}, {"normalize_advantages": False}),
+    "one epoch": ({"n_epochs": 1}, {"n_epochs": 1}),  # SB3 logs that epoch's KL: ours too
+    "a KL stop": ({}, {}),  # the target: KL_STOP
+    "reset rows": ({}, {}),  # 7 invalid rows among ours: the same minibatches of valid rows
 }
+#: Targets whose 1.5 × falls between this rollout's approximate KLs (SB3's, measured): SB3
+#: stops at the last minibatch of epoch 4 on CartPole (after 15 steps) and at the third of
+#: epoch 4 on Pendulum (after 14), where a KL estimate off by a few tens of percent would not.
+KL_STOP = {"CartPole-v1": 3.7e-5, "Pendulum-v1": 4.2e-4}
+KL_STOP_STEPS = {"CartPole-v1": 15, "Pendulum-v1": 14}
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -171,42 +214,47 @@ PPO_CASES = {
 @pytest.mark.parametrize("by_hand", [True, False], ids=["by hand", "autograd"])
 def test_a_ppo_update_is_sb3s_on_the_same_rollout(env_id, case, by_hand):
     """One PPO update (n_epochs passes in minibatches, Adam with eps 1e-5, the whole network's
-    gradient norm clipped to 0.5) ends at SB3's weights, with SB3's losses, KL and clip
-    fraction (not its approximate KL: SB3 logs its last epoch's mean, ours is the update's, so
-    their agreement shows in the KL stop's case instead); with a small KL target both stop
-    early, at the same minibatch."""
+    gradient norm clipped to 0.5) ends at SB3's weights, with SB3's losses and clip fraction;
+    over one epoch also its approximate KL (SB3 logs its last epoch's mean, ours is the
+    update's); with a KL target both stop at the same minibatch; with invalid rows among ours
+    (as NEXT_STEP reset rows are) the minibatches of valid rows are still SB3's."""
     theirs, ours = PPO_CASES[case]
+    if case == "a KL stop":
+        theirs, ours = {"target_kl": KL_STOP[env_id]}, {"target_kl": KL_STOP[env_id]}
     hyper = {"batch_size": 32, "n_epochs": 4, "learning_rate": 1e-3, **theirs}
     model = _sb3("ppo", env_id, **hyper)
-    trainer = _ours(model, algo="ppo", minibatch_size=32, n_epochs=4, learning_rate=1e-3,
-                    optimizer="adam", **ours)  # fmt: skip
+    trainer = _ours(model, **{"algo": "ppo", "minibatch_size": 32, "n_epochs": 4,
+                              "learning_rate": 1e-3, "optimizer": "adam", **ours})  # fmt: skip
     try:
-        batch = _batch(model, trainer, autograd_values=False)
+        invalid = 7 if case == "reset rows" else 0
+        batch = _batch(model, trainer, autograd_values=False, invalid=invalid)
         trainer.learner._orders = [_SameOrder(11)]
         before = {k: v.clone() for k, v in model.policy.state_dict().items()}
         np.random.seed(11)  # noqa: NPY002 - SB3's buffer draws from NumPy's global state
         model.train()
         learned = trainer.learner.learn(batch, [True], [True], [0], by_hand=by_hand)
         logged = model.logger.name_to_value
-        stepped_theirs = int(logged["train/n_updates"])
+        steps = int(next(iter(model.policy.optimizer.state.values()))["step"])
         assert _moved(model, before) > 100 * ATOL
         _assert_same_networks(model, trainer)
+        assert trainer.optimizer.steps == steps  # the same number of minibatch steps
         mine = learned.metrics[0]
         if case == "a KL stop":
-            # SB3 counts the epochs it started; its means take the stopping minibatch's
-            # losses too, ours the steps taken, so only the weights are compared
-            steps = next(iter(model.policy.optimizer.state.values()))["step"]
-            assert stepped_theirs < 4  # SB3 stopped early
-            assert trainer.optimizer.steps == int(steps)  # and we at the same minibatch
+            # SB3's means also take the stopping minibatch's losses, ours the steps taken:
+            # the weights and the step count say it
+            assert steps == KL_STOP_STEPS[env_id]
             return
-        assert stepped_theirs == 4
-        for key, sb3_key, sign in (
+        assert steps == 4 * hyper["n_epochs"]
+        compared = [
             (M.POLICY_LOSS.key, "train/policy_gradient_loss", 1.0),
             (M.VALUE_LOSS.key, "train/value_loss", 1.0),
             (M.ENTROPY.key, "train/entropy_loss", -1.0),
             (M.CLIP_FRACTION.key, "train/clip_fraction", 1.0),
             (M.EXPLAINED_VARIANCE.key, "train/explained_variance", 1.0),
-        ):
+        ]
+        if hyper["n_epochs"] == 1:
+            compared.append((M.APPROX_KL.key, "train/approx_kl", 1.0))
+        for key, sb3_key, sign in compared:
             assert mine[key] == pytest.approx(sign * logged[sb3_key], rel=1e-4, abs=1e-6), key
     finally:
         trainer.close()
@@ -243,16 +291,16 @@ def test_a_gsde_update_is_sb3s_on_the_same_rollout(algo):
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 @pytest.mark.parametrize("by_hand", [True, False], ids=["by hand", "autograd"])
-@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
-def test_an_a2c_update_is_sb3s_on_the_same_rollout(env_id, by_hand, entropy_coef):
+@pytest.mark.parametrize(("entropy_coef", "invalid"), [(0.0, 0), (0.01, 0), (0.01, 7)])
+def test_an_a2c_update_is_sb3s_on_the_same_rollout(env_id, by_hand, entropy_coef, invalid):
     """One A2C step (RMSprop α = 0.99, eps 1e-5, the gradient norm clipped to 0.5) ends at
     SB3's weights with SB3's losses, by hand (the rollout's activations kept) and by
-    autograd."""
+    autograd, with or without invalid rows among ours (weight 0)."""
     model = _sb3("a2c", env_id, ent_coef=entropy_coef, learning_rate=7e-4)
     trainer = _ours(model, algo="a2c", optimizer="rmsprop", learning_rate=7e-4,
                     entropy_coef=entropy_coef, normalize_advantages=False)  # fmt: skip
     try:
-        batch = _batch(model, trainer, autograd_values=not by_hand)
+        batch = _batch(model, trainer, autograd_values=not by_hand, invalid=invalid)
         if by_hand:
             batch = dataclasses.replace(
                 batch,

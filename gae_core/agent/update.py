@@ -8,11 +8,13 @@ standardised per minibatch where the member asks; before each minibatch's step i
 approximate KL with ``1.5 × target_kl`` and, past it, the member takes no more steps on this
 rollout (SB3's rule). Where one minibatch holds every row (CartPole's Zoo row) there is no
 order to draw: each member's loss is a mean over its rows, so the order changes nothing, and
-every epoch takes the rows as they are. Rows are the rollout's rows: a member's epoch takes
-its valid rows in its drawn order, then its invalid ones (NEXT_STEP reset rows, rows past its
-budget), which ride with weight 0 (its means run over its valid rows). So each of its
-minibatches holds exactly ``minibatch_size`` valid rows, as SB3's do, but the last one with a
-valid row, which takes what is left.
+every epoch takes the rows as they are. Otherwise a member's epoch splits its V valid rows,
+in its drawn order, into ⌈V / minibatch_size⌉ minibatches as even as can be (their sizes
+differ by at most one); its invalid rows (NEXT_STEP reset rows, rows past its budget) are in
+none. Where the minibatch size divides V (a rollout without reset rows, as the presets size
+them) these are SB3's minibatches; otherwise no minibatch is a short tail of a few rows, on
+which a step would be nearly one sample's (SB3 warns of such a tail; here reset rows would
+make one at random).
 
 Every gradient step is the same for both: autograd of the sum of the stepping members' losses
 (:mod:`gae_core.agent.losses`; a member's parameters are its own slice of the stacks, so it
@@ -63,7 +65,7 @@ from gae_core.agent.stacked import (
     masked_moments,
 )
 
-__all__ = ["Batch", "Learned", "Learner", "gradient_by_hand"]
+__all__ = ["Batch", "Learned", "Learner", "even_minibatches", "gradient_by_hand"]
 
 
 def gradient_by_hand(config: TrainConfig) -> bool:
@@ -149,11 +151,25 @@ class _Sums:
         ]
 
 
-def _valid_rows_first(rng: np.random.Generator, valid: np.ndarray) -> np.ndarray:
-    """One member's row order for a PPO epoch: its valid rows (``valid [R]``) in an order drawn
-    from ``rng``, then its invalid rows (module docstring)."""
+def even_minibatches(
+    rng: np.random.Generator, valid: np.ndarray, size: int, parts: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One member's minibatches for a PPO epoch (module docstring): row indices and 0/1 slot
+    weights ``[parts, size]``, its valid rows (``valid [R]``) in an order drawn from ``rng``
+    split into ⌈V / size⌉ minibatches as even as can be, the slots left over (and minibatches
+    past its own, up to ``parts``) empty."""
+    index, weight = np.zeros((parts, size), np.int64), np.zeros((parts, size), np.float32)
     rows = np.flatnonzero(valid)
-    return np.concatenate([rows[rng.permutation(len(rows))], np.flatnonzero(~valid)])
+    count = len(rows)
+    rows = rows[rng.permutation(count)]
+    if count:
+        own = -(-count // size)
+        bounds = np.arange(own + 1) * count // own
+        position = np.arange(count)
+        part = np.searchsorted(bounds, position, side="right") - 1
+        index[part, position - bounds[part]] = rows
+        weight[part, position - bounds[part]] = 1.0
+    return index, weight
 
 
 class Learner:
@@ -234,6 +250,7 @@ class Learner:
         advantages, values, returns, mask = (
             [host(c) for c in columns] if on_host else host(torch.stack(columns))
         )
+        self._host_mask = mask  # (PPO's minibatches split each member's valid rows)
         raw_mean, raw_var = masked_moments(advantages, mask)
         explained = explained_variance(values, returns, mask)
         step = self._a2c if self.algo == "a2c" else self._ppo
@@ -286,19 +303,19 @@ class Learner:
         whole = valid = None
         if self.minibatch >= rows:
             whole = self._minibatch(inputs, rollout, coefficients)
-        else:
-            valid = host(batch.mask) > 0
-            ordered = int(valid.sum(1).max())  # past these, every member's rows are invalid
+        else:  # (a member not learning draws no order: it would draw none alone)
+            valid = (self._host_mask > 0) & learning[:, None]
+            most = int((-(-valid.sum(1) // self.minibatch)).max(initial=0))  # ⌈V / size⌉
         for _ in range(self.epochs):
             if whole is None:
-                order = np.stack([_valid_rows_first(rng, rows_valid) for rng, rows_valid
-                                  in zip(self._orders, valid, strict=True)])  # fmt: skip
-                order = torch.from_numpy(order).to(device)
+                drawn = [even_minibatches(rng, rows_valid, self.minibatch, most)
+                         for rng, rows_valid in zip(self._orders, valid, strict=True)]  # fmt: skip
+                index, weight = (torch.from_numpy(np.stack(x)).to(device)
+                                 for x in zip(*drawn, strict=True))  # fmt: skip
                 parts = (
-                    self._minibatch(inputs, rollout, coefficients,
-                                    order[:, start : start + self.minibatch])
-                    for start in range(0, ordered, self.minibatch)
-                )  # fmt: skip
+                    self._minibatch(inputs, rollout, coefficients, index[:, j], weight[:, j])
+                    for j in range(most)
+                )
             else:
                 parts = (whole,)
             for (observations, actions), part, fixed, counted in parts:
@@ -333,14 +350,18 @@ class Learner:
         rollout: Rows,
         coefficients: Coefficients,
         index: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
     ) -> tuple[tuple[torch.Tensor, torch.Tensor], Rows, PPOFixed, np.ndarray]:
         """The rows ``index [M, B]`` (None: all) of the observations and actions (``inputs``)
-        and of ``rollout``, the advantages standardised for the members that ask; their
+        and of ``rollout``, those of a slot ``weight`` 0 (an empty slot) masked out, the
+        advantages standardised for the members that ask; their
         :class:`~gae_core.agent.losses.PPOFixed` under ``coefficients``; and which members
         have a valid row among them (CPU ``[M]``)."""
         if index is not None:
             inputs = tuple(take_rows(column, index) for column in inputs)
             rollout = rollout.take(index)
+            if weight is not None:
+                rollout = replace(rollout, mask=rollout.mask * weight)
         rows = self._standardised(rollout)
         fixed = ppo_fixed(rows, coefficients)
         return inputs, rows, fixed, rows.mask.sum(1).cpu().numpy() > 0
