@@ -26,7 +26,8 @@ from gae_core.cli.flags import (
 from gae_core.errors import ConfigError, NoStore, StoreError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label, stored_algo, value_text
-from gae_core.storage.store import DATA_ENV_VAR, RunStore, open_for_reading
+from gae_core.storage.database import DEFAULT_DATA_DIR
+from gae_core.storage.store import DATA_ENV_VAR, RunStore, open_for_reading, require_store
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -54,16 +55,21 @@ def open_store(args: argparse.Namespace) -> RunStore:
     return RunStore(getattr(args, "data_dir", None))
 
 
-def open_existing_store(args: argparse.Namespace) -> RunStore:
+def open_existing_store(args: argparse.Namespace, *, writes: bool = False) -> RunStore:
     """The store of a command that acts on what it holds (every command but ``train`` and
-    ``sweep``): recovered if it can be written; read-only where the folder is read-only or the
-    disk is full (:func:`~gae_core.storage.store.open_for_reading`). A folder with no store is
-    an error naming it (exit 1), so a mistyped ``--data-dir`` creates nothing."""
+    ``sweep``). One that only reads (``writes`` False) opens it recovered where it can be
+    written, read-only where the folder is read-only or the disk is full
+    (:func:`~gae_core.storage.store.open_for_reading`); one that changes it (``stop``,
+    ``rename``, ``delete``) as ``train`` does, whose errors say why it cannot write. A folder
+    with no store is an error naming it (exit 1), so a mistyped ``--data-dir`` creates
+    nothing."""
+    data_dir = getattr(args, "data_dir", None)
     try:
-        return open_for_reading(getattr(args, "data_dir", None), create=False)
+        require_store(data_dir)
     except NoStore as exc:
         raise NoStore(f"{exc}: name its folder with --data-dir (default: ${DATA_ENV_VAR}, "
-                         "else ./runs)") from None  # fmt: skip
+                      f"else ./{DEFAULT_DATA_DIR})") from None  # fmt: skip
+    return RunStore(data_dir) if writes else open_for_reading(data_dir)
 
 
 def print_json(value: Any) -> None:
@@ -453,14 +459,14 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def stop(args: argparse.Namespace) -> int:
-    with open_existing_store(args) as store:
+    with open_existing_store(args, writes=True) as store:
         status = store.request_stop(args.run_id)
     print(f"run {args.run_id}: {status} (a running run stops on its next flush)", file=sys.stderr)
     return EXIT_OK
 
 
 def rename(args: argparse.Namespace) -> int:
-    with open_existing_store(args) as store:
+    with open_existing_store(args, writes=True) as store:
         try:
             store.rename_run(args.run_id, args.name)
         except ValueError as exc:
@@ -469,7 +475,7 @@ def rename(args: argparse.Namespace) -> int:
 
 
 def delete(args: argparse.Namespace) -> int:
-    with open_existing_store(args) as store:
+    with open_existing_store(args, writes=True) as store:
         run = store.get_run(args.run_id)
         if run.active and args.force:
             # Stop it cleanly first, so its process ends and reports instead of failing on a

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 from gae_core.agent.config import FIELD_SPECS
@@ -23,19 +22,23 @@ from gae_core.inert import terminal_text
 from gae_core.labels import assignment, format_value, label, value_text
 
 #: The lab's flags that only one of its views reads (the others: both).
-PER_STATE_FLAGS = ("states", "rollouts", "continuations", "segment")
-GRADIENT_FLAGS = ("batches", "batch_size", "reference")
+VIEW_FLAGS = {
+    "per-state": ("states", "rollouts", "continuations", "segment"),
+    "gradient": ("batches", "batch_size", "reference"),
+}
 
 
-def _given(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The flags among ``names`` given on the command line (the rest take the settings'
-    defaults); a note on stderr for each flag of the other view, which this one ignores."""
-    other = PER_STATE_FLAGS if names is GRADIENT_FLAGS else GRADIENT_FLAGS
-    view = "without --gradient" if names is PER_STATE_FLAGS else "with --gradient"
+def _given(args: argparse.Namespace, view: str) -> dict[str, Any]:
+    """The flags of ``view`` (a key of :data:`VIEW_FLAGS`) given on the command line (the rest
+    take the settings' defaults); a note on stderr for each flag of the other view, which this
+    one ignores."""
+    names = VIEW_FLAGS[view]
+    (other,) = (flags for key, flags in VIEW_FLAGS.items() if key != view)
+    words = "without --gradient" if view == "per-state" else "with --gradient"
     for name in other:
         if getattr(args, name) is not None:
             flag = "--" + name.replace("_", "-")
-            print(f"note: {flag} has no effect {view} (a setting of the other view)",
+            print(f"note: {flag} has no effect {words} (a setting of the other view)",
                   file=sys.stderr)  # fmt: skip
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
@@ -93,7 +96,7 @@ def lab(args: argparse.Namespace) -> int:
 
     run, options = _lab_options(args)
     settings = LabSettings(
-        **options, **_given(args, PER_STATE_FLAGS)
+        **options, **_given(args, "per-state")
     )  # ValueError naming the field (exit 2)
     # settings past the lab's memory limit: LabTooLarge, one line naming the fields (exit 2)
     check_memory(run.config["env_id"], settings, critics=len(args.critic_step or (None,)))
@@ -164,7 +167,7 @@ def _gradient(args: argparse.Namespace) -> int:
 
     run, options = _lab_options(args)
     settings = GradientSettings(
-        **options, **_given(args, GRADIENT_FLAGS)
+        **options, **_given(args, "gradient")
     )  # ValueError naming each field (exit 2)
     if run.config.get("use_sde"):
         from gae_core.lab.measure import GSDE_NOTE

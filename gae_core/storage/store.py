@@ -49,6 +49,7 @@ __all__ = [
     "folder_is_writable",
     "new_id",
     "open_for_reading",
+    "require_store",
     "resolve_data_dir",
     "to_wide",
 ]
@@ -379,17 +380,21 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         return {row[0] for row in self._read("SELECT DISTINCT run_id FROM trajectories")}
 
 
-def open_for_reading(
-    data_dir: str | os.PathLike[str] | None = None, *, recover=True, create=True
-) -> RunStore:
+def require_store(data_dir: str | os.PathLike[str] | None = None) -> None:
+    """:class:`~gae_core.errors.NoStore` where ``data_dir`` holds no store (for what acts on
+    stored runs and must not make an empty store); a path that is a file passes (opening it
+    says so)."""
+    folder = resolve_data_dir(data_dir)
+    if not folder.is_file() and not (folder / DB_FILENAME).is_file():
+        raise no_store(folder / DB_FILENAME)
+
+
+def open_for_reading(data_dir: str | os.PathLike[str] | None = None, *, recover=True) -> RunStore:
     """The store at ``data_dir`` for what only reads it (``runs``, ``export``, the dashboard's
     CSV exports): opened for writing where it can be (a live store is read with its latest
     writes; recovered when ``recover``), read-only where the folder refuses new files or the
-    disk is full. ``create=False``: a folder holding no store is a :class:`StoreError`
-    (:func:`~gae_core.storage.database.no_store`), not a new empty store."""
+    disk is full."""
     folder = resolve_data_dir(data_dir)
-    if not create and not folder.is_file() and not (folder / DB_FILENAME).is_file():
-        raise no_store(folder / DB_FILENAME)
     try:
         if not folder.is_dir() or folder_is_writable(folder):
             return RunStore(folder, recover=recover)
