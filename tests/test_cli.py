@@ -209,6 +209,36 @@ def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothin
     assert not data.exists()
 
 
+def test_train_like_a_stored_run_starts_from_its_config_with_the_flags_on_top(tmp_path):
+    """`train --like RUN`: the run's stored config in the preset's place (--dry-run says each
+    field came from the run, or the flag), a new run stores it with the flags given on top;
+    an unknown id is one line, exit 1."""
+    data = tmp_path / "data"
+    flags = ["--env", "Acrobot-v1", "--lambda", "0.8", "--total-steps", "160", *TINY_FLAGS]
+    first = cli_in_process(data, "train", *flags, "--json", "--no-progress")
+    assert first.returncode == 0, first.stderr
+    run_id = _last_json(first.stdout)["run_id"]
+    planned = _last_json(cli_in_process(data, "train", "--like", run_id, "--seed", "9",
+                                        "--dry-run", "--json").stdout)  # fmt: skip
+    assert planned["sources"]["seed"] == "flag" and planned["preset"] is None
+    assert {planned["sources"][name] for name in planned["sources"] if name != "seed"} == {"run"}
+    head = cli_in_process(data, "train", "--like", run_id, "--dry-run").stdout.splitlines()[0]
+    assert head.startswith(f"Acrobot-v1 with A2C, like run {run_id}, as `train` would run it")
+    second = cli_in_process(data, "train", "--like", run_id, "--seed", "9", "--json",
+                            "--no-progress")  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    with RunStore(data) as store:
+        old = store.get_run(run_id).config
+        new = store.get_run(_last_json(second.stdout)["run_id"]).config
+    assert new == {**old, "seed": 9} == planned["config"]
+    assert old["lambda_"] == 0.8 and old["hidden_sizes"] == [16]  # not the preset's
+    missing = cli_in_process(data, "train", "--like", "nope", "--dry-run")
+    assert (
+        missing.returncode == 1
+        and missing.stderr.strip() == f"error: no run 'nope' in {data / 'runs.sqlite3'}"
+    )
+
+
 def test_bad_config_exits_2_naming_the_field(tmp_path):
     bad = cli(tmp_path / "data", "train", "--lambda", "1.5", "--json")
     assert bad.returncode == 2

@@ -23,11 +23,11 @@ from gae_core.cli.flags import (
     resolved,
     resolved_lines,
 )
-from gae_core.errors import ConfigError, NoStore, StoreError
+from gae_core.cli.stores import like_base, open_existing_store, open_store
+from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text, to_csv
 from gae_core.labels import assignment, label, stored_algo, value_text
-from gae_core.storage.database import DEFAULT_DATA_DIR
-from gae_core.storage.store import DATA_ENV_VAR, RunStore, open_for_reading, require_store
+from gae_core.storage.store import RunStore
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -49,27 +49,6 @@ def _summary(store: RunStore, sweep_id: str, grid: dict) -> list[dict]:
 
 class UsageError(Exception):
     """Bad command-line input; reported on stderr with exit code 2."""
-
-
-def open_store(args: argparse.Namespace) -> RunStore:
-    return RunStore(getattr(args, "data_dir", None))
-
-
-def open_existing_store(args: argparse.Namespace, *, writes: bool = False) -> RunStore:
-    """The store of a command that acts on what it holds (every command but ``train`` and
-    ``sweep``). One that only reads (``writes`` False) opens it recovered where it can be
-    written, read-only where the folder is read-only or the disk is full
-    (:func:`~gae_core.storage.store.open_for_reading`); one that changes it (``stop``,
-    ``rename``, ``delete``) as ``train`` does, whose errors say why it cannot write. A folder
-    with no store is an error naming it (exit 1), so a mistyped ``--data-dir`` creates
-    nothing."""
-    data_dir = getattr(args, "data_dir", None)
-    try:
-        require_store(data_dir)
-    except NoStore as exc:
-        raise NoStore(f"{exc}: name its folder with --data-dir (default: ${DATA_ENV_VAR}, "
-                      f"else ./{DEFAULT_DATA_DIR})") from None  # fmt: skip
-    return RunStore(data_dir) if writes else open_for_reading(data_dir)
 
 
 def print_json(value: Any) -> None:
@@ -149,7 +128,7 @@ def train(args: argparse.Namespace) -> int:
     from gae_core.runs.execute import default_run_name
     from gae_core.runs.sweep import Sweep
 
-    config = config_from_args(args)  # ConfigError (exit 2) before any run exists
+    config = config_from_args(args, like_base(args))  # ConfigError (exit 2) before any run
     for note in idle_flag_notes(args, config):
         print(note, file=sys.stderr)
     if args.dry_run:
@@ -334,7 +313,7 @@ def sweep(args: argparse.Namespace) -> int:
         ("workers", args.workers, 1, MOST_WORKERS), ("retries", args.retries, 0, 10))
         if value is not None and (problem := int_problem(name, value, low, high))]  # fmt: skip
     try:
-        base = config_from_args(args)
+        base = config_from_args(args, like_base(args))
     except ConfigError as exc:
         problems = [*str(exc).splitlines(), *problems]
     if problems:

@@ -50,9 +50,17 @@ def flag_type(spec: FieldSpec) -> Callable[[str], object]:
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``TrainConfig`` field; unset flags are absent from the namespace."""
+    """One flag per ``TrainConfig`` field, and ``--like RUN_ID`` (a stored run's config in the
+    preset's place); unset flags are absent from the namespace."""
     group = parser.add_argument_group(
-        "training config (TrainConfig fields; unset ones come from the env's preset)"
+        "training config (TrainConfig fields; unset ones come from the env's preset, or with "
+        "--like from that run)"
+    )
+    group.add_argument(
+        "--like",
+        metavar="RUN_ID",
+        help="start from that stored run's config instead of the env's preset (the flags "
+        "given still win; --dry-run prints it)",
     )
     for spec in FIELD_SPECS.values():
         default = spec.default
@@ -92,17 +100,20 @@ def flag_words(name: str, value: Any) -> str:
 
 def _sources(args: argparse.Namespace, config: TrainConfig) -> dict[str, str]:
     """Where each field of ``config`` (made by :func:`config_from_args`) came from: ``flag``,
-    ``preset`` (its env's and algorithm's, :mod:`gae_core.agent.presets`) or ``default``."""
+    ``run`` (``--like``'s), ``preset`` (its env's and algorithm's,
+    :mod:`gae_core.agent.presets`) or ``default``."""
     preset = preset_of(config.env_id, config.algo)
     tuned = preset.values if preset is not None else {}
-    return {name: "flag" if hasattr(args, name) else "preset" if name in tuned else "default"
-            for name in FIELD_SPECS}  # fmt: skip
+    like = getattr(args, "like", None) is not None
+    return {name: "flag" if hasattr(args, name) else "run" if like
+            else "preset" if name in tuned else "default" for name in FIELD_SPECS}  # fmt: skip
 
 
 def resolved(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
-    """``train --dry-run --json``: the config, each field's source (the flag, the env's
-    preset, the default), the fields idle here with why, and the preset's reason."""
-    preset = preset_of(config.env_id, config.algo)
+    """``train --dry-run --json``: the config, each field's source (the flag, ``--like``'s run,
+    the env's preset, the default), the fields idle here with why, and the preset's reason
+    (None with ``--like``: the run's config stands in its place)."""
+    preset = None if getattr(args, "like", None) else preset_of(config.env_id, config.algo)
     return {"config": config.to_dict(), "sources": _sources(args, config),
             "idle": config.idle_fields(), "preset": preset.why if preset else None}  # fmt: skip
 
@@ -115,8 +126,10 @@ def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     rows = [(flag_words(name, getattr(config, name)), found["sources"][name])
             for name in found["config"] if name not in idle]  # fmt: skip
     wide = max(len(words) for words, _ in rows)
-    lines = [f"{terminal_text(config.env_id)} with {value_text('algo', config.algo)}, as "
-             "`train` would run it (nothing trained or stored):"]  # fmt: skip
+    like = getattr(args, "like", None)
+    start = f", like run {terminal_text(like)}" if like else ""
+    lines = [f"{terminal_text(config.env_id)} with {value_text('algo', config.algo)}{start}, "
+             "as `train` would run it (nothing trained or stored):"]  # fmt: skip
     lines += [f"  {terminal_text(words):<{wide}}  {source}" for words, source in rows]
     by_reason: dict[str, list[str]] = {}
     for name, reason in idle.items():
@@ -141,10 +154,13 @@ def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str
             if hasattr(args, name) and all(name in each for each in idle)]  # fmt: skip
 
 
-def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
+def config_from_args(
+    args: argparse.Namespace, base: TrainConfig | None = None, **overrides: Any
+) -> TrainConfig:
     """The preset of the env and algorithm (:mod:`gae_core.agent.presets`, CartPole-v1 and A2C
-    when no ``--env`` or ``--algo``) with the flags given on top; ``ConfigError`` naming every
-    bad field, one a line in the flags' order (the Train form lists them all at once too)."""
+    when no ``--env`` or ``--algo``), or ``base`` (``--like``'s run), with the flags given on
+    top; ``ConfigError`` naming every bad field, one a line in the flags' order (the Train form
+    lists them all at once too)."""
     values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
     unread = {}  # flags whose text the field's parser refused (Unread): said with the rest
     for name, value in list(values.items()):
@@ -156,6 +172,8 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
         elif FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
             values[name] = tuple(int(x) for part in value for x in part)
     values.update(overrides)
+    if base is not None:
+        values = {**base.to_dict(), **values}
     env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
     algo = values.get("algo", FIELD_SPECS["algo"].default)
     values = {**preset_values(env_id, algo), **values}

@@ -13,11 +13,10 @@ from gae_core.cli.commands import (
     EXIT_OK,
     StopOnSignal,
     UsageError,
-    open_existing_store,
-    open_store,
     print_json,
     progress_bar,
 )
+from gae_core.cli.stores import open_existing_store, open_store
 from gae_core.inert import terminal_text
 from gae_core.labels import assignment, format_value, label, value_text
 
