@@ -16,14 +16,14 @@ import pandas as pd
 import streamlit as st
 
 from gae_core import metrics as M
-from gae_core.agent.config import FIELD_SPECS, FieldSpec
+from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
 from gae_core.agent.field_spec import echo
 from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.env_modules import registered_env_ids
 from gae_core.errors import StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import exports, views
-from gae_core.labels import algorithm_name
+from gae_core.labels import algorithm_name, run_label
 from gae_core.runs.manager import RunManager
 from gae_core.storage.store import RunStore
 
@@ -536,6 +536,25 @@ def offer_spacing(prefix: str, config: Any) -> None:
 def _set_fields(prefix: str, values: dict[str, Any]) -> None:
     for name, value in values.items():
         st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
+
+
+def reuse_settings_problem(run: Any) -> str | None:
+    """Why ``run``'s settings cannot fill the form here (a damaged config, an env this
+    server's modules do not register), or None."""
+    if run.damaged:
+        return f"Its settings cannot be read: {run.damaged}"
+    env_id = run.config.get("env_id")
+    if env_id not in (*(FIELD_SPECS["env_id"].choices or ()), *registered_env_ids()):
+        return f"Its env {env_id} is not registered on this server (GAE_CORE_ENV_MODULES)."
+    return None
+
+
+def reuse_settings(prefix: str, run: Any) -> None:
+    """Fill form ``prefix`` with ``run``'s stored config (:meth:`TrainConfig.from_stored`), to
+    change a field or two and start again (the CLI's ``train --like``); a toast says so."""
+    _set_fields(prefix, TrainConfig.from_stored(run.config).to_dict())
+    st.toast(f"The form holds the settings of {run_label(run)} now: change what you like and "
+             "press Start.")  # fmt: skip
 
 
 def show_problems(errors: list[str], warnings: list[str]) -> None:

@@ -69,11 +69,18 @@ with live_column:
     if st.session_state.get("train.view") not in ids:  # arrived here, or the run was deleted
         st.session_state["train.view"] = _ui.from_url("run", ids, ids[0])
     labels = {r.id: run_label(r) for r in ordered}
-    pick, stop = st.columns([5, 1], vertical_alignment="bottom")
+    pick, reuse, stop = st.columns([4, 1.4, 1], vertical_alignment="bottom")
     run_id = pick.selectbox("run", ids, format_func=labels.get, key="train.view")
     _ui.say_if_linked_missing(ids, labels[run_id], "")  # every stored run is listed here
     _ui.to_url(run=run_id)
-    running = store.get_run(run_id).active
+    shown = store.get_run(run_id)
+    running = shown.active
+    # outside the fragments, as Stop: the form it fills is drawn by the whole page
+    cannot = _ui.reuse_settings_problem(shown)
+    reuse.button("Reuse settings", key="train.reuse", icon=":material/content_copy:",
+                 on_click=_ui.reuse_settings, args=("train", shown), disabled=bool(cannot),
+                 help=cannot or "Fill the form with this run's settings, seed and all, to "
+                 "change one and start again.", width="stretch")  # fmt: skip
     if running:
         # Outside the fragments, beside the run it stops: a click reruns the whole page, which
         # supersedes whichever fragment's timer is running or queued, instead of queueing one

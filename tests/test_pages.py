@@ -770,6 +770,40 @@ def test_a_ppo_runs_page_draws_its_kl_and_clip_fraction_and_an_a2c_runs_does_not
     assert run_label(store.get_run(ids["ppo"])) == f"PPO CartPole-v1 seed = 0 · {ids['ppo']}"
 
 
+@pytest.mark.slow
+def test_reuse_settings_fills_the_form_with_a_runs_config_and_start_trains_it_again(data_dir):
+    """ "Reuse settings" puts the shown run's stored config in the form (the CLI's --like), env,
+    algorithm and preset-tuned fields included; Start then stores the same config. A run whose
+    env is not registered here cannot be reused, and says why."""
+    store = RunStore(data_dir)
+    fields = {**TINY, "env_id": "Acrobot-v1", "lambda_": 0.8, "hidden_sizes": (16,),
+              "seed": 7, "normalize_rewards": True, "optimizer": "rmsprop"}  # fmt: skip
+    old = store.create_run(TrainConfig(**fields).to_dict(), name="to reuse")
+    store.finish_run(old, "stopped")
+    at = app("pages/train.py")
+    assert at.selectbox(key="train.env_id").value == "CartPole-v1"  # the form's own
+    at.button(key="train.reuse").click().run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="train.env_id").value == "Acrobot-v1"
+    assert at.text_input(key="train.seed").value == "7"
+    assert at.text_input(key="train.hidden_sizes").value == "16"
+    assert at.number_input(key="train.lambda_").value == 0.8
+    assert at.checkbox(key="train.normalize_rewards").value is True
+    assert any("The form holds the settings of to reuse" in t.value for t in at.toast)
+    at.button(key="train.start").click().run()
+    (new,) = [r for r in store.list_runs() if r.id != old]
+    assert new.config == store.get_run(old).config
+    wait_until(lambda: not store.get_run(new.id).active)
+    foreign = store.create_run({**TrainConfig(**TINY).to_dict(), "env_id": "Elsewhere/Nope-v0"})
+    store.finish_run(foreign, "failed")
+    at.run()
+    at.selectbox(key="train.view").set_value(foreign).run()
+    button = at.button(key="train.reuse")
+    assert button.disabled and "Elsewhere/Nope-v0 is not registered on this server" in (
+        button.proto.help
+    )
+
+
 def test_the_train_pages_links_are_drawn_closed_before_the_first_checkpoint(data_dir):
     """The explorer and lab links are on the page from the start, closed with a reason until
     the run has a checkpoint, then open on it: the page's layout never shifts under a click
