@@ -69,7 +69,7 @@ with live_column:
     if st.session_state.get("train.view") not in ids:  # arrived here, or the run was deleted
         st.session_state["train.view"] = _ui.from_url("run", ids, ids[0])
     labels = {r.id: run_label(r) for r in ordered}
-    pick, reuse, stop = st.columns([4, 1.4, 1], vertical_alignment="bottom")
+    pick, reuse, stop = st.columns([3, 1.6, 1], vertical_alignment="bottom")
     run_id = pick.selectbox("run", ids, format_func=labels.get, key="train.view")
     _ui.say_if_linked_missing(ids, labels[run_id], "")  # every stored run is listed here
     _ui.to_url(run=run_id)

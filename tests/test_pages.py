@@ -778,7 +778,7 @@ def test_reuse_settings_fills_the_form_with_a_runs_config_and_start_trains_it_ag
     store = RunStore(data_dir)
     fields = {**TINY, "env_id": "Acrobot-v1", "lambda_": 0.8, "hidden_sizes": (16,),
               "seed": 7, "normalize_rewards": True, "optimizer": "rmsprop"}  # fmt: skip
-    old = store.create_run(TrainConfig(**fields).to_dict(), name="to reuse")
+    old = store.create_run(TrainConfig(**fields).to_dict(), name="*to* [reuse](http://x)")
     store.finish_run(old, "stopped")
     at = app("pages/train.py")
     assert at.selectbox(key="train.env_id").value == "CartPole-v1"  # the form's own
@@ -789,7 +789,8 @@ def test_reuse_settings_fills_the_form_with_a_runs_config_and_start_trains_it_ag
     assert at.text_input(key="train.hidden_sizes").value == "16"
     assert at.number_input(key="train.lambda_").value == 0.8
     assert at.checkbox(key="train.normalize_rewards").value is True
-    assert any("The form holds the settings of to reuse" in t.value for t in at.toast)
+    said = f"The form holds the settings of {markdown_text(run_label(store.get_run(old)))} now"
+    assert any(t.value.startswith(said) for t in at.toast)  # the name inert
     at.button(key="train.start").click().run()
     (new,) = [r for r in store.list_runs() if r.id != old]
     assert new.config == store.get_run(old).config
