@@ -239,6 +239,26 @@ def test_train_like_a_stored_run_starts_from_its_config_with_the_flags_on_top(tm
     )
 
 
+def test_each_episode_is_stored_at_the_wall_time_it_ended(tmp_path):
+    """A PPO rollout of 512 steps holds many CartPole episodes: each is stored at the time it
+    ended, not all at its update's end (a wall-time chart would stack them in columns), never
+    after the update's own rows."""
+    data = tmp_path / "data"
+    done = cli_in_process(data, "train", "--algo", "ppo", "--num-envs", "1", "--rollout-steps",
+                          "512", "--minibatch-size", "512", "--n-epochs", "1", "--total-steps",
+                          "1024", "--log-every", "0", "--json", "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with RunStore(data) as store:
+        metrics = store.metrics(_last_json(done.stdout)["run_id"])
+    episodes = metrics[metrics["key"] == M.EPISODIC_RETURN.key]
+    updates = metrics[metrics["key"] == M.VALUE_LOSS.key]
+    assert len(updates) == 2 and len(episodes) > 10
+    assert episodes["wall_time"].nunique() == len(episodes)  # one vector env: one end a step
+    assert episodes["wall_time"].is_monotonic_increasing
+    first = episodes[episodes["env_step"] <= 512]
+    assert first["wall_time"].max() <= updates["wall_time"].iloc[0]
+
+
 def test_bad_config_exits_2_naming_the_field(tmp_path):
     bad = cli(tmp_path / "data", "train", "--lambda", "1.5", "--json")
     assert bad.returncode == 2

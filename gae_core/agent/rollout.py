@@ -3,6 +3,7 @@ result, and the error a blown-up member ends with."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -18,11 +19,12 @@ class TrainingDiverged(RuntimeError):
 @dataclass(frozen=True)
 class Episode:
     """One finished training episode: the env step at which it ended, its return (in the env's
-    own rewards) and length."""
+    own rewards), its length and when it ended (``time.monotonic()``)."""
 
     env_step: int
     return_: float
     length: int
+    ended_at: float
 
 
 class EpisodeTally:
@@ -51,13 +53,14 @@ class EpisodeTally:
         appended to their member's list in ``episodes``, ended at the member's env step
         ``at_step[member]``."""
         columns = np.flatnonzero(ended)
+        now = time.monotonic()
         for column, returned, length in zip(
             columns.tolist(), self.returns[columns].tolist(), self.lengths[columns].tolist(),
             strict=True,
         ):  # fmt: skip
             if live[column]:
                 member = column // self.per
-                episodes[member].append(Episode(int(at_step[member]), returned, length))
+                episodes[member].append(Episode(int(at_step[member]), returned, length, now))
         self.returns[columns] = 0.0
         self.lengths[columns] = 0
 

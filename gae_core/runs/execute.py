@@ -217,7 +217,7 @@ def _train(trainer: Trainer, members: list[Member], runs: list[MemberRun], start
             error = member.error
             try:
                 if error is None and i in results:
-                    run.record(results[i], wall)
+                    run.record(results[i], wall, started)
                     owed = run.due(i, member, trainer, wall)
                     if owed is not None:
                         pending.append(owed)

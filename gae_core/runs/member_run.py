@@ -154,17 +154,18 @@ class MemberRun:
         mean = float(sum(returns) / len(returns))
         self.rows.append((M.EVAL_RETURN.key, env_steps, wall, mean))
 
-    def record(self, result: StepResult, wall: float) -> None:
-        """The bookkeeping after one update: its metric rows, its episodes, a flush when one
-        is due (the first episode's return goes out at once, so a live chart is not blank for
-        a whole flush interval)."""
+    def record(self, result: StepResult, wall: float, started: float) -> None:
+        """The bookkeeping after one update (``wall`` seconds after ``started``, a
+        ``time.monotonic()``): its metric rows, its episodes at the time each ended, a flush
+        when one is due (the first episode's return goes out at once, so a live chart is not
+        blank for a whole flush interval)."""
         steps_before, self.env_steps = self.env_steps, int(result.env_steps)
         rows = self.rows
         rows.extend(self.updates.add(steps_before, self.env_steps, wall, result.metrics))
         for episode in result.episodes:
-            step = int(episode.env_step)
-            rows.append((M.EPISODIC_RETURN.key, step, wall, float(episode.return_)))
-            rows.append((M.EPISODIC_LENGTH.key, step, wall, float(episode.length)))
+            step, ended = int(episode.env_step), min(wall, episode.ended_at - started)
+            rows.append((M.EPISODIC_RETURN.key, step, ended, float(episode.return_)))
+            rows.append((M.EPISODIC_LENGTH.key, step, ended, float(episode.length)))
             self.tracker.add(step, float(episode.return_))
         first_episode = bool(result.episodes) and not self.episode_flushed
         due = time.monotonic() - self.flushed_at >= self.flush_s
