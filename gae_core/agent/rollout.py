@@ -4,7 +4,7 @@ result, and the error a blown-up member ends with."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -19,12 +19,13 @@ class TrainingDiverged(RuntimeError):
 @dataclass(frozen=True)
 class Episode:
     """One finished training episode: the env step at which it ended, its return (in the env's
-    own rewards), its length and when it ended (``time.monotonic()``)."""
+    own rewards), its length and when it ended (``time.monotonic()``: not compared, two
+    runs of one seed end the same episodes at other times)."""
 
     env_step: int
     return_: float
     length: int
-    ended_at: float
+    ended_at: float = field(compare=False)
 
 
 class EpisodeTally:
