@@ -553,7 +553,7 @@ def reuse_settings(prefix: str, run: Any) -> None:
     """Fill form ``prefix`` with ``run``'s stored config (:meth:`TrainConfig.from_stored`), to
     change a field or two and start again (the CLI's ``train --like``); a toast says so."""
     _set_fields(prefix, TrainConfig.from_stored(run.config).to_dict())
-    st.toast(f"The form holds the settings of {markdown_text(run_label(run))} now: change what "
+    st.toast(f"The form now holds the settings of {markdown_text(run_label(run))}: change what "
              "you like and press Start.")  # fmt: skip
 
 

@@ -80,7 +80,9 @@ with live_column:
     reuse.button("Reuse settings", key="train.reuse", icon=":material/content_copy:",
                  on_click=_ui.reuse_settings, args=("train", shown), disabled=bool(cannot),
                  help=cannot or "Fill the form with this run's settings, seed and all, to "
-                 "change one and start again.", width="stretch")  # fmt: skip
+                 "change one and start again. (A sweep's trial trained in a population: alone, "
+                 "the same settings train the same run up to float rounding, which can grow "
+                 "over training.)", width="stretch")  # fmt: skip
     if running:
         # Outside the fragments, beside the run it stops: a click reruns the whole page, which
         # supersedes whichever fragment's timer is running or queued, instead of queueing one

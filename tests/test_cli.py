@@ -193,7 +193,7 @@ def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothin
     assert (
         "  --log-std-init, --use-sde, --sde-sample-freq: Acrobot-v1's actions are discrete" in lines
     )
-    assert lines[-1] == f"preset: {preset_of('Acrobot-v1', 'ppo').why}"
+    assert lines[-2] == f"preset: {preset_of('Acrobot-v1', 'ppo').why}"
     expected = asdict(preset_config("Acrobot-v1", "ppo", n_epochs=7))
     as_json = cli_in_process(data, *flags, "--json")
     result = _last_json(as_json.stdout)
@@ -206,6 +206,19 @@ def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothin
     again = _last_json(cli_in_process(data, "train", *words, "--dry-run", "--json").stdout)
     assert again["config"] == result["config"]
     assert set(again["sources"].values()) <= {"flag", "default"}
+    # the whole config as one command, a flag without effect given (A2C's --n-epochs) too
+    idle = cli_in_process(data, "train", "--n-epochs", "3", "--dry-run")
+    prefix = "as one command (every field, those without effect too): python -m gae_core train "
+    (command,) = [line for line in idle.stdout.splitlines() if line.startswith(prefix)]
+    whole = _last_json(cli_in_process(data, "train", *shlex.split(command[len(prefix) :]),
+                                      "--dry-run", "--json").stdout)  # fmt: skip
+    assert whole["config"]["n_epochs"] == 3
+    assert (
+        whole["config"]
+        == _last_json(
+            cli_in_process(data, "train", "--n-epochs", "3", "--dry-run", "--json").stdout
+        )["config"]
+    )
     assert not data.exists()
 
 
@@ -232,6 +245,9 @@ def test_train_like_a_stored_run_starts_from_its_config_with_the_flags_on_top(tm
         new = store.get_run(_last_json(second.stdout)["run_id"]).config
     assert new == {**old, "seed": 9} == planned["config"]
     assert old["lambda_"] == 0.8 and old["hidden_sizes"] == [16]  # not the preset's
+    other = cli_in_process(data, "train", "--like", run_id, "--algo", "ppo", "--dry-run")
+    assert (f"note: run {run_id} trained A2C on Acrobot-v1: its settings are kept, not "
+            "Acrobot-v1's PPO preset") in other.stderr  # fmt: skip
     missing = cli_in_process(data, "train", "--like", "nope", "--dry-run")
     assert (
         missing.returncode == 1

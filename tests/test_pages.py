@@ -789,7 +789,7 @@ def test_reuse_settings_fills_the_form_with_a_runs_config_and_start_trains_it_ag
     assert at.text_input(key="train.hidden_sizes").value == "16"
     assert at.number_input(key="train.lambda_").value == 0.8
     assert at.checkbox(key="train.normalize_rewards").value is True
-    said = f"The form holds the settings of {markdown_text(run_label(store.get_run(old)))} now"
+    said = f"The form now holds the settings of {markdown_text(run_label(store.get_run(old)))}:"
     assert any(t.value.startswith(said) for t in at.toast)  # the name inert
     at.button(key="train.start").click().run()
     (new,) = [r for r in store.list_runs() if r.id != old]

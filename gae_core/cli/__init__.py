@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument(
         "--reference",
         type=int,
-        help="--gradient: samples of the reference gradient (default "
+        help="--gradient: at least this many samples of the reference gradient, in whole "
+        "episodes (default "
         f"{GradientSettings.reference:,})",
     )
     lab.add_argument("--json", action="store_true", help="end stdout with one JSON object")

@@ -20,6 +20,7 @@ from gae_core.cli.flags import (
     Unread,
     config_from_args,
     idle_flag_notes,
+    like_notes,
     resolved,
     resolved_lines,
 )
@@ -128,8 +129,9 @@ def train(args: argparse.Namespace) -> int:
     from gae_core.runs.execute import default_run_name
     from gae_core.runs.sweep import Sweep
 
-    config = config_from_args(args, like_base(args))  # ConfigError (exit 2) before any run
-    for note in idle_flag_notes(args, config):
+    base = like_base(args)
+    config = config_from_args(args, base)  # ConfigError (exit 2) before any run exists
+    for note in [*like_notes(args, base, config), *idle_flag_notes(args, config)]:
         print(note, file=sys.stderr)
     if args.dry_run:
         if args.json:
@@ -313,7 +315,8 @@ def sweep(args: argparse.Namespace) -> int:
         ("workers", args.workers, 1, MOST_WORKERS), ("retries", args.retries, 0, 10))
         if value is not None and (problem := int_problem(name, value, low, high))]  # fmt: skip
     try:
-        base = config_from_args(args, like_base(args))
+        like = like_base(args)
+        base = config_from_args(args, like)
     except ConfigError as exc:
         problems = [*str(exc).splitlines(), *problems]
     if problems:
@@ -341,7 +344,7 @@ def sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     base = held
-    for note in idle_flag_notes(args, *trials):  # idle in every trial (the critic's target held)
+    for note in [*like_notes(args, like, base), *idle_flag_notes(args, *trials)]:  # idle in all
         print(note, file=sys.stderr)
     store = open_store(args)
     bar = progress_bar(100, args.no_progress, unit="%")

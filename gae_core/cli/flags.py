@@ -21,11 +21,11 @@ from gae_core.agent.config import (
 from gae_core.agent.presets import preset_of, preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text
-from gae_core.labels import value_text
+from gae_core.labels import label, value_text
 
 __all__ = [
-    "Unread", "add_config_flags", "config_from_args", "flag_type", "flag_words", "idle_flag_notes",
-    "name_flag", "resolved", "resolved_lines",
+    "Unread", "add_config_flags", "command_line", "config_from_args", "flag_type", "flag_words",
+    "idle_flag_notes", "like_notes", "name_flag", "resolved", "resolved_lines",
 ]  # fmt: skip
 
 
@@ -60,7 +60,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         "--like",
         metavar="RUN_ID",
         help="start from that stored run's config instead of the env's preset (the flags "
-        "given still win; --dry-run prints it)",
+        f"given still win, and a {label('lambda_')} sweep still holds the critic's target, "
+        "saying so; train --dry-run prints it)",
     )
     for spec in FIELD_SPECS.values():
         default = spec.default
@@ -115,7 +116,8 @@ def resolved(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
     (None with ``--like``: the run's config stands in its place)."""
     preset = None if getattr(args, "like", None) else preset_of(config.env_id, config.algo)
     return {"config": config.to_dict(), "sources": _sources(args, config),
-            "idle": config.idle_fields(), "preset": preset.why if preset else None}  # fmt: skip
+            "idle": config.idle_fields(), "preset": preset.why if preset else None,
+            "command": command_line(config)}  # fmt: skip
 
 
 def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
@@ -140,7 +142,29 @@ def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
                   for reason, flags in by_reason.items()]  # fmt: skip
     if found["preset"] is not None:
         lines.append(f"preset: {found['preset']}")
+    lines.append(f"as one command (every field, those without effect too): "
+                 f"{terminal_text(found['command'])}")  # fmt: skip
     return lines
+
+
+def like_notes(
+    args: argparse.Namespace, base: TrainConfig | None, config: TrainConfig
+) -> list[str]:
+    """A line when ``--like``'s run trained another env or algorithm than ``config`` (made from
+    it by :func:`config_from_args`): its settings are kept, not the other's preset."""
+    if base is None or (base.env_id, base.algo) == (config.env_id, config.algo):
+        return []
+    return [f"note: run {terminal_text(args.like)} trained {value_text('algo', base.algo)} on "
+            f"{terminal_text(base.env_id)}: its settings are kept, not "
+            f"{terminal_text(config.env_id)}'s {value_text('algo', config.algo)} preset (train "
+            "--dry-run lists them)"]  # fmt: skip
+
+
+def command_line(config: TrainConfig) -> str:
+    """``python -m gae_core train`` with every field of ``config`` as its flag: the config,
+    whole, as one command (:func:`flag_words`)."""
+    words = (flag_words(name, value) for name, value in dataclasses.asdict(config).items())
+    return "python -m gae_core train " + " ".join(words)
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:

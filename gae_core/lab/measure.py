@@ -102,8 +102,9 @@ __all__ = [
 
 #: Why a bias² can read below 0 (the page's caption and the CLI say it beside the numbers).
 BIAS2_NOTE = (
-    "bias² is the unbiased estimate (both means' noise subtracted), so it can dip slightly "
-    "below 0 where the critic is nearly exact"
+    "bias² is the unbiased estimate (both means' noise subtracted), so it can dip below 0 "
+    "where the critic is nearly exact, and by more, with the MSE and its interval, where few "
+    "states, truth rollouts or continuations leave that noise large"
 )
 
 #: What the lab measures for a run that explored with gSDE (``use_sde``).
