@@ -347,29 +347,31 @@ def test_ppo_takes_every_minibatch_step_of_every_epoch_without_target_kl():
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), rows=st.integers(1, 200), size=st.integers(1, 64),
-       share=st.floats(0.0, 1.0))  # fmt: skip
+@given(seed=st.integers(0, 10_000), members=st.integers(1, 3), rows=st.integers(1, 200),
+       size=st.integers(1, 64), share=st.floats(0.0, 1.0))  # fmt: skip
 def test_even_minibatches_split_the_valid_rows_into_as_even_parts_as_can_be(
-    seed, rows, size, share
+    seed, members, rows, size, share
 ):
-    """A member's PPO epoch: its V valid rows, in the order ``rng.permutation(V)`` draws, in
-    ⌈V / size⌉ minibatches whose sizes differ by at most one (SB3's when size divides V; no
-    short tail otherwise), every valid row once, no invalid row; the slots left empty."""
-    valid = np.random.default_rng(seed).random(rows) < share
-    count = int(valid.sum())
-    own = -(-count // size)
-    index, weight = update_module.even_minibatches(
-        np.random.default_rng(seed), valid, size, own + 2
-    )
-    assert index.shape == weight.shape == (own + 2, size)
-    sizes = weight.sum(1).astype(int)
-    assert sizes[own:].sum() == 0 and sizes.sum() == count
-    if count:
-        assert sizes[:own].max() - sizes[:own].min() <= 1 and sizes[:own].min() >= 1
-        assert count % size or (sizes[:own] == size).all()  # size divides V: full minibatches
-    taken = index[weight > 0]  # row-major: minibatch by minibatch, slot by slot
-    order = np.flatnonzero(valid)[np.random.default_rng(seed).permutation(count)]
-    assert taken.tolist() == order.tolist()
+    """A PPO epoch, per member: its V valid rows, in the order ``rng.permutation(V)`` draws,
+    in ⌈V / size⌉ minibatches whose sizes differ by at most one (SB3's when size divides V; no
+    short tail otherwise), every valid row once, no invalid row; the slots left empty, and
+    the minibatches past its own up to the most any member has."""
+    valid = np.random.default_rng(seed).random((members, rows)) < share
+    rngs = [np.random.default_rng([seed, m]) for m in range(members)]
+    index, weight = update_module.even_minibatches(rngs, valid, size)
+    counts = valid.sum(1)
+    parts = -(-counts // size)
+    assert index.shape == weight.shape == (members, parts.max(initial=0), size)
+    for m in range(members):
+        count, own = int(counts[m]), int(parts[m])
+        sizes = weight[m].sum(1).astype(int)
+        assert sizes[own:].sum() == 0 and sizes.sum() == count
+        if count:
+            assert sizes[:own].max() - sizes[:own].min() <= 1 and sizes[:own].min() >= 1
+            assert count % size or (sizes[:own] == size).all()  # size divides V: all full
+        taken = index[m][weight[m] > 0]  # row-major: minibatch by minibatch, slot by slot
+        order = np.flatnonzero(valid[m])[np.random.default_rng([seed, m]).permutation(count)]
+        assert taken.tolist() == order.tolist()
 
 
 def test_each_members_ppo_minibatches_split_its_valid_rows_evenly(monkeypatch):

@@ -152,23 +152,26 @@ class _Sums:
 
 
 def even_minibatches(
-    rng: np.random.Generator, valid: np.ndarray, size: int, parts: int
+    rngs: Sequence[np.random.Generator], valid: np.ndarray, size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One member's minibatches for a PPO epoch (module docstring): row indices and 0/1 slot
-    weights ``[parts, size]``, its valid rows (``valid [R]``) in an order drawn from ``rng``
-    split into ⌈V / size⌉ minibatches as even as can be, the slots left over (and minibatches
-    past its own, up to ``parts``) empty."""
-    index, weight = np.zeros((parts, size), np.int64), np.zeros((parts, size), np.float32)
-    rows = np.flatnonzero(valid)
-    count = len(rows)
-    rows = rows[rng.permutation(count)]
-    if count:
-        own = -(-count // size)
-        bounds = np.arange(own + 1) * count // own
-        position = np.arange(count)
-        part = np.searchsorted(bounds, position, side="right") - 1
-        index[part, position - bounds[part]] = rows
-        weight[part, position - bounds[part]] = 1.0
+    """Every member's minibatches for a PPO epoch (module docstring): row indices and 0/1 slot
+    weights ``[M, P, size]``, P the most any member has; member m's valid rows (``valid
+    [M, R]``) in the order ``rngs[m].permutation(V)`` draws, split into ⌈V / size⌉
+    minibatches as even as can be (the first starting at row 0 of that order, the j-th at
+    ⌊j·V / P_m⌋); the slots left over, and the minibatches past a member's own, empty."""
+    counts = valid.sum(1)
+    most = int((-(-counts // size)).max(initial=0))
+    index = np.zeros((len(valid), most, size), np.int64)
+    weight = np.zeros((len(valid), most, size), np.float32)
+    for m, (rng, count) in enumerate(zip(rngs, counts.tolist(), strict=True)):
+        rows = np.flatnonzero(valid[m])[rng.permutation(count)]
+        if count:
+            own = -(-count // size)
+            bounds = np.arange(own + 1) * count // own
+            position = np.arange(count)
+            part = np.searchsorted(bounds, position, side="right") - 1
+            at = (m, part, position - bounds[part])
+            index[at], weight[at] = rows, 1.0
     return index, weight
 
 
@@ -305,16 +308,13 @@ class Learner:
             whole = self._minibatch(inputs, rollout, coefficients)
         else:  # (a member not learning draws no order: it would draw none alone)
             valid = (self._host_mask > 0) & learning[:, None]
-            most = int((-(-valid.sum(1) // self.minibatch)).max(initial=0))  # ⌈V / size⌉
         for _ in range(self.epochs):
             if whole is None:
-                drawn = [even_minibatches(rng, rows_valid, self.minibatch, most)
-                         for rng, rows_valid in zip(self._orders, valid, strict=True)]  # fmt: skip
-                index, weight = (torch.from_numpy(np.stack(x)).to(device)
-                                 for x in zip(*drawn, strict=True))  # fmt: skip
+                index, weight = (torch.from_numpy(x).to(device) for x in
+                                 even_minibatches(self._orders, valid, self.minibatch))  # fmt: skip
                 parts = (
                     self._minibatch(inputs, rollout, coefficients, index[:, j], weight[:, j])
-                    for j in range(most)
+                    for j in range(index.shape[1])
                 )
             else:
                 parts = (whole,)
