@@ -429,11 +429,13 @@ def report(args: argparse.Namespace) -> None:
             ours = [r["final"] for (i, e, _), r in latest.items() if i == "ours" and e == env]
             theirs = [r["final"] for (i, e, _), r in latest.items() if i == "sb3" and e == env]
             p = mann_whitney(ours, theirs)
-            low, high = median_difference_interval(ours, theirs)
+            from gae_core.insight.stats import CONFIDENCE_TEXT, median_gap_ci
+
+            gap, low, high = median_gap_ci(ours, theirs)
             verdicts.append(
                 f"{env}: median final ours {medians['ours']:.1f} vs SB3 {medians['sb3']:.1f}: "
                 f"{'PASS' if ok else 'FAIL'} (target ours ≥ SB3; Mann-Whitney p = {p:.3f}; "
-                f"ours − SB3 {medians['ours'] - medians['sb3']:+.1f}, 95 % bootstrap interval "
+                f"ours − SB3 {gap:+.1f}, {CONFIDENCE_TEXT} bootstrap interval "
                 f"[{low:+.1f}, {high:+.1f}] over {len(ours)} and {len(theirs)} seeds)"
             )
     ours_cartpole = [r for (i, e, _), r in latest.items() if i == "ours" and e == "CartPole-v1"]
@@ -455,23 +457,6 @@ def report(args: argparse.Namespace) -> None:
     print("\n".join(["", *verdicts]))
     if args.curves:
         print_curves(latest, args.curves)
-
-
-def median_difference_interval(a: list[float], b: list[float]) -> tuple[float, float]:
-    """A 95 % percentile-bootstrap interval (scipy, 10,000 resamples, seed 0) of median(a) −
-    median(b), the seeds of each side resampled apart: how large a gap the seeds allow."""
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan")
-
-    def gap(x, y, axis):
-        return np.median(x, axis=axis) - np.median(y, axis=axis)
-
-    found = bootstrap((a, b), gap, vectorized=True, paired=False, n_resamples=10_000,
-                      method="percentile", random_state=0)  # fmt: skip
-    return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
 def mann_whitney(a: list[float], b: list[float]) -> float:

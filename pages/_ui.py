@@ -20,7 +20,7 @@ from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
 from gae_core.agent.field_spec import echo
 from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.env_modules import registered_env_ids
-from gae_core.errors import StoreError
+from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import exports, views
 from gae_core.labels import algorithm_name, run_label
@@ -423,9 +423,7 @@ def _widget(spec: FieldSpec, key: str, on_change: Callable[[], None] | None = No
     kept = {"key": key, "persist_state": "session"}  # what the user typed outlives the page
     if spec.kind == "choice":
         shown = algorithm_name if spec.name == "algo" else str  # "ppo" reads as PPO
-        choices = list(spec.choices or ())
-        if spec.name == "env_id":  # beside the built-in ids, those the server's modules register
-            choices += [i for i in registered_env_ids() if i not in choices]
+        choices = env_choices() if spec.name == "env_id" else list(spec.choices or ())
         return st.selectbox(
             spec.label, choices, help=spec.help, on_change=on_change, format_func=shown, **kept
         )
@@ -538,14 +536,22 @@ def _set_fields(prefix: str, values: dict[str, Any]) -> None:
         st.session_state[f"{prefix}.{name}"] = _widget_value(FIELD_SPECS[name], value)
 
 
+def env_choices() -> list[str]:
+    """The form's env ids: the built-in ones, then those the server's modules register."""
+    built_in = list(FIELD_SPECS["env_id"].choices or ())
+    return built_in + [i for i in registered_env_ids() if i not in built_in]
+
+
 def reuse_settings_problem(run: Any) -> str | None:
-    """Why ``run``'s settings cannot fill the form here (a damaged config, an env this
-    server's modules do not register), or None."""
-    if run.damaged:
-        return f"Its settings cannot be read: {run.damaged}"
-    env_id = run.config.get("env_id")
-    if env_id not in (*(FIELD_SPECS["env_id"].choices or ()), *registered_env_ids()):
-        return f"Its env {env_id} is not registered on this server (GAE_CORE_ENV_MODULES)."
+    """Why ``run``'s settings cannot fill the form here (a damaged config, a value today's
+    fields refuse, an env this server's modules do not register: what
+    :meth:`TrainConfig.from_stored` refuses), as markdown, or None."""
+    try:
+        if run.damaged:
+            raise ConfigError(run.damaged)
+        TrainConfig.from_stored(run.config)
+    except ConfigError as error:
+        return markdown_text(f"Its settings cannot be used here: {error}")
     return None
 
 

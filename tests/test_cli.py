@@ -248,6 +248,15 @@ def test_train_like_a_stored_run_starts_from_its_config_with_the_flags_on_top(tm
     other = cli_in_process(data, "train", "--like", run_id, "--algo", "ppo", "--dry-run")
     assert (f"note: run {run_id} trained A2C on Acrobot-v1: its settings are kept, not "
             "Acrobot-v1's PPO preset") in other.stderr  # fmt: skip
+    # a stored value out of today's range: named as the run's, and a flag mends it
+    with RunStore(data) as store:
+        odd = store.create_run({**store.get_run(run_id).config, "lambda_": 1.5})
+    bad = cli_in_process(data, "train", "--like", odd, "--dry-run")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (f"error: run {odd}'s stored config: lambda_ must be in "
+                                  "[0.0, 1.0], got 1.5")  # fmt: skip
+    mended = cli_in_process(data, "train", "--like", odd, "--lambda", "0.9", "--dry-run")
+    assert mended.returncode == 0, mended.stderr
     missing = cli_in_process(data, "train", "--like", "nope", "--dry-run")
     assert (
         missing.returncode == 1

@@ -800,9 +800,15 @@ def test_reuse_settings_fills_the_form_with_a_runs_config_and_start_trains_it_ag
     at.run()
     at.selectbox(key="train.view").set_value(foreign).run()
     button = at.button(key="train.reuse")
-    assert button.disabled and "Elsewhere/Nope-v0 is not registered on this server" in (
-        button.proto.help
-    )
+    unknown = markdown_text("env_id 'Elsewhere/Nope-v0' is not a registered environment")
+    assert button.disabled and unknown in button.proto.help, button.proto.help
+    # a value today's fields refuse: disabled, naming it (a click had raised on the page)
+    odd = store.create_run({**store.get_run(old).config, "lambda_": 1.5})
+    at.run()
+    at.selectbox(key="train.view").set_value(odd).run()
+    button = at.button(key="train.reuse")
+    assert button.disabled
+    assert markdown_text("lambda_ must be in [0.0, 1.0], got 1.5") in button.proto.help
 
 
 def test_the_train_pages_links_are_drawn_closed_before_the_first_checkpoint(data_dir):

@@ -296,3 +296,27 @@ def test_sentence_edge_cases_say_what_the_numbers_say():
         "a ranks first (IQM tied at 1.5 with b, higher mean), yet b wins more seed pairs: "
         "P(a > b) = 0.47 ["
     ), text
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 1000), n=st.integers(2, 12), m=st.integers(2, 12),
+       shift=st.floats(-50, 50))  # fmt: skip
+def test_median_gap_ci_is_the_gap_of_medians_within_its_interval(seed, n, m, shift):
+    """median(x) − median(y), inside a percentile interval of the gaps of resampled medians;
+    shifting x by c shifts the gap and the interval by c (the resamples are the same draws)."""
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=n), rng.normal(size=m)
+    gap, low, high = stats.median_gap_ci(x, y, resamples=300)
+    assert gap == pytest.approx(np.median(x) - np.median(y))
+    assert low <= gap + 1e-12 and gap - 1e-12 <= high
+    # every interval bound is a gap of two medians of values drawn from the samples
+    assert low >= x.min() - y.max() - 1e-12 and high <= x.max() - y.min() + 1e-12
+    moved = stats.median_gap_ci(x + shift, y, resamples=300)
+    assert moved == pytest.approx((gap + shift, low + shift, high + shift), abs=1e-9)
+
+
+def test_median_gap_ci_edge_cases():
+    assert stats.median_gap_ci([3.0, 3.0], [1.0, 1.0, 1.0]) == (2.0, 2.0, 2.0)  # no spread
+    gap, low, high = stats.median_gap_ci([5.0], [1.0, 2.0])  # one seed: no interval
+    assert gap == 3.5 and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in stats.median_gap_ci([], [1.0, 2.0]))

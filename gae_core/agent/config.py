@@ -29,6 +29,7 @@ __all__ = [
     "field_spec",
     "parse_int",
     "scheduled",
+    "stored_values",
     "with_stored_defaults",
 ]
 
@@ -134,8 +135,9 @@ class TrainConfig:
     )
     minibatch_size: int = _field(
         64,
-        "PPO: rows per gradient step (SB3's batch_size); the last minibatch of an epoch takes "
-        "what is left; at most num_envs × rollout_steps",
+        "PPO: rows per gradient step (SB3's batch_size), at most: an epoch splits a rollout's "
+        "valid rows into minibatches as even as can be (agent/update.py); at most num_envs × "
+        "rollout_steps",
         min=1,
         max=10**7,
     )
@@ -269,11 +271,7 @@ class TrainConfig:
         today's default; a run trained on ``cuda`` reads as ``cpu`` where there is no GPU."""
         if not isinstance(data, dict):
             raise ConfigError(f"config must be a dict, got {type(data).__name__}")
-        data = with_stored_defaults(data)
-        if data.get("device") == "cuda" and not _cuda_available():
-            # where it ran, not what it learnt (BOOKKEEPING_FIELDS): it still opens and replays
-            data = {**data, "device": "cpu"}
-        return cls.from_dict(data)
+        return cls.from_dict(stored_values(data))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -317,6 +315,16 @@ def scheduled(value: float, schedule: str, spent: int, total_steps: int) -> floa
     if schedule != "linear":
         return value
     return value * (1.0 - min(1.0, spent / total_steps))
+
+
+def stored_values(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored config dict as :meth:`TrainConfig.from_stored` reads it, not yet checked:
+    :func:`with_stored_defaults`, and a run trained on ``cuda`` as ``cpu`` where there is no
+    GPU (where it ran, not what it learnt: it still opens and replays)."""
+    data = with_stored_defaults(data)
+    if data.get("device") == "cuda" and not _cuda_available():
+        data = {**data, "device": "cpu"}
+    return data
 
 
 def with_stored_defaults(data: dict[str, Any]) -> dict[str, Any]:

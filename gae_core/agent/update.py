@@ -3,8 +3,8 @@
 A2C takes one gradient step on all of a member's valid rows (advantages standardised over them
 where the member asks). PPO (SB3's ``PPO.train``, CleanRL's ``ppo.py``) takes ``n_epochs``
 passes over the rollout, each in a fresh order drawn by the member's own generator, in
-minibatches of ``minibatch_size`` rows (the last takes what is left), with advantages
-standardised per minibatch where the member asks; before each minibatch's step it compares the
+minibatches of at most ``minibatch_size`` rows (below), with advantages standardised per
+minibatch where the member asks; before each minibatch's step it compares the
 approximate KL with ``1.5 × target_kl`` and, past it, the member takes no more steps on this
 rollout (SB3's rule). Where one minibatch holds every row (CartPole's Zoo row) there is no
 order to draw: each member's loss is a mean over its rows, so the order changes nothing, and
@@ -306,7 +306,8 @@ class Learner:
         whole = valid = None
         if self.minibatch >= rows:
             whole = self._minibatch(inputs, rollout, coefficients)
-        else:  # (a member not learning draws no order: it would draw none alone)
+        else:  # (a member not learning at the start draws no order: it would draw none alone;
+            # one that fails on the way keeps drawing, its minibatches skipped)
             valid = (self._host_mask > 0) & learning[:, None]
         for _ in range(self.epochs):
             if whole is None:

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run",
         action="store_true",
         help="print the config it would train with (each field's flag and source: the flag, "
-        "the env's preset or the default) and exit; nothing is trained or stored",
+        "--like's run, the env's preset or the default, then the whole config as one command) "
+        "and exit; nothing is trained or stored",
     )
     add_config_flags(train)
     train.set_defaults(handler=commands.train)

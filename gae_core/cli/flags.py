@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gae_core.agent.config import (
@@ -112,12 +112,14 @@ def _sources(args: argparse.Namespace, config: TrainConfig) -> dict[str, str]:
 
 def resolved(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
     """``train --dry-run --json``: the config, each field's source (the flag, ``--like``'s run,
-    the env's preset, the default), the fields idle here with why, and the preset's reason
-    (None with ``--like``: the run's config stands in its place)."""
+    the env's preset, the default), the fields idle here with why, the preset's reason (None
+    with ``--like``: the run's config stands in its place) and the whole config as one
+    ``command`` (:func:`command_line`)."""
     preset = None if getattr(args, "like", None) else preset_of(config.env_id, config.algo)
     return {"config": config.to_dict(), "sources": _sources(args, config),
             "idle": config.idle_fields(), "preset": preset.why if preset else None,
-            "command": command_line(config)}  # fmt: skip
+            "command": command_line(config, [*getattr(args, "env_module_first", []),
+                                             *getattr(args, "env_module", [])])}  # fmt: skip
 
 
 def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
@@ -148,23 +150,25 @@ def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
 
 
 def like_notes(
-    args: argparse.Namespace, base: TrainConfig | None, config: TrainConfig
+    args: argparse.Namespace, base: Mapping[str, Any] | None, config: TrainConfig
 ) -> list[str]:
-    """A line when ``--like``'s run trained another env or algorithm than ``config`` (made from
-    it by :func:`config_from_args`): its settings are kept, not the other's preset."""
-    if base is None or (base.env_id, base.algo) == (config.env_id, config.algo):
+    """A line when ``--like``'s run (its stored values ``base``) trained another env or
+    algorithm than ``config`` (made from it by :func:`config_from_args`): its settings are
+    kept, not the other's preset."""
+    if base is None or (base["env_id"], base["algo"]) == (config.env_id, config.algo):
         return []
-    return [f"note: run {terminal_text(args.like)} trained {value_text('algo', base.algo)} on "
-            f"{terminal_text(base.env_id)}: its settings are kept, not "
+    return [f"note: run {terminal_text(args.like)} trained {value_text('algo', base['algo'])} "
+            f"on {terminal_text(base['env_id'])}: its settings are kept, not "
             f"{terminal_text(config.env_id)}'s {value_text('algo', config.algo)} preset (train "
             "--dry-run lists them)"]  # fmt: skip
 
 
-def command_line(config: TrainConfig) -> str:
+def command_line(config: TrainConfig, modules: Sequence[str] = ()) -> str:
     """``python -m gae_core train`` with every field of ``config`` as its flag: the config,
-    whole, as one command (:func:`flag_words`)."""
-    words = (flag_words(name, value) for name, value in dataclasses.asdict(config).items())
-    return "python -m gae_core train " + " ".join(words)
+    whole, as one command (:func:`flag_words`), importing the env ``modules`` named."""
+    words = [*(f"--env-module {shlex.quote(m)}" for m in modules), "train"]
+    words += (flag_words(name, value) for name, value in dataclasses.asdict(config).items())
+    return "python -m gae_core " + " ".join(words)
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:
@@ -179,12 +183,13 @@ def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str
 
 
 def config_from_args(
-    args: argparse.Namespace, base: TrainConfig | None = None, **overrides: Any
+    args: argparse.Namespace, base: Mapping[str, Any] | None = None, **overrides: Any
 ) -> TrainConfig:
     """The preset of the env and algorithm (:mod:`gae_core.agent.presets`, CartPole-v1 and A2C
-    when no ``--env`` or ``--algo``), or ``base`` (``--like``'s run), with the flags given on
-    top; ``ConfigError`` naming every bad field, one a line in the flags' order (the Train form
-    lists them all at once too)."""
+    when no ``--env`` or ``--algo``), or ``base`` (``--like``'s run's stored values, not yet
+    checked: a flag can mend one), with the flags given on top; ``ConfigError`` naming every
+    bad field, one a line in the flags' order (the Train form lists them all at once too), a
+    field the flags left to ``base`` as ``run …'s stored config``'s."""
     values = {name: getattr(args, name) for name in FIELD_SPECS if hasattr(args, name)}
     unread = {}  # flags whose text the field's parser refused (Unread): said with the rest
     for name, value in list(values.items()):
@@ -196,8 +201,9 @@ def config_from_args(
         elif FIELD_SPECS[name].kind == "int_list":  # nargs="+" of parsed parts: flatten
             values[name] = tuple(int(x) for part in value for x in part)
     values.update(overrides)
+    given = set(values) | set(unread)
     if base is not None:
-        values = {**base.to_dict(), **values}
+        values = {**base, **values}
     env_id = values.get("env_id", FIELD_SPECS["env_id"].default)
     algo = values.get("algo", FIELD_SPECS["algo"].default)
     values = {**preset_values(env_id, algo), **values}
@@ -208,5 +214,7 @@ def config_from_args(
     if problems:
         order = list(FIELD_SPECS)
         named = sorted(problems, key=lambda n: order.index(n) if n in order else len(order))
-        raise ConfigError("\n".join(problems[name] for name in named))
+        whose = f"run {terminal_text(getattr(args, 'like', ''))}'s stored config: "
+        raise ConfigError("\n".join((whose if base is not None and name not in given else "")
+                                     + problems[name] for name in named))  # fmt: skip
     return TrainConfig(**values)

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from gae_core.agent.config import TrainConfig
+from gae_core.agent.config import stored_values
 from gae_core.errors import NoStore, StoreError
+from gae_core.inert import terminal_text
 from gae_core.storage.database import DEFAULT_DATA_DIR
 from gae_core.storage.store import DATA_ENV_VAR, RunStore, open_for_reading, require_store
 
@@ -35,14 +37,16 @@ def open_existing_store(args: argparse.Namespace, *, writes: bool = False) -> Ru
     return RunStore(data_dir) if writes else open_for_reading(data_dir)
 
 
-def like_base(args: argparse.Namespace) -> TrainConfig | None:
-    """``--like RUN_ID``'s run's config as stored (:meth:`TrainConfig.from_stored`: fields it
-    predates take the behaviour it had), None without the flag; an unknown id is a
-    StoreError (exit 1)."""
+def like_base(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--like RUN_ID``'s run's config values as stored (:func:`stored_values`: fields it
+    predates take the behaviour it had), checked once the flags are on top
+    (:func:`~gae_core.cli.flags.config_from_args`); None without the flag; an unknown id or an
+    unreadable config is a StoreError (exit 1)."""
     if getattr(args, "like", None) is None:
         return None
     with open_existing_store(args) as store:
         run = store.get_run(args.like)
-    if run.damaged:
-        raise StoreError(f"run {args.like}'s config cannot be read: {run.damaged}")
-    return TrainConfig.from_stored(run.config)
+    if run.damaged or not isinstance(run.config, dict):
+        raise StoreError(f"run {terminal_text(args.like)}'s config cannot be read: "
+                         f"{run.damaged or 'not a dict'}")  # fmt: skip
+    return stored_values(run.config)

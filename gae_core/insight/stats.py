@@ -55,6 +55,7 @@ __all__ = [
     "improvement_matrix",
     "iqm",
     "mean",
+    "median_gap_ci",
     "performance_profile",
     "probability_of_improvement",
     "score_places",
@@ -172,6 +173,30 @@ def stratified_bootstrap_ci(
     alpha = (1.0 - confidence) / 2.0
     low, high = np.quantile(values, [alpha, 1.0 - alpha])
     return (point, float(low), float(high))
+
+
+def _median_gap(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(x, axis=axis) - np.median(y, axis=axis)
+
+
+def median_gap_ci(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float, float]:
+    """``(gap, low, high)``: median(x) − median(y), a percentile bootstrap interval resampling
+    x's seeds and y's apart (how large a gap two sets of seeds allow); NaN bounds with one seed
+    in either, as :func:`probability_of_improvement`; every score equal: the gap, exactly."""
+    _check(confidence, resamples)
+    a, b = _finite(x), _finite(y)
+    gap = float(_median_gap(a, b)) if len(a) and len(b) else np.nan
+    if len(a) < 2 or len(b) < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
+        return (gap, gap, gap) if len(a) > 1 and len(b) > 1 else (gap, np.nan, np.nan)
+    low, high = _bootstrap((a, b), _median_gap, confidence, resamples, seed)
+    return (gap, float(low), float(high))
 
 
 def _improvement(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
