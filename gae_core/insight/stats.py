@@ -179,26 +179,6 @@ def _median_gap(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.median(x, axis=axis) - np.median(y, axis=axis)
 
 
-def median_gap_ci(
-    x: Sequence[float],
-    y: Sequence[float],
-    *,
-    confidence: float = CONFIDENCE,
-    resamples: int = RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> tuple[float, float, float]:
-    """``(gap, low, high)``: median(x) − median(y), a percentile bootstrap interval resampling
-    x's seeds and y's apart (how large a gap two sets of seeds allow); NaN bounds with one seed
-    in either, as :func:`probability_of_improvement`; every score equal: the gap, exactly."""
-    _check(confidence, resamples)
-    a, b = _finite(x), _finite(y)
-    gap = float(_median_gap(a, b)) if len(a) and len(b) else np.nan
-    if len(a) < 2 or len(b) < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
-        return (gap, gap, gap) if len(a) > 1 and len(b) > 1 else (gap, np.nan, np.nan)
-    low, high = _bootstrap((a, b), _median_gap, confidence, resamples, seed)
-    return (gap, float(low), float(high))
-
-
 def _improvement(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     """P(X > Y) + ½ P(X = Y) over all pairs, batched over leading axes."""
     x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
@@ -207,30 +187,44 @@ def _improvement(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return greater + 0.5 * equal
 
 
-def probability_of_improvement(
-    x: Sequence[float],
-    y: Sequence[float],
-    *,
-    confidence: float = CONFIDENCE,
-    resamples: int = RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> tuple[float, float, float]:
-    """``(p, low, high)``: P(X > Y) + ½·P(X = Y) over seeds, i.e. U / (n·m) of the
-    Mann–Whitney test, with a bootstrap interval resampling x and y independently. With one
-    seed in either group there is no interval (NaN bounds): a bootstrap cannot see that seed's
-    noise, and holding it fixed would claim a certainty the data do not have (every score
-    equal is the exception: p = ½ whatever is resampled)."""
+def _two_samples(
+    statistic: Callable, x: Sequence[float], y: Sequence[float], confidence: float,
+    resamples: int, seed: int,
+) -> tuple[float, float, float]:  # fmt: skip
+    """``(value, low, high)`` of ``statistic(x, y)`` with a bootstrap interval resampling x and
+    y independently. With one seed in either group there is no interval (NaN bounds): a
+    bootstrap cannot see that seed's noise, and holding it fixed would claim a certainty the
+    data do not have (every score equal is the exception: the value whatever is resampled)."""
     _check(confidence, resamples)
     a, b = _finite(x), _finite(y)
     if not len(a) or not len(b):
         return (np.nan, np.nan, np.nan)
-    point = float(_improvement(a, b))
+    point = float(statistic(a, b))
     if np.all(np.concatenate([a, b]) == a[0]):
         return (point, point, point)
     if len(a) == 1 or len(b) == 1:
         return (point, np.nan, np.nan)
-    low, high = _bootstrap((a, b), _improvement, confidence, resamples, seed)
+    low, high = _bootstrap((a, b), statistic, confidence, resamples, seed)
     return (point, float(low), float(high))
+
+
+def median_gap_ci(
+    x: Sequence[float], y: Sequence[float], *, confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float, float]:  # fmt: skip
+    """``(gap, low, high)``: median(x) − median(y) with a bootstrap interval (how large a gap
+    two sets of seeds allow; :func:`_two_samples`)."""
+    return _two_samples(_median_gap, x, y, confidence, resamples, seed)
+
+
+def probability_of_improvement(
+    x: Sequence[float], y: Sequence[float], *, confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float, float]:  # fmt: skip
+    """``(p, low, high)``: P(X > Y) + ½·P(X = Y) over seeds, i.e. U / (n·m) of the
+    Mann–Whitney test, with a bootstrap interval (:func:`_two_samples`: none with one seed in
+    either group)."""
+    return _two_samples(_improvement, x, y, confidence, resamples, seed)
 
 
 def improvement_matrix(
