@@ -121,7 +121,7 @@ with live_column:
 
     # a run just started looks for its first points often (for its first 10 s at most: long
     # first episodes), then redraws at the live pace
-    started = store.get_run(run_id).started_at
+    started = shown.started_at
     young = started is None or time.time() - started < FIRST_POINTS_FOR_S
     waiting = running and young and st.session_state.get("train.drawn") != run_id
     every = _ui.FIRST_POINTS_EVERY_S if waiting else _ui.LIVE_CHARTS_EVERY_S

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.cli import commands, study
-from gae_core.cli.flags import add_config_flags, flag_type, name_flag
+from gae_core.cli.flags import add_config_flags, env_modules_named, flag_type, name_flag
 from gae_core.env_modules import ENV_MODULES_VAR, use_env_modules
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text
@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return commands.EXIT_USAGE
     try:
-        named = [*getattr(args, "env_module_first", []), *getattr(args, "env_module", [])]
+        named = env_modules_named(args)
         if named:
             use_env_modules(named)  # EnvModuleError (a ValueError): one line, exit 2
         return handler(args)

@@ -24,8 +24,9 @@ from gae_core.inert import terminal_text
 from gae_core.labels import label, value_text
 
 __all__ = [
-    "Unread", "add_config_flags", "command_line", "config_from_args", "flag_type", "flag_words",
-    "idle_flag_notes", "like_notes", "name_flag", "resolved", "resolved_lines",
+    "Unread", "add_config_flags", "command_line", "config_from_args", "env_modules_named",
+    "flag_type", "flag_words", "idle_flag_notes", "like_notes", "name_flag", "resolved",
+    "resolved_lines",
 ]  # fmt: skip
 
 
@@ -118,8 +119,7 @@ def resolved(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
     preset = None if getattr(args, "like", None) else preset_of(config.env_id, config.algo)
     return {"config": config.to_dict(), "sources": _sources(args, config),
             "idle": config.idle_fields(), "preset": preset.why if preset else None,
-            "command": command_line(config, [*getattr(args, "env_module_first", []),
-                                             *getattr(args, "env_module", [])])}  # fmt: skip
+            "command": command_line(config, env_modules_named(args))}  # fmt: skip
 
 
 def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
@@ -161,6 +161,12 @@ def like_notes(
             f"on {terminal_text(base['env_id'])}: its settings are kept, not "
             f"{terminal_text(config.env_id)}'s {value_text('algo', config.algo)} preset (train "
             "--dry-run lists them)"]  # fmt: skip
+
+
+def env_modules_named(args: argparse.Namespace) -> list[str]:
+    """The ``--env-module`` packages given, before the command and after it (two lists: a
+    subcommand's namespace would overwrite one)."""
+    return [*getattr(args, "env_module_first", []), *getattr(args, "env_module", [])]
 
 
 def command_line(config: TrainConfig, modules: Sequence[str] = ()) -> str:
