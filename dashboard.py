@@ -88,11 +88,14 @@ def runs_in_progress() -> None:
         when = "queued" if run.status == "queued" else f"ETA {views.format_duration(eta)}"
         st.progress(fraction, text=f"{markdown_text(run.name)} · {when}")
     for key, job in list(_ui.lab_jobs().items()):  # a lab measurement left running: its
-        if job.done:  # progress and the way back to it
+        if job.seen:  # progress and the way back to it, until the lab page has shown its end
             continue
         view = "policy gradient" if key.startswith("gradient ") else "per state"
-        eta = views.format_duration(job.eta)
-        st.progress(job.fraction, text=f"lab ({view}): run {job.run_id} · ETA {eta}")
+        if not job.done:
+            when = f"ETA {views.format_duration(job.eta)}"
+        else:
+            when = "failed" if job.error else "cancelled" if job.cancelled else "done"
+        st.progress(job.fraction, text=f"lab ({view}): run {job.run_id} · {when}")
         st.page_link(lab_page, label="open in the lab", icon=":material/science:",
                      query_params={"run": job.run_id, "view": view})  # fmt: skip
 

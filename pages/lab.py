@@ -130,6 +130,7 @@ def job_status(job: LabJob, cancel_key: str) -> None:
         st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
         st.button("Cancel", key=cancel_key, on_click=job.cancel)  # a callback: see train.py's Stop
         return
+    job.seen = True  # the sidebar stops offering the way back to it
     if job.error:
         st.error(job.error.splitlines()[0])
         with st.expander("Error details"):

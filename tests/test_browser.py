@@ -828,7 +828,7 @@ def test_a_lab_job_left_running_shows_in_the_sidebar_with_a_way_back(
     page.locator('[data-testid="stSidebarNav"] a', has_text="Runs").first.click()
     page.wait_for_function("() => location.pathname.endsWith('/runs')", timeout=30_000)
     shown = page.get_by_text(f"lab (per state): run {recorded_run}")
-    shown.wait_for(timeout=10_000)  # the sidebar lists the measurement while it runs
+    shown.wait_for(timeout=10_000)  # the sidebar lists the measurement, running or done
     link = page.get_by_role("link", name="open in the lab")
     assert f"run={recorded_run}" in link.get_attribute("href")
     link.click()
@@ -841,6 +841,10 @@ def test_a_lab_job_left_running_shows_in_the_sidebar_with_a_way_back(
     # let it finish before the next test (it is stored with the run)
     store = store_of(app_server)
     assert wait_until(lambda: len(store.lab_records(recorded_run)) >= 1, 120)
+    # once the lab page has shown its end, the sidebar no longer offers the way back
+    expect(page.get_by_text(f"lab (per state): run {recorded_run}")).to_have_count(
+        0, timeout=30_000
+    )
 
 
 # Text the page cuts off: widget labels, button labels (an ellipsis), formulas and captions

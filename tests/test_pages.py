@@ -836,3 +836,34 @@ def test_the_train_pages_links_are_drawn_closed_before_the_first_checkpoint(data
     links = {link.proto.label: link.proto for link in at.get("page_link")}
     assert links["Explore this run"].disabled
     assert links["Explore this run"].help == "This run saved no checkpoint."
+
+
+def test_the_sidebar_keeps_a_finished_lab_job_until_the_lab_page_has_shown_its_end(data_dir):
+    """A measurement left running stays listed, with its way back, after it ends (done or
+    failed) until the lab page has shown how it ended."""
+    from gae_core.lab.jobs import LabJob
+
+    def fails(store, run_id, progress, cancel):
+        raise ValueError("no checkpoint")
+
+    at = app()
+    jobs = _ui.lab_jobs()
+    jobs.clear()
+    try:
+        jobs["gradient abc123"] = ended = LabJob(None, "abc123", measure=lambda *a, **k: [])
+        jobs["def456"] = failed = LabJob(None, "def456", measure=fails)
+        assert ended.wait(10) and failed.wait(10)
+        at.run()
+        bars = [p.proto.text for p in at.sidebar.get("progress")]
+        assert bars == ["lab (policy gradient): run abc123 · done",
+                        "lab (per state): run def456 · failed"]  # fmt: skip
+        links = [link.proto for link in at.sidebar.get("page_link")][-2:]
+        assert [(link.label, link.query_string) for link in links] == [
+            ("open in the lab", "run=abc123&view=policy+gradient"),
+            ("open in the lab", "run=def456&view=per+state"),
+        ]
+        failed.seen = True  # what the lab page's job_status sets once it shows the end
+        at.run()
+        assert [p.proto.text for p in at.sidebar.get("progress")] == [bars[0]]
+    finally:
+        jobs.clear()

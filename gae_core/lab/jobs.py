@@ -215,6 +215,7 @@ class LabJob:
         self.cancelled = False
         self.results: list[tuple[str, LabResult | GradientResult]] = []
         self.started = time.monotonic()
+        self.seen = False  # set by whoever has shown how it ended (the lab page)
         self._cancel = threading.Event()
         self._thread = threading.Thread(
             target=self._work, args=(store, options), name=f"gae-lab-{run_id}", daemon=True
