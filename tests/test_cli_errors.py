@@ -530,3 +530,33 @@ def test_runs_names_a_missing_sweep_and_the_store_it_read_and_writes_a_csv_alone
     csv = cli_in_process(tmp_path, "runs", "--csv", str(tmp_path / "runs.csv"))
     assert csv.returncode == 0 and csv.stdout == "", csv.stdout  # the file, not the table too
     assert run_id in (tmp_path / "runs.csv").read_text()
+
+
+def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkeypatch):
+    """export, rename, stop, delete and train --like take a run's first characters where they
+    name one run; where they name several, the error lists them (exit 1) and nothing changes."""
+    import uuid
+    from types import SimpleNamespace
+
+    ids = iter(["abcd11110000", "abcd22220000", "bcde00000000"])
+    monkeypatch.setattr(uuid, "uuid4", lambda: SimpleNamespace(hex=next(ids) + "0" * 20))
+    with RunStore(tmp_path) as store:
+        first, _, third = (store.create_run({"env_id": "CartPole-v1", "total_steps": 10})
+                           for _ in range(3))  # fmt: skip
+    renamed = cli_in_process(tmp_path, "rename", "abcd1", "named by its first characters")
+    assert renamed.returncode == 0, renamed.stderr
+    exported = cli_in_process(tmp_path, "export", "abcd1", "--csv", "-")
+    assert exported.returncode == 0 and exported.stdout.startswith("env_step,"), exported.stderr
+    liked = cli_in_process(tmp_path, "train", "--like", "abcd1", "--dry-run")
+    assert liked.returncode == 0 and f"like run {first}" in liked.stdout, liked.stderr
+    for command in (["stop", "abcd"], ["delete", "abcd"], ["export", "abcd", "--csv", "-"],
+                    ["lab", "abcd"], ["train", "--like", "abcd"]):  # fmt: skip
+        refused = cli_in_process(tmp_path, *command)
+        assert refused.returncode == 1, (command, refused.stderr)
+        line = one_line_error(refused)
+        assert "'abcd' begins 2 run ids (abcd11110000, abcd22220000): give more" in line, line
+    stopped = cli_in_process(tmp_path, "stop", "bcde")
+    assert stopped.returncode == 0 and stopped.stderr.startswith(f"run {third}: "), stopped.stderr
+    with RunStore(tmp_path) as store:
+        assert store.get_run(first).name == "named by its first characters"
+        assert [r.id for r in store.list_runs()] == [third, "abcd22220000", first]

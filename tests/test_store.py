@@ -634,3 +634,28 @@ def test_new_ids_are_never_read_back_as_numbers(monkeypatch):
     ids = [database.new_id() for _ in range(2000)]
     frame = pd.read_csv(io.StringIO("run_id\n" + "\n".join(ids)))
     assert frame["run_id"].tolist() == ids
+
+
+def test_a_run_id_resolves_from_itself_or_a_prefix_it_alone_begins(store, monkeypatch):
+    """``resolve_run_id``: the full id, or a prefix of at least SHORT_ID characters that one
+    stored id begins (git's rule); several or none is a StoreError naming them; LIKE's
+    wildcards in the text are plain characters."""
+    import uuid
+
+    from gae_core.storage.store import SHORT_ID
+
+    ids = iter(["abcd12340000", "abcd99990000", "bcde00000000"])
+    monkeypatch.setattr(uuid, "uuid4", lambda: SimpleNamespace(hex=next(ids) + "0" * 20))
+    first, second, third = (store.create_run(CONFIG) for _ in range(3))
+    assert (first, second, third) == ("abcd12340000", "abcd99990000", "bcde00000000")
+    assert store.resolve_run_id(first) == first
+    assert store.resolve_run_id("abcd1") == first and store.resolve_run_id("bcde") == third
+    assert SHORT_ID == 4
+    with pytest.raises(StoreError, match=r"'abcd' begins 2 run ids \(abcd12340000, "
+                       r"abcd99990000\): give more of it"):  # fmt: skip
+        store.resolve_run_id("abcd")
+    with pytest.raises(StoreError, match=r"no run 'bcd' .*at least 4 characters"):
+        store.resolve_run_id("bcd")
+    for text in ("abc%", "abc_", "abcd_234", "ffff"):
+        with pytest.raises(StoreError, match=f"no run '{text}' in "):
+            store.resolve_run_id(text)

@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.cli import commands, study
-from gae_core.cli.flags import add_config_flags, env_modules_named, flag_type, name_flag
+from gae_core.cli.flags import (
+    RUN_ID_WORDS,
+    add_config_flags,
+    env_modules_named,
+    flag_type,
+    name_flag,
+)
 from gae_core.env_modules import ENV_MODULES_VAR, use_env_modules
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import terminal_text
@@ -92,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser(
         "export", parents=[data_dir, modules], help="export a run's metrics as CSV"
     )
-    export.add_argument("run_id")
+    export.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     export.add_argument("--csv", required=True, metavar="PATH", help="output file ('-' for stdout)")
     export.add_argument(
         "--long", action="store_true", help="long rows (env_step, wall_time, key, value)"
@@ -166,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from the policy, K continuations per state, every estimator at their first row. The "
         "result is stored with the run (the dashboard's Estimator lab page lists it).",
     )
-    lab.add_argument("run_id")
+    lab.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     lab.add_argument("--policy-step", type=int, help="policy checkpoint (default: latest)")
     lab.add_argument(
         "--critic-step",
@@ -243,16 +249,16 @@ def build_parser() -> argparse.ArgumentParser:
     summary.set_defaults(handler=study.summary)
 
     stop = sub.add_parser("stop", parents=[data_dir, modules], help="ask a running run to stop")
-    stop.add_argument("run_id")
+    stop.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     stop.set_defaults(handler=commands.stop)
 
     rename = sub.add_parser("rename", parents=[data_dir, modules], help="rename a run")
-    rename.add_argument("run_id")
+    rename.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     rename.add_argument("name")
     rename.set_defaults(handler=commands.rename)
 
     delete = sub.add_parser("delete", parents=[data_dir, modules], help="delete a run and its data")
-    delete.add_argument("run_id")
+    delete.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     delete.add_argument(
         "--force", action="store_true", help="even if it is active: stop it first, then delete"
     )

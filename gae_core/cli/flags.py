@@ -22,12 +22,16 @@ from gae_core.agent.presets import preset_of, preset_values
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text
 from gae_core.labels import label, value_text
+from gae_core.storage.store import SHORT_ID
 
 __all__ = [
-    "Unread", "add_config_flags", "command_line", "config_from_args", "env_modules_named",
-    "flag_type", "flag_words", "idle_flag_notes", "like_notes", "name_flag", "resolved",
-    "resolved_lines",
+    "RUN_ID_WORDS", "Unread", "add_config_flags", "command_line", "config_from_args",
+    "env_modules_named", "flag_type", "flag_words", "idle_flag_notes", "like_notes", "name_flag",
+    "resolved", "resolved_lines",
 ]  # fmt: skip
+
+
+RUN_ID_WORDS = f"its id, or its first {SHORT_ID} or more characters"  # a run id's flag help
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +64,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--like",
         metavar="RUN_ID",
-        help="start from that stored run's config instead of the env's preset (the flags "
+        help=f"start from that stored run's config ({RUN_ID_WORDS}) instead of the env's "
+        "preset (the flags "
         f"given still win, and a {label('lambda_')} sweep still holds the critic's target, "
         "saying so; train --dry-run prints it)",
     )
@@ -155,9 +160,12 @@ def like_notes(
     """A line when ``--like``'s run (its stored values ``base``) trained another env or
     algorithm than ``config`` (made from it by :func:`config_from_args`): its settings are
     kept, not the other's preset."""
-    if base is None or (base["env_id"], base["algo"]) == (config.env_id, config.algo):
+    if base is None:
         return []
-    return [f"note: run {terminal_text(args.like)} trained {value_text('algo', base['algo'])} "
+    algo = base.get("algo", FIELD_SPECS["algo"].default)  # a run from before PPO: A2C
+    if (base["env_id"], algo) == (config.env_id, config.algo):
+        return []
+    return [f"note: run {terminal_text(args.like)} trained {value_text('algo', algo)} "
             f"on {terminal_text(base['env_id'])}: its settings are kept, not "
             f"{terminal_text(config.env_id)}'s {value_text('algo', config.algo)} preset (train "
             "--dry-run lists them)"]  # fmt: skip

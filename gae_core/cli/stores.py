@@ -27,14 +27,22 @@ def open_existing_store(args: argparse.Namespace, *, writes: bool = False) -> Ru
     (:func:`~gae_core.storage.store.open_for_reading`); one that changes it (``stop``,
     ``rename``, ``delete``) as ``train`` does, whose errors say why it cannot write. A folder
     with no store is an error naming it (exit 1), so a mistyped ``--data-dir`` creates
-    nothing."""
+    nothing. The command's ``run_id``, where it has one, becomes the full id it names
+    (:meth:`~gae_core.storage.store.RunStore.resolve_run_id`: a short one will do)."""
     data_dir = getattr(args, "data_dir", None)
     try:
         require_store(data_dir)
     except NoStore as exc:
         raise NoStore(f"{exc}: name its folder with --data-dir (default: ${DATA_ENV_VAR}, "
                       f"else ./{DEFAULT_DATA_DIR})") from None  # fmt: skip
-    return RunStore(data_dir) if writes else open_for_reading(data_dir)
+    store = RunStore(data_dir) if writes else open_for_reading(data_dir)
+    if getattr(args, "run_id", None) is not None:  # the run the command names, by its id or
+        try:  # a short one (StoreError, exit 1, where it names no run or several)
+            args.run_id = store.resolve_run_id(args.run_id)
+        except StoreError:
+            store.close()
+            raise
+    return store
 
 
 def like_base(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -45,6 +53,7 @@ def like_base(args: argparse.Namespace) -> dict[str, Any] | None:
     if getattr(args, "like", None) is None:
         return None
     with open_existing_store(args) as store:
+        args.like = store.resolve_run_id(args.like)  # a short id will do
         run = store.get_run(args.like)
     if run.damaged or not isinstance(run.config, dict):
         raise StoreError(f"run {terminal_text(args.like)}'s config cannot be read: "
