@@ -362,6 +362,10 @@ def sweep(args: argparse.Namespace) -> int:
         )
 
     started = time.monotonic()
+    if args.backend == "ray":  # here, not in the sweep's thread: Ray's exit then takes 1.3 s,
+        from gae_core.runs.ray_pool import connect  # not 5 (ray_pool.connect)
+
+        connect(args.address)
     handle = start_sweep(
         store,
         base,
