@@ -591,6 +591,15 @@ LIVE_CHARTS_EVERY_S = 1.5
 FIRST_POINTS_EVERY_S = 0.25
 
 
+def index_slider(where: Any, what: str, count: int, key: str, help: str | None = None) -> int:
+    """A slider over the positions ``0 … count − 1`` in ``where`` (a column, or ``st``); with
+    one position or none, 0 and a caption saying so (a slider needs two)."""
+    if count > 1:
+        return where.slider(what, 0, count - 1, key=key, help=help)
+    where.caption(f"{what}: 0 (the only one)" if count == 1 else f"{what}: none")
+    return 0
+
+
 def run_header(run: Any) -> None:
     """Status line and progress bar with ETA."""
     fraction, eta = views.progress(run, rate=views.measured_rate(store(), run))

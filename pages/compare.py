@@ -482,7 +482,8 @@ st.dataframe(
 st.caption(
     f"Per seed, the final return is the mean of its last {SOLVED_WINDOW} episodes (of all "
     "of them where fewer ended; of its runs' means, where it has several) and the AUC the "
-    "area under its curve as drawn divided by the span (its average return over training). "
+    "area under its unsmoothed curve (the running mean smooths the chart only) divided by the "
+    "span (its average return over training). "
     f"Each cell: the IQM or mean across seeds and its {stats.INTERVAL_DEFINITION} interval. "
     "Highlighted: the highest final-return IQM. How "
     "each is computed: the methods below."

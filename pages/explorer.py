@@ -141,8 +141,8 @@ own_lambda = round(run.config["lambda_"], 2)  # the slider's grid: λ to 2 decim
 linked = _ui.number_from_url("lambda", own_lambda, 0.0, 1.0) if url_run else own_lambda
 lambda_ = round(linked, 2)  # on the slider's grid (a link's 0.955 starts it at 0.95)
 _start_at("ex.t", 0)
-t = knobs[1].slider(
-    "step t for the weights", 0, max(len(arrays[0]) - 1, 0), key="ex.t",
+t = _ui.index_slider(
+    knobs[1], "step t for the weights", len(arrays[0]), "ex.t",
     help="The bottom panel's step: how GAE weighs each Â^(k) there, with the steps left in "
     "its segment.",
 )  # fmt: skip

@@ -86,7 +86,7 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
     st.subheader("One state: target against the estimates")
     critic = st.selectbox("critic", list(results), key=f"{prefix}.state_critic")
     result = results[critic]
-    state = st.slider("state", 0, len(result.states) - 1, 0, key=f"{prefix}.state")
+    state = _ui.index_slider(st, "state", len(result.states), f"{prefix}.state")
     left, right = st.columns([3, 2])
     with left:
         figure, frame = lab_figures.state_figure(result.per_state, result.states, state)

@@ -538,11 +538,12 @@ def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkey
     import uuid
     from types import SimpleNamespace
 
-    ids = iter(["abcd11110000", "abcd22220000", "bcde00000000"])
+    ids = iter(["abcd11110000", "abcd22220000", "bcde00000000", "cdef00000000"])
     monkeypatch.setattr(uuid, "uuid4", lambda: SimpleNamespace(hex=next(ids) + "0" * 20))
     with RunStore(tmp_path) as store:
-        first, _, third = (store.create_run({"env_id": "CartPole-v1", "total_steps": 10})
-                           for _ in range(3))  # fmt: skip
+        first, _, third, fourth = (store.create_run({"env_id": "CartPole-v1", "total_steps": 10})
+                                   for _ in range(4))  # fmt: skip
+        assert store.claim_run(fourth)  # running, owned by this process
     renamed = cli_in_process(tmp_path, "rename", "abcd1", "named by its first characters")
     assert renamed.returncode == 0, renamed.stderr
     exported = cli_in_process(tmp_path, "export", "abcd1", "--csv", "-")
@@ -555,8 +556,16 @@ def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkey
         assert refused.returncode == 1, (command, refused.stderr)
         line = one_line_error(refused)
         assert "'abcd' begins 2 run ids (abcd11110000, abcd22220000): give more" in line, line
-    stopped = cli_in_process(tmp_path, "stop", "bcde")
-    assert stopped.returncode == 0 and stopped.stderr.startswith(f"run {third}: "), stopped.stderr
+    stopped = cli_in_process(tmp_path, "stop", "bcde")  # a queued run, then an ended one
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stderr == f"run {third}: stopped before it started\n"
+    again = cli_in_process(tmp_path, "stop", "bcde")
+    assert again.stderr == f"run {third}: already stopped: nothing to stop\n"
+    running = cli_in_process(tmp_path, "stop", "cdef")
+    assert (
+        running.stderr
+        == f"run {fourth}: asked to stop: it stops on its next flush, its data kept\n"
+    )
     with RunStore(tmp_path) as store:
         assert store.get_run(first).name == "named by its first characters"
-        assert [r.id for r in store.list_runs()] == [third, "abcd22220000", first]
+        assert [r.id for r in store.list_runs()] == [fourth, third, "abcd22220000", first]

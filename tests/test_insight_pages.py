@@ -1095,3 +1095,25 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     pasted.switch_page("pages/runs.py").run()
     assert not pasted.exception
     assert pasted.text_input(key=f"runs.name.{recorded_run}")
+
+
+def test_the_lab_shows_a_measurement_of_one_state_without_a_slider(recorded_run, data_dir):
+    """A per-state measurement of one state (``states`` allows 1): its page draws that state
+    (a slider of one position raised StreamlitInvalidMinMaxError on every visit, the newest
+    measurement being the one shown)."""
+    from streamlit.testing.v1 import AppTest
+
+    from gae_core.lab.jobs import measure_run
+    from gae_core.lab.measure import LabSettings
+
+    store = RunStore(data_dir)
+    measure_run(store, recorded_run, settings=LabSettings(
+        gamma=0.9, states=1, rollouts=2, continuations=2, segment=5))  # fmt: skip
+    at = AppTest.from_file("../dashboard.py", default_timeout=60)
+    at.query_params.update(run=recorded_run)
+    at.run()
+    at.switch_page("pages/lab.py").run()
+    assert not at.exception, at.exception
+    assert "state: 0 (the only one)" in [c.value for c in at.caption]
+    assert not [s for s in at.slider if s.key == "lab.result.state"]
+    assert any("One state" in h.value for h in at.subheader)

@@ -296,6 +296,12 @@ def test_sentence_edge_cases_say_what_the_numbers_say():
         "a ranks first (IQM tied at 1.5 with b, higher mean), yet b wins more seed pairs: "
         "P(a > b) = 0.47 ["
     ), text
+    # first on IQM, half the seed pairs each way: a coin flip, not "a beats b … 0.50"
+    text = stats.best_group_sentence({"a": [0.0, 2.0, 3.0, 3.0], "b": [1.0, 1.0, 3.0, 3.0]}, str)
+    assert text.startswith(
+        "a ranks first on IQM (2.5 against 2 for b), yet b wins as many seed pairs: "
+        "P(a > b) = 0.50 ["
+    ), text
 
 
 @settings(max_examples=30, deadline=None)

@@ -171,6 +171,8 @@ def train(args: argparse.Namespace) -> int:
             bar.close()
     wall = time.monotonic() - started
     status, error = run.outcomes()[run_id]
+    if status != "deleted" and not store.run_exists(run_id):  # `delete --force` stopped it
+        status = "deleted"  # (then deleted it, before this read)
     if status == "deleted":
         # the row is gone: every column of a run row, only the id and the status known
         result: dict[str, Any] = {**dict.fromkeys(RUN_COLUMNS), "run_id": run_id,
@@ -446,8 +448,15 @@ def sweep(args: argparse.Namespace) -> int:
 
 def stop(args: argparse.Namespace) -> int:
     with open_existing_store(args, writes=True) as store:
+        before = store.get_run(args.run_id).status
         status = store.request_stop(args.run_id)
-    print(f"run {args.run_id}: {status} (a running run stops on its next flush)", file=sys.stderr)
+    if status == "running":
+        what = "asked to stop: it stops on its next flush, its data kept"
+    elif before == "queued":
+        what = f"{status} before it started"
+    else:
+        what = f"already {status}: nothing to stop"
+    print(f"run {args.run_id}: {what}", file=sys.stderr)
     return EXIT_OK
 
 

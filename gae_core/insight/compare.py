@@ -238,7 +238,7 @@ def seed_scores(
     """One row per (group, seed), the replicate the statistics resample
     (:data:`REPLICATE`): ``final_return``, the mean of its runs' (:func:`run_scores`, or
     ``runs`` when given), ``auc``, the area under the seed's unsmoothed curve (the mean of its
-    runs' curves, as drawn, from its first point) on the common grid divided by that span: the
+    runs' raw curves on the common grid, from its first point) divided by that span: the
     average return over training, and ``runs``, how many runs it has."""
     if runs is None:
         runs = run_scores(episodes, group=group, final_window=final_window)

@@ -405,8 +405,9 @@ def best_group_sentence(
     """The group with the highest IQM (ties: mean) against the runner-up, in words:
     "λ = 0.95 beats λ = 1 with probability 0.78 [0.61, 0.92] …", saying so when the interval
     includes ½ (no better than a coin flip at this sample size). Where the group first on IQM
-    wins fewer than half the seed pairs (P(X > Y) < ½), it is said to rank first on IQM, with
-    both IQMs, and the runner-up to win more seed pairs: never that it "beats" it. Groups
+    wins at most half the seed pairs (P(X > Y) printed as 0.50 or less), it is said to rank
+    first on IQM, with both IQMs, and the runner-up to win as many seed pairs or more: never
+    that it "beats" it. Groups
     tied at the top (same IQM and mean, e.g. every seed at the env's ceiling) are named
     together, not ranked.
     NaN scores are left out, as everywhere here; a group without scores ranks last. With one
@@ -448,17 +449,18 @@ def best_group_sentence(
     how = "(P(X > Y) over seeds" + (
         "" if np.isnan(low) else f", {confidence * 100:g} % bootstrap CI"
     )
-    if round(p, 2) >= 0.5:  # as printed: 0.497 reads 0.50, a coin flip, not a loss
+    if round(p, 2) > 0.5:  # as printed: 0.497 and 0.503 read 0.50, a coin flip
         text = f"{label(best)} beats {label(second)} with probability {p:.2f}{interval} {how})"
-    else:  # first on IQM, yet the runner-up wins more of the seed pairs: never say "beats"
+    else:  # first on IQM, yet the runner-up wins as many seed pairs or more: never "beats"
         (best_iqm, _), (second_iqm, _) = key(best), key(second)
         first = (
             f"on IQM ({best_iqm:.4g} against {second_iqm:.4g} for {label(second)})"
             if best_iqm != second_iqm
             else f"(IQM tied at {best_iqm:.4g} with {label(second)}, higher mean)"
         )
+        pairs = "as many" if round(p, 2) == 0.5 else "more"
         text = (
-            f"{label(best)} ranks first {first}, yet {label(second)} wins more seed pairs: "
+            f"{label(best)} ranks first {first}, yet {label(second)} wins {pairs} seed pairs: "
             f"P({label(best)} > {label(second)}) = {p:.2f}{interval} {how})"
         )
     if np.isnan(low):  # one seed in either group
