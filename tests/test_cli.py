@@ -222,6 +222,32 @@ def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothin
     assert not data.exists()
 
 
+def test_train_and_sweep_note_what_the_train_form_warns_of(tmp_path):
+    """A budget under one update, checkpoints and evaluations past the budget, no recordings:
+    the CLI says so (stderr, ``note:``, each field as its flag), as the Train form does;
+    a sweep says each once, however many trials share it; a preset budget says nothing."""
+    data = tmp_path / "data"
+    short = cli_in_process(data, "train", "--algo", "ppo", "--env", "Pendulum-v1", "--total-steps",
+                           "4000", "--record-episodes", "0", "--dry-run")  # fmt: skip
+    assert short.returncode == 0, short.stderr
+    assert [line for line in short.stderr.splitlines() if line.startswith("note: ")] == [
+        "note: --total-steps (4,000) is smaller than one update (--num-envs × --rollout-steps "
+        "= 4,096): the run will do one update.",
+        "note: --checkpoint-every (10,000) exceeds --total-steps (4,000): only the final "
+        "checkpoint will be saved, so the explorer will have one checkpoint to compare.",
+        "note: --eval-every (5,000) is not below --total-steps (4,000): the policy is evaluated "
+        "once, at the end of the budget (one point on the evaluation chart).",
+        "note: --record-episodes is 0: no trajectories for the advantage explorer.",
+    ]
+    assert "note:" not in cli_in_process(data, "train", "--dry-run").stderr
+    assert not data.exists()
+    sweep = cli_in_process(data, "sweep", "--lambdas", "0.9", "1", "--seeds", "0",
+                           "--total-steps", "300", *TINY_FLAGS, "--workers", "1")  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr
+    notes = [line for line in sweep.stderr.splitlines() if line.startswith("note: ")]
+    assert [n.split(" (")[0] for n in notes] == ["note: --checkpoint-every", "note: --eval-every"]
+
+
 def test_train_like_a_stored_run_starts_from_its_config_with_the_flags_on_top(tmp_path):
     """`train --like RUN`: the run's stored config in the preset's place (--dry-run says each
     field came from the run, or the flag), a new run stores it with the flags given on top;
@@ -646,14 +672,14 @@ def test_a_flag_that_changes_nothing_given_the_others_is_said_to(tmp_path):
     done = cli_in_process(tmp_path, "train", "--n-epochs", "5", "--use-sde", "--total-steps",
                           "200", *TINY_FLAGS, "--no-progress")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+    notes = [line for line in done.stderr.splitlines() if "has no effect" in line]
     assert notes == [
         "note: --n-epochs has no effect: algo is a2c (one gradient step per rollout, no clipping)",
         "note: --use-sde has no effect: CartPole-v1's actions are discrete",
     ]
     quiet = cli_in_process(tmp_path, "train", "--total-steps", "200", *TINY_FLAGS,
                            "--no-progress")  # fmt: skip
-    assert not [line for line in quiet.stderr.splitlines() if line.startswith("note: ")]
+    assert "has no effect" not in quiet.stderr, quiet.stderr
     swept = cli_in_process(tmp_path, "sweep", "--grid", "algo=a2c,ppo", "--n-epochs", "2",
                            "--minibatch-size", "64", "--seeds", "0", "--total-steps", "200",
                            *TINY_FLAGS, "--no-progress")  # fmt: skip

@@ -67,7 +67,7 @@ def test_train_form_explains_invalid_values_before_start(data_dir):
     assert not any("evaluated once" in w.value for w in at.warning)
     set_fields(at, {"eval_every": 1_000_000})
     assert any(
-        w.value.startswith("eval every (1,000,000) is not below the budget (env steps, total_")
+        w.value.startswith("eval every (1,000,000) is not below budget (env steps, total_")
         for w in at.warning
     )
     set_fields(at, {"eval_every": 100})  # at the budget: also one evaluation only

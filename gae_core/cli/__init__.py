@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gae_core.agent.config import FIELD_SPECS
-from gae_core.cli import commands, study
+from gae_core.cli import commands, manage, study
 from gae_core.cli.flags import (
     RUN_ID_WORDS,
     add_config_flags,
@@ -250,19 +250,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     stop = sub.add_parser("stop", parents=[data_dir, modules], help="ask a running run to stop")
     stop.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
-    stop.set_defaults(handler=commands.stop)
+    stop.set_defaults(handler=manage.stop)
 
     rename = sub.add_parser("rename", parents=[data_dir, modules], help="rename a run")
     rename.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     rename.add_argument("name")
-    rename.set_defaults(handler=commands.rename)
+    rename.set_defaults(handler=manage.rename)
 
     delete = sub.add_parser("delete", parents=[data_dir, modules], help="delete a run and its data")
     delete.add_argument("run_id", help=f"the run: {RUN_ID_WORDS}")
     delete.add_argument(
         "--force", action="store_true", help="even if it is active: stop it first, then delete"
     )
-    delete.set_defaults(handler=commands.delete)
+    delete.set_defaults(handler=manage.delete)
     # no abbreviated flags: argparse read `train --lr 3e-4` as --lr-schedule (the one flag
     # starting so), and a flag added later would change what an abbreviation means
     for command in (parser, *sub.choices.values()):

@@ -19,6 +19,7 @@ from gae_core.agent.field_spec import int_problem
 from gae_core.cli.flags import (
     Unread,
     config_from_args,
+    config_notes,
     idle_flag_notes,
     like_notes,
     resolved,
@@ -26,15 +27,13 @@ from gae_core.cli.flags import (
 )
 from gae_core.cli.stores import like_base, open_existing_store, open_store
 from gae_core.errors import ConfigError, StoreError
-from gae_core.inert import terminal_text, to_csv
+from gae_core.inert import clean_name, terminal_text, to_csv
 from gae_core.labels import assignment, label, stored_algo, value_text
 from gae_core.storage.store import RunStore
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-#: How long ``delete --force`` waits for an active run to stop before deleting it anyway.
-DELETE_STOP_WAIT_S = 30.0
 #: How often `train`'s run reports to the store (and its progress bar moves).
 TRAIN_FLUSH_S = 1.0
 
@@ -131,15 +130,23 @@ def train(args: argparse.Namespace) -> int:
 
     base = like_base(args)
     config = config_from_args(args, base)  # ConfigError (exit 2) before any run exists
-    for note in [*like_notes(args, base, config), *idle_flag_notes(args, config)]:
-        print(note, file=sys.stderr)
+    if args.name is not None:  # as create_run checks it, before the notes and a store
+        try:
+            clean_name(args.name, field="run name")
+        except ValueError as exc:  # a name with nothing printable in it, not UTF-8
+            raise UsageError(f"--name: {exc}") from None
+    notes = [*like_notes(args, base, config), *idle_flag_notes(args, config), *config_notes(config)]
     if args.dry_run:
+        for note in notes:
+            print(note, file=sys.stderr)
         if args.json:
             print_json(resolved(args, config))
         else:
             print("\n".join(resolved_lines(args, config)))
         return EXIT_OK
-    store = open_store(args)
+    store = open_store(args)  # (its errors alone: the notes once it is open)
+    for note in notes:
+        print(note, file=sys.stderr)
     try:
         run_id = store.create_run(
             config.to_dict(),
@@ -346,9 +353,11 @@ def sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     base = held
-    for note in [*like_notes(args, like, base), *idle_flag_notes(args, *trials)]:  # idle in all
+    notes = [*like_notes(args, like, base), *idle_flag_notes(args, *trials),  # idle in all
+             *config_notes(*trials)]  # fmt: skip
+    store = open_store(args)  # (its errors alone: the notes once it is open)
+    for note in notes:
         print(note, file=sys.stderr)
-    store = open_store(args)
     bar = progress_bar(100, args.no_progress, unit="%")
     shown = [0]
 
@@ -441,51 +450,3 @@ def sweep(args: argparse.Namespace) -> int:
     counts = progress.counts
     clean = progress.status == "finished" and counts["failed"] == counts["interrupted"] == 0
     return EXIT_OK if clean else EXIT_FAILED
-
-
-# -- stop, rename, delete -------------------------------------------------------------------
-
-
-def stop(args: argparse.Namespace) -> int:
-    with open_existing_store(args, writes=True) as store:
-        before = store.get_run(args.run_id).status
-        status = store.request_stop(args.run_id)
-    if status == "running":
-        what = "asked to stop: it stops on its next flush, its data kept"
-    elif before == "queued":
-        what = f"{status} before it started"
-    else:
-        what = f"already {status}: nothing to stop"
-    print(f"run {args.run_id}: {what}", file=sys.stderr)
-    return EXIT_OK
-
-
-def rename(args: argparse.Namespace) -> int:
-    with open_existing_store(args, writes=True) as store:
-        try:
-            store.rename_run(args.run_id, args.name)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    return EXIT_OK
-
-
-def delete(args: argparse.Namespace) -> int:
-    with open_existing_store(args, writes=True) as store:
-        run = store.get_run(args.run_id)
-        if run.active and args.force:
-            # Stop it cleanly first, so its process ends and reports instead of failing on a
-            # vanished run; delete anyway if it does not stop in time.
-            store.request_stop(run.id)
-            deadline = time.monotonic() + DELETE_STOP_WAIT_S
-            while store.get_run(run.id).active and time.monotonic() < deadline:
-                time.sleep(0.1)
-                store.recover()
-            if store.get_run(run.id).active:
-                print(
-                    f"run {run.id} did not stop within {DELETE_STOP_WAIT_S:.0f} s; deleting it "
-                    "anyway (its process ends as 'deleted' at its next flush)",
-                    file=sys.stderr,
-                )
-        store.delete_run(run.id, force=args.force)
-    print(f"deleted run {args.run_id}", file=sys.stderr)
-    return EXIT_OK

@@ -26,8 +26,8 @@ from gae_core.storage.store import SHORT_ID
 
 __all__ = [
     "RUN_ID_WORDS", "Unread", "add_config_flags", "command_line", "config_from_args",
-    "env_modules_named", "flag_type", "flag_words", "idle_flag_notes", "like_notes", "name_flag",
-    "resolved", "resolved_lines",
+    "config_notes", "env_modules_named", "flag_type", "flag_words", "idle_flag_notes",
+    "like_notes", "name_flag", "resolved", "resolved_lines",
 ]  # fmt: skip
 
 
@@ -183,6 +183,20 @@ def command_line(config: TrainConfig, modules: Sequence[str] = ()) -> str:
     words = [*(f"--env-module {shlex.quote(m)}" for m in modules), "train"]
     words += (flag_words(name, value) for name, value in dataclasses.asdict(config).items())
     return "python -m gae_core " + " ".join(words)
+
+
+def config_notes(*configs: TrainConfig) -> list[str]:
+    """What the configs (a run's, or a sweep's trials') will do that their user may not expect,
+    as the Train form warns of it (:func:`~gae_core.insight.views.config_warnings`: a budget
+    under one update, checkpoints or evaluations past it, …), each field as its flag; each
+    line once."""
+    from gae_core.insight.views import config_warnings
+
+    def flag(name: str) -> str:
+        return FIELD_SPECS[name].flags[0]
+
+    lines = (f"note: {w}" for c in configs for w in config_warnings(c, flag, idle=False))
+    return list(dict.fromkeys(lines))
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:

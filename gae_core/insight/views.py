@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -172,33 +173,41 @@ def field_message(name: str, message: str) -> str:
     return f"{form_name(name)}{message[len(name) :]}"
 
 
-def config_warnings(config: TrainConfig) -> list[str]:
+def config_warnings(
+    config: TrainConfig, name: Callable[[str], str] = form_name, idle: bool = True
+) -> list[str]:
+    """What ``config`` will do that its user may not expect (a budget under one update,
+    checkpoints or evaluations past it, no recordings, …), each field under ``name`` (the
+    form's :func:`form_name`; the CLI's flag); with ``idle``, also each field set away from
+    its default to no effect (:meth:`TrainConfig.idle_fields`; the CLI says those of the
+    flags given)."""
     warnings = []
-    budget = form_name("total_steps")
+    budget = name("total_steps")
     if config.batch_size > config.total_steps:
         warnings.append(
             f"{budget} ({config.total_steps:,}) is smaller than one update "
-            f"({form_name('num_envs')} × {form_name('rollout_steps')} = "
+            f"({name('num_envs')} × {name('rollout_steps')} = "
             f"{config.batch_size:,}): the run will do one update."
         )
     if config.checkpoint_every and config.checkpoint_every > config.total_steps:
         warnings.append(
-            f"{form_name('checkpoint_every')} ({config.checkpoint_every:,}) exceeds the "
-            f"{budget}: only the final checkpoint will be saved, so the explorer will have one "
-            "checkpoint to compare."
+            f"{name('checkpoint_every')} ({config.checkpoint_every:,}) exceeds "
+            f"{budget} ({config.total_steps:,}): only the final checkpoint will be saved, so "
+            "the explorer will have one checkpoint to compare."
         )
     if config.eval_every and config.eval_every >= config.total_steps:
         warnings.append(
-            f"{form_name('eval_every')} ({config.eval_every:,}) is not below the {budget}: "
+            f"{name('eval_every')} ({config.eval_every:,}) is not below "
+            f"{budget} ({config.total_steps:,}): "
             "the policy is evaluated once, at the end of the budget (one point on the "
             "evaluation chart)."
         )
     if config.record_episodes == 0:
         warnings.append(
-            f"{form_name('record_episodes')} is 0: no trajectories for the advantage explorer."
+            f"{name('record_episodes')} is 0: no trajectories for the advantage explorer."
         )
     default = TrainConfig()
-    for field, why in config.idle_fields().items():
+    for field, why in config.idle_fields().items() if idle else ():
         value = getattr(config, field)
         if value != getattr(default, field):  # set on purpose, to no effect
             # (field names, as ``why`` names the fields it depends on)
