@@ -534,11 +534,12 @@ def test_runs_names_a_missing_sweep_and_the_store_it_read_and_writes_a_csv_alone
 
 def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkeypatch):
     """export, rename, stop, delete and train --like take a run's first characters where they
-    name one run; where they name several, the error lists them (exit 1) and nothing changes."""
+    name one run, summary and runs --sweep a sweep's; where they name several, the error lists
+    them (exit 1) and nothing changes."""
     import uuid
     from types import SimpleNamespace
 
-    ids = iter(["abcd11110000", "abcd22220000", "bcde00000000", "cdef00000000"])
+    ids = iter(["abcd11110000", "abcd22220000", "bcde00000000", "cdef00000000", "def000000000"])
     monkeypatch.setattr(uuid, "uuid4", lambda: SimpleNamespace(hex=next(ids) + "0" * 20))
     with RunStore(tmp_path) as store:
         first, _, third, fourth = (store.create_run({"env_id": "CartPole-v1", "total_steps": 10})
@@ -566,6 +567,12 @@ def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkey
         running.stderr
         == f"run {fourth}: asked to stop: it stops on its next flush, its data kept\n"
     )
+    with RunStore(tmp_path) as store:
+        sweep = store.create_sweep({"seed": [0]}, {"env_id": "CartPole-v1"})
+    listed = cli_in_process(tmp_path, "runs", "--sweep", "def0", "--json")
+    assert listed.returncode == 0 and listed.stdout.strip() == "[]", listed.stderr
+    summary = cli_in_process(tmp_path, "summary", "def0")
+    assert summary.stderr.startswith(f"sweep {sweep} has no finished episode yet"), summary.stderr
     with RunStore(tmp_path) as store:
         assert store.get_run(first).name == "named by its first characters"
         assert [r.id for r in store.list_runs()] == [fourth, third, "abcd22220000", first]

@@ -637,9 +637,9 @@ def test_new_ids_are_never_read_back_as_numbers(monkeypatch):
 
 
 def test_a_run_id_resolves_from_itself_or_a_prefix_it_alone_begins(store, monkeypatch):
-    """``resolve_run_id``: the full id, or a prefix of at least SHORT_ID characters that one
-    stored id begins (git's rule); several or none is a StoreError naming them; LIKE's
-    wildcards in the text are plain characters."""
+    """``resolve_run_id`` and ``resolve_sweep_id``: the full id, or a prefix of at least
+    SHORT_ID characters that one stored id of its table begins (git's rule); several or none
+    is a StoreError naming them; LIKE's wildcards in the text are plain characters."""
     import uuid
 
     from gae_core.storage.store import SHORT_ID
@@ -659,3 +659,11 @@ def test_a_run_id_resolves_from_itself_or_a_prefix_it_alone_begins(store, monkey
     for text in ("abc%", "abc_", "abcd_234", "ffff"):
         with pytest.raises(StoreError, match=f"no run '{text}' in "):
             store.resolve_run_id(text)
+    # a sweep's id, by the same rule: runs' ids do not count
+    ids = iter(["abcd55550000", "abcd66660000"])
+    first_sweep, _ = (store.create_sweep({"seed": [0]}, CONFIG) for _ in range(2))
+    assert store.resolve_sweep_id("abcd5") == first_sweep == "abcd55550000"
+    with pytest.raises(StoreError, match=r"'abcd' begins 2 sweep ids \(abcd55550000, "):
+        store.resolve_sweep_id("abcd")
+    with pytest.raises(StoreError, match="no sweep 'bcde' in "):
+        store.resolve_sweep_id("bcde")

@@ -219,8 +219,6 @@ def train(args: argparse.Namespace) -> int:
 
 def runs(args: argparse.Namespace) -> int:
     with open_existing_store(args) as store:
-        if args.sweep is not None:
-            store.get_sweep(args.sweep)  # StoreError (exit 1) naming it, as `summary` says
         found = store.list_runs(status=args.status, sweep_id=args.sweep)
         where = terminal_text(store.path)
     if args.csv:

@@ -27,8 +27,9 @@ def open_existing_store(args: argparse.Namespace, *, writes: bool = False) -> Ru
     (:func:`~gae_core.storage.store.open_for_reading`); one that changes it (``stop``,
     ``rename``, ``delete``) as ``train`` does, whose errors say why it cannot write. A folder
     with no store is an error naming it (exit 1), so a mistyped ``--data-dir`` creates
-    nothing. The command's ``run_id``, where it has one, becomes the full id it names
-    (:meth:`~gae_core.storage.store.RunStore.resolve_run_id`: a short one will do)."""
+    nothing. The run or sweep id the command takes, where it has one, becomes the full id it
+    names (a short one will do: :meth:`~gae_core.storage.store.RunStore.resolve_run_id`,
+    ``resolve_sweep_id``)."""
     data_dir = getattr(args, "data_dir", None)
     try:
         require_store(data_dir)
@@ -36,12 +37,15 @@ def open_existing_store(args: argparse.Namespace, *, writes: bool = False) -> Ru
         raise NoStore(f"{exc}: name its folder with --data-dir (default: ${DATA_ENV_VAR}, "
                       f"else ./{DEFAULT_DATA_DIR})") from None  # fmt: skip
     store = RunStore(data_dir) if writes else open_for_reading(data_dir)
-    if getattr(args, "run_id", None) is not None:  # the run the command names, by its id or
-        try:  # a short one (StoreError, exit 1, where it names no run or several)
-            args.run_id = store.resolve_run_id(args.run_id)
-        except StoreError:
-            store.close()
-            raise
+    named = (("run_id", store.resolve_run_id), ("sweep_id", store.resolve_sweep_id),
+             ("sweep", store.resolve_sweep_id))  # (`runs --sweep`)  # fmt: skip
+    try:  # the run or sweep the command names, by its id or a short one (StoreError, exit 1,
+        for attribute, resolve in named:  # where it names none or several)
+            if getattr(args, attribute, None) is not None:
+                setattr(args, attribute, resolve(getattr(args, attribute)))
+    except StoreError:
+        store.close()
+        raise
     return store
 
 

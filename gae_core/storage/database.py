@@ -41,6 +41,7 @@ from gae_core.storage.schema import SCHEMA_VERSION, migrate, refuse_newer
 __all__ = [
     "DATA_ENV_VAR",
     "DB_FILENAME",
+    "SHORT_ID",
     "Database",
     "folder_is_writable",
     "new_id",
@@ -83,6 +84,8 @@ def is_disk_full(exc: BaseException) -> bool:
 
 #: Hex digits no reader takes for part of a number ("e" makes "12e45" a float)
 _LETTERS = frozenset("abcdf")
+#: The fewest characters of a run's or sweep's id that name it (git's rule for short hashes).
+SHORT_ID = 4
 
 
 def new_id() -> str:
@@ -358,6 +361,24 @@ class Database:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot read {self.path}: {exc}") from None
+
+    def _resolve_id(self, table: str, what: str, text: str) -> str:
+        """The id of ``table`` (``runs``, ``sweeps``) that ``text`` names: itself, or the one
+        stored id it begins with at least :data:`SHORT_ID` characters (git's rule for short
+        hashes); a StoreError naming the candidates where it begins several, or none."""
+        if self._read(f"SELECT 1 FROM {table} WHERE id = ?", (text,)):
+            return text
+        if len(text) < SHORT_ID:
+            raise StoreError(f"no {what} {text!r} in {self.path} (a short id needs at least "
+                             f"{SHORT_ID} characters)")  # fmt: skip
+        rows = self._read(f"SELECT id FROM {table} WHERE substr(id, 1, ?) = ? ORDER BY id",
+                          (len(text), text))  # fmt: skip
+        if len(rows) == 1:
+            return rows[0][0]
+        if not rows:
+            raise StoreError(f"no {what} {text!r} in {self.path}")
+        raise StoreError(f"{text!r} begins {len(rows)} {what} ids "
+                         f"({', '.join(r[0] for r in rows)}): give more of it")  # fmt: skip
 
     @property
     def journal_mode(self) -> str:

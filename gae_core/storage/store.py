@@ -26,6 +26,7 @@ from gae_core.storage.database import (
     DATA_ENV_VAR,
     DB_FILENAME,
     RUN_COLUMNS,
+    SHORT_ID,
     Database,
     dumps,
     finite_or_none,
@@ -54,8 +55,6 @@ __all__ = [
     "resolve_data_dir",
     "to_wide",
 ]
-
-SHORT_ID = 4  # the fewest characters of a run id that name the run (git's rule for hashes)
 
 
 class RunStore(SweepTable, LabTable, RetentionTable, Database):
@@ -291,22 +290,8 @@ class RunStore(SweepTable, LabTable, RetentionTable, Database):
         return bool(self._read("SELECT 1 FROM runs WHERE id = ?", (run_id,)))
 
     def resolve_run_id(self, text: str) -> str:
-        """The run id ``text`` names: itself, or the one stored id it begins with at least
-        :data:`SHORT_ID` characters (git's rule for short hashes); a StoreError naming the
-        candidates where it begins several, or none."""
-        if self.run_exists(text):
-            return text
-        if len(text) < SHORT_ID:
-            raise StoreError(f"no run {text!r} in {self.path} (a short id needs at least "
-                             f"{SHORT_ID} characters)")  # fmt: skip
-        rows = self._read("SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY id",
-                          (len(text), text))  # fmt: skip
-        if len(rows) == 1:
-            return rows[0][0]
-        if not rows:
-            raise StoreError(f"no run {text!r} in {self.path}")
-        raise StoreError(f"{text!r} begins {len(rows)} run ids ({', '.join(r[0] for r in rows)})"
-                         ": give more of it")  # fmt: skip
+        """The run id ``text`` names (:meth:`_resolve_id`)."""
+        return self._resolve_id("runs", "run", text)
 
     # -- metrics ----------------------------------------------------------------------------
 

@@ -72,6 +72,10 @@ class SweepTable(Database):
             raise StoreError(f"no sweep {sweep_id!r} in {self.path}")
         return self._sweep_from_row(rows[0])
 
+    def resolve_sweep_id(self, text: str) -> str:
+        """The sweep id ``text`` names (:meth:`_resolve_id`)."""
+        return self._resolve_id("sweeps", "sweep", text)
+
     def list_sweeps(self) -> list[SweepRecord]:
         rows = self._read(
             f"SELECT {_SWEEP_COLUMNS} FROM sweeps ORDER BY created_at DESC, rowid DESC"
