@@ -390,7 +390,7 @@ record = provenance.methods_record(
     runs, group, statistic=center or "iqm", window=window, repeats=repeats
 )
 varies = record["also_varies"]
-confounds = [label(f) for f, v in varies.items() if not v["crossed"] and f != "env_id"]
+confounds = [label(f) for f, v in varies.items() if provenance.is_confound(v) and f != "env_id"]
 if confounds:
     st.warning(
         f"These runs also differ in {', '.join(confounds)}: the curves do not isolate "

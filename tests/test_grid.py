@@ -266,10 +266,13 @@ def test_a_gamma_by_lambda_sweep_summarises_as_a_grid(tmp_path, env, extra):
     assert MARKS["best"] in text.stdout
     swapped = json.loads(cli(data, "summary", sweep_id, "--group", "gamma", "--json").stdout)
     assert (swapped["grid"]["x"], swapped["grid"]["y"]) == ("gamma", "lambda_")
+    by_flag = json.loads(cli(data, "summary", sweep_id[:6], "--group", "gamma", "--second",
+                             "lambda", "--json").stdout)  # fmt: skip
+    assert by_flag["grid"] == swapped["grid"]  # a field by its flag's words, a short id
     unknown = cli(data, "summary", sweep_id, "--second", "nope_field")
-    assert (
-        unknown.returncode == 2 and "--second: unknown config field 'nope_field'" in unknown.stderr
-    )
+    assert unknown.returncode == 2 and unknown.stderr.startswith(
+        "error: --second: unknown config field 'nope_field'; fields: algo, env_id, "
+    ), unknown.stderr
 
 
 @pytest.mark.slow

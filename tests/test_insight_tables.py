@@ -468,7 +468,8 @@ def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping(
         ).config,
     ]
     shared, varying = provenance.config_spread(configs, "lambda_")
-    assert varying == {"learning_rate": {"values": [0.001, 0.01], "crossed": False}}
+    assert varying == {"learning_rate": {"values": [0.001, 0.01], "crossed": False,
+                                         "one_where_it_applies": False}}  # fmt: skip
     assert shared["num_envs"] == configs[0]["num_envs"] and "learning_rate" not in shared
     assert set(shared) | set(varying) | {"lambda_", "seed", "torch_threads", "eval_every"} == set(
         configs[0]
@@ -476,7 +477,7 @@ def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping(
     assert {"torch_threads", "eval_every"} <= set(BOOKKEEPING_FIELDS)
     # grouped by the learning rate instead, λ is the confound
     assert provenance.config_spread(configs, "learning_rate")[1] == {
-        "lambda_": {"values": [0.5, 1.0], "crossed": False}
+        "lambda_": {"values": [0.5, 1.0], "crossed": False, "one_where_it_applies": False}
     }
     # a second axis crossed alike with every λ is pooled, not a confound; numbers by value
     grid = [
@@ -484,7 +485,7 @@ def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping(
         for lam in (0.5, 1.0) for n in (16, 4, 8)
     ]  # fmt: skip
     assert provenance.config_spread(grid, "lambda_")[1] == {
-        "num_envs": {"values": [4, 8, 16], "crossed": True}
+        "num_envs": {"values": [4, 8, 16], "crossed": True, "one_where_it_applies": False}
     }
     assert provenance.config_spread(grid[:-1], "lambda_")[1]["num_envs"]["crossed"] is False
     # a run stored before critic_target existed reads as the behaviour it had, not a confound;
@@ -492,6 +493,19 @@ def test_config_spread_names_what_varies_besides_the_group_seed_and_bookkeeping(
     old = {k: v for k, v in configs[0].items() if k not in ("critic_target", "critic_lambda")}
     shared, varying = provenance.config_spread([old, configs[0], {}], "lambda_")
     assert varying == {} and shared["critic_target"] == configs[0]["critic_target"]
+    # A2C beside PPO, grouped by algo: PPO's clip range varies only as algo does (no effect
+    # under A2C), so it is no confound; a learning rate that differs is one
+    pair = [_stored("a", algo="a2c").config, _stored("p", algo="ppo", learning_rate=1e-4).config]
+    varying = provenance.config_spread(pair, "algo")[1]
+    assert varying["clip_range"] == {"values": [0.2, None], "crossed": False,
+                                     "one_where_it_applies": True}  # fmt: skip
+    assert not provenance.is_confound(varying["clip_range"])
+    assert provenance.is_confound(varying["learning_rate"])
+    runs = [_stored("a", algo="a2c"), _stored("p", algo="ppo", learning_rate=1e-4)]
+    text = provenance.methods_text(provenance.methods_record(runs, "algo"))
+    confound = next(line for line in text.split(". ") if "(a confound)" in line)
+    assert "learning_rate" in confound and "clip_range" not in confound
+    assert "Set where it has an effect, one value there (no effect in the other runs): " in text
 
 
 def test_the_methods_record_and_its_text_say_what_a_comparison_was_made_from():

@@ -233,8 +233,10 @@ def test_settings_name_the_field_and_range():
     ]
     with pytest.raises(ValueError, match="lambdas must be 1 or more values in"):
         LabSettings(lambdas=(0.5, 1.5))
-    with pytest.raises(ValueError, match="may not repeat"):
-        LabSettings(ks=(1, 1))
+    with pytest.raises(ValueError, match=r"^ks may not repeat a value, got 1, 5 more than once$"):
+        LabSettings(ks=(5, 1, 3, 1, 5))
+    with pytest.raises(ValueError, match=r"^lambdas may not repeat a value, got 0\.9 more than"):
+        LabSettings(lambdas=(0.9, 1.0, 0.9))
 
 
 def test_the_default_ks_stop_at_the_segment_where_larger_k_are_one_estimator():

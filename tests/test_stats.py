@@ -119,7 +119,7 @@ def test_improvement_matrix_and_sentence():
     assert "seed noise" not in text
     close = {0.9: [1.0, 3.0, 5.0], 1.0: [2.0, 4.0, 6.0]}
     assert "not distinguishable from seed noise" in stats.best_group_sentence(close, str)
-    assert stats.best_group_sentence({1: [1.0]}, str) == "Only one group: nothing to compare."
+    assert stats.best_group_sentence({1: [1.0]}, str) == "Only one group: nothing to compare"
 
 
 def test_sentence_names_groups_tied_at_the_top_instead_of_ranking_them():

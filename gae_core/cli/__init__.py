@@ -232,7 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"the two-axis grid of a γ × {lam} study, and the methods that made them",
     )
     summary.add_argument("sweep_id", help=f"the sweep: {RUN_ID_WORDS}")
-    summary.add_argument("--group", help=f"config field to group by (default: {lam})")
+    summary.add_argument(
+        "--group",
+        help="config field to group by, by its name or its flag's (lambda_ or lambda; default: "
+        f"the sweep's first axis, {lam})",
+    )
     summary.add_argument(
         "--second",
         metavar="FIELD",
@@ -243,8 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument(
         "--score",
         choices=("final_return", "auc", "steps_to_threshold"),
-        default="final_return",
-        help="the two-axis grid's score (default final_return)",
+        help="the two-axis grid's score (default final_return; a sweep of one axis: a note)",
     )
     summary.add_argument("--json", action="store_true", help="print one JSON object")
     summary.set_defaults(handler=study.summary)

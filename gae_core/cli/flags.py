@@ -26,8 +26,8 @@ from gae_core.storage.store import SHORT_ID
 
 __all__ = [
     "RUN_ID_WORDS", "Unread", "add_config_flags", "command_line", "config_from_args",
-    "config_notes", "env_modules_named", "flag_type", "flag_words", "idle_flag_notes",
-    "like_notes", "name_flag", "resolved", "resolved_lines",
+    "config_notes", "env_modules_named", "field_named", "flag_type", "flag_words",
+    "idle_flag_notes", "like_notes", "name_flag", "resolved", "resolved_lines",
 ]  # fmt: skip
 
 
@@ -183,6 +183,19 @@ def command_line(config: TrainConfig, modules: Sequence[str] = ()) -> str:
     words = [*(f"--env-module {shlex.quote(m)}" for m in modules), "train"]
     words += (flag_words(name, value) for name, value in dataclasses.asdict(config).items())
     return "python -m gae_core " + " ".join(words)
+
+
+def field_named(flag: str, text: str) -> str:
+    """The config field ``text`` names, by its name (``lambda_``) or its flag's words
+    (``lambda``, ``env``, ``hidden-sizes``), for option ``flag`` (``--group``); a
+    :class:`ConfigError` naming the flag and listing the fields otherwise."""
+    if text in FIELD_SPECS:
+        return text
+    for name, spec in FIELD_SPECS.items():
+        if f"--{text.replace('_', '-')}" in spec.flags:
+            return name
+    raise ConfigError(f"{flag}: unknown config field {terminal_text(text)!r}; fields: "
+                      f"{', '.join(FIELD_SPECS)}")  # fmt: skip
 
 
 def config_notes(*configs: TrainConfig) -> list[str]:

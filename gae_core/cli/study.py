@@ -7,7 +7,6 @@ import sys
 import threading
 from typing import Any
 
-from gae_core.agent.config import FIELD_SPECS
 from gae_core.cli.commands import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -16,7 +15,9 @@ from gae_core.cli.commands import (
     print_json,
     progress_bar,
 )
+from gae_core.cli.flags import field_named
 from gae_core.cli.stores import open_existing_store, open_store
+from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text
 from gae_core.labels import assignment, format_value, label, value_text
 
@@ -150,7 +151,7 @@ def lab(args: argparse.Namespace) -> int:
         offsets = result.states["offset"]
         print(f"V^π(s) − V̂(s), a state-only offset that does not bias the policy gradient: "
               f"mean {offsets.mean():.4g}, mean |·| {offsets.abs().mean():.4g} over the "
-              f"{len(offsets)} states")  # fmt: skip
+              f"{len(offsets)} state{'' if len(offsets) == 1 else 's'}")  # fmt: skip
         if report["horizon_note"]:
             print(report["horizon_note"])
     print(f"note: {BIAS2_NOTE}.")
@@ -324,15 +325,17 @@ def summary(args: argparse.Namespace) -> int:
         from gae_core.insight.grid import cell_records, cell_table, check_axes, study_axes
         from gae_core.insight.provenance import methods_record, methods_text
 
+        try:  # a field by its name or its flag's (--group lambda)
+            asked, args.second = (None if v is None else field_named(f, v) for f, v in
+                                  (("--group", args.group), ("--second", args.second)))  # fmt: skip
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         first, other = study_axes(sweep.grid)
-        group = args.group or first
+        group = asked or first
         # the sweep's other axis: with --group naming one of its two, the remaining one
         second = args.second or next((a for a in (first, other) if a and a != group), None)
         if second is not None and second not in sweep.grid and args.second is None:
             second = None
-        for flag, value in (("--group", args.group), ("--second", args.second)):
-            if value is not None and value not in FIELD_SPECS:
-                raise UsageError(f"{flag}: unknown config field {value!r}")
         if second is not None:
             try:
                 check_axes(group, second)
@@ -355,17 +358,20 @@ def summary(args: argparse.Namespace) -> int:
         stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min())),
     ) if note]  # fmt: skip
     sentences = group_sentences(group_scores(episodes, group), group)
-    cells = None
+    cells, score = None, args.score or "final_return"
+    if second is None and args.score is not None:
+        print(f"note: --score scores a two-axis grid; this sweep has one axis ({label(group)}), "
+              "so the table gives final return and AUC", file=sys.stderr)  # fmt: skip
     if second is not None:
         try:
-            cells = cell_table(episodes, group, second, score=args.score, threshold=threshold)
+            cells = cell_table(episodes, group, second, score=score, threshold=threshold)
         except ValueError as exc:  # steps_to_threshold on an env without a threshold
             raise UsageError(f"--score: {exc}") from None
     if args.json:
         report: dict[str, Any] = {"sweep_id": args.sweep_id, "group": group, "summary": records,
                                   "notes": notes, "best": sentences}  # fmt: skip
         if cells is not None:
-            report["grid"] = {"x": group, "y": second, "score": args.score,
+            report["grid"] = {"x": group, "y": second, "score": score,
                               "cells": cell_records(cells, group, second)}  # fmt: skip
         print_json(report | {"methods": methods})
         return EXIT_OK
@@ -390,7 +396,7 @@ def summary(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}")
     if cells is not None:
-        _print_grid(cells, group, second, args.score)
+        _print_grid(cells, group, second, score)
     print(f"\nmethods: {terminal_text(methods_text(methods))}")
     return EXIT_OK
 

@@ -26,7 +26,7 @@ from gae_core.labels import algorithm_name, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.version import loaded_version
 
-__all__ = ["config_spread", "csv_made_by", "methods_record", "methods_text"]
+__all__ = ["config_spread", "csv_made_by", "is_confound", "methods_record", "methods_text"]
 
 
 def _order(value: Any) -> tuple:
@@ -43,10 +43,14 @@ def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
     """``(shared, varying)`` over readable stored configs: the fields with one value in every
     config (``{field: value}``), and the fields other than ``group``, ``seed`` and
     :data:`~gae_core.agent.config.BOOKKEEPING_FIELDS` that take several
-    (``{field: {"values": [...], "crossed": bool}}``; crossed: every ``group`` value holds
-    the same values of it, as many times each, so its runs are pooled alike in every
-    group rather than confounded with the grouped field). A setting with no effect given the
-    others reads as None (:func:`~gae_core.insight.compare.effective_config`)."""
+    (``{field: {"values": [...], "crossed": bool, "one_where_it_applies": bool}}``; crossed:
+    every ``group`` value holds the same values of it, as many times each, so its runs are
+    pooled alike in every group rather than confounded with the grouped field). A setting
+    with no effect given the others reads as None
+    (:func:`~gae_core.insight.compare.effective_config`); one that takes one value wherever
+    it has an effect (``one_where_it_applies``: PPO's clip range beside A2C runs) varies only
+    with the fields that make it idle, themselves grouped or listed, so it is no confound
+    (:func:`is_confound`)."""
     configs = [c for c in (effective_config(c, keep=(group,)) for c in configs) if c is not None]
     shared, varying = {}, {}
     for field in (f for f in FIELD_SPECS if configs and f in configs[0]):
@@ -59,8 +63,16 @@ def config_spread(configs: Sequence[dict], group: str) -> tuple[dict, dict]:
                 per_group.setdefault(repr(c.get(group)), Counter())[repr(c[field])] += 1
             crossed = len({tuple(sorted(n.items())) for n in per_group.values()}) == 1
             ordered = sorted(values.values(), key=_order)
-            varying[field] = {"values": ordered, "crossed": crossed}
+            applied = {repr(v) for v in values.values() if v is not None}
+            varying[field] = {"values": ordered, "crossed": crossed,
+                              "one_where_it_applies": len(applied) == 1}  # fmt: skip
     return shared, varying
+
+
+def is_confound(entry: dict[str, Any]) -> bool:
+    """Whether a field :func:`config_spread` lists as varying confounds the grouped one: not
+    crossed with it, and more than one value where it has an effect."""
+    return not entry["crossed"] and not entry.get("one_where_it_applies", False)
 
 
 def methods_record(
@@ -219,9 +231,12 @@ def methods_text(record: dict[str, Any]) -> str:
     if group == "lambda_" and shared.get("critic_target") == "advantage_lambda":
         text.append(f"The critic's target is the {lam}-return with each run's own {lam}, so the "
                     f"critic changes with {lam} too (critic_lambda is unused).")  # fmt: skip
-    for crossed, what in ((True, "Crossed with it, alike in every group, and pooled"),
-                          (False, "Also varying across the runs (a confound)")):  # fmt: skip
-        fields = {k: v for k, v in record["also_varies"].items() if v["crossed"] == crossed}
+    kinds = {"Crossed with it, alike in every group, and pooled": lambda v: v["crossed"],
+             "Also varying across the runs (a confound)": is_confound,
+             "Set where it has an effect, one value there (no effect in the other runs)":
+             lambda v: not v["crossed"] and not is_confound(v)}  # fmt: skip
+    for what, kind in kinds.items():
+        fields = {k: v for k, v in record["also_varies"].items() if kind(v)}
         if fields:
             listed = "; ".join(
                 f"{k} ∈ {{{', '.join(format_value(x) for x in v['values'])}}}"

@@ -415,7 +415,7 @@ def best_group_sentence(
     noise), and the sentence says so instead of printing one; with fewer than
     :data:`FEW_SEEDS`, an interval that excludes ½ is said to be too few seeds to trust."""
     if len(groups) < 2:
-        return "Only one group: nothing to compare."
+        return "Only one group: nothing to compare"
     finite = {g: _finite(v) for g, v in groups.items()}
     if not any(len(v) for v in finite.values()):
         return "No scores to compare."

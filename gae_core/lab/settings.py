@@ -86,8 +86,10 @@ class LabSettings:
             raise ValueError(f"lambdas must be 1 or more values in [0, 1], got {self.lambdas!r}")
         given = default_ks(self.segment) if self.ks is None else self.ks
         ks = tuple(check_int("ks", k, 1, 10**6) for k in given)
-        if len(set(lambdas)) != len(lambdas) or len(set(ks)) != len(ks):
-            raise ValueError("lambdas and ks may not repeat a value")
+        for name, values in (("lambdas", lambdas), ("ks", ks)):
+            if repeated := sorted({v for v in values if values.count(v) > 1}):
+                shown = ", ".join(f"{v:g}" for v in repeated)
+                raise ValueError(f"{name} may not repeat a value, got {shown} more than once")
         if not 0.5 <= float(self.confidence) < 1.0:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence!r}")
         object.__setattr__(self, "lambdas", lambdas)
