@@ -476,7 +476,8 @@ def test_a_cancelled_sweep_tells_stopped_trials_from_those_that_never_started(tm
         proc.kill()
     assert proc.returncode == 130, stderr
     head, *table, last = stdout.strip().splitlines()
-    assert head.split() == ["RUN_ID", "STATUS", "ENV_STEPS", "RETURN", "NAME"]
+    assert head.split() == ["RUN_ID", "STATUS", "ALGO", "ENV", "ENV_STEPS", "RETURN", "SOLVED",
+                            "NAME"]  # as `runs` heads them  # fmt: skip
     assert [line.split()[1] for line in table].count("stopped") == 1, stdout
     assert [line.split()[1] for line in table].count("not") == 3, stdout  # "not started"
     assert last.endswith(": 1 stopped, 3 not started"), last

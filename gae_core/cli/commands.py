@@ -29,6 +29,7 @@ from gae_core.cli.stores import like_base, open_existing_store, open_store
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import clean_name, terminal_text, to_csv
 from gae_core.labels import assignment, label, stored_algo, value_text
+from gae_core.storage.records import RunRecord
 from gae_core.storage.store import RunStore
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
@@ -235,17 +236,24 @@ def runs(args: argparse.Namespace) -> int:
     if not found:
         print(f"no runs in {where}", file=sys.stderr)
         return EXIT_OK
+    print_runs(found)
+    return EXIT_OK
+
+
+def print_runs(found: list[RunRecord]) -> None:
+    """The runs as a table (``runs``, and the trials at a sweep's end): a trial cancelled
+    before its turn reads "not started"."""
     envs = [terminal_text(r.config.get("env_id", "")) for r in found]
     wide = max(len("ENV"), *map(len, envs))
     print(f"{'RUN_ID':<12}  {'STATUS':<11}  ALGO  {'ENV':<{wide}}  {'ENV_STEPS':>11}  "
           f"{'RETURN':>9}  {'SOLVED':<6}  NAME")  # fmt: skip
     for run, env in zip(found, envs, strict=True):
+        status = "not started" if run.never_started else run.status
         print(
-            f"{run.id:<12}  {run.status:<11}  {value_text('algo', stored_algo(run.config)):<4}  "
+            f"{run.id:<12}  {status:<11}  {value_text('algo', stored_algo(run.config)):<4}  "
             f"{env:<{wide}}  {run.env_steps:>11,}  {_fmt(run.summary.final_return, '9.2f'):>9}  "
             f"{_fmt(run.summary.solved_state):<6}  {terminal_text(run.name)}"
         )
-    return EXIT_OK
 
 
 def export(args: argparse.Namespace) -> int:
@@ -426,14 +434,8 @@ def sweep(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        if found:  # the columns as `runs` heads them
-            print(f"{'RUN_ID':<12}  {'STATUS':<11}  {'ENV_STEPS':>11}  {'RETURN':>9}  NAME")
-        for run in found:
-            status = "not started" if run.never_started else run.status
-            print(
-                f"{run.id}  {status:<11}  {run.env_steps:>11,}  "
-                f"{_fmt(run.summary.final_return, '9.2f'):>9}  {terminal_text(run.name)}"
-            )
+        if found:
+            print_runs(found)
         ended = dict(progress.counts)  # a trial cancelled before its turn: not "stopped"
         if never := sum(run.never_started for run in found):
             ended["stopped"] -= never
