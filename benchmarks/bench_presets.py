@@ -476,7 +476,12 @@ def compare_engines(args: argparse.Namespace) -> None:
             and r.get("final") is not None]  # fmt: skip
     if args.engine is None:
         args.engine = "numpy" if args.algo == "a2c" else ENGINE
-    print(f"{'env':<26}{'engine':<22}{'seeds':>6}{'median':>10}   vs {args.engine} (p)")
+    from gae_core.insight.stats import CONFIDENCE_TEXT, median_gap_ci
+
+    print(
+        f"{'env':<26}{'engine':<22}{'seeds':>6}{'median':>10}   vs {args.engine} (p; the gap "
+        f"of medians, today − {args.engine}, with its {CONFIDENCE_TEXT} bootstrap interval)"
+    )
     for env in dict.fromkeys(r["env"] for r in rows):
         today = preset_fingerprint(env, args.algo)
         now = {r["seed"]: r["final"] for r in rows
@@ -491,9 +496,11 @@ def compare_engines(args: argparse.Namespace) -> None:
             continue
         drop = statistics.median(now.values()) < statistics.median(old.values())
         p = mann_whitney(list(now.values()), list(old.values()))
+        gap, low, high = median_gap_ci(list(now.values()), list(old.values()))
         print(f"{env:<26}{engine:<22}{len(now):>6}{statistics.median(now.values()):>10.1f}   "
               f"{args.engine} {len(old)} seeds {statistics.median(old.values()):.1f} "
-              f"(p = {p:.3f}) {'LOWER' if drop else 'not lower'}")  # fmt: skip
+              f"(p = {p:.3f}; {gap:+.1f} [{low:+.1f}, {high:+.1f}]) "
+              f"{'LOWER' if drop else 'not lower'}")  # fmt: skip
 
 
 def print_curves(latest: dict[tuple, dict], envs: list[str]) -> None:
