@@ -688,7 +688,8 @@ def run_charts(
 @st.cache_resource
 def lab_jobs() -> dict:
     """Lab jobs started by this server process (their threads live here), by key: the lab page
-    starts and shows them, the sidebar lists those still measuring."""
+    starts and shows them, the sidebar lists those measuring and those ended whose end no
+    lab page has shown yet (``LabJob.seen``)."""
     return {}
 
 

@@ -142,6 +142,18 @@ def job_status(job: LabJob, cancel_key: str) -> None:
         st.rerun()
 
 
+def shown_job(key: str, mine: str) -> LabJob | None:
+    """The lab job under ``key`` as this session shows it: while it measures, and once it has
+    ended until some lab page has shown how (the sidebar's way back leads here, from any
+    session); after that only in the session that started it (``mine``, its Session State
+    key naming the job's key), whose error or cancellation message stays until the next
+    Measure."""
+    job = _ui.lab_jobs().get(key)
+    if job is not None and job.done and job.seen and st.session_state.get(mine) != key:
+        return None
+    return job
+
+
 def stored_measurements(run_id: str, gradient: bool) -> dict[str, list[LabRecord]]:
     """The run's stored measurements of one view, newest first, under the id a link names
     (``?measurement=``): a gradient measurement's own; a per-state Measure's results (one per
@@ -245,11 +257,12 @@ def gradient_lens(
                    "ended).")  # fmt: skip
     if st.button("Measure the gradient", type="primary", disabled=bool(problems),
                  key="lab.g_start"):  # fmt: skip
+        st.session_state["lab.g_job"] = f"gradient {run.id}"
         _ui.lab_jobs()[f"gradient {run.id}"] = LabJob(
             store, run.id, measure=measure_gradient_run, policy_step=policy_step,
             critic_steps=critic_steps, settings=settings,
         )  # fmt: skip
-    job = _ui.lab_jobs().get(f"gradient {run.id}")
+    job = shown_job(f"gradient {run.id}", "lab.g_job")
 
     @st.fragment(run_every=0.5 if job is not None and not job.done else None)
     def progress() -> None:
@@ -447,8 +460,7 @@ if st.button("Measure", type="primary", disabled=bool(problem), key="lab.start")
     _ui.lab_jobs()[run_id] = job
     st.session_state["lab.job"] = run_id
 
-# this run's last job, until the next Measure (an error or a cancel keeps its message)
-job = _ui.lab_jobs().get(run_id) if st.session_state.get("lab.job") == run_id else None
+job = shown_job(run_id, "lab.job")  # this run's job (its end: where shown_job says)
 
 
 @st.fragment(run_every=0.5 if job is not None and not job.done else None)

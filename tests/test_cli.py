@@ -240,6 +240,11 @@ def test_train_and_sweep_note_what_the_train_form_warns_of(tmp_path):
         "note: --record-episodes is 0: no trajectories for the advantage explorer.",
     ]
     assert "note:" not in cli_in_process(data, "train", "--dry-run").stderr
+    monte_carlo = cli_in_process(data, "train", "--gamma", "1", "--lambda", "1", "--dry-run")
+    assert (
+        "note: --gamma and --lambda both 1: undiscounted Monte Carlo advantages, the "
+        "highest-variance setting." in monte_carlo.stderr.splitlines()
+    )
     assert not data.exists()
     sweep = cli_in_process(data, "sweep", "--lambdas", "0.9", "1", "--seeds", "0",
                            "--total-steps", "300", *TINY_FLAGS, "--workers", "1")  # fmt: skip

@@ -576,3 +576,28 @@ def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkey
     with RunStore(tmp_path) as store:
         assert store.get_run(first).name == "named by its first characters"
         assert [r.id for r in store.list_runs()] == [fourth, third, "abcd22220000", first]
+
+
+def test_train_json_says_deleted_for_a_run_deleted_after_it_ended(tmp_path, monkeypatch):
+    """``delete --force`` stops a run, then deletes it: where the row is gone by the time
+    ``train`` reads its end, the JSON says "deleted" (with every column), exit 0, instead of
+    failing on the missing row."""
+    from gae_core.runs.sweep import Sweep
+
+    outcomes = Sweep.outcomes
+
+    def deleted_meanwhile(self):
+        ended = outcomes(self)
+        with RunStore(tmp_path) as store:
+            for run_id in ended:
+                store.delete_run(run_id, force=True)
+        return ended
+
+    monkeypatch.setattr(Sweep, "outcomes", deleted_meanwhile)
+    done = cli_in_process(tmp_path, "train", "--total-steps", "100", *TINY_FLAGS, "--json",
+                          "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "deleted" and set(RUN_COLUMNS) <= set(result)
+    with RunStore(tmp_path) as store:
+        assert store.list_runs() == []

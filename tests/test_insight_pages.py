@@ -1117,3 +1117,38 @@ def test_the_lab_shows_a_measurement_of_one_state_without_a_slider(recorded_run,
     assert "state: 0 (the only one)" in [c.value for c in at.caption]
     assert not [s for s in at.slider if s.key == "lab.result.state"]
     assert any("One state" in h.value for h in at.subheader)
+
+
+def test_a_lab_job_that_ended_unseen_shows_in_any_session_once(recorded_run, data_dir):
+    """The sidebar's way back to an ended measurement leads to a lab page that shows how it
+    ended, from any session (a reload, another tab), and the sidebar then lets it go; later
+    only the session that started it keeps its message."""
+    from streamlit.testing.v1 import AppTest
+
+    from gae_core.lab.jobs import LabJob
+
+    def fails(store, run_id, progress, cancel, **options):
+        raise ValueError("no checkpoint to measure")
+
+    def lab_session() -> AppTest:
+        at = AppTest.from_file("../dashboard.py", default_timeout=60)
+        at.query_params.update(run=recorded_run)
+        at.run()
+        at.switch_page("pages/lab.py").run()
+        assert not at.exception, at.exception
+        return at
+
+    jobs = _ui.lab_jobs()
+    jobs[recorded_run] = job = LabJob(None, recorded_run, measure=fails)
+    assert job.wait(10) and not job.seen
+    other = lab_session()  # not the session that pressed Measure
+    assert [e.value for e in other.error] == ["ValueError: no checkpoint to measure"]
+    assert job.seen
+    assert not lab_session().error  # shown once: a later visit has nothing to say
+    starter = AppTest.from_file("../dashboard.py", default_timeout=60)
+    starter.session_state["lab.job"] = recorded_run  # as its Measure set it
+    starter.query_params.update(run=recorded_run)
+    starter.run()
+    starter.switch_page("pages/lab.py").run()
+    assert [e.value for e in starter.error] == ["ValueError: no checkpoint to measure"]
+    jobs.clear()

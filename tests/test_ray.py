@@ -373,3 +373,54 @@ def test_the_cli_ray_sweep_starts_ray_in_its_main_thread_and_leaves_nothing_behi
     assert "SIGTERM handler is not set" not in done.stderr, done.stderr
     gone = wait_until(lambda: not _processes_marked(marker), timeout=30)
     assert gone, _processes_marked(marker)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["started", "failed"])
+def test_connect_keeps_the_processs_sigterm_handler(monkeypatch, fails):
+    """``ray.init`` in the main thread sets its own SIGTERM handler (``sys.exit``) before it
+    connects; ``connect`` puts the process's back, whether ``ray.init`` returns or raises."""
+    from gae_core.runs import ray_pool
+
+    def ray_init(**kwargs):
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(15))  # as ray.init does
+        if fails:
+            raise RuntimeError("version mismatch")
+
+    def ours(signum, frame):  # the process's own handler
+        pass
+
+    monkeypatch.setattr(ray_pool.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_pool.ray, "init", ray_init)
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+        if fails:
+            with pytest.raises(RuntimeError, match="version mismatch"):
+                ray_pool.connect(None)
+        else:
+            ray_pool.connect(None)
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_cli_says_in_one_line_that_ray_did_not_start(tmp_path, monkeypatch):
+    """A Ray that cannot start or be joined stops the CLI's sweep before it exists: one line
+    naming it and why, exit 1, no sweep stored."""
+    from conftest import cli_in_process
+
+    from gae_core.runs import ray_pool
+
+    def ray_init(**kwargs):
+        raise RuntimeError("Version mismatch:\nthe cluster runs 2.0")
+
+    monkeypatch.setattr(ray_pool.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_pool.ray, "init", ray_init)
+    done = cli_in_process(tmp_path, "sweep", "--backend", "ray", "--seeds", "0",
+                          "--total-steps", "100", *TINY_FLAGS, "--no-progress")  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: could not start or join a local Ray: RuntimeError: Version mismatch: the "
+        "cluster runs 2.0"
+    ), done.stderr
+    with RunStore(tmp_path) as store:
+        assert store.list_sweeps() == [] and store.list_runs() == []

@@ -141,7 +141,7 @@ def test_sentence_leaves_out_nan_and_gives_no_interval_with_one_seed():
     # a group without scores ranks last; none at all: nothing to say
     groups = {"a": [math.nan], "b": [1.0, 2.0], "c": [0.0, 1.0]}
     assert stats.best_group_sentence(groups, str).startswith("b beats c")
-    assert stats.best_group_sentence({"a": [math.nan], "b": []}, str) == "No scores to compare."
+    assert stats.best_group_sentence({"a": [math.nan], "b": []}, str) == "No scores to compare"
     # two seeds a group, ordered one way: [1.00, 1.00], said to come from too few seeds
     text = stats.best_group_sentence({"a": [5.0, 6.0], "b": [1.0, 2.0, 3.0]}, str)
     assert text.startswith("a beats b with probability 1.00 [1.00, 1.00]"), text

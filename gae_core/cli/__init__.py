@@ -35,7 +35,7 @@ from gae_core.lab.settings import GradientSettings, LabSettings
 from gae_core.labels import label
 from gae_core.runs.backends import BACKENDS, DEFAULT_MEMBERS
 from gae_core.storage.records import STATUSES
-from gae_core.storage.store import DATA_ENV_VAR, SHORT_ID
+from gae_core.storage.store import DATA_ENV_VAR
 
 __all__ = ["build_parser", "main"]
 
@@ -86,8 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", parents=[data_dir, modules], help="list runs with their status")
     runs.add_argument("--status", nargs="+", choices=STATUSES, help="only runs with these statuses")
-    runs.add_argument("--sweep", help="only the trials of this sweep (its id, or its first "
-                      f"{SHORT_ID} or more characters)")  # fmt: skip
+    runs.add_argument("--sweep", help=f"only the trials of this sweep ({RUN_ID_WORDS})")
     runs.add_argument("--json", action="store_true", help="print one JSON array")
     runs.add_argument(
         "--csv",

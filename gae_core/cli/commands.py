@@ -179,14 +179,18 @@ def train(args: argparse.Namespace) -> int:
             bar.close()
     wall = time.monotonic() - started
     status, error = run.outcomes()[run_id]
-    if status != "deleted" and not store.run_exists(run_id):  # `delete --force` stopped it
-        status = "deleted"  # (then deleted it, before this read)
-    if status == "deleted":
+    try:  # (`delete --force` stops a run, then deletes it: maybe before this read)
+        record = None if status == "deleted" else store.get_run(run_id)
+    except StoreError:
+        if store.run_exists(run_id):
+            raise
+        record, status = None, "deleted"
+    if record is None:
         # the row is gone: every column of a run row, only the id and the status known
         result: dict[str, Any] = {**dict.fromkeys(RUN_COLUMNS), "run_id": run_id,
                                   "status": "deleted", "env_steps": env_steps}  # fmt: skip
     else:
-        result = run_row(store.get_run(run_id))
+        result = run_row(record)
     if status == "failed" and result["status"] in ("queued", "running"):
         # its end could not be written (the disk is still full): say how it ended
         result.update(status=status, error=error)
@@ -248,7 +252,7 @@ def print_runs(found: list[RunRecord]) -> None:
     print(f"{'RUN_ID':<12}  {'STATUS':<11}  ALGO  {'ENV':<{wide}}  {'ENV_STEPS':>11}  "
           f"{'RETURN':>9}  {'SOLVED':<6}  NAME")  # fmt: skip
     for run, env in zip(found, envs, strict=True):
-        status = "not started" if run.never_started else run.status
+        status = run.shown_status
         print(
             f"{run.id:<12}  {status:<11}  {value_text('algo', stored_algo(run.config)):<4}  "
             f"{env:<{wide}}  {run.env_steps:>11,}  {_fmt(run.summary.final_return, '9.2f'):>9}  "
@@ -379,10 +383,18 @@ def sweep(args: argparse.Namespace) -> int:
         )
 
     started = time.monotonic()
-    if args.backend == "ray":  # here, not in the sweep's thread: Ray's exit then takes 1.3 s,
-        from gae_core.runs.ray_pool import connect  # not 5 (ray_pool.connect)
+    if args.backend == "ray":  # in this thread, not the sweep's (ray_pool.connect: a faster
+        from gae_core.runs.ray_pool import connect  # exit)
 
-        connect(args.address)
+        try:
+            connect(args.address)
+        except Exception as exc:  # before a sweep exists: one line, exit 1
+            where = "a local Ray" if args.address is None else f"Ray at {args.address}"
+            why = " ".join(str(exc).split()) or "no message"
+            print(f"error: could not start or join {terminal_text(where)}: "
+                  f"{type(exc).__name__}: {terminal_text(why)}", file=sys.stderr)  # fmt: skip
+            store.close()
+            return EXIT_FAILED
     handle = start_sweep(
         store,
         base,
@@ -437,7 +449,7 @@ def sweep(args: argparse.Namespace) -> int:
         if found:
             print_runs(found)
         ended = dict(progress.counts)  # a trial cancelled before its turn: not "stopped"
-        if never := sum(run.never_started for run in found):
+        if never := sum(run.shown_status == "not started" for run in found):
             ended["stopped"] -= never
             ended["not started"] = never
         counts = ", ".join(f"{n} {status}" for status, n in ended.items() if n)

@@ -17,6 +17,7 @@ from gae_core.agent.config import (
     FieldSpec,
     TrainConfig,
     field_problems,
+    field_spec,
 )
 from gae_core.agent.presets import preset_of, preset_values
 from gae_core.errors import ConfigError
@@ -186,16 +187,13 @@ def command_line(config: TrainConfig, modules: Sequence[str] = ()) -> str:
 
 
 def field_named(flag: str, text: str) -> str:
-    """The config field ``text`` names, by its name (``lambda_``) or its flag's words
-    (``lambda``, ``env``, ``hidden-sizes``), for option ``flag`` (``--group``); a
+    """The config field ``text`` names for option ``flag`` (``--group``), as ``sweep --grid``
+    reads one (:func:`~gae_core.agent.config.field_spec`: ``lambda`` and ``env`` too); a
     :class:`ConfigError` naming the flag and listing the fields otherwise."""
-    if text in FIELD_SPECS:
-        return text
-    for name, spec in FIELD_SPECS.items():
-        if f"--{text.replace('_', '-')}" in spec.flags:
-            return name
-    raise ConfigError(f"{flag}: unknown config field {terminal_text(text)!r}; fields: "
-                      f"{', '.join(FIELD_SPECS)}")  # fmt: skip
+    try:
+        return field_spec(text).name
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def config_notes(*configs: TrainConfig) -> list[str]:

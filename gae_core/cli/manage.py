@@ -21,8 +21,8 @@ def stop(args: argparse.Namespace) -> int:
         status = store.request_stop(args.run_id)
     if status == "running":
         what = "asked to stop: it stops on its next flush, its data kept"
-    elif before == "queued":
-        what = f"{status} before it started"
+    elif before == "queued" and status == "stopped":  # (not one that ran meanwhile)
+        what = "stopped before it started"
     else:
         what = f"already {status}: nothing to stop"
     print(f"run {args.run_id}: {what}", file=sys.stderr)

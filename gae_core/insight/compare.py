@@ -395,8 +395,7 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     unfinished = unfinished_runs(runs)
     if not unfinished:
         return None
-    said = Counter("not started" if getattr(r, "never_started", False) else r.status
-                   for r in unfinished)  # fmt: skip
+    said = Counter(getattr(r, "shown_status", r.status) for r in unfinished)
     order = [*STATUSES, "not started"]  # the store's order, never-started trials last
     how = ", ".join(f"{said[status]} {status}" for status in sorted(said, key=order.index))
     verb = "has not finished its" if len(unfinished) == 1 else "have not finished their"

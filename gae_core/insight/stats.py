@@ -413,12 +413,13 @@ def best_group_sentence(
     NaN scores are left out, as everywhere here; a group without scores ranks last. With one
     seed in either of the two groups there is no interval (a bootstrap cannot see that seed's
     noise), and the sentence says so instead of printing one; with fewer than
-    :data:`FEW_SEEDS`, an interval that excludes ½ is said to be too few seeds to trust."""
+    :data:`FEW_SEEDS`, an interval that excludes ½ is said to be too few seeds to trust.
+    The sentence has no final full stop: the caller ends it."""
     if len(groups) < 2:
         return "Only one group: nothing to compare"
     finite = {g: _finite(v) for g, v in groups.items()}
     if not any(len(v) for v in finite.values()):
-        return "No scores to compare."
+        return "No scores to compare"
 
     def key(g: Any) -> tuple[float, float]:
         values = finite[g]

@@ -20,7 +20,7 @@ from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_pro
 from gae_core.agent.field_spec import echo, int_problem
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
-from gae_core.labels import assignment, format_value, label
+from gae_core.labels import format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.sweep import MOST_WORKERS
 from gae_core.storage.records import RunRecord
@@ -214,7 +214,7 @@ def config_warnings(
             warnings.append(f"{field} ({format_value(value)}) has no effect: {why}.")
     if config.gamma == 1.0 and config.lambda_ == 1.0:
         warnings.append(
-            f"{label('gamma')} = {assignment('lambda_', 1)}: undiscounted Monte Carlo "
+            f"{name('gamma')} and {name('lambda_')} both 1: undiscounted Monte Carlo "
             "advantages, the highest-variance setting."
         )
     return warnings

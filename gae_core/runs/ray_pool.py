@@ -249,19 +249,22 @@ def connect(address: str | None) -> None:
     is the one ``address`` names (:func:`check_address`).
 
     A process that will end with Ray calls it from its main thread before the sweep starts
-    (the CLI's ``sweep``): Ray's exit hook then shuts down in about 1.3 s here, against 5 s
+    (the CLI's ``sweep``): Ray's exit hook then shuts it down without the 5 s wait it takes
     when ``ray.init`` ran in another thread (the sweep's coordinator, where :class:`RayPool`
-    calls it otherwise); Python's SIGTERM handler stays the one the process had."""
+    calls it otherwise); Python's SIGTERM handler stays the one the process had, whether
+    ``ray.init`` succeeds or raises."""
     if ray.is_initialized():
         check_address(address)
         return
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
-    with _python_keeps_sigterm():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 runtime_env=RUNTIME_ENV)  # fmt: skip
-    if main:  # (ray.init in the main thread sets its own: sys.exit)
-        signal.signal(signal.SIGTERM, sigterm)
+    try:
+        with _python_keeps_sigterm():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     runtime_env=RUNTIME_ENV)  # fmt: skip
+    finally:  # ray.init in the main thread sets its own (sys.exit) first, even if it fails
+        if sigterm is not None:  # (None: a handler not set from Python, left as it is)
+            signal.signal(signal.SIGTERM, sigterm)
     if address is not None:
         _JOINED[address] = ray.get_runtime_context().gcs_address
 

@@ -366,6 +366,10 @@ class Database:
         """The id of ``table`` (``runs``, ``sweeps``) that ``text`` names: itself, or the one
         stored id it begins with at least :data:`SHORT_ID` characters (git's rule for short
         hashes); a StoreError naming the candidates where it begins several, or none."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a typed byte that is not UTF-8: no id holds one
+            raise StoreError(f"no {what} {text!r} in {self.path}") from None
         if self._read(f"SELECT 1 FROM {table} WHERE id = ?", (text,)):
             return text
         if len(text) < SHORT_ID:

@@ -70,6 +70,11 @@ class RunRecord:
         return self.status == "stopped" and self.env_steps == 0
 
     @property
+    def shown_status(self) -> str:
+        """The status as tables and counts say it: "not started" for :attr:`never_started`."""
+        return "not started" if self.never_started else self.status
+
+    @property
     def total_steps(self) -> int:
         return int(self.config.get("total_steps", 0) or 0)
 
