@@ -239,6 +239,12 @@ def test_train_and_sweep_note_what_the_train_form_warns_of(tmp_path):
         "once, at the end of the budget (one point on the evaluation chart).",
         "note: --record-episodes is 0: no trajectories for the advantage explorer.",
     ]
+    planned = _last_json(cli_in_process(data, "train", "--algo", "ppo", "--env", "Pendulum-v1",
+                                        "--total-steps", "4000", "--record-episodes", "0",
+                                        "--dry-run", "--json").stdout)  # fmt: skip
+    assert [f"note: {w}" for w in planned["warnings"]] == [
+        line for line in short.stderr.splitlines() if line.startswith("note: ")
+    ]
     assert "note:" not in cli_in_process(data, "train", "--dry-run").stderr
     monte_carlo = cli_in_process(data, "train", "--gamma", "1", "--lambda", "1", "--dry-run")
     assert (

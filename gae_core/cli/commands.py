@@ -19,7 +19,7 @@ from gae_core.agent.field_spec import int_problem
 from gae_core.cli.flags import (
     Unread,
     config_from_args,
-    config_notes,
+    flag_warnings,
     idle_flag_notes,
     like_notes,
     resolved,
@@ -136,7 +136,8 @@ def train(args: argparse.Namespace) -> int:
             clean_name(args.name, field="run name")
         except ValueError as exc:  # a name with nothing printable in it, not UTF-8
             raise UsageError(f"--name: {exc}") from None
-    notes = [*like_notes(args, base, config), *idle_flag_notes(args, config), *config_notes(config)]
+    notes = [*like_notes(args, base, config), *idle_flag_notes(args, config),
+             *(f"note: {warning}" for warning in flag_warnings(config))]  # fmt: skip
     if args.dry_run:
         for note in notes:
             print(note, file=sys.stderr)
@@ -364,7 +365,7 @@ def sweep(args: argparse.Namespace) -> int:
         )
     base = held
     notes = [*like_notes(args, like, base), *idle_flag_notes(args, *trials),  # idle in all
-             *config_notes(*trials)]  # fmt: skip
+             *(f"note: {warning}" for warning in flag_warnings(*trials))]  # fmt: skip
     store = open_store(args)  # (its errors alone: the notes once it is open)
     for note in notes:
         print(note, file=sys.stderr)

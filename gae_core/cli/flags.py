@@ -27,7 +27,7 @@ from gae_core.storage.store import SHORT_ID
 
 __all__ = [
     "RUN_ID_WORDS", "Unread", "add_config_flags", "command_line", "config_from_args",
-    "config_notes", "env_modules_named", "field_named", "flag_type", "flag_words",
+    "env_modules_named", "field_named", "flag_type", "flag_warnings", "flag_words",
     "idle_flag_notes", "like_notes", "name_flag", "resolved", "resolved_lines",
 ]  # fmt: skip
 
@@ -120,11 +120,13 @@ def _sources(args: argparse.Namespace, config: TrainConfig) -> dict[str, str]:
 def resolved(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
     """``train --dry-run --json``: the config, each field's source (the flag, ``--like``'s run,
     the env's preset, the default), the fields idle here with why, the preset's reason (None
-    with ``--like``: the run's config stands in its place) and the whole config as one
-    ``command`` (:func:`command_line`)."""
+    with ``--like``: the run's config stands in its place), the ``warnings`` the Train form
+    would give (:func:`flag_warnings`) and the whole config as one ``command``
+    (:func:`command_line`)."""
     preset = None if getattr(args, "like", None) else preset_of(config.env_id, config.algo)
     return {"config": config.to_dict(), "sources": _sources(args, config),
             "idle": config.idle_fields(), "preset": preset.why if preset else None,
+            "warnings": flag_warnings(config),
             "command": command_line(config, env_modules_named(args))}  # fmt: skip
 
 
@@ -196,18 +198,17 @@ def field_named(flag: str, text: str) -> str:
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-def config_notes(*configs: TrainConfig) -> list[str]:
+def flag_warnings(*configs: TrainConfig) -> list[str]:
     """What the configs (a run's, or a sweep's trials') will do that their user may not expect,
     as the Train form warns of it (:func:`~gae_core.insight.views.config_warnings`: a budget
     under one update, checkpoints or evaluations past it, …), each field as its flag; each
-    line once."""
+    once (``train`` and ``sweep`` print them as notes, ``--dry-run --json`` as ``warnings``)."""
     from gae_core.insight.views import config_warnings
 
     def flag(name: str) -> str:
         return FIELD_SPECS[name].flags[0]
 
-    lines = (f"note: {w}" for c in configs for w in config_warnings(c, flag, idle=False))
-    return list(dict.fromkeys(lines))
+    return list(dict.fromkeys(w for c in configs for w in config_warnings(c, flag, idle=False)))
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:
