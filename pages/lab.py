@@ -145,12 +145,15 @@ def job_status(job: LabJob, cancel_key: str) -> None:
 def shown_job(key: str, mine: str) -> LabJob | None:
     """The lab job under ``key`` as this session shows it: while it measures, and once it has
     ended until some lab page has shown how (the sidebar's way back leads here, from any
-    session); after that only in the session that started it (``mine``, its Session State
-    key naming the job's key), whose error or cancellation message stays until the next
-    Measure."""
+    session); after that only in the sessions that started it or showed it before its end
+    was seen (``mine``, their Session State key naming the job's key), whose error or
+    cancellation message stays until the next Measure."""
     job = _ui.lab_jobs().get(key)
-    if job is not None and job.done and job.seen and st.session_state.get(mine) != key:
+    if job is None:
         return None
+    if job.done and job.seen and st.session_state.get(mine) != key:
+        return None
+    st.session_state[mine] = key  # shown here: its end stays here too
     return job
 
 

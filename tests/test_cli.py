@@ -223,9 +223,10 @@ def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothin
 
 
 def test_train_and_sweep_note_what_the_train_form_warns_of(tmp_path):
-    """A budget under one update, checkpoints and evaluations past the budget, no recordings:
-    the CLI says so (stderr, ``note:``, each field as its flag), as the Train form does;
-    a sweep says each once, however many trials share it; a preset budget says nothing."""
+    """A budget under one update, checkpoints and evaluations past the budget, no recordings,
+    γ and λ both 1: the CLI says so (stderr, ``note:``, each field as its flag), as the Train
+    form does, and ``--dry-run --json`` lists the same as ``warnings``; a sweep says each
+    once, however many trials share it; a preset budget says nothing."""
     data = tmp_path / "data"
     short = cli_in_process(data, "train", "--algo", "ppo", "--env", "Pendulum-v1", "--total-steps",
                            "4000", "--record-episodes", "0", "--dry-run")  # fmt: skip

@@ -579,21 +579,28 @@ def test_commands_take_a_short_run_id_and_name_an_ambiguous_one(tmp_path, monkey
 
 
 def test_train_json_says_deleted_for_a_run_deleted_after_it_ended(tmp_path, monkeypatch):
-    """``delete --force`` stops a run, then deletes it: where the row is gone by the time
-    ``train`` reads its end, the JSON says "deleted" (with every column), exit 0, instead of
-    failing on the missing row."""
+    """``delete --force`` stops a run, then deletes it: where the row goes just as ``train``
+    reads the run's end (after the coordinator reported it), the JSON says "deleted" (with
+    every column), exit 0, instead of failing on the missing row."""
     from gae_core.runs.sweep import Sweep
 
-    outcomes = Sweep.outcomes
+    outcomes, get_run = Sweep.outcomes, RunStore.get_run
+    ended: list[str] = []
 
-    def deleted_meanwhile(self):
-        ended = outcomes(self)
-        with RunStore(tmp_path) as store:
-            for run_id in ended:
+    def reported(self):
+        found = outcomes(self)
+        ended.extend(found)
+        return found
+
+    def deleted_as_read(self, run_id):
+        if run_id in ended:  # the end's read: the row goes first (once)
+            ended.remove(run_id)
+            with RunStore(tmp_path) as store:
                 store.delete_run(run_id, force=True)
-        return ended
+        return get_run(self, run_id)
 
-    monkeypatch.setattr(Sweep, "outcomes", deleted_meanwhile)
+    monkeypatch.setattr(Sweep, "outcomes", reported)
+    monkeypatch.setattr(RunStore, "get_run", deleted_as_read)
     done = cli_in_process(tmp_path, "train", "--total-steps", "100", *TINY_FLAGS, "--json",
                           "--no-progress")  # fmt: skip
     assert done.returncode == 0, done.stderr

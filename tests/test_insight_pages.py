@@ -1125,12 +1125,18 @@ def test_the_lab_shows_a_measurement_of_one_state_without_a_slider(recorded_run,
 def test_a_lab_job_that_ended_unseen_shows_in_any_session_once(recorded_run, data_dir):
     """The sidebar's way back to an ended measurement leads to a lab page that shows how it
     ended, from any session (a reload, another tab), and the sidebar then lets it go; later
-    only the session that started it keeps its message."""
+    only the sessions that started it or watched it keep its message. A session that opened
+    the page while it measured shows its end when it comes."""
+    import threading
+
     from streamlit.testing.v1 import AppTest
 
     from gae_core.lab.jobs import LabJob
 
+    release = threading.Event()
+
     def fails(store, run_id, progress, cancel, **options):
+        release.wait(30)
         raise ValueError("no checkpoint to measure")
 
     def lab_session() -> AppTest:
@@ -1141,17 +1147,25 @@ def test_a_lab_job_that_ended_unseen_shows_in_any_session_once(recorded_run, dat
         assert not at.exception, at.exception
         return at
 
+    said = ["ValueError: no checkpoint to measure"]
     jobs = _ui.lab_jobs()
-    jobs[recorded_run] = job = LabJob(None, recorded_run, measure=fails)
-    assert job.wait(10) and not job.seen
-    other = lab_session()  # not the session that pressed Measure
-    assert [e.value for e in other.error] == ["ValueError: no checkpoint to measure"]
-    assert job.seen
-    assert not lab_session().error  # shown once: a later visit has nothing to say
-    starter = AppTest.from_file("../dashboard.py", default_timeout=60)
-    starter.session_state["lab.job"] = recorded_run  # as its Measure set it
-    starter.query_params.update(run=recorded_run)
-    starter.run()
-    starter.switch_page("pages/lab.py").run()
-    assert [e.value for e in starter.error] == ["ValueError: no checkpoint to measure"]
-    jobs.clear()
+    try:
+        jobs[recorded_run] = job = LabJob(None, recorded_run, measure=fails)
+        watcher = lab_session()  # opened while it measures: shows the progress
+        assert any(p.proto.text.startswith("measuring…") for p in watcher.get("progress"))
+        release.set()
+        assert job.wait(10) and not job.seen
+        other = lab_session()  # neither started nor watched it
+        assert [e.value for e in other.error] == said and job.seen
+        assert not lab_session().error  # shown once: a later visit has nothing to say
+        watcher.run()  # the session that watched it running keeps its end
+        assert [e.value for e in watcher.error] == said
+        starter = AppTest.from_file("../dashboard.py", default_timeout=60)
+        starter.session_state["lab.job"] = recorded_run  # as its Measure set it
+        starter.query_params.update(run=recorded_run)
+        starter.run()
+        starter.switch_page("pages/lab.py").run()
+        assert [e.value for e in starter.error] == said
+    finally:
+        release.set()
+        jobs.clear()

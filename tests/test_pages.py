@@ -72,6 +72,11 @@ def test_train_form_explains_invalid_values_before_start(data_dir):
     )
     set_fields(at, {"eval_every": 100})  # at the budget: also one evaluation only
     assert any("evaluated once" in w.value for w in at.warning)
+    set_fields(at, {"gamma": 1.0, "lambda_": 1.0})
+    assert (
+        "γ (gamma) and λ (lambda_) both 1: undiscounted Monte Carlo advantages, the "
+        "highest-variance setting." in [w.value for w in at.warning]
+    )
 
 
 @pytest.mark.slow

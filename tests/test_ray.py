@@ -405,7 +405,7 @@ def test_connect_keeps_the_processs_sigterm_handler(monkeypatch, fails):
 
 def test_the_cli_says_in_one_line_that_ray_did_not_start(tmp_path, monkeypatch):
     """A Ray that cannot start or be joined stops the CLI's sweep before it exists: one line
-    naming it and why, exit 1, no sweep stored."""
+    naming it and why, exit 1, before a progress bar or a store."""
     from conftest import cli_in_process
 
     from gae_core.runs import ray_pool
@@ -415,12 +415,14 @@ def test_the_cli_says_in_one_line_that_ray_did_not_start(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ray_pool.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_pool.ray, "init", ray_init)
-    done = cli_in_process(tmp_path, "sweep", "--backend", "ray", "--seeds", "0",
-                          "--total-steps", "100", *TINY_FLAGS, "--no-progress")  # fmt: skip
+    data = tmp_path / "data"
+    done = cli_in_process(
+        data, "sweep", "--backend", "ray", "--seeds", "0", "--total-steps", "100", *TINY_FLAGS
+    )  # fmt: skip (a progress bar)
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1] == (
         "error: could not start or join a local Ray: RuntimeError: Version mismatch: the "
         "cluster runs 2.0"
     ), done.stderr
-    with RunStore(tmp_path) as store:
-        assert store.list_sweeps() == [] and store.list_runs() == []
+    assert "%|" not in done.stderr  # before the bar: the line is its own
+    assert not data.exists()  # before the store

@@ -19,7 +19,7 @@ from gae_core.agent.field_spec import int_problem
 from gae_core.cli.flags import (
     Unread,
     config_from_args,
-    flag_warnings,
+    flag_notes,
     idle_flag_notes,
     like_notes,
     resolved,
@@ -29,7 +29,7 @@ from gae_core.cli.stores import like_base, open_existing_store, open_store
 from gae_core.errors import ConfigError, StoreError
 from gae_core.inert import clean_name, terminal_text, to_csv
 from gae_core.labels import assignment, label, stored_algo, value_text
-from gae_core.storage.records import RunRecord
+from gae_core.storage.records import NOT_STARTED, RunRecord
 from gae_core.storage.store import RunStore
 from gae_core.storage.table import RUN_COLUMNS, run_row, runs_frame
 
@@ -137,7 +137,7 @@ def train(args: argparse.Namespace) -> int:
         except ValueError as exc:  # a name with nothing printable in it, not UTF-8
             raise UsageError(f"--name: {exc}") from None
     notes = [*like_notes(args, base, config), *idle_flag_notes(args, config),
-             *(f"note: {warning}" for warning in flag_warnings(config))]  # fmt: skip
+             *flag_notes(config)]  # fmt: skip
     if args.dry_run:
         for note in notes:
             print(note, file=sys.stderr)
@@ -365,7 +365,18 @@ def sweep(args: argparse.Namespace) -> int:
         )
     base = held
     notes = [*like_notes(args, like, base), *idle_flag_notes(args, *trials),  # idle in all
-             *(f"note: {warning}" for warning in flag_warnings(*trials))]  # fmt: skip
+             *flag_notes(*trials)]  # fmt: skip
+    if args.backend == "ray":  # in this thread, not the sweep's (ray_pool.connect: a faster
+        from gae_core.runs.ray_pool import connect  # exit), before a store or a bar
+
+        try:
+            connect(args.address)
+        except Exception as exc:  # before a sweep exists: one line, exit 1
+            where = "a local Ray" if args.address is None else f"Ray at {args.address}"
+            why = " ".join(str(exc).split()) or "no message"
+            print(f"error: could not start or join {terminal_text(where)}: "
+                  f"{type(exc).__name__}: {terminal_text(why)}", file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
     store = open_store(args)  # (its errors alone: the notes once it is open)
     for note in notes:
         print(note, file=sys.stderr)
@@ -384,18 +395,6 @@ def sweep(args: argparse.Namespace) -> int:
         )
 
     started = time.monotonic()
-    if args.backend == "ray":  # in this thread, not the sweep's (ray_pool.connect: a faster
-        from gae_core.runs.ray_pool import connect  # exit)
-
-        try:
-            connect(args.address)
-        except Exception as exc:  # before a sweep exists: one line, exit 1
-            where = "a local Ray" if args.address is None else f"Ray at {args.address}"
-            why = " ".join(str(exc).split()) or "no message"
-            print(f"error: could not start or join {terminal_text(where)}: "
-                  f"{type(exc).__name__}: {terminal_text(why)}", file=sys.stderr)  # fmt: skip
-            store.close()
-            return EXIT_FAILED
     handle = start_sweep(
         store,
         base,
@@ -450,9 +449,9 @@ def sweep(args: argparse.Namespace) -> int:
         if found:
             print_runs(found)
         ended = dict(progress.counts)  # a trial cancelled before its turn: not "stopped"
-        if never := sum(run.shown_status == "not started" for run in found):
+        if never := sum(run.never_started for run in found):
             ended["stopped"] -= never
-            ended["not started"] = never
+            ended[NOT_STARTED] = never
         counts = ", ".join(f"{n} {status}" for status, n in ended.items() if n)
         print(f"sweep {handle.sweep_id} {progress.status} in {wall:.1f} s: {counts or 'no trials'}")
         if record.error:

@@ -27,12 +27,12 @@ from gae_core.storage.store import SHORT_ID
 
 __all__ = [
     "RUN_ID_WORDS", "Unread", "add_config_flags", "command_line", "config_from_args",
-    "env_modules_named", "field_named", "flag_type", "flag_warnings", "flag_words",
+    "env_modules_named", "field_named", "flag_notes", "flag_type", "flag_warnings", "flag_words",
     "idle_flag_notes", "like_notes", "name_flag", "resolved", "resolved_lines",
 ]  # fmt: skip
 
 
-RUN_ID_WORDS = f"its id, or its first {SHORT_ID} or more characters"  # a run id's flag help
+RUN_ID_WORDS = f"its id, or its first {SHORT_ID} or more characters"  # a run or sweep id's help
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +209,11 @@ def flag_warnings(*configs: TrainConfig) -> list[str]:
         return FIELD_SPECS[name].flags[0]
 
     return list(dict.fromkeys(w for c in configs for w in config_warnings(c, flag, idle=False)))
+
+
+def flag_notes(*configs: TrainConfig) -> list[str]:
+    """:func:`flag_warnings` as the lines ``train`` and ``sweep`` print on stderr."""
+    return [f"note: {warning}" for warning in flag_warnings(*configs)]
 
 
 def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str]:

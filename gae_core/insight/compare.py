@@ -22,7 +22,7 @@ from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.labels import assignment, format_value
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
-from gae_core.storage.records import STATUSES
+from gae_core.storage.records import NOT_STARTED, STATUSES
 from gae_core.storage.store import RunStore
 
 #: The common env-step grid every run's curve is put on, and the AUC is taken over.
@@ -396,7 +396,7 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     if not unfinished:
         return None
     said = Counter(getattr(r, "shown_status", r.status) for r in unfinished)
-    order = [*STATUSES, "not started"]  # the store's order, never-started trials last
+    order = [*STATUSES, NOT_STARTED]  # the store's order, never-started trials last
     how = ", ".join(f"{said[status]} {status}" for status in sorted(said, key=order.index))
     verb = "has not finished its" if len(unfinished) == 1 else "have not finished their"
     text = f"{len(unfinished)} of these {len(runs)} runs {verb} budget ({how})"

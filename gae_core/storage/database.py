@@ -366,21 +366,21 @@ class Database:
         """The id of ``table`` (``runs``, ``sweeps``) that ``text`` names: itself, or the one
         stored id it begins with at least :data:`SHORT_ID` characters (git's rule for short
         hashes); a StoreError naming the candidates where it begins several, or none."""
+        missing = f"no {what} {text!r} in {self.path}"
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # a typed byte that is not UTF-8: no id holds one
-            raise StoreError(f"no {what} {text!r} in {self.path}") from None
+            raise StoreError(missing) from None
         if self._read(f"SELECT 1 FROM {table} WHERE id = ?", (text,)):
             return text
         if len(text) < SHORT_ID:
-            raise StoreError(f"no {what} {text!r} in {self.path} (a short id needs at least "
-                             f"{SHORT_ID} characters)")  # fmt: skip
+            raise StoreError(f"{missing} (a short id needs at least {SHORT_ID} characters)")
         rows = self._read(f"SELECT id FROM {table} WHERE substr(id, 1, ?) = ? ORDER BY id",
                           (len(text), text))  # fmt: skip
         if len(rows) == 1:
             return rows[0][0]
         if not rows:
-            raise StoreError(f"no {what} {text!r} in {self.path}")
+            raise StoreError(missing)
         raise StoreError(f"{text!r} begins {len(rows)} {what} ids "
                          f"({', '.join(r[0] for r in rows)}): give more of it")  # fmt: skip
 

@@ -12,6 +12,7 @@ from gae_core.outcome import RunSummary
 __all__ = [
     "ACTIVE_STATUSES",
     "ENDED_STATUSES",
+    "NOT_STARTED",
     "STATUSES",
     "SWEEP_STATUSES",
     "MetricRow",
@@ -22,6 +23,9 @@ __all__ = [
 STATUSES = ("queued", "running", "stopped", "finished", "failed", "interrupted")
 ACTIVE_STATUSES = ("queued", "running")
 ENDED_STATUSES = ("stopped", "finished", "failed", "interrupted")
+#: How tables and counts say "stopped" of a run that never trained a step (a sweep's trial
+#: still queued when it was cancelled).
+NOT_STARTED = "not started"
 SWEEP_STATUSES = ("running", "finished", "cancelled", "failed", "interrupted")
 
 
@@ -71,8 +75,9 @@ class RunRecord:
 
     @property
     def shown_status(self) -> str:
-        """The status as tables and counts say it: "not started" for :attr:`never_started`."""
-        return "not started" if self.never_started else self.status
+        """The status as tables and counts say it: :data:`NOT_STARTED` for
+        :attr:`never_started`."""
+        return NOT_STARTED if self.never_started else self.status
 
     @property
     def total_steps(self) -> int:
