@@ -1101,9 +1101,8 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
 
 
 def test_the_lab_shows_a_measurement_of_one_state_without_a_slider(recorded_run, data_dir):
-    """A per-state measurement of one state (``states`` allows 1): its page draws that state
-    (a slider of one position raised StreamlitInvalidMinMaxError on every visit, the newest
-    measurement being the one shown)."""
+    """A per-state measurement of one state (``states`` allows 1): its page draws that state,
+    with no slider (a slider needs two positions)."""
     from streamlit.testing.v1 import AppTest
 
     from gae_core.lab.jobs import measure_run

@@ -356,9 +356,9 @@ def _processes_marked(marker: str) -> list[str]:
 
 
 def test_the_cli_ray_sweep_starts_ray_in_its_main_thread_and_leaves_nothing_behind(tmp_path):
-    """The CLI's Ray sweep starts its own local Ray in its main thread, so its exit hook shuts
-    it down there (about 1.3 s; 5 s when ``ray.init`` ran in the sweep's thread, which also
-    printed Ray's warning that it could not set a SIGTERM handler), and takes every Ray
+    """The CLI's Ray sweep starts its own local Ray in its main thread (no Ray warning that
+    it could not set a SIGTERM handler, which ``ray.init`` prints from another thread), so
+    its exit hook shuts Ray down from the thread that started it, and takes every Ray
     process it started with it."""
     marker = f"GAE_RAY_TEST_{os.getpid()}_{time.monotonic_ns()}"
     done = subprocess.run(

@@ -249,10 +249,10 @@ def connect(address: str | None) -> None:
     is the one ``address`` names (:func:`check_address`).
 
     A process that will end with Ray calls it from its main thread before the sweep starts
-    (the CLI's ``sweep``): Ray's exit hook then shuts it down without the 5 s wait it takes
-    when ``ray.init`` ran in another thread (the sweep's coordinator, where :class:`RayPool`
-    calls it otherwise); Python's SIGTERM handler stays the one the process had, whether
-    ``ray.init`` succeeds or raises."""
+    (the CLI's ``sweep``): Ray's exit hook shuts down sooner from the thread that started
+    Ray than from another (the sweep's coordinator, where :class:`RayPool` calls it
+    otherwise; docs/PERFORMANCE.md). Python's SIGTERM handler stays the one the process had,
+    whether ``ray.init`` succeeds or raises."""
     if ray.is_initialized():
         check_address(address)
         return
