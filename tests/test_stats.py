@@ -127,7 +127,7 @@ def test_sentence_names_groups_tied_at_the_top_instead_of_ranking_them():
     groups = {0.0: [500.0] * 4, 0.5: [500.0] * 4, 0.95: [500.0, 500.0, 213.0, 500.0],
               1.0: [500.0] * 4}  # fmt: skip
     text = stats.best_group_sentence(groups, lambda g: f"λ = {g:g}")
-    assert text.startswith("λ = 0, λ = 0.5 and λ = 1 tie at the top (IQM 500, mean 500)")
+    assert text.startswith("λ = 0, λ = 0.5 and λ = 1 tie at the top (IQM 500.0, mean 500.0)")
     assert "beats" not in text
     # equal IQM but a higher mean is not a tie
     groups = {0: [1.0, 2.0, 3.0, 4.0], 1: [0.0, 2.0, 3.0, 4.0]}
@@ -273,7 +273,8 @@ def test_sentence_never_says_beats_when_the_first_on_iqm_wins_fewer_seed_pairs()
     assert stats.iqm(np.array(groups["a"])) == 2.5 and stats.iqm(np.array(groups["b"])) == 1.0
     text = stats.best_group_sentence(groups, str)
     assert text.startswith(
-        "a ranks first on IQM (2.5 against 1 for b), yet b wins more seed pairs: P(a > b) = 0.38 ["
+        "a ranks first on IQM (2.50 against 1.00 for b), yet b wins more seed pairs: "
+        "P(a > b) = 0.38 ["
     ), text
     assert "beats" not in text
     # one seed in the runner-up: no interval, and still no "beats"
@@ -293,15 +294,30 @@ def test_sentence_edge_cases_say_what_the_numbers_say():
     assert stats.iqm(np.array(tied["a"])) == stats.iqm(np.array(tied["b"]))
     text = stats.best_group_sentence(tied, str)
     assert text.startswith(
-        "a ranks first (IQM tied at 1.5 with b, higher mean), yet b wins more seed pairs: "
+        "a ranks first (IQM tied at 1.50 with b, higher mean), yet b wins more seed pairs: "
         "P(a > b) = 0.47 ["
     ), text
     # first on IQM, half the seed pairs each way: a coin flip, not "a beats b … 0.50"
     text = stats.best_group_sentence({"a": [0.0, 2.0, 3.0, 3.0], "b": [1.0, 1.0, 3.0, 3.0]}, str)
     assert text.startswith(
-        "a ranks first on IQM (2.5 against 2 for b), yet b wins as many seed pairs: "
+        "a ranks first on IQM (2.50 against 2.00 for b), yet b wins as many seed pairs: "
         "P(a > b) = 0.50 ["
     ), text
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.floats(-1e6, 1e6), b=st.floats(-1e6, 1e6))
+def test_two_scores_side_by_side_print_to_the_same_places_and_apart_where_they_differ(a, b):
+    """side_by_side prints both scores to the same places, the tables' rule at least, each
+    within half a unit of its last place, and never alike where they differ by more than
+    1e-6 (six places)."""
+    shown = stats.side_by_side(a, b)
+    places = [len(t.split(".")[1]) for t in shown]
+    assert places[0] == places[1] >= stats.score_places(a, b)
+    for text, value in zip(shown, (a, b), strict=True):
+        assert abs(float(text.replace(",", "")) - value) <= 0.5 * 10 ** -places[0] + 1e-9
+    if abs(a - b) > 1e-6:
+        assert shown[0] != shown[1]
 
 
 @settings(max_examples=30, deadline=None)

@@ -59,6 +59,7 @@ __all__ = [
     "performance_profile",
     "probability_of_improvement",
     "score_places",
+    "side_by_side",
     "stratified_bootstrap_ci",
     "too_few_seeds",
 ]
@@ -375,6 +376,16 @@ def score_places(*values: float) -> int:
     return max(1, 2 - math.floor(math.log10(largest)))
 
 
+def side_by_side(a: float, b: float) -> tuple[str, str]:
+    """Two scores to the same places for a sentence, the tables' rule (:func:`score_places`),
+    more (up to six) where they differ but would print alike: 2.5 against 2 reads "2.50 against
+    2.00"; 500 against 499.96 never reads as a tie."""
+    places = score_places(a, b)
+    while places < 6 and a != b and f"{a:,.{places}f}" == f"{b:,.{places}f}":
+        places += 1
+    return f"{a:,.{places}f}", f"{b:,.{places}f}"
+
+
 def estimate_text(point: float | None, low: float | None, high: float | None) -> str:
     """A score and its interval as every table of them prints it, with thousands separators,
     to one decimal where the largest of its numbers is at least 10 and otherwise to three
@@ -407,14 +418,12 @@ def best_group_sentence(
     includes ½ (no better than a coin flip at this sample size). Where the group first on IQM
     wins at most half the seed pairs (P(X > Y) printed as 0.50 or less), it is said to rank
     first on IQM, with both IQMs, and the runner-up to win as many seed pairs or more: never
-    that it "beats" it. Groups
-    tied at the top (same IQM and mean, e.g. every seed at the env's ceiling) are named
-    together, not ranked.
-    NaN scores are left out, as everywhere here; a group without scores ranks last. With one
-    seed in either of the two groups there is no interval (a bootstrap cannot see that seed's
-    noise), and the sentence says so instead of printing one; with fewer than
-    :data:`FEW_SEEDS`, an interval that excludes ½ is said to be too few seeds to trust.
-    The sentence has no final full stop: the caller ends it."""
+    that it "beats" it. Groups tied at the top (same IQM and mean, e.g. every seed at the
+    env's ceiling) are named together, not ranked. NaN scores are left out, as everywhere
+    here; a group without scores ranks last. With one seed in either of the two groups there
+    is no interval (a bootstrap cannot see that seed's noise), and the sentence says so
+    instead of printing one; with fewer than :data:`FEW_SEEDS`, an interval that excludes ½
+    is said to be too few seeds to trust. No final full stop: the caller ends the sentence."""
     if len(groups) < 2:
         return "Only one group: nothing to compare"
     finite = {g: _finite(v) for g, v in groups.items()}
@@ -423,17 +432,15 @@ def best_group_sentence(
 
     def key(g: Any) -> tuple[float, float]:
         values = finite[g]
-        if not len(values):
-            return (-np.inf, -np.inf)
-        return float(iqm(values)), float(np.mean(values))
+        return (float(iqm(values)), float(np.mean(values))) if len(values) else (-np.inf,) * 2
 
     ranked = sorted(groups, key=key, reverse=True)
     top = [g for g in ranked if np.allclose(key(g), key(ranked[0]), rtol=0, atol=1e-9)]
     if len(top) > 1:
         names = ", ".join(label(g) for g in top[:-1]) + f" and {label(top[-1])}"
-        level_iqm, level_mean = key(top[0])
+        level_iqm, level_mean = side_by_side(*key(top[0]))
         return (
-            f"{names} tie at the top (IQM {level_iqm:.4g}, mean {level_mean:.4g}): "
+            f"{names} tie at the top (IQM {level_iqm}, mean {level_mean}): "
             "this score does not separate them"
         )
     best, second = ranked[0], ranked[1]
@@ -454,11 +461,9 @@ def best_group_sentence(
         text = f"{label(best)} beats {label(second)} with probability {p:.2f}{interval} {how})"
     else:  # first on IQM, yet the runner-up wins as many seed pairs or more: never "beats"
         (best_iqm, _), (second_iqm, _) = key(best), key(second)
-        first = (
-            f"on IQM ({best_iqm:.4g} against {second_iqm:.4g} for {label(second)})"
-            if best_iqm != second_iqm
-            else f"(IQM tied at {best_iqm:.4g} with {label(second)}, higher mean)"
-        )
+        shown, other = side_by_side(best_iqm, second_iqm)
+        first = (f"on IQM ({shown} against {other} for {label(second)})" if shown != other
+                 else f"(IQM tied at {shown} with {label(second)}, higher mean)")  # fmt: skip
         pairs = "as many" if round(p, 2) == 0.5 else "more"
         text = (
             f"{label(best)} ranks first {first}, yet {label(second)} wins {pairs} seed pairs: "
