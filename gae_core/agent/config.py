@@ -92,13 +92,14 @@ class TrainConfig:
     )
     normalize_observations: bool = _field(
         False,
-        "Running mean/std normalisation of observations (gymnasium's NormalizeObservation); "
-        "saved with each checkpoint and frozen on replay",
+        "Running mean/std normalisation of observations (SB3's VecNormalize: an episode's "
+        "final observation is not counted); saved with each checkpoint and frozen on replay",
     )
     normalize_rewards: bool = _field(
         False,
-        "Scale rewards by a running std of the discounted return (gymnasium's NormalizeReward) "
-        "for learning; curves and recordings keep the env's own rewards",
+        "Scale rewards by a running std of the discounted return (SB3's VecNormalize; "
+        "reward_norm_reset picks where that return restarts) for learning; curves and "
+        "recordings keep the env's own rewards",
     )
     reward_norm_reset: str = _field(
         "episode_end",

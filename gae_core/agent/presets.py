@@ -241,10 +241,12 @@ _PPO_MUJOCO_WHY = (
     "CleanRL's ppo_continuous_action defaults (1 env × 2048 steps, 32 minibatches of 64, 10 "
     "epochs, Adam 3e-4 annealed linearly, clip 0.2, observations and rewards normalised and "
     "clipped at 10, tanh 64×64): the Zoo has no row for the v5 ids, and its v4 rows use ReLU "
-    "256×256 networks this trainer does not build. Two departures from CleanRL: the value loss "
-    "is SB3's (the squared error, not halved, and not clipped; CleanRL clips it at 0.2 and "
-    "halves it), and a truncated episode bootstraps V of its final observation (CleanRL treats "
-    "it as terminal)."
+    "256×256 networks this trainer does not build. Three departures from CleanRL: the value "
+    "loss is SB3's (the squared error, not halved, and not clipped; CleanRL clips it at 0.2 and "
+    "halves it); a truncated episode bootstraps V of its final observation (CleanRL treats it "
+    "as terminal); and the return that scales rewards restarts at every episode end, as SB3's "
+    "VecNormalize (CleanRL's gymnasium NormalizeReward carries it across a time-limit "
+    "truncation: reward_norm_reset = termination)."
 )
 _CLEANRL = {"num_envs": 1, "num_steps": 2048, "num_minibatches": 32, "update_epochs": 10,
             "learning_rate": 3e-4, "anneal_lr": True, "clip_vloss": True}  # fmt: skip
