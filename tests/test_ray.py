@@ -378,8 +378,12 @@ def test_the_cli_ray_sweep_starts_ray_in_its_main_thread_and_leaves_nothing_behi
 @pytest.mark.parametrize("fails", [False, True], ids=["started", "failed"])
 def test_connect_keeps_the_processs_sigterm_handler(monkeypatch, fails):
     """``ray.init`` in the main thread sets its own SIGTERM handler (``sys.exit``) before it
-    connects; ``connect`` puts the process's back, whether ``ray.init`` returns or raises."""
+    connects; ``connect`` puts the process's back, whether ``ray.init`` returns or raises, and
+    shuts down what a failed ``ray.init`` started."""
     from gae_core.runs import ray_pool
+
+    shutdowns = []
+    monkeypatch.setattr(ray_pool.ray, "shutdown", lambda: shutdowns.append(1))
 
     def ray_init(**kwargs):
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(15))  # as ray.init does
@@ -399,6 +403,7 @@ def test_connect_keeps_the_processs_sigterm_handler(monkeypatch, fails):
         else:
             ray_pool.connect(None)
         assert signal.getsignal(signal.SIGTERM) is ours
+        assert len(shutdowns) == (1 if fails else 0)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

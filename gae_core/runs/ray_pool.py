@@ -252,7 +252,7 @@ def connect(address: str | None) -> None:
     (the CLI's ``sweep``): Ray's exit hook shuts down sooner from the thread that started
     Ray than from another (the sweep's coordinator, where :class:`RayPool` calls it
     otherwise; docs/PERFORMANCE.md). Python's SIGTERM handler stays the one the process had,
-    whether ``ray.init`` succeeds or raises."""
+    whether ``ray.init`` succeeds or raises; where it raises, what it started is shut down."""
     if ray.is_initialized():
         check_address(address)
         return
@@ -262,6 +262,9 @@ def connect(address: str | None) -> None:
         with _python_keeps_sigterm():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env=RUNTIME_ENV)  # fmt: skip
+    except BaseException:
+        ray.shutdown()  # what a failed start began (a local head's processes) ends with it
+        raise
     finally:  # ray.init in the main thread sets its own (sys.exit) first, even if it fails
         if sigterm is not None:  # (None: a handler not set from Python, left as it is)
             signal.signal(signal.SIGTERM, sigterm)
