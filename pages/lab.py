@@ -65,11 +65,12 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
                    made_by)  # fmt: skip
     bests = ", ".join(f"{k}: {assignment('lambda_', r.best_lambda())}" for k, r in results.items())
     first = next(iter(results.values()))
+    tail = ", the rest from the policy's own critic" if first.tail else ""
     st.caption(
         f"Least MSE — {bests}. Bands: {first.settings.confidence * 100:g} % percentile "
         f"bootstrap across the {len(first.states)} "
         f"states. Truth horizon H = {first.horizon} steps ({label('gamma')}^H = "
-        f"{first.discount_left:.1e} of the discount left). {BIAS2_NOTE[0].upper()}"
+        f"{first.discount_left:.1e} of the discount left{tail}). {BIAS2_NOTE[0].upper()}"
         f"{BIAS2_NOTE[1:]}."
     )
     for name, result in results.items():

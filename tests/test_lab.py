@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +21,14 @@ from gae_core.agent.recording import load_replay
 from gae_core.agent.trainer import Trainer
 from gae_core.errors import UnsupportedEnvError
 from gae_core.lab import chain
-from gae_core.lab.measure import DEFAULT_KS, LabCancelled, LabSettings, measure, trade_off_sentence
+from gae_core.lab.measure import (
+    DEFAULT_KS,
+    LabCancelled,
+    LabResult,
+    LabSettings,
+    measure,
+    trade_off_sentence,
+)
 from gae_core.lab.states import Simulator, state_access
 
 GAMMA = 0.95
@@ -145,6 +153,56 @@ def test_a_truth_cut_short_by_its_horizon_says_so():
     assert note.startswith(f"The truth stops at H = 3 steps with γ^H = {GAMMA**3:.2g}")
     assert "λ = 1's too" in note
     assert LabSettings(gamma=0.9999).truth_horizon == 5_000  # the cap: γ^H ≈ 0.61
+
+
+def test_the_truths_tail_from_a_critic_removes_the_horizons_cut():
+    """A truth cut at H misses γ^H V^π(s_H) wherever rollouts outlast H; ended with
+    γ^H V̂(s_H) from an exact critic (``tail``) it is Q^π: on the chain at H = 3 the cut truth
+    sits many standard errors below the exact Q^π, the tailed one within four of it."""
+    _, policy, v_pi = chain_setup(0.0)
+    _, q_pi = chain.exact_values(chain.ChainSpec(), policy, GAMMA)
+    settings = LabSettings(gamma=GAMMA, states=2, rollouts=4000, continuations=4, segment=5,
+                           lambdas=(0.0, 1.0), ks=(1,), seed=3, horizon=3)  # fmt: skip
+    starts = [(s, chain.observation(s), a) for s, a in STARTS[:2]]
+    exact = np.array([q_pi[s, a] for s, a in STARTS[:2]])
+    critic = TabularCritic(v_pi)
+    runs = {}
+    for tail in (False, True):
+        runs[tail] = measure(chain.ENV_ID, TabularPolicy(policy), critic, settings,
+                             starts=starts, tail=critic if tail else None)  # fmt: skip
+    for tail, result in runs.items():
+        assert result.tail is tail
+        gap = (result.states["q_hat"] - exact) / result.states["q_se"]
+        if tail:
+            assert (gap.abs() < 4).all(), gap
+        else:
+            assert (gap < -10).all(), gap  # the missing tail: Q^π − cut truth > 0
+    note = runs[True].horizon_note()
+    assert note.startswith(f"The truth stops at H = 3 steps with γ^H = {GAMMA**3:.2g}")
+    assert "from the policy's own critic" in note and "λ = 1's too" in note
+    assert LabResult.from_json(runs[True].to_json()).tail is True
+
+
+def test_a_stored_truth_without_a_tail_says_what_it_misses():
+    """A measurement stored before the truth took its tail (no ``tail`` in its JSON) at a
+    horizon within the tolerance is still named where γ^H·|V^π| is large against its least
+    bias²; where it is small, nothing is said."""
+    _, policy, critic = chain_setup(0.2)
+    settings = LabSettings(gamma=GAMMA, states=2, rollouts=4, continuations=4, segment=5,
+                           lambdas=(0.0, 1.0), ks=(1,), seed=5)  # fmt: skip
+    starts = [(s, chain.observation(s), a) for s, a in STARTS[:2]]
+    result = measure(chain.ENV_ID, TabularPolicy(policy), TabularCritic(critic), settings,
+                     starts=starts)  # fmt: skip
+    stored = result.to_json()
+    del stored["tail"]
+    old = LabResult.from_json(stored)
+    assert old.tail is False and old.discount_left <= 1e-3
+    assert old.horizon_note() is None  # the chain's values are below 1: γ^H·V^π is tiny
+    large = replace(old, states=old.states.assign(v_pi=1e4))
+    missing = large.discount_left * 1e4
+    note = large.horizon_note()
+    assert note is not None and f"(about {missing:.2g} here)" in note, note
+    assert "takes no tail from a critic" in note
 
 
 def test_deterministic_progress_and_cancel():

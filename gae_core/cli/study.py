@@ -294,6 +294,7 @@ def lab_report(result_id: str, result: Any) -> dict[str, Any]:
         "confidence": result.settings.confidence,
         "horizon": result.horizon,
         "discount_left": result.discount_left,
+        "tail": result.tail,  # a rollout running at H ended with γ^H V̂(s_H), the policy's critic
         "horizon_note": result.horizon_note(),
         "best_lambda": result.best_lambda(),
         # V^π(s) − V̂(s) per state: reported apart, as it does not bias the policy gradient

@@ -171,9 +171,8 @@ def measure_run(
 
     policy = replay(policy_step)
     critics = [replay(s) for s in steps]
-    results = measure_critics(
-        config.env_id, policy, critics, settings, progress=progress, cancel=cancel
-    )
+    results = measure_critics(config.env_id, policy, critics, settings, progress=progress,
+                              cancel=cancel, tail=policy)  # fmt: skip
     saved, batch = [], uuid.uuid4().hex[:12]  # one Measure: results shown together
     for step, result in zip(steps, results, strict=True):
         result = replace(

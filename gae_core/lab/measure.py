@@ -5,7 +5,10 @@ For N states s sampled from the policy's own episodes, with the action a the pol
 
 * **Truth.** Q^π(s, a) by Monte Carlo: M rollouts that take a, then follow π, discounted with γ
   up to termination or a horizon H where γ^H ≤ 10⁻³ (at most 5,000 steps; the discount mass left,
-  γ^H, is reported). Time limits are not part of the state: the truth is the infinite-horizon
+  γ^H, is reported); a rollout still running at H adds γ^H V̂_π(s_H) from the policy's own
+  critic (``tail``), so the truth misses γ^H times that critic's error at s_H rather than
+  γ^H V^π(s_H), which would read as bias in every estimator, λ = 1's too, wherever episodes
+  outlast H. Time limits are not part of the state: the truth is the infinite-horizon
   value, matching how the estimators bootstrap at a truncation. V^π(s) likewise from M rollouts
   that sample the first action too. The target of every estimator is the paper's γ-just one
   (Schulman et al. 2016, Proposition 1) with the critic's own baseline:
@@ -136,6 +139,9 @@ class LabResult:
     env_steps: int
     seconds: float
     meta: dict[str, Any] = field(default_factory=dict)
+    #: whether a truth rollout still running at H took γ^H V̂(s_H) from the policy's critic
+    #: (measurements stored before it did not)
+    tail: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +155,7 @@ class LabResult:
             "env_steps": self.env_steps,
             "seconds": self.seconds,
             "meta": self.meta,
+            "tail": self.tail,
         }
 
     @classmethod
@@ -165,21 +172,37 @@ class LabResult:
             env_steps=data["env_steps"],
             seconds=data["seconds"],
             meta=data.get("meta", {}),
+            tail=data.get("tail", False),
         )
 
     def horizon_note(self) -> str | None:
-        """What a short truth does to the figures, or None: when the truth horizon H (capped at
-        :data:`MAX_HORIZON`, or given) leaves more than :data:`HORIZON_TOLERANCE` of the
-        discount, a policy whose episodes outlast H has targets that miss its return after
-        step H, and every estimator's bias² carries that error, λ = 1's too."""
-        if self.discount_left <= HORIZON_TOLERANCE:
+        """What the truth's horizon H (capped at :data:`MAX_HORIZON`, or given) does to the
+        figures, or None. With its tail from the policy's critic (``tail``), where H leaves
+        more than :data:`HORIZON_TOLERANCE` of the discount, each target carries γ^H times
+        that critic's error at step H. Without it (measurements stored before), each target
+        misses about γ^H·V^π(s_H), taken as γ^H times the states' mean |V^π|: said where H
+        leaves more than the tolerance or where that error's square is at least a tenth of
+        the least |bias²| of a GAE row. Every estimator's bias² carries either error."""
+        start = f"The truth stops at H = {self.horizon:,} steps with γ^H = {self.discount_left:.2g}"
+        too = f"every estimator's bias² includes that error ({assignment('lambda_', 1.0)}'s too)"
+        if self.tail:
+            if self.discount_left <= HORIZON_TOLERANCE:
+                return None
+            return (
+                f"{start} of the discount left (above {HORIZON_TOLERANCE:g}) and takes the rest "
+                "from the policy's own critic: where episodes outlast H, each target carries "
+                f"γ^H times that critic's error at step H, and {too}. A lower γ keeps the truth "
+                "whole."
+            )
+        missing = self.discount_left * float(np.abs(self.states["v_pi"]).mean())
+        least = float(np.abs(self.estimators.loc[self.estimators["kind"] == "gae", "bias2"]).min())
+        if self.discount_left <= HORIZON_TOLERANCE and missing**2 < 0.1 * least:
             return None
         return (
-            f"The truth stops at H = {self.horizon:,} steps with γ^H = {self.discount_left:.2g} "
-            f"of the discount left (above {HORIZON_TOLERANCE:g}): where episodes outlast H, "
-            "each target misses the discounted return after step H, and every estimator's "
-            f"bias² includes that error ({assignment('lambda_', 1.0)}'s too). A lower γ keeps "
-            "the truth whole."
+            f"{start} of the discount left and takes no tail from a critic: where episodes "
+            f"outlast H, each target misses the discounted return after step H (about "
+            f"{missing:.2g} here), and {too}. A run's measurement, from the lab page or the "
+            "CLI, ends such rollouts with the policy's own critic instead."
         )
 
     def best_lambda(self) -> float:
@@ -262,12 +285,12 @@ def measure(
     starts: Sequence[tuple[Any, np.ndarray, Any]] | None = None,
     progress: Callable[[float], None] | None = None,
     cancel: threading.Event | None = None,
+    tail: Critic | None = None,
 ) -> LabResult:
     """Measure every estimator's bias², variance and MSE (see the module docstring). ``starts``
     (state, observation, action) replaces sampling (the exactness tests pin them)."""
-    (result,) = measure_critics(
-        env_id, policy, [critic], settings, starts=starts, progress=progress, cancel=cancel
-    )
+    (result,) = measure_critics(env_id, policy, [critic], settings, starts=starts,
+                                progress=progress, cancel=cancel, tail=tail)  # fmt: skip
     return result
 
 
@@ -280,9 +303,12 @@ def measure_critics(
     starts: Sequence[tuple[Any, np.ndarray, Any]] | None = None,
     progress: Callable[[float], None] | None = None,
     cancel: threading.Event | None = None,
+    tail: Critic | None = None,
 ) -> list[LabResult]:
     """:func:`measure` for several critics on the *same* states, truth rollouts and
-    continuations (common random numbers: the critics' differences are not sampling noise)."""
+    continuations (common random numbers: the critics' differences are not sampling noise);
+    ``tail``: the critic whose γ^H V̂(s_H) ends a truth rollout still running at H (a run's
+    measurements pass the policy's own; None: the truth stops at H)."""
     started = time.perf_counter()
     n = settings.states if starts is None else len(starts)
     check_memory(env_id, settings, critics=len(critics), states=n)  # before any work
@@ -292,7 +318,7 @@ def measure_critics(
         starts = sample_starts(env_id, policy, settings.states, rng, settings.seed)
     n = len(starts)
     tracker = Progress(settings.env_steps(n), progress, cancel)
-    q_returns, v_returns = truth(env_id, policy, starts, settings, rng, tracker, batch)
+    q_returns, v_returns = truth(env_id, policy, starts, settings, rng, tracker, batch, tail)
     table = row_zero_estimates(env_id, policy, critics, starts, settings, rng, tracker, batch)
     observations = np.stack([obs for _, obs, _ in starts])
     names = labels(settings)
@@ -303,6 +329,7 @@ def measure_critics(
     for result in results:
         result.env_steps = tracker.done
         result.seconds = time.perf_counter() - started
+        result.tail = tail is not None
     return results
 
 

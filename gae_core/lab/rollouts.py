@@ -84,9 +84,12 @@ def truth(
     rng: np.random.Generator,
     progress: Progress,
     batch: int,
+    tail: Critic | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[N, M]`` discounted returns from (s, a) (for Q^π) and from s (for V^π), rolled out
-    ``batch`` copies at a time."""
+    ``batch`` copies at a time, each to termination or the horizon H; with ``tail``, a
+    rollout still running at H adds γ^H·tail(s_H), the discounted value it would go on to
+    earn, so the truth misses γ^H (V^π − tail)(s_H), not γ^H V^π(s_H)."""
     m, gamma, horizon = settings.rollouts, settings.gamma, settings.truth_horizon
     width = len(starts) * m
     out = []
@@ -114,6 +117,9 @@ def truth(
                     if not alive.any():
                         progress.step(size * (horizon - step - 1))
                         break
+                else:
+                    if tail is not None and alive.any():
+                        returns[alive] += discount * np.asarray(tail.values(obs[alive]), float)
         out.append(total.reshape(len(starts), m))
     return out[0], out[1]
 
