@@ -238,6 +238,32 @@ def test_metric_axes_never_degenerate_and_respect_display_ranges():
     assert figure.layout.yaxis.type == "log"
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.6])
+def test_points_off_a_display_range_are_drawn_at_its_edge_and_counted(smoothing):
+    """Explained variance below −1 is drawn at −1 (raw and smoothed lines), never off the
+    axis, and the chart says how many points lie outside and the lowest; the CSV keeps every
+    value as logged."""
+    metrics = long_metrics(50, M.EXPLAINED_VARIANCE.key)
+    values = np.linspace(0.9, -4.94, 50)  # the last points run off below −1
+    metrics["value"] = values
+    figure, frame = figures.metric_figure(metrics, M.EXPLAINED_VARIANCE.key, smoothing=smoothing)
+    for trace in figure.data:
+        drawn = np.asarray(trace.y, float)
+        assert drawn.min() >= -1.0 and len(drawn) == 50
+    np.testing.assert_array_equal(frame["explained_variance"], values)
+    outside = int((values < -1).sum())
+    (note,) = [a.text for a in figure.layout.annotations]
+    assert note == (f"{outside} below -1 (lowest -4.94) of 50 points, drawn at the edge; the "
+                    "CSV has their values")  # fmt: skip
+    metrics["value"] = np.linspace(0.9, -0.5, 50)  # all within: nothing said
+    figure, _ = figures.metric_figure(metrics, M.EXPLAINED_VARIANCE.key, smoothing=smoothing)
+    assert not figure.layout.annotations
+    returns = long_metrics(50)
+    returns["value"] = -values * 100  # no display range: drawn as logged
+    figure, _ = figures.metric_figure(returns, M.EPISODIC_RETURN.key)
+    np.testing.assert_array_equal(figure.data[0].y, -values * 100)
+
+
 def test_comparison_draws_one_band_per_lambda():
     rows = [
         {

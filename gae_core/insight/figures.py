@@ -148,9 +148,10 @@ def metric_figure(
     if x not in X_AXES:
         raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
     full = metric_frame(metrics, key, smoothing=smoothing, every_point=True)
-    frame = full.iloc[downsample_indices(len(full))]
     metric = M.get(key)
     name = metric.column
+    frame, outside = _clipped(full.iloc[downsample_indices(len(full))], full[name],
+                              metric.display_range)  # fmt: skip
     x_column = "env_step" if x == "env_step" else "wall_time_s"
     figure = go.Figure()
     smoothed = f"{name}_smoothed" in frame
@@ -195,11 +196,35 @@ def metric_figure(
         figure.update_yaxes(showticklabels=False)
         figure.add_annotation(text="no points yet", showarrow=False, x=0.5, y=0.5,
                               xref="paper", yref="paper", font={"color": "#888"})  # fmt: skip
+    if outside:
+        figure.add_annotation(text=outside, showarrow=False, x=0, y=1, xanchor="left",
+                              yanchor="bottom", xref="paper", yref="paper",
+                              font={"color": "#888", "size": 11})  # fmt: skip
     if log_y:
         figure.update_yaxes(type="log")
     else:
-        figure.update_yaxes(range=y_range(frame[name].to_numpy(), metric.display_range))
+        figure.update_yaxes(range=y_range(full[name].to_numpy(), metric.display_range))
     return figure, full
+
+
+def _clipped(
+    frame: pd.DataFrame, values: pd.Series, display_range: tuple[float, float] | None
+) -> tuple[pd.DataFrame, str | None]:
+    """``frame``'s value columns (raw and smoothed) clipped to the metric's display range for
+    drawing, and how many of the run's ``values`` (every logged point) lie outside it, in
+    words, or None where none do: a point off the range is drawn at its edge, never lost."""
+    if display_range is None:
+        return frame, None
+    low, high = display_range
+    columns = [c for c in frame.columns if c not in ("env_step", "wall_time_s")]
+    frame = frame.assign(**{c: frame[c].clip(low, high) for c in columns})
+    below, above = values[values < low], values[values > high]
+    parts = [f"{len(below)} below {low:g} (lowest {below.min():.3g})"] if len(below) else []
+    parts += [f"{len(above)} above {high:g} (highest {above.max():.3g})"] if len(above) else []
+    if not parts:
+        return frame, None
+    return frame, (f"{' and '.join(parts)} of {len(values)} points, drawn at the edge; the "
+                   "CSV has their values")  # fmt: skip
 
 
 def overlay_figure(
