@@ -5,7 +5,7 @@ import streamlit as st
 from gae_core.agent.config import field_problems
 from gae_core.inert import markdown_text
 from gae_core.insight import explorer, figures
-from gae_core.insight.views import whole_number
+from gae_core.insight.views import field_message, whole_number
 from gae_core.labels import assignment, label, run_label
 from pages import _ui
 
@@ -132,9 +132,11 @@ knobs = st.columns([2, 3, 3, 3])
 # the URL's γ (a link to a view at another γ), else the run's own
 _start_at("ex.gamma", _ui.number_from_url("gamma", float(run.config["gamma"]), 0.0, 1.0)
           if url_run else float(run.config["gamma"]))  # fmt: skip
+# no min/max on the box: the browser would refuse a value out of [0, 1] with a small red mark
+# and keep the last one; here the estimators' own message names the field and its range
 gamma = knobs[0].number_input(
-    label("gamma"), 0.0, 1.0, step=0.001, format="%.6g", key="ex.gamma",
-    help=f"Shown and used at full precision (the run's own {GAMMA} by default).",
+    label("gamma"), step=0.001, format="%.6g", key="ex.gamma",
+    help=f"In [0, 1]; shown and used at full precision (the run's own {GAMMA} by default).",
 )  # fmt: skip
 # λ moves in the browser (the chart's own slider): the server only says where it starts
 own_lambda = round(run.config["lambda_"], 2)  # the slider's grid: λ to 2 decimals
@@ -173,7 +175,11 @@ ks = knobs[3].multiselect(
     args=("ex.ks",),
 )
 
-base, sweep = estimates(arrays, gamma, tuple(sorted(ks)))
+try:
+    base, sweep = estimates(arrays, gamma, tuple(sorted(ks)))
+except ValueError as error:  # γ out of [0, 1]: said under its name, nothing drawn at another γ
+    st.error(markdown_text(field_message("gamma", str(error))))
+    st.stop()
 table = explorer.with_gae_columns(base, sweep, pinned)
 shown = ["delta", *[explorer.k_step_column(k) for k in sorted(ks)]]
 shown += [explorer.gae_column(x) for x in sorted(pinned)]
