@@ -413,6 +413,14 @@ def trajectory_steps(store, run_id: str) -> list[int]:
     return [row[0] for row in rows]
 
 
+@pytest.fixture(autouse=True)
+def _default_store_outside_the_checkout(monkeypatch, tmp_path_factory):
+    """Every test's default store (``GAE_CORE_DATA``) is a fresh temporary folder, never
+    ``./runs`` in the checkout, where a page or a command a test runs without a folder of its
+    own would otherwise leave one; a test that needs its own sets or removes it."""
+    monkeypatch.setenv("GAE_CORE_DATA", str(tmp_path_factory.mktemp("default-store")))
+
+
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
     """An empty store per test, and a fresh process-wide manager (cache_resource is global)."""
