@@ -87,6 +87,8 @@ def runs_in_progress() -> None:
         fraction, eta = views.progress(run, rate=views.measured_rate(store, run))
         when = "queued" if run.status == "queued" else f"ETA {views.format_duration(eta)}"
         st.progress(fraction, text=f"{markdown_text(run.name)} · {when}")
+        st.page_link(train, label="watch on Train", icon=":material/fitness_center:",
+                     query_params={"run": run.id})  # fmt: skip
     for key, job in list(_ui.lab_jobs().items()):  # a lab measurement left running: its
         if job.seen:  # progress and the way back to it, until the lab page has shown its end
             continue

@@ -36,6 +36,21 @@ def test_home_lists_the_pages(data_dir):
     assert "Runs in progress: 0" in [c.value for c in at.sidebar.caption]
 
 
+def test_the_sidebars_runs_in_progress_each_link_to_their_train_view(data_dir):
+    """Each run in progress in the sidebar (a CLI's or another tab's too) has a link to the
+    Train page showing it."""
+    store = RunStore(data_dir)
+    first = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="first")
+    second = store.create_run({"env_id": "CartPole-v1", "total_steps": 10}, name="second")
+    at = app()
+    assert "Runs in progress: 2" in [c.value for c in at.sidebar.caption]
+    links = [e.proto for e in at.sidebar.get("page_link") if e.proto.label == "watch on Train"]
+    assert sorted(link.query_string for link in links) == sorted(
+        f"run={run_id}" for run_id in (first, second)
+    )
+    assert {link.page for link in links} == {"train"}
+
+
 def test_train_page_renders_with_a_field_for_every_config_field(data_dir):
     from dataclasses import fields
 
