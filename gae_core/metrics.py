@@ -38,9 +38,10 @@ class Metric:
     """One logged scalar.
 
     ``smoothed``: the live charts offer TensorBoard's EMA smoothing for it. ``log_scale``: a log
-    y axis is offered (losses spanning decades). ``display_range``: values are clipped to it when
-    drawn (never when stored or exported), for metrics whose useful range is bounded but whose
-    raw values can run off (explained variance goes to −∞ for a bad critic). ``window``: what
+    y axis is offered (losses spanning decades). ``display_range``: a run's chart of it draws
+    values clipped to it and says how many lie outside (never clipped when stored, exported or
+    overlaid with other runs), for metrics whose useful range is bounded but whose raw values
+    can run off (explained variance goes to −∞ for a bad critic). ``window``: what
     one stored row of a per-update metric holds when a row covers several updates (a run's
     ``log_every``): ``"mean"`` of their values, or the ``"last"`` one (a clock).
     """

@@ -153,9 +153,10 @@ t = _ui.index_slider(
 # λ moves in the browser: the link's is only where the slider starts, rewritten where the page
 # could not read it (named above), so the link does not keep a value it cannot show
 unread = {"lambda": lambda_} if st.query_params.get("lambda") not in (None, str(lambda_)) else {}
+in_range = gamma is not None and 0.0 <= gamma <= 1.0  # (else said below; the link keeps none)
 _ui.to_url(run=run_id, policy=policy_step, critic=critic_step, trajectory=source,
-           gamma=repr(float(gamma)), seed=[] if fresh_seed is None else fresh_seed,
-           **unread)  # fmt: skip
+           gamma=repr(float(gamma)) if in_range else [],
+           seed=[] if fresh_seed is None else fresh_seed, **unread)  # fmt: skip
 # defaults through Session State, as the per-run boxes': `_sorted` sets these keys, and a
 # widget with a default argument whose key the API set logs Streamlit's warning about both
 _start_at("ex.pinned", [1.0])  # λ = 0 is δ itself: pinning it would draw δ twice

@@ -76,8 +76,9 @@ def show_result(results: dict[str, LabResult], prefix: str, made_by: dict) -> No
     for name, result in results.items():
         who = f"{name}: " if len(results) > 1 else ""
         st.markdown(who + result.sentence() + ".")  # our labels and numbers: no user text
-    if note := first.horizon_note():
-        st.warning(note, icon=":material/warning:")
+    for note in dict.fromkeys(r.horizon_note() for r in results.values()):  # (one truth: one
+        if note:  # note, where it matters for any of the critics compared on it)
+            st.warning(note, icon=":material/warning:")
     st.subheader("k-step estimators Â^(k)")
     figure, frame = lab_figures.trade_off_figure(
         {k: r.estimators for k, r in results.items()}, kind="k_step"

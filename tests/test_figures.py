@@ -229,6 +229,9 @@ def test_metric_axes_never_degenerate_and_respect_display_ranges():
     assert figures.y_range(np.array([0.2, -40.0, 0.9]), (-1.0, 1.0)) == [-1.0, 1.0]
     assert figures.y_range(np.array([0.2, 0.6]), (-1.0, 1.0)) == pytest.approx([0.18, 0.62])
     assert figures.y_range(np.array([1.0, 2.0]), None) is None  # Plotly chooses
+    # a value past the range (∞ too) is drawn at its edge: the axis reaches that edge
+    assert figures.y_range(np.array([0.2, np.inf, 0.5]), (-1.0, 1.0)) == pytest.approx([0.185, 1.0])
+    assert figures.y_range(np.array([0.2, -3.0, 0.5]), (-1.0, 1.0))[0] == -1.0
     metrics = long_metrics(50, M.EXPLAINED_VARIANCE.key)
     metrics["value"] = -1e6  # a terrible critic: still drawn on a readable axis
     figure, _ = figures.metric_figure(metrics, M.EXPLAINED_VARIANCE.key)
@@ -255,6 +258,9 @@ def test_points_off_a_display_range_are_drawn_at_its_edge_and_counted(smoothing)
     (note,) = [a.text for a in figure.layout.annotations]
     assert note == (f"{outside} below -1 (lowest -4.94) of 50 points, drawn at the edge; the "
                     "CSV has their values")  # fmt: skip
+    metrics.loc[0, "value"] = np.nan  # no point: neither drawn nor counted
+    figure, _ = figures.metric_figure(metrics, M.EXPLAINED_VARIANCE.key, smoothing=smoothing)
+    assert figure.layout.annotations[0].text.startswith(f"{outside} below -1 (lowest -4.94) of 49")
     metrics["value"] = np.linspace(0.9, -0.5, 50)  # all within: nothing said
     figure, _ = figures.metric_figure(metrics, M.EXPLAINED_VARIANCE.key, smoothing=smoothing)
     assert not figure.layout.annotations

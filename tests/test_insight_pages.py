@@ -192,10 +192,12 @@ def _draw_each_estimator_once_and_keep_chips_sorted() -> None:
     # γ is shown at the precision it is used
     at.number_input(key="ex.gamma").set_value(0.99731).run()
     assert at.number_input(key="ex.gamma").value == 0.99731 and not at.exception
+    assert at.query_params["gamma"] == "0.99731"  # what a copied link carries
     # γ out of [0, 1]: said under its name, and nothing drawn at another γ
     at.number_input(key="ex.gamma").set_value(1.5).run()
     assert said(at.error) == ["γ (gamma) must be in [0, 1], got 1.5"]
     assert not at.get("plotly_chart") and not at.exception
+    assert "gamma" not in at.query_params  # a copied link does not carry it
     at.number_input(key="ex.gamma").set_value(0.9).run()
     assert not at.error and at.get("plotly_chart")
 

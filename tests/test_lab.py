@@ -203,6 +203,7 @@ def test_a_stored_truth_without_a_tail_says_what_it_misses():
     note = large.horizon_note()
     assert note is not None and f"(about {missing:.2g} here)" in note, note
     assert "takes no tail from a critic" in note
+    assert replace(old, states=old.states.assign(v_pi=np.nan)).horizon_note() is None  # unknown
 
 
 def test_deterministic_progress_and_cancel():
@@ -398,6 +399,7 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
     assert report["critic_step"] == steps[0] and report["policy_step"] == steps[-1]
     assert report["confidence"] == 0.95  # the level its intervals were computed at
     assert report["discount_left"] <= 1e-3 and report["horizon_note"] is None  # γ 0.99: whole
+    assert report["tail"] is True  # at the run's γ the policy's critic ends the truth's rollouts
     with RunStore(tmp_path) as store:  # kept with the run, for the page and after a restart
         (record,) = store.lab_records(run_id)
         assert record.id == report["result_id"] and record.critic_step == steps[0]
@@ -420,6 +422,11 @@ def test_cli_lab_json_contract_and_stored_result(tmp_path):
     assert (
         wrong.returncode == 2 and "policy_step must be one of the run's checkpoints" in wrong.stderr
     )
+    # at another γ the critic learned another sum: the truth stops at H, and says so if it matters
+    other = cli("lab", run_id, *small, "--lambdas", "0", "1", "--ks", "1", "--gamma", "0.9",
+                "--json", "--no-progress")  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout.splitlines()[-1])["tail"] is False
 
 
 @pytest.mark.slow

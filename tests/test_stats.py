@@ -318,6 +318,14 @@ def test_two_scores_side_by_side_print_to_the_same_places_and_apart_where_they_d
         assert abs(float(text.replace(",", "")) - value) <= 0.5 * 10 ** -places[0] + 1e-9
     if abs(a - b) > 1e-6:
         assert shown[0] != shown[1]
+    elif shown[0] == shown[1]:  # alike to six places: printed by the rule, not to six zeros
+        assert places[0] == stats.score_places(a, b)
+
+
+def test_two_scores_that_print_alike_to_six_places_read_as_a_tie_by_the_rule():
+    assert stats.side_by_side(0.1 + 0.2, 0.3) == ("0.300", "0.300")
+    assert stats.side_by_side(-0.0, 0.0) == ("0.0", "0.0")
+    assert stats.side_by_side(92.2, 86.48) == ("92.2", "86.5")  # apart at the rule's place
 
 
 @settings(max_examples=30, deadline=None)

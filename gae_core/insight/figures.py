@@ -112,9 +112,10 @@ def metric_frame(
 
 def y_range(values: np.ndarray, display_range: tuple[float, float] | None) -> list[float] | None:
     """A y-axis range that never degenerates (all values equal: ±max(1, 10 %) around them) and
-    stays within the metric's display range; None lets Plotly choose."""
-    finite = np.asarray(values, float)
-    finite = finite[np.isfinite(finite)]
+    stays within the metric's display range, reaching its edge where a value lies past it (a
+    point drawn there stays on the axis); None lets Plotly choose."""
+    values = np.asarray(values, float)
+    finite = values[np.isfinite(values)]
     if not len(finite):
         return None
     low, high = float(finite.min()), float(finite.max())
@@ -130,6 +131,8 @@ def y_range(values: np.ndarray, display_range: tuple[float, float] | None) -> li
         low, high = max(low, display_range[0]), min(high, display_range[1])
         if high <= low:  # every value outside the display range: show the range itself
             low, high = display_range
+        low = display_range[0] if (values < display_range[0]).any() else low
+        high = display_range[1] if (values > display_range[1]).any() else high
     return [low, high]
 
 
@@ -218,6 +221,7 @@ def _clipped(
     low, high = display_range
     columns = [c for c in frame.columns if c not in ("env_step", "wall_time_s")]
     frame = frame.assign(**{c: frame[c].clip(low, high) for c in columns})
+    values = values.dropna()  # (a NaN is no point: not drawn, not counted)
     below, above = values[values < low], values[values > high]
     parts = [f"{len(below)} below {low:g} (lowest {below.min():.3g})"] if len(below) else []
     parts += [f"{len(above)} above {high:g} (highest {above.max():.3g})"] if len(above) else []

@@ -377,12 +377,12 @@ def score_places(*values: float) -> int:
 
 
 def side_by_side(a: float, b: float) -> tuple[str, str]:
-    """Two scores to the same places for a sentence, the tables' rule (:func:`score_places`),
-    more (up to six) where they differ but would print alike: 2.5 against 2 reads "2.50 against
-    2.00"; 500 against 499.96 never reads as a tie."""
-    places = score_places(a, b)
-    while places < 6 and a != b and f"{a:,.{places}f}" == f"{b:,.{places}f}":
-        places += 1
+    """Two scores to the same places for a sentence: the fewest, from the tables' rule
+    (:func:`score_places`) up to six, at which they print apart (the rule's where they never
+    do): 2.5 against 2 reads "2.50 against 2.00"; 500 against 499.96 never reads as a tie."""
+    a, b = a + 0.0, b + 0.0  # −0.0 prints as 0.0
+    rule = score_places(a, b)
+    places = next((p for p in range(rule, 7) if f"{a:,.{p}f}" != f"{b:,.{p}f}"), rule)
     return f"{a:,.{places}f}", f"{b:,.{places}f}"
 
 

@@ -171,8 +171,11 @@ def measure_run(
 
     policy = replay(policy_step)
     critics = [replay(s) for s in steps]
+    # the policy's critic ends a truth rollout still running at H where it learned values at
+    # the lab's γ; at another γ its values are another sum, and the truth stops at H
+    tail = policy if settings.gamma == config.gamma else None
     results = measure_critics(config.env_id, policy, critics, settings, progress=progress,
-                              cancel=cancel, tail=policy)  # fmt: skip
+                              cancel=cancel, tail=tail)  # fmt: skip
     saved, batch = [], uuid.uuid4().hex[:12]  # one Measure: results shown together
     for step, result in zip(steps, results, strict=True):
         result = replace(

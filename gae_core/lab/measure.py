@@ -5,11 +5,12 @@ For N states s sampled from the policy's own episodes, with the action a the pol
 
 * **Truth.** Q^π(s, a) by Monte Carlo: M rollouts that take a, then follow π, discounted with γ
   up to termination or a horizon H where γ^H ≤ 10⁻³ (at most 5,000 steps; the discount mass left,
-  γ^H, is reported); a rollout still running at H adds γ^H V̂_π(s_H) from the policy's own
-  critic (``tail``), so the truth misses γ^H times that critic's error at s_H rather than
-  γ^H V^π(s_H), which would read as bias in every estimator, λ = 1's too, wherever episodes
-  outlast H. Time limits are not part of the state: the truth is the infinite-horizon
-  value, matching how the estimators bootstrap at a truncation. V^π(s) likewise from M rollouts
+  γ^H, is reported). With ``tail`` (a run's measurement at the run's own γ passes the policy's
+  own critic) a rollout still running at H adds γ^H V̂_π(s_H), so the truth misses γ^H times
+  that critic's error at s_H rather than γ^H V^π(s_H), which would read as bias in every
+  estimator, λ = 1's too, wherever episodes outlast H. Time limits are not part of the state:
+  the truth is the infinite-horizon value, matching how the estimators bootstrap at a
+  truncation. V^π(s) likewise from M rollouts
   that sample the first action too. The target of every estimator is the paper's γ-just one
   (Schulman et al. 2016, Proposition 1) with the critic's own baseline:
   target(s) = Q^π(s, a) − V̂(s). λ = 1 is then unbiased wherever the continuation terminates
@@ -38,6 +39,7 @@ given seed; ``progress`` gets the fraction done; ``cancel`` stops it between ste
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -179,10 +181,12 @@ class LabResult:
         """What the truth's horizon H (capped at :data:`MAX_HORIZON`, or given) does to the
         figures, or None. With its tail from the policy's critic (``tail``), where H leaves
         more than :data:`HORIZON_TOLERANCE` of the discount, each target carries γ^H times
-        that critic's error at step H. Without it (measurements stored before), each target
-        misses about γ^H·V^π(s_H), taken as γ^H times the states' mean |V^π|: said where H
-        leaves more than the tolerance or where that error's square is at least a tenth of
-        the least |bias²| of a GAE row. Every estimator's bias² carries either error."""
+        that critic's error at step H. Without it (measurements stored before, or at a γ
+        other than the run's), each target misses about γ^H·V^π(s_H), taken as γ^H times the
+        states' mean |V^π|: said where H leaves more than the tolerance or where that error's
+        square is at least a tenth of the spread of the GAE rows' MSE over λ (the trade-off it
+        can move; the least bias² or MSE would not do, as their unbiased estimates cross 0 with
+        noise). Every estimator's bias² carries either error."""
         start = f"The truth stops at H = {self.horizon:,} steps with γ^H = {self.discount_left:.2g}"
         too = f"every estimator's bias² includes that error ({assignment('lambda_', 1.0)}'s too)"
         if self.tail:
@@ -195,14 +199,15 @@ class LabResult:
                 "whole."
             )
         missing = self.discount_left * float(np.abs(self.states["v_pi"]).mean())
-        least = float(np.abs(self.estimators.loc[self.estimators["kind"] == "gae", "bias2"]).min())
-        if self.discount_left <= HORIZON_TOLERANCE and missing**2 < 0.1 * least:
-            return None
+        mse = self.estimators.loc[self.estimators["kind"] == "gae", "mse"].to_numpy(float)
+        spread = float(np.nanmax(mse) - np.nanmin(mse)) if np.isfinite(mse).any() else math.nan
+        if self.discount_left <= HORIZON_TOLERANCE and not missing**2 >= 0.1 * spread:
+            return None  # (also where either is unknown: NaN compares false)
         return (
             f"{start} of the discount left and takes no tail from a critic: where episodes "
             f"outlast H, each target misses the discounted return after step H (about "
-            f"{missing:.2g} here), and {too}. A run's measurement, from the lab page or the "
-            "CLI, ends such rollouts with the policy's own critic instead."
+            f"{missing:.2g} here), and {too}. At the run's own γ, a run's measurement (the lab "
+            "page's or the CLI's) ends such rollouts with the policy's own critic instead."
         )
 
     def best_lambda(self) -> float:

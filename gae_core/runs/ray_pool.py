@@ -263,7 +263,8 @@ def connect(address: str | None) -> None:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      runtime_env=RUNTIME_ENV)  # fmt: skip
     except BaseException:
-        ray.shutdown()  # what a failed start began (a local head's processes) ends with it
+        with contextlib.suppress(Exception):  # ray.init's error is the one to tell
+            ray.shutdown()  # what a failed start began (a local head's processes) ends with it
         raise
     finally:  # ray.init in the main thread sets its own (sys.exit) first, even if it fails
         if sigterm is not None:  # (None: a handler not set from Python, left as it is)
