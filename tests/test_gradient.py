@@ -452,3 +452,13 @@ def test_a_stored_gradient_measurements_label_names_each_critics_best_lambda():
     assert gradient_label(both) == ("policy 40,000 · 32 × 4,096 · critic 12,228: λ* = 0.66, "
                                     "critic 40,000: λ* = 0.95 · 2026-11-27 08:00:00")  # fmt: skip
     assert gradient_label(old) == "policy 40,000 · 32 × 4,096 · λ* = 0.66 · 2026-11-27 08:00:00"
+    # a per-state Measure (a record per critic) says when too: two of the same read apart
+    from gae_core.lab.jobs import state_label
+
+    states = {"states": 64, "best_lambda": 0.9}
+    first = LabRecord("c", "run", when, 40_000, 12_228, states)
+    second = LabRecord("d", "run", when, 40_000, 40_000, {**states, "best_lambda": 1.0})
+    assert state_label(first, second) == (
+        "policy 40,000 · 64 states · critic 12,228: λ* = 0.9, critic 40,000: λ* = 1 · "
+        "2026-11-27 08:00:00"
+    )

@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -845,9 +846,10 @@ def test_lab_page_measures_a_run_and_shows_the_stored_result(recorded_run, data_
     }
     # the stored measurement's label: each critic with its own λ*, in checkpoint order
     (label,) = at.selectbox(key="lab.stored").options
-    assert label.endswith(", ".join(
+    critics = ", ".join(
         f"critic {step:,}: λ* = {stored[step].best_lambda():g}" for step in sorted(stored)
-    ))  # fmt: skip
+    )
+    assert re.search(rf"{re.escape(critics)} · \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d$", label), label
     # the link names it (by its first critic's result), and a link naming another says so
     (shown,) = [r.id for r in store.lab_records(recorded_run) if r.critic_step == min(stored)]
     assert at.query_params["measurement"] in (shown, [shown])

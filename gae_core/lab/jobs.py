@@ -50,17 +50,23 @@ def gradient_label(record: LabRecord) -> str:
                       for s, b in zip(steps, bests, strict=True))
             if len(steps) == len(bests) > 1  # several critics: each one's
             else f"{lam}* = {summary.get('best_lambda'):g}")  # fmt: skip
-    when = dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
     return (f"policy {record.policy_step:,} · {summary.get('batches')} × "
-            f"{summary.get('batch_size'):,} · {best} · {when}")  # fmt: skip
+            f"{summary.get('batch_size'):,} · {best} · {_when(record)}")  # fmt: skip
 
 
 def state_label(*batch: LabRecord) -> str:
-    """One per-state Measure (a result per critic, in critic order) as its box lists it."""
+    """One per-state Measure (a result per critic, in critic order) as its box lists it, with
+    when (two Measures of the same checkpoints read alike otherwise)."""
     lam = label("lambda_")
     return (f"policy {batch[0].policy_step:,} · {batch[0].summary.get('states')} states · "
             + ", ".join(f"{critic_name(r.critic_step)}: {lam}* = "
-                        f"{r.summary.get('best_lambda'):g}" for r in batch))  # fmt: skip
+                        f"{r.summary.get('best_lambda'):g}" for r in batch)
+            + f" · {_when(batch[0])}")  # fmt: skip
+
+
+def _when(record: LabRecord) -> str:
+    """When a measurement was stored, as its box lists it (local time, to the second)."""
+    return dt.datetime.fromtimestamp(record.created_at).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _step(name: str, step: int | None, available: list[int], default: int) -> int:
