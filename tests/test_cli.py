@@ -192,7 +192,8 @@ def test_train_dry_run_prints_the_resolved_config_with_sources_and_trains_nothin
     assert "--log-std-init" not in rows  # discrete actions: apart, with why
     assert (
         "  --log-std-init, --use-sde, --sde-sample-freq: Acrobot-v1's actions are discrete" in lines
-    )
+    )  # and a reason names the fields it depends on by their flags too
+    assert "  --critic-lambda: --critic-target is advantage_lambda (the critic follows λ)" in lines
     assert lines[-2] == f"preset: {preset_of('Acrobot-v1', 'ppo').why}"
     expected = asdict(preset_config("Acrobot-v1", "ppo", n_epochs=7))
     as_json = cli_in_process(data, *flags, "--json")
@@ -687,7 +688,7 @@ def test_a_flag_that_changes_nothing_given_the_others_is_said_to(tmp_path):
     assert done.returncode == 0, done.stderr
     notes = [line for line in done.stderr.splitlines() if "has no effect" in line]
     assert notes == [
-        "note: --n-epochs has no effect: algo is a2c (one gradient step per rollout, no clipping)",
+        "note: --n-epochs has no effect: --algo is a2c (one gradient step per rollout, no clipping)",
         "note: --use-sde has no effect: CartPole-v1's actions are discrete",
     ]
     quiet = cli_in_process(tmp_path, "train", "--total-steps", "200", *TINY_FLAGS,

@@ -281,15 +281,15 @@ def test_the_form_warns_when_a_normalisation_setting_has_nothing_to_act_on():
 
     def warned(**fields) -> list[str]:
         found = config_warnings(TrainConfig(**fields))
-        return [w for w in found if "normalize_clip" in w or "reward_norm_reset" in w]
+        return [w for w in found if "normalize clip" in w or "reward norm reset" in w]
 
     assert warned() == []  # the defaults say nothing, with or without normalisation
     assert warned(normalize_clip=5.0, normalize_observations=True) == []
     assert warned(reward_norm_reset="termination", normalize_rewards=True) == []
     (clip,) = warned(normalize_clip=5.0)
-    assert clip.startswith("normalize_clip (5) has no effect")
+    assert clip.startswith("normalize clip = 5 has no effect")
     (reset,) = warned(reward_norm_reset="termination", normalize_observations=True)
-    assert reset.startswith("reward_norm_reset (termination) has no effect: normalize_rewards")
+    assert reset.startswith("reward norm reset = termination has no effect: normalize rewards")
 
 
 @given(
@@ -399,7 +399,8 @@ def test_distinct_runs_counts_a_run_trained_twice_once_as_the_one_trained_furthe
     # page can say how many runs it has no effect in
     assert compare.distinct_runs([*idle[:1], _stored("e", seed=3)], "critic_lambda")[1] == {}
     count, why = compare.idle_in(idle + used, "critic_lambda")
-    assert (count, why) == (2, "critic_target is advantage_lambda (the critic follows λ)")
+    # (the page's words: fields by their labels)
+    assert (count, why) == (2, "critic target is advantage_lambda (the critic follows λ)")
     shared, varying = provenance.config_spread([r.config for r in idle[:1] + used], "critic_lambda")
     assert "critic_lambda" not in shared and varying["critic_target"]["crossed"] is False
     # the same config and seed made by other code is another run of that seed, not a repeat
@@ -431,7 +432,7 @@ def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
     assert discrete.idle_fields() == dict.fromkeys(
         ("log_std_init", "use_sde", "sde_sample_freq"), "CartPole-v1's actions are discrete"
     )
-    assert "log_std_init (-1) has no effect: CartPole-v1's actions are discrete." in (
+    assert "log std init = -1 has no effect: CartPole-v1's actions are discrete." in (
         config_warnings(dataclasses.replace(discrete, log_std_init=-1.0))
     )
     only_obs = TrainConfig(
@@ -443,9 +444,15 @@ def test_idle_fields_and_what_the_form_and_a_comparison_make_of_them():
     )
     assert list(only_obs.idle_fields()) == ["reward_norm_reset"]
     (warning,) = [w for w in config_warnings(TrainConfig(critic_lambda=0.9)) if "critic" in w]
+    # the form names each field by its label, with its name where the label is other words
     assert warning == (
-        "critic_lambda (0.9) has no effect: critic_target is advantage_lambda (the critic "
-        "follows λ)."
+        "critic target λ (critic_lambda) = 0.9 has no effect: critic target is advantage_lambda "
+        "(the critic follows λ)."
+    )
+    (epochs,) = [w for w in config_warnings(TrainConfig(n_epochs=3)) if "epochs" in w]
+    assert epochs == (
+        "epochs per rollout (n_epochs) = 3 has no effect: algorithm (algo) is a2c (one gradient "
+        "step per rollout, no clipping)."
     )
     # two λ runs that differ only in an unused critic_lambda: no confound, and the paragraph
     # lists no value for it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,26 +238,28 @@ class TrainConfig:
         """λ of the critic's λ-return target (see ``critic_target``)."""
         return self.lambda_ if self.critic_target == "advantage_lambda" else self.critic_lambda
 
-    def idle_fields(self) -> dict[str, str]:
-        """The fields whose value changes nothing given the others, each with why: two runs
-        that differ only in these train alike (a comparison neither counts them as a
-        confound nor as different runs)."""
+    def idle_fields(self, name: Callable[[str], str] = str) -> dict[str, str]:
+        """The fields whose value changes nothing given the others, each with why (naming fields
+        under ``name``: the form's label, the CLI's flag): two runs that differ only in these
+        train alike (a comparison counts them neither as a confound nor as different runs)."""
         idle = {}
         if self.critic_target == "advantage_lambda":
-            idle["critic_lambda"] = "critic_target is advantage_lambda (the critic follows λ)"
+            why = f"{name('critic_target')} is advantage_lambda (the critic follows λ)"
+            idle["critic_lambda"] = why
         if not (self.normalize_observations or self.normalize_rewards):
-            idle["normalize_clip"] = "neither normalize_observations nor normalize_rewards is on"
+            both = f"{name('normalize_observations')} nor {name('normalize_rewards')}"
+            idle["normalize_clip"] = f"neither {both} is on"
         if not self.normalize_rewards:
-            idle["reward_norm_reset"] = "normalize_rewards is off"
+            idle["reward_norm_reset"] = f"{name('normalize_rewards')} is off"
         if self.algo == "a2c":
-            why = "algo is a2c (one gradient step per rollout, no clipping)"
-            for name in PPO_FIELDS:
-                idle[name] = why
+            why = f"{name('algo')} is a2c (one gradient step per rollout, no clipping)"
+            for field in PPO_FIELDS:
+                idle[field] = why
         if discrete_actions(self.env_id):  # a categorical policy: no Gaussian to set up
             why = f"{self.env_id}'s actions are discrete"
             idle["log_std_init"] = idle["use_sde"] = idle["sde_sample_freq"] = why
         elif not self.use_sde:
-            idle["sde_sample_freq"] = "use_sde is off"
+            idle["sde_sample_freq"] = f"{name('use_sde')} is off"
         return idle
 
     def to_dict(self) -> dict[str, Any]:

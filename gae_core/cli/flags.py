@@ -88,6 +88,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*spec.flags, type=flag_type(spec), metavar=metavar, **common)
 
 
+def _flag(name: str) -> str:
+    """Field ``name``'s flag, as the CLI's messages name it (``--n-epochs``)."""
+    return FIELD_SPECS[name].flags[0]
+
+
 def name_flag(message: str) -> str:
     """Prefix a ConfigError message that starts with a field name with that field's flag."""
     field = message.split(" ", 1)[0].rstrip(":")
@@ -134,7 +139,7 @@ def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     """``train --dry-run``: :func:`resolved` as lines, each field as its flag (a command line
     can take them back) beside its source; the idle fields apart, grouped by why."""
     found = resolved(args, config)
-    idle = found["idle"]
+    idle = config.idle_fields(_flag)
     rows = [(flag_words(name, getattr(config, name)), found["sources"][name])
             for name in found["config"] if name not in idle]  # fmt: skip
     wide = max(len(words) for words, _ in rows)
@@ -145,7 +150,7 @@ def resolved_lines(args: argparse.Namespace, config: TrainConfig) -> list[str]:
     lines += [f"  {terminal_text(words):<{wide}}  {source}" for words, source in rows]
     by_reason: dict[str, list[str]] = {}
     for name, reason in idle.items():
-        by_reason.setdefault(reason, []).append(FIELD_SPECS[name].flags[0])
+        by_reason.setdefault(reason, []).append(_flag(name))
     if by_reason:
         lines.append("no effect here:")
         lines += [f"  {', '.join(flags)}: {terminal_text(reason)}"
@@ -205,10 +210,7 @@ def flag_warnings(*configs: TrainConfig) -> list[str]:
     once (``train`` and ``sweep`` print them as notes, ``--dry-run --json`` as ``warnings``)."""
     from gae_core.insight.views import config_warnings
 
-    def flag(name: str) -> str:
-        return FIELD_SPECS[name].flags[0]
-
-    return list(dict.fromkeys(w for c in configs for w in config_warnings(c, flag, idle=False)))
+    return list(dict.fromkeys(w for c in configs for w in config_warnings(c, _flag, idle=False)))
 
 
 def flag_notes(*configs: TrainConfig) -> list[str]:
@@ -221,8 +223,8 @@ def idle_flag_notes(args: argparse.Namespace, *configs: TrainConfig) -> list[str
     ``configs`` (a run's, or a sweep's trials': :meth:`TrainConfig.idle_fields`, ``--n-epochs``
     under A2C, ``--use-sde`` on discrete actions), as the Train form says of odd combinations;
     nothing for a field left alone."""
-    idle = [config.idle_fields() for config in configs]
-    return [f"note: {FIELD_SPECS[name].flags[0]} has no effect: {idle[0][name]}"
+    idle = [config.idle_fields(_flag) for config in configs]
+    return [f"note: {_flag(name)} has no effect: {idle[0][name]}"
             for name in FIELD_SPECS
             if hasattr(args, name) and all(name in each for each in idle)]  # fmt: skip
 

@@ -20,7 +20,7 @@ from gae_core import metrics as M
 from gae_core.agent.config import BOOKKEEPING_FIELDS, TrainConfig, with_stored_defaults
 from gae_core.errors import ConfigError
 from gae_core.insight import stats
-from gae_core.labels import assignment, format_value
+from gae_core.labels import assignment, format_value, label
 from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.storage.records import NOT_STARTED, STATUSES
 from gae_core.storage.store import RunStore
@@ -331,9 +331,10 @@ def effective_config(config: dict, keep: Sequence[str] = ()) -> dict | None:
 
 def idle_in(runs: Sequence[Any], field: str) -> tuple[int, str | None]:
     """How many of the runs have ``field`` set to no effect (:meth:`TrainConfig.idle_fields`),
-    and why (the first such run's reason): grouped by it, those runs train alike."""
+    and why (the first such run's reason, naming fields by their labels): grouped by it, those
+    runs train alike."""
     reasons = [
-        TrainConfig.from_stored(c).idle_fields().get(field)
+        TrainConfig.from_stored(c).idle_fields(label).get(field)
         for c in (completed_config(r.config) for r in runs)
         if c is not None
     ]

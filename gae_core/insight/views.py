@@ -207,11 +207,10 @@ def config_warnings(
             f"{name('record_episodes')} is 0: no trajectories for the advantage explorer."
         )
     default = TrainConfig()
-    for field, why in config.idle_fields().items() if idle else ():
+    for field, why in config.idle_fields(name).items() if idle else ():
         value = getattr(config, field)
         if value != getattr(default, field):  # set on purpose, to no effect
-            # (field names, as ``why`` names the fields it depends on)
-            warnings.append(f"{field} ({format_value(value)}) has no effect: {why}.")
+            warnings.append(f"{name(field)} = {format_value(value)} has no effect: {why}.")
     if config.gamma == 1.0 and config.lambda_ == 1.0:
         warnings.append(
             f"{name('gamma')} and {name('lambda_')} both 1: undiscounted Monte Carlo "
