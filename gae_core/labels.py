@@ -14,9 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
-    "ALGORITHMS", "LABELS", "algorithm_name", "assignment", "format_value", "label", "run_label",
-    "stored_algo", "value_text",
+    "ALGORITHMS", "LABELS", "MISSING", "algorithm_name", "assignment", "format_value", "label",
+    "run_label", "stored_algo", "value_text",
 ]  # fmt: skip
+
+#: A value not there (yet), as every table and sentence shows it: a run never solved, a return
+#: before the first episode, an estimate with no data (an empty cell, not the word "None").
+MISSING = "–"
 
 #: The algorithms' names as people write them (``TrainConfig.algo`` → name).
 ALGORITHMS: dict[str, str] = {"a2c": "A2C", "ppo": "PPO"}

@@ -15,6 +15,7 @@ from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
 from gae_core.insight import compare, compare_figures, exports, grid, provenance, stats, views
 from gae_core.labels import (
+    MISSING,
     algorithm_name,
     assignment,
     format_value,
@@ -271,9 +272,10 @@ if view == "Launch a sweep":
                             label("final_return"),
                             format="%.1f",
                             help=f"mean of the last {SOLVED_WINDOW} episodes (of all, while "
-                            "fewer have ended); None before the first episode ends",
+                            f"fewer have ended); {MISSING} before the first episode ends",
                         ),
                     },
+                    placeholder=MISSING,
                 )
                 if state.status == "running":
                     return  # Cancel is drawn below, outside this fragment
@@ -465,7 +467,7 @@ if (summary["runs"] != summary["seeds"]).any():  # a seed's runs averaged: say h
 if threshold is not None:
     shown["solved"] = [f"{v:.0%}" for v in shown["solved_fraction"]]
     shown["median steps to solve"] = [
-        "not reached" if v == math.inf else "–" if v != v else format_value(int(v))
+        "not reached" if v == math.inf else MISSING if v != v else format_value(int(v))
         for v in shown["median_steps_to_solve"]
     ]
     columns += ["solved", "median steps to solve"]
@@ -477,6 +479,7 @@ st.dataframe(
         axis=1,
     ),
     hide_index=True,
+    placeholder=MISSING,
     key="cmp.summary",
 )
 st.caption(

@@ -10,7 +10,7 @@ from gae_core import metrics as M
 from gae_core.errors import StoreError
 from gae_core.inert import clean_name, markdown_text
 from gae_core.insight import exports, figures, views
-from gae_core.labels import algorithm_name, label, run_label
+from gae_core.labels import MISSING, algorithm_name, label, run_label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.storage.records import STATUSES
 from gae_core.storage.table import runs_frame
@@ -90,6 +90,7 @@ def runs_view() -> None:
     selection = st.dataframe(
         shown.assign(algo=shown["algo"].map(algorithm_name)),  # "ppo" reads as PPO
         hide_index=True,
+        placeholder=MISSING,  # a run never solved: an empty cell, not "None"
         on_select="rerun",
         selection_mode="multi-row",
         selection_default={"selection": {"rows": wanted}} if wanted else None,
@@ -106,7 +107,7 @@ def runs_view() -> None:
             "best_return": st.column_config.NumberColumn(
                 label("best_return"),
                 format="%.1f",
-                help=f"best mean of {SOLVED_WINDOW} consecutive episodes (None until "
+                help=f"best mean of {SOLVED_WINDOW} consecutive episodes ({MISSING} until "
                 f"{SOLVED_WINDOW} have ended: a lucky handful is no best)",
             ),
             "final_return": st.column_config.NumberColumn(

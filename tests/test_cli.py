@@ -688,7 +688,8 @@ def test_a_flag_that_changes_nothing_given_the_others_is_said_to(tmp_path):
     assert done.returncode == 0, done.stderr
     notes = [line for line in done.stderr.splitlines() if "has no effect" in line]
     assert notes == [
-        "note: --n-epochs has no effect: --algo is a2c (one gradient step per rollout, no clipping)",
+        "note: --n-epochs has no effect: --algo is a2c (one gradient step per rollout, "
+        "no clipping)",
         "note: --use-sde has no effect: CartPole-v1's actions are discrete",
     ]
     quiet = cli_in_process(tmp_path, "train", "--total-steps", "200", *TINY_FLAGS,

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from gae_core import metrics as M
 from gae_core.agent.config import TrainConfig
 from gae_core.inert import markdown_text
-from gae_core.labels import label, run_label
+from gae_core.labels import MISSING, label, run_label
 from gae_core.runs.backends import ray_installed
 from gae_core.storage.store import RunStore
 from pages import _ui
@@ -135,6 +135,9 @@ def test_runs_page_lists_and_filters(data_dir):
     frame = at.dataframe[0].value
     assert sorted(frame["run_id"]) == sorted(run_ids)
     assert set(frame["status"]) == {"finished"}
+    # a run never solved has no step: its cell reads as every missing value does, not "None"
+    assert frame["solved_at_step"].isna().all()
+    assert at.dataframe[0].proto.placeholder == MISSING == "–"
     at.text_input(key="runs.text").set_value(run_ids[0]).run()
     assert at.dataframe[0].value["run_id"].tolist() == [run_ids[0]]
     at.multiselect(key="runs.status").set_value(["failed"]).run()

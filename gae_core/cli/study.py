@@ -19,7 +19,7 @@ from gae_core.cli.flags import field_named
 from gae_core.cli.stores import open_existing_store, open_store
 from gae_core.errors import ConfigError
 from gae_core.inert import terminal_text
-from gae_core.labels import assignment, format_value, label, value_text
+from gae_core.labels import MISSING, assignment, format_value, label, value_text
 
 #: The lab's flags that only one of its views reads (the others: both).
 VIEW_FLAGS = {
@@ -416,7 +416,7 @@ def _print_grid(cells: Any, x: str, y: str, score: str) -> None:
         for xv in xs:
             r = by.get((xv, yv))
             if r is None:
-                row.append("–")
+                row.append(MISSING)
                 continue
             mark = "★" if r["best"] else "≈" if r["not_distinguishable"] else ""
             row.append(mark + estimate_text(r["iqm"], r["iqm_ci_low"], r["iqm_ci_high"]))

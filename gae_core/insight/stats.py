@@ -36,6 +36,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from gae_core.labels import MISSING
+
 __all__ = [
     "BOOTSTRAP_SEED",
     "CONFIDENCE",
@@ -393,14 +395,11 @@ def estimate_text(point: float | None, low: float | None, high: float | None) ->
     every group): ``1,234.5 [1,200.0, 1,260.3]``, ``0.266 [0.221, 0.305]``; ``1,234.5 (one
     seed: no interval)`` where the bounds are missing (NaN or None); ``–`` where the score
     is."""
-
-    def missing(value: float | None) -> bool:
-        return value is None or value != value
-
-    if missing(point):
-        return "–"
-    places = score_places(*(v for v in (point, low, high) if not missing(v)))
-    if missing(low) or missing(high):
+    point, low, high = (math.nan if v is None else v for v in (point, low, high))
+    if point != point:
+        return MISSING
+    places = score_places(*(v for v in (point, low, high) if v == v))  # NaN != NaN
+    if low != low or high != high:
         return f"{point:,.{places}f} ({NO_INTERVAL})"
     return f"{point:,.{places}f} [{low:,.{places}f}, {high:,.{places}f}]"
 

@@ -20,7 +20,7 @@ from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_pro
 from gae_core.agent.field_spec import echo, int_problem
 from gae_core.agent.presets import preset_values
 from gae_core.errors import ConfigError
-from gae_core.labels import format_value, label
+from gae_core.labels import MISSING, format_value, label
 from gae_core.outcome import SOLVED_WINDOW
 from gae_core.runs.sweep import MOST_WORKERS
 from gae_core.storage.records import RunRecord
@@ -242,7 +242,7 @@ def spacing(config: TrainConfig) -> dict[str, int]:
 
 
 def _steps(value: int | None) -> str:
-    return "–" if value is None else format_value(int(value))
+    return MISSING if value is None else format_value(int(value))
 
 
 def status_text(run: RunRecord, window_from: int | None = None) -> str:
@@ -374,7 +374,7 @@ def measured_rate(store: RunStore, run: RunRecord) -> float | None:
 
 def format_duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
-        return "–"
+        return MISSING
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
