@@ -501,7 +501,15 @@ def config_form(
         key = f"{prefix}.{spec.name}"
         loads = spec.name in ("env_id", "algo")
         values[spec.name] = _widget(spec, key, load_preset if loads else None)
-    with st.expander("Advanced"):
+    # "Advanced" opens as it was left: the expander's own state goes when another page is
+    # shown (a widget's does), a plain session key outlives it
+    opened, seen = f"{prefix}.advanced", f"{prefix}.advanced_was_open"
+
+    def keep_open() -> None:
+        st.session_state[seen] = st.session_state[opened]
+
+    shut = not st.session_state.get(seen, False)
+    with st.expander("Advanced", expanded=not shut, key=opened, on_change=keep_open):
         for spec in advanced:
             values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
     st.session_state[shown_key] = {

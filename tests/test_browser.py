@@ -586,6 +586,32 @@ def test_start_switches_the_live_view_to_the_new_run(app_page, app_server):
     )
 
 
+def test_the_forms_advanced_section_opens_as_it_was_left_on_another_page(app_page, app_server):
+    """Open "Advanced" on Train, visit Runs, come back: it is still open (a widget's own state
+    goes with its page); closed, it comes back closed."""
+    page = app_page
+    open_page(page, app_server, "train")
+    advanced = page.locator(".st-key-train-advanced details")
+
+    def visit_runs_and_come_back() -> None:
+        wait_idle(page)
+        page.locator('[data-testid="stSidebarNav"] a', has_text="Runs").click()
+        expect(page).to_have_url(holds("/runs"))
+        page.locator('[data-testid="stSidebarNav"] a', has_text="Train").click()
+        expect(page).to_have_url(holds("/train"))
+        page.locator(".st-key-train-advanced").wait_for()
+
+    expect(advanced).not_to_have_attribute("open", "")
+    page.locator(".st-key-train-advanced summary").click()
+    expect(advanced).to_have_attribute("open", "")
+    visit_runs_and_come_back()
+    expect(advanced).to_have_attribute("open", "")
+    page.locator(".st-key-train-advanced summary").click()
+    expect(advanced).not_to_have_attribute("open", "")
+    visit_runs_and_come_back()
+    expect(advanced).not_to_have_attribute("open", "")
+
+
 def test_runs_page_lists_the_runs_and_opens_one(app_page, app_server):
     page = app_page
     open_page(page, app_server, "runs")
