@@ -6,7 +6,7 @@ as one line and the dashboard shows it as is.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "NoStore", "StoreError", "StoreFull", "UnsupportedEnvError"]
+__all__ = ["ConfigError", "NoStore", "StoreError", "StoreFull", "UnknownId", "UnsupportedEnvError"]
 
 
 class ConfigError(ValueError):
@@ -31,3 +31,8 @@ class NoStore(StoreError):
 class StoreFull(StoreError):
     """The disk holding the run store is full: the write was rolled back, what was stored
     before is intact and still readable (the message names the path)."""
+
+
+class UnknownId(StoreError):
+    """An id, or the start of one, names no stored run or sweep, or begins several (the message
+    names them): the store itself was read."""

@@ -111,6 +111,30 @@ def test_overlay_csv_is_long_with_one_label_per_run(store):
     assert again.file_name == answer.file_name != alone.file_name
 
 
+def test_a_run_is_named_by_its_id_or_a_start_of_it_as_the_cli_takes_it(store, monkeypatch):
+    """A URL may carry a run's first ``SHORT_ID`` or more characters, as the CLI's commands do:
+    the CSV and its file name hold the full id; a start that several ids share is a 404 naming
+    them."""
+    import uuid
+    from types import SimpleNamespace
+
+    ids = iter(["abcd12340000", "abcd99990000"])
+    monkeypatch.setattr(uuid, "uuid4", lambda: SimpleNamespace(hex=next(ids) + "0" * 20))
+    first = add_run(store, "first", "CartPole-v1", [1.0, 2.0])
+    second = add_run(store, "second", "CartPole-v1", [3.0])
+    answer = get(store, exports.run_metric_url("abcd1", M.EPISODIC_RETURN.key))
+    assert answer.status == 200 and answer.file_name == f"{first}_episodic_return.csv"
+    assert set(frame_of(answer)["run_id"]) == {first}
+    # an overlay too, and a run named twice (by its start and in full) is one run
+    both = get(store, exports.overlay_url(["abcd1", first, "abcd9"], M.EPISODIC_RETURN.key))
+    assert frame_of(both)["run_id"].tolist() == [first, first, second]
+    assert both.file_name == exports.download_name("overlay_episodic_return.csv",
+                                                   {"run_ids": f"{first} {second}"})  # fmt: skip
+    shared = get(store, exports.run_metric_url("abcd", M.EPISODIC_RETURN.key))
+    assert shared.status == 404 and "'abcd' begins 2 run ids" in shared.body
+    assert "abcd12340000, abcd99990000" in shared.body
+
+
 def test_a_download_is_named_after_the_run_or_sweep_it_is_of():
     import hashlib
 
@@ -135,7 +159,7 @@ def test_a_download_is_named_after_the_run_or_sweep_it_is_of():
         ("/export/runs/{run}/episodic_return.csv?smoothing=1.5", 400, ["smoothing", "[0, 1)"]),
         ("/export/runs/{run}/episodic_return.csv?smoothing=abc", 400, ["smoothing", "'abc'"]),
         ("/export/runs/{run}/no_such_metric.csv", 404, ["unknown metric", "episodic_return"]),
-        ("/export/runs/0123456789ab/episodic_return.csv", 404, ["no run with id"]),
+        ("/export/runs/0123456789ab/episodic_return.csv", 404, ["no run '0123456789ab' in "]),
         ("/export/runs/..%2F..%2Fetc/episodic_return.csv", 404, ["no run with id"]),
         ("/export/overlay/episodic_return.csv", 400, ["run must be given 1 to 50 times"]),
         ("/export/nothing/here.csv", 404, ["no export at"]),

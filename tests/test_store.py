@@ -640,9 +640,10 @@ def test_new_ids_are_never_read_back_as_numbers(monkeypatch):
 def test_a_run_id_resolves_from_itself_or_a_prefix_it_alone_begins(store, monkeypatch):
     """``resolve_run_id`` and ``resolve_sweep_id``: the full id, or a prefix of at least
     SHORT_ID characters that one stored id of its table begins (git's rule); several or none
-    is a StoreError naming them; LIKE's wildcards in the text are plain characters."""
+    is an UnknownId (a StoreError) naming them; LIKE's wildcards in the text are plain characters."""
     import uuid
 
+    from gae_core.errors import UnknownId
     from gae_core.storage.store import SHORT_ID
 
     ids = iter(["abcd12340000", "abcd99990000", "bcde00000000"])
@@ -652,19 +653,19 @@ def test_a_run_id_resolves_from_itself_or_a_prefix_it_alone_begins(store, monkey
     assert store.resolve_run_id(first) == first
     assert store.resolve_run_id("abcd1") == first and store.resolve_run_id("bcde") == third
     assert SHORT_ID == 4
-    with pytest.raises(StoreError, match=r"'abcd' begins 2 run ids \(abcd12340000, "
+    with pytest.raises(UnknownId, match=r"'abcd' begins 2 run ids \(abcd12340000, "
                        r"abcd99990000\): give more of it"):  # fmt: skip
         store.resolve_run_id("abcd")
-    with pytest.raises(StoreError, match=r"no run 'bcd' .*at least 4 characters"):
+    with pytest.raises(UnknownId, match=r"no run 'bcd' .*at least 4 characters"):
         store.resolve_run_id("bcd")
     for text in ("abc%", "abc_", "abcd_234", "ffff", "abcd\udcff"):  # (a non-UTF-8 byte)
-        with pytest.raises(StoreError, match=re.escape(f"no run {text!r} in ")):
+        with pytest.raises(UnknownId, match=re.escape(f"no run {text!r} in ")):
             store.resolve_run_id(text)
     # a sweep's id, by the same rule: runs' ids do not count
     ids = iter(["abcd55550000", "abcd66660000"])
     first_sweep, _ = (store.create_sweep({"seed": [0]}, CONFIG) for _ in range(2))
     assert store.resolve_sweep_id("abcd5") == first_sweep == "abcd55550000"
-    with pytest.raises(StoreError, match=r"'abcd' begins 2 sweep ids \(abcd55550000, "):
+    with pytest.raises(UnknownId, match=r"'abcd' begins 2 sweep ids \(abcd55550000, "):
         store.resolve_sweep_id("abcd")
-    with pytest.raises(StoreError, match="no sweep 'bcde' in "):
+    with pytest.raises(UnknownId, match="no sweep 'bcde' in "):
         store.resolve_sweep_id("bcde")

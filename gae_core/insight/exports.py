@@ -18,7 +18,8 @@ URLs (absolute; the dashboard serves them next to its pages):
 * ``/export/overlay/<column>.csv?run=<id>&run=<id>…&smoothing=w``: one metric of several runs,
   long, with a ``run`` column (:func:`~gae_core.insight.figures.overlay_figure`'s frame).
 
-``<column>`` is the metric's CSV column (:attr:`gae_core.metrics.Metric.column`).
+``<column>`` is the metric's CSV column (:attr:`gae_core.metrics.Metric.column`); a run is named
+by its id or, as on the command line, its first ``SHORT_ID`` or more characters.
 
 The store is read through a :class:`StoreSource`: opened like the CLI's ``runs`` opens it (a
 read-only data folder is read read-only), and opened again when the file at its path is no
@@ -41,7 +42,7 @@ from urllib.parse import quote, urlencode
 import pandas as pd
 
 from gae_core import metrics as M
-from gae_core.errors import StoreError
+from gae_core.errors import StoreError, UnknownId
 from gae_core.inert import to_csv
 from gae_core.insight import figures, views
 from gae_core.labels import run_label
@@ -162,9 +163,14 @@ def _metric(column: str) -> M.Metric:
 
 
 def _run_id(value: str, store: RunStore) -> str:
-    if not _RUN_ID.fullmatch(value) or not store.run_exists(value):
+    """The stored run id ``value`` names: the id, or its first ``SHORT_ID`` or more characters
+    (as the CLI takes it)."""
+    if not _RUN_ID.fullmatch(value):
         raise _NotFound(f"no run with id {value!r} in {store.path}")
-    return value
+    try:
+        return store.resolve_run_id(value)
+    except UnknownId as error:
+        raise _NotFound(str(error)) from None
 
 
 def _smoothing(query: Mapping[str, Sequence[str]]) -> float:
@@ -207,13 +213,14 @@ RUN_SETTINGS = ("env_id", "algo", "gamma", "lambda_", "seed")
 
 def _overlay(store: RunStore, column: str, query) -> Answer:
     metric = _metric(column)
-    ids = list(dict.fromkeys(query.get("run", [])))
-    if not 1 <= len(ids) <= _MAX_OVERLAY_RUNS:
-        raise _BadRequest(f"run must be given 1 to {_MAX_OVERLAY_RUNS} times, got {len(ids)}")
+    given = list(dict.fromkeys(query.get("run", [])))
+    if not 1 <= len(given) <= _MAX_OVERLAY_RUNS:
+        raise _BadRequest(f"run must be given 1 to {_MAX_OVERLAY_RUNS} times, got {len(given)}")
+    ids = list(dict.fromkeys(_run_id(run_id, store) for run_id in given))
     runs, settings = {}, {}
     for run_id in ids:
         try:
-            run = store.get_run(_run_id(run_id, store))
+            run = store.get_run(run_id)
         except StoreError:  # deleted since the check
             raise _NotFound(f"no run with id {run_id!r} in {store.path}") from None
         name = run_label(run)  # as the overlay's legend names it (the id makes it unique)

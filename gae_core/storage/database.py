@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from gae_core.errors import NoStore, StoreError, StoreFull
+from gae_core.errors import NoStore, StoreError, StoreFull, UnknownId
 from gae_core.storage.ownership import OWNER_COLUMNS, Owner, owner_alive
 from gae_core.storage.schema import SCHEMA_VERSION, migrate, refuse_newer
 
@@ -365,23 +365,23 @@ class Database:
     def _resolve_id(self, table: str, what: str, text: str) -> str:
         """The id of ``table`` (``runs``, ``sweeps``) that ``text`` names: itself, or the one
         stored id it begins with at least :data:`SHORT_ID` characters (git's rule for short
-        hashes); a StoreError naming the candidates where it begins several, or none."""
+        hashes); :class:`UnknownId` naming the candidates where it begins several, or none."""
         missing = f"no {what} {text!r} in {self.path}"
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # a typed byte that is not UTF-8: no id holds one
-            raise StoreError(missing) from None
+            raise UnknownId(missing) from None
         if self._read(f"SELECT 1 FROM {table} WHERE id = ?", (text,)):
             return text
         if len(text) < SHORT_ID:
-            raise StoreError(f"{missing} (a short id needs at least {SHORT_ID} characters)")
+            raise UnknownId(f"{missing} (a short id needs at least {SHORT_ID} characters)")
         rows = self._read(f"SELECT id FROM {table} WHERE substr(id, 1, ?) = ? ORDER BY id",
                           (len(text), text))  # fmt: skip
         if len(rows) == 1:
             return rows[0][0]
         if not rows:
-            raise StoreError(missing)
-        raise StoreError(f"{text!r} begins {len(rows)} {what} ids "
+            raise UnknownId(missing)
+        raise UnknownId(f"{text!r} begins {len(rows)} {what} ids "
                          f"({', '.join(r[0] for r in rows)}): give more of it")  # fmt: skip
 
     @property
