@@ -129,7 +129,13 @@ def job_status(job: LabJob, cancel_key: str) -> None:
     watched = f"{cancel_key}.watched"
     if not job.done:
         st.session_state[watched] = job  # the job itself: an id can be reused
-        st.progress(job.fraction, text=f"measuring… ETA {format_duration(job.eta)}")
+        eta = job.eta  # None until the first rollouts are in (the states are sampled first)
+        when = (
+            f"ETA {format_duration(eta)}"
+            if eta is not None
+            else "ETA once the first rollouts are in"
+        )
+        st.progress(job.fraction, text=f"measuring… {when}")
         st.button("Cancel", key=cancel_key, on_click=job.cancel)  # a callback: see train.py's Stop
         return
     job.seen = True  # the sidebar stops offering the way back to it

@@ -1161,7 +1161,9 @@ def test_a_lab_job_that_ended_unseen_shows_in_any_session_once(recorded_run, dat
     try:
         jobs[recorded_run] = job = LabJob(None, recorded_run, measure=fails)
         watcher = lab_session()  # opened while it measures: shows the progress
-        assert any(p.proto.text.startswith("measuring…") for p in watcher.get("progress"))
+        # no progress yet: no time to say, and the bar says when there will be one
+        texts = [p.proto.text for p in watcher.get("progress")]
+        assert texts == ["measuring… ETA once the first rollouts are in"], texts
         release.set()
         assert job.wait(10) and not job.seen
         other = lab_session()  # neither started nor watched it
