@@ -23,7 +23,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["SOLVED_WINDOW", "ReturnTracker", "RunSummary", "summarize_returns"]
+__all__ = [
+    "SOLVED_WINDOW", "ReturnTracker", "RunSummary", "final_window_share", "summarize_returns"
+]  # fmt: skip
 
 #: Episodes in the moving window for "solved", the best and the final return (Gym's convention).
 SOLVED_WINDOW = 100
@@ -134,3 +136,13 @@ def summarize_returns(
     for step, value in zip(env_steps, returns, strict=True):
         tracker.add(int(step), float(value))
     return tracker.summary()
+
+
+def final_window_share(env_steps: Sequence[int], window: int = SOLVED_WINDOW) -> float:
+    """The share of a run's env steps (to its last finished episode; episodes in the order they
+    ended) that its final return's last ``window`` episodes span: 1 where it has no more than
+    ``window`` episodes. Near 1, the final return averages most of training, not its end."""
+    steps = [int(step) for step in env_steps]
+    if len(steps) <= window or steps[-1] <= 0:
+        return 1.0
+    return (steps[-1] - steps[-window - 1]) / steps[-1]

@@ -427,6 +427,9 @@ threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
 few = stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min()))
 if few:
     st.warning(few, icon=":material/warning:")
+spread = compare.final_window_note(episodes)  # short runs: the final return is not their end
+if spread:
+    st.warning(spread, icon=":material/warning:")
 bands, aligned = compare.aggregate_curves(
     episodes, group=group, window=window, statistic=center or "iqm"
 )

@@ -712,6 +712,9 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
     assert at.dataframe[-1].value["seeds"].tolist() == [2, 2, 2]
     assert "runs" not in at.dataframe[-1].value  # one run per seed: no column to say so
     assert [i.value[:46] for i in at.info] == ["1 of these runs repeat another's config, seed "]
+    # runs of a few episodes: their final returns span all of them, and the page says so
+    assert any(w.value.startswith("In 6 of these 6 runs the final return's last 100 episodes")
+               for w in at.warning)  # fmt: skip
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     names = [t["name"] for t in spec["data"] if t.get("fill") == "tonexty"]
     assert names == [f"hidden sizes = {w} 95 % CI" for w in widths]

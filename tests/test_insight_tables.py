@@ -776,3 +776,44 @@ def test_a_comparison_says_a_run_trained_on_a_gpu_ran_there(monkeypatch):
         config = on_gpu
 
     assert compare.idle_in([Run()], "critic_lambda")[0] == 1  # the field follows λ there
+
+
+@given(
+    lengths=st.lists(st.integers(1, 600), min_size=1, max_size=400),
+    window=st.integers(1, 150),
+)
+def test_the_final_windows_share_of_a_run_is_the_steps_its_last_episodes_took(lengths, window):
+    """``final_window_share``: (last step − the step before the window) / last step, 1 with no
+    more than ``window`` episodes; episodes of one length ℓ over n episodes give window / n."""
+    from gae_core.outcome import final_window_share
+
+    steps = np.cumsum(lengths).tolist()
+    share = final_window_share(steps, window)
+    if len(steps) <= window:
+        assert share == 1.0
+    else:
+        assert share == pytest.approx(sum(lengths[-window:]) / sum(lengths), rel=1e-12)
+        assert 0.0 < share < 1.0
+    n = len(lengths)
+    even = final_window_share([lengths[0] * (i + 1) for i in range(n)], window)
+    assert even == pytest.approx(min(1.0, window / n), rel=1e-12)
+
+
+def test_a_comparison_says_where_a_runs_final_return_spans_most_of_its_training():
+    """Short runs: the last 100 episodes reach back over most of a run, so its final return is
+    not where its curve ends; the page says so, naming how many runs and the widest share."""
+
+    def run(run_id: str, episodes: int, length: int) -> pd.DataFrame:
+        steps = length * np.arange(1, episodes + 1)
+        return pd.DataFrame({"lambda_": 0.9, "seed": 0, "run_id": run_id, "env_step": steps,
+                             "return": np.ones(episodes)})  # fmt: skip
+
+    long = run("a", 1000, 20)  # its last 100 episodes: 10 % of its steps
+    assert compare.final_window_note(long) is None
+    short = pd.concat([long, run("b", 150, 20), run("c", 400, 20)]).sample(frac=1, random_state=0)
+    note = compare.final_window_note(short)  # (rows in any order: each run's by its steps)
+    assert note.startswith(
+        "In 1 of these 3 runs the final return's last 100 episodes span more than 50% of the "
+        "run's env steps (up to 67%)"
+    )
+    assert compare.final_window_note(short, most=0.2).startswith("In 2 of these 3 runs")

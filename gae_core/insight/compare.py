@@ -21,7 +21,8 @@ from gae_core.agent.config import BOOKKEEPING_FIELDS, TrainConfig, with_stored_d
 from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.labels import assignment, format_value, label
-from gae_core.outcome import SOLVED_WINDOW, summarize_returns
+from gae_core.outcome import SOLVED_WINDOW, final_window_share, summarize_returns
+from gae_core.storage.database import finite_or_none
 from gae_core.storage.records import NOT_STARTED, STATUSES
 from gae_core.storage.store import RunStore
 
@@ -331,8 +332,7 @@ def effective_config(config: dict, keep: Sequence[str] = ()) -> dict | None:
 
 def idle_in(runs: Sequence[Any], field: str) -> tuple[int, str | None]:
     """How many of the runs have ``field`` set to no effect (:meth:`TrainConfig.idle_fields`),
-    and why (the first such run's reason, naming fields by their labels): grouped by it, those
-    runs train alike."""
+    and why (the first run's reason, fields by their labels): grouped by it, they train alike."""
     reasons = [
         TrainConfig.from_stored(c).idle_fields(label).get(field)
         for c in (completed_config(r.config) for r in runs)
@@ -424,6 +424,20 @@ def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> 
     return text + "."
 
 
+def final_window_note(episodes: pd.DataFrame, most: float = 0.5) -> str | None:
+    """What a comparison must say where some run's final return spans more than ``most`` of
+    its env steps (:func:`~gae_core.outcome.final_window_share`); None where none does."""
+    steps = episodes.sort_values("env_step").groupby("run_id")["env_step"]
+    shares = steps.apply(final_window_share)
+    if not (wide := shares[shares > most]).size:
+        return None
+    return (f"In {len(wide)} of these {len(shares)} runs the final return's last {SOLVED_WINDOW} "
+            f"episodes span more than {most:.0%} of the run's env steps (up to {wide.max():.0%}): "
+            "it averages early learning too, so it lags where the curves end and can rank the "
+            "groups otherwise. The curves and the AUC show how they learned; longer runs give "
+            "the final return its meaning.")  # fmt: skip
+
+
 def episodes_frame(
     store: RunStore, run_ids: Sequence[str], group: str, also: Sequence[str] = ()
 ) -> pd.DataFrame:
@@ -476,16 +490,11 @@ def summary_records(table: pd.DataFrame, group: str) -> list[dict]:
         entry |= {"seeds": int(row["seeds"]), "runs": int(row["runs"])}
         for score in ("final_return", "auc"):
             entry[score] = {
-                f"{name}{suffix}": _json_float(row[f"{score}_{name}{suffix}"])
+                f"{name}{suffix}": finite_or_none(row[f"{score}_{name}{suffix}"])
                 for name in ("iqm", "mean")
                 for suffix in ("", "_ci_low", "_ci_high")
             }
         if "solved_fraction" in row:
-            entry["solved_fraction"] = _json_float(row["solved_fraction"])
+            entry["solved_fraction"] = finite_or_none(row["solved_fraction"])
         records.append(entry)
     return records
-
-
-def _json_float(value: float) -> float | None:
-    value = float(value)
-    return value if math.isfinite(value) else None
