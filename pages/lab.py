@@ -292,8 +292,9 @@ def gradient_lens(
                 f"checkpoint chosen above ({policy_step:,}): Measure the gradient to measure "
                 "that one.", icon=":material/info:")  # fmt: skip
     result = GradientResult.from_json(store.load_lab_result(record.id))
-    if note := result.reference_note():
-        st.warning(note, icon=":material/warning:")
+    for note in (result.reference_note(), result.tail_note()):
+        if note:
+            st.warning(note, icon=":material/warning:")
     for critic in result.table["critic"].unique():
         st.markdown(markdown_text(gradient_sentence(result.table, critic)) + ".")
     st.subheader(f"Over {LAMBDA}")

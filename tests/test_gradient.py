@@ -27,6 +27,7 @@ from gae_core.lab.gradient import (
     batch_problem,
     gradient_sentence,
     gradient_statistics,
+    largest_batch_share,
     measure_gradient,
     per_sample_scores,
 )
@@ -219,6 +220,50 @@ def test_a_least_mse_gradient_that_points_away_from_g_star_is_said_to():
     )
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_largest_batch_share_is_one_batchs_part_of_the_spread(seed):
+    """max_k ‖ĝ_k − ḡ‖² / Σ_l ‖ĝ_l − ḡ‖², against a loop; closed cases: two batches split the
+    spread evenly, light tails give each about 1/K, one batch with a rare huge advantage holds
+    nearly all, and batches that do not spread give NaN."""
+    rng = np.random.default_rng(seed)
+    K, E, P = 32, 3, 200
+    G = rng.normal(size=(K, E, P))
+    share = largest_batch_share(G)
+    for e in range(E):
+        spread = [float(np.sum((G[k, e] - G[:, e].mean(axis=0)) ** 2)) for k in range(K)]
+        assert share[e] == pytest.approx(max(spread) / sum(spread), rel=1e-12)
+    assert (share < 3 / K).all()  # light tails, many parameters: each batch about 1/K
+    assert largest_batch_share(G[:2]) == pytest.approx([0.5] * E, rel=1e-12)
+    G[int(rng.integers(K)), 1] += 60.0  # one batch met a termination's TD error
+    heavy = largest_batch_share(G)
+    assert heavy[1] > 0.9 and heavy[0] == share[0]
+    assert np.isnan(largest_batch_share(np.ones((4, 2, 5)))).all()
+
+
+def test_the_lens_says_where_one_batch_holds_most_of_the_spread():
+    """Heavy tails: the note names how many estimators, the largest share and where; it says
+    nothing with fewer than 8 batches (one of a few is often most of the spread by chance), or
+    for a measurement stored before the share was kept."""
+    table = _lens_rows([3.0, 2.0, 2.9], [0.1, 0.5, 0.9])
+    table["largest_batch_share"] = [0.3, 0.93, 0.6]
+
+    def result(rows, batches: int) -> GradientResult:
+        settings = GradientSettings(lambdas=(0.0, 0.5, 1.0), ks=(1,), batches=batches)
+        return GradientResult("CartPole-v1", settings, rows, {}, {}, 1.0)
+
+    assert result(table, 32).tail_note() == (
+        "Heavy tails: for 2 of the 3 estimators one of the 32 batches holds over half the "
+        "batches' spread (up to 93%, at λ = 0.5, critic 1). A rare large advantage (a "
+        "termination's TD error, say) landed in few batches, so the variance, MSE and their "
+        "intervals rest on those batches and can move many-fold with more: measure with more "
+        "batches before reading a trend over λ from them."
+    )
+    assert result(table, 7).tail_note() is None
+    assert result(table.drop(columns="largest_batch_share"), 32).tail_note() is None
+    table["largest_batch_share"] = [0.3, 0.5, 0.1]  # half is not over half
+    assert result(table, 32).tail_note() is None
+
+
 def test_the_lens_figure_stars_the_least_mse_on_the_mse_panel():
     from gae_core.insight.lab_figures import GRADIENT_PANELS, gradient_figure
 
@@ -306,6 +351,7 @@ def test_cli_gradient_json_and_one_line_errors(tmp_path):
             "mse", "snr"}  # fmt: skip
     assert keys <= set(report["lambdas"][0]) and report["ks"][0]["k"] == 1
     assert report["reference"]["samples"] >= 2000 and report["batch_size"] == 32
+    assert report["tail_note"] is None  # (3 batches: too few to tell a tail from chance)
     # δ = Â^(1) = GAE(λ = 0): one gradient, reported alike
     assert report["ks"][0]["variance"] == pytest.approx(report["lambdas"][0]["variance"])
     # as text: what the page says under the same numbers, and why bias² and SNR can be < 0

@@ -212,8 +212,9 @@ def _gradient(args: argparse.Namespace) -> int:
             print(f"{name:<14}{cosine:<26}{r['pairwise_cosine']:>10.3f}{r['bias2']:>12.4g}"
                   f"{r['variance']:>12.4g}{r['mse']:>12.4g}{r['snr']:>9.3g}")  # fmt: skip
         print(f"{gradient_sentence(result.table, critic['critic'])}.")  # as the page says
-    if report["reference_note"]:
-        print(f"\n{report['reference_note']}")
+    for note in ("reference_note", "tail_note"):
+        if report[note]:
+            print(f"\n{report[note]}")
     print(f"note: {DEBIASED_NOTE}.")
     return EXIT_OK
 
@@ -253,6 +254,7 @@ def gradient_report(result_id: str, result: Any) -> dict[str, Any]:
         "seconds": result.seconds,
         "reference": result.reference,
         "reference_note": result.reference_note(),
+        "tail_note": result.tail_note(),
         "best_lambda": critics[0]["best_lambda"],
         "lambdas": critics[0]["lambdas"],
         "ks": critics[0]["ks"],

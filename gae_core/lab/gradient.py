@@ -37,6 +37,13 @@ For a policy checkpoint π_θ and a critic V̂:
   signal-to-noise ratio SNR = ‖E ĝ_λ‖² / tr Cov(ĝ_λ), with ‖E ĝ‖² estimated unbiasedly as
   ‖mean ĝ‖² − variance/K.
 
+* **How much one batch weighs** (:func:`largest_batch_share`): per estimator, the largest
+  share of the batches' spread one batch holds, max_k ‖ĝ_k − ḡ‖² / Σ_l ‖ĝ_l − ḡ‖² (about 1/K
+  for a light-tailed estimator; near 1 where a rare large advantage, a termination's TD error,
+  landed in one batch). Where one batch of K ≥ 8 holds more than half, the variance, MSE and
+  their intervals rest on that batch and can move many-fold with more batches
+  (:meth:`GradientResult.tail_note`).
+
 All of these are functions of the K × K Gram matrices of the batch gradients (and of their
 differences from g*), so a bootstrap resample is a quadratic form in its counts and never
 copies a gradient. Gradients are in env reward units (raw rewards, V̂ scaled back); the
@@ -80,6 +87,7 @@ __all__ = [
     "batch_gradients",
     "batch_problem",
     "gradient_statistics",
+    "largest_batch_share",
     "measure_gradient",
     "per_sample_scores",
 ]
@@ -174,13 +182,29 @@ def gradient_statistics(
     return out
 
 
+def largest_batch_share(gradients: np.ndarray) -> np.ndarray:
+    """Per estimator, max_k ‖ĝ_k − ḡ‖² / Σ_l ‖ĝ_l − ḡ‖² of ``gradients [K, E, P]`` (module
+    docstring): the largest share of the batches' spread around their mean that one batch
+    holds; NaN where the batches do not spread."""
+    G = np.asarray(gradients, np.float64)
+    spread = np.sum((G - G.mean(axis=0)) ** 2, axis=2)  # [K, E]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return spread.max(axis=0) / spread.sum(axis=0)
+
+
+#: Batches from which one holding over :data:`HEAVY_SHARE` of the spread is a heavy tail, not
+#: chance (with fewer, one batch of a few is often most of it).
+HEAVY_FROM_BATCHES, HEAVY_SHARE = 8, 0.5
+
+
 # ----------------------------------------------------------------------------- the result
 
 
 @dataclass(frozen=True)
 class GradientResult:
     """What the lens measured: ``table`` has one row per critic and estimator (``critic``,
-    ``kind`` gae/k_step, ``param``, and every quantity with ``_ci_low``/``_ci_high``);
+    ``kind`` gae/k_step, ``param``, every quantity with ``_ci_low``/``_ci_high``, and
+    ``largest_batch_share``, absent from measurements stored before it was kept);
     ``reference`` its samples, noise and norm; ``meta`` the run, policy and critic steps."""
 
     env_id: str
@@ -202,6 +226,28 @@ class GradientResult:
             f"{se / max(norm, 1e-300):.2g}× its norm {norm:.3g}, so bias², MSE and the cosine "
             "to g* mostly measure the reference's own noise (bias² can come out below 0). Raise "
             "the reference's samples; the pairwise cosine and the variance do not need g*."
+        )
+
+    def tail_note(self) -> str | None:
+        """A warning where one batch holds over half the spread of some estimator's batch
+        gradients (:func:`largest_batch_share`, K ≥ 8), else None (and for a measurement
+        stored before the share was kept)."""
+        K = self.settings.batches
+        if "largest_batch_share" not in self.table or K < HEAVY_FROM_BATCHES:
+            return None
+        heavy = self.table[self.table["largest_batch_share"] > HEAVY_SHARE]
+        if heavy.empty:
+            return None
+        top = heavy.loc[heavy["largest_batch_share"].idxmax()]
+        where = (assignment("lambda_", top["param"]) if top["kind"] == "gae"
+                 else f"Â^({int(top['param'])})")  # fmt: skip
+        return (
+            f"Heavy tails: for {len(heavy)} of the {len(self.table)} estimators one of the {K} "
+            f"batches holds over half the batches' spread (up to {top['largest_batch_share']:.0%}"
+            f", at {where}, {top['critic']}). A rare large advantage (a termination's TD error, "
+            "say) landed in few batches, so the variance, MSE and their intervals rest on those "
+            "batches and can move many-fold with more: measure with more batches before "
+            f"reading a trend over {label('lambda_')} from them."
         )
 
     def best_lambda(self, critic: str | None = None) -> float:
@@ -282,6 +328,7 @@ def measure_gradient(
             point, low, high = stats[quantity]
             frame[quantity], frame[f"{quantity}_ci_low"], frame[f"{quantity}_ci_high"] = (
                 point, low, high)  # fmt: skip
+        frame["largest_batch_share"] = largest_batch_share(G)
         frames.append(frame)
     ticker.step(max(0.0, ticker.total - ticker.done))  # done (the windows' bound was loose)
     n = int(windows.valid.sum() / K)
