@@ -640,7 +640,8 @@ def test_new_ids_are_never_read_back_as_numbers(monkeypatch):
 def test_a_run_id_resolves_from_itself_or_a_prefix_it_alone_begins(store, monkeypatch):
     """``resolve_run_id`` and ``resolve_sweep_id``: the full id, or a prefix of at least
     SHORT_ID characters that one stored id of its table begins (git's rule); several or none
-    is an UnknownId (a StoreError) naming them; LIKE's wildcards in the text are plain characters."""
+    is an UnknownId (a StoreError) naming them; LIKE's wildcards in the text are plain
+    characters."""
     import uuid
 
     from gae_core.errors import UnknownId
