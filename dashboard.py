@@ -117,6 +117,7 @@ wanted = st.session_state.pop(_ui.WANTED_PAGE, None)
 if wanted is not None:  # a direct link that reached a page before navigation existed
     wanted_page, params = wanted
     st.switch_page(wanted_page, query_params=params)
+_ui.expand_short_ids()  # ?run=ab0c, as the CLI takes an id: the page reads the full id
 try:
     page.run()
 finally:  # the sidebar after the page, so a run its Start or Launch just stored is listed

@@ -20,12 +20,12 @@ from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
 from gae_core.agent.field_spec import echo
 from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.env_modules import registered_env_ids
-from gae_core.errors import ConfigError, StoreError
+from gae_core.errors import ConfigError, StoreError, UnknownId
 from gae_core.inert import markdown_text, to_csv
 from gae_core.insight import exports, views
 from gae_core.labels import algorithm_name, run_label
 from gae_core.runs.manager import RunManager
-from gae_core.storage.store import RunStore
+from gae_core.storage.store import ID_LENGTH, SHORT_ID, RunStore
 
 NAVIGATION_FLAG = "gae.navigation"
 WANTED_PAGE = "gae.wanted_page"
@@ -74,6 +74,25 @@ def arrive(page: str, keys: Sequence[str]) -> bool:
     st.session_state[_PAGE] = page
     st.session_state[_WRITTEN] = {}
     return arrived
+
+
+def expand_short_ids() -> None:
+    """A link's ``?run=`` or ``?sweep=`` given as the start of an id (its first ``SHORT_ID`` or
+    more characters, as the CLI and the exports take it) becomes the id it names before a page
+    reads it; a start that names none or several is left for the page to say so."""
+    for name in ("run", "sweep"):
+        texts = st.query_params.get_all(name)
+        if not any(SHORT_ID <= len(text) < ID_LENGTH for text in texts):
+            continue  # (full ids, or none: no store query on every rerun)
+        resolve = store().resolve_run_id if name == "run" else store().resolve_sweep_id
+        full = []
+        for text in texts:
+            try:
+                full.append(resolve(text) if len(text) < ID_LENGTH else text)
+            except UnknownId:
+                full.append(text)
+        if full != texts:
+            st.query_params[name] = full
 
 
 def _wanted(name: str) -> list[str]:

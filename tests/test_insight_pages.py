@@ -1105,6 +1105,17 @@ def test_pages_open_on_the_selection_their_url_names_and_follow_the_users_run(
     gone.run()
     gone.switch_page("pages/train.py").run()
     assert any("holds no run '0123456789ab'" in said_plain(i.value) for i in gone.info)
+    # a link may name a run by the start of its id, as the CLI and the exports take it: every
+    # page opens the run, and the URL comes to hold its full id
+    for page, key in (("explorer", "ex.run"), ("lab", "lab.run")):
+        short = AppTest.from_file("../dashboard.py", default_timeout=60)
+        short.query_params.update(run=recorded_run[:5])
+        short.run()
+        short.switch_page(f"pages/{page}.py").run()
+        assert not short.exception
+        assert short.selectbox(key=key).value == recorded_run, page
+        assert not [i for i in short.info if i.value.startswith("The link")], page
+        assert short.query_params["run"] in (recorded_run, [recorded_run])
     pasted = AppTest.from_file("../dashboard.py", default_timeout=60)  # a link to the Runs page
     pasted.query_params.update(run=recorded_run)
     pasted.run()

@@ -41,6 +41,7 @@ from gae_core.storage.schema import SCHEMA_VERSION, migrate, refuse_newer
 __all__ = [
     "DATA_ENV_VAR",
     "DB_FILENAME",
+    "ID_LENGTH",
     "SHORT_ID",
     "Database",
     "folder_is_writable",
@@ -86,14 +87,16 @@ def is_disk_full(exc: BaseException) -> bool:
 _LETTERS = frozenset("abcdf")
 #: The fewest characters of a run's or sweep's id that name it (git's rule for short hashes).
 SHORT_ID = 4
+#: The characters of a run's or sweep's id (:func:`new_id`).
+ID_LENGTH = 12
 
 
 def new_id() -> str:
-    """12 random hex digits, at least one of them a letter other than "e", so pandas and
-    spreadsheets read it back from the CSV exports as text (an id of digits, or of digits
-    around one "e", reads as a number)."""
+    """:data:`ID_LENGTH` random hex digits, at least one of them a letter other than "e", so
+    pandas and spreadsheets read it back from the CSV exports as text (an id of digits, or of
+    digits around one "e", reads as a number)."""
     while True:
-        candidate = uuid.uuid4().hex[:12]
+        candidate = uuid.uuid4().hex[:ID_LENGTH]
         if not _LETTERS.isdisjoint(candidate):
             return candidate
 

@@ -25,6 +25,7 @@ from gae_core.outcome import RunSummary
 from gae_core.storage.database import (
     DATA_ENV_VAR,
     DB_FILENAME,
+    ID_LENGTH,
     RUN_COLUMNS,
     SHORT_ID,
     Database,
@@ -46,6 +47,7 @@ from gae_core.version import source_version
 __all__ = [
     "DATA_ENV_VAR",
     "DB_FILENAME",
+    "ID_LENGTH",
     "SHORT_ID",
     "RunStore",
     "folder_is_writable",
