@@ -430,7 +430,28 @@ def _widget_value(spec: FieldSpec, value: Any) -> Any:
     return value
 
 
-def _widget(spec: FieldSpec, key: str, on_change: Callable[[], None] | None = None) -> Any:
+def _idle_now(prefix: str) -> dict[str, str]:
+    """The fields that change nothing given the form's choices and switches as they stand
+    (:meth:`TrainConfig.idle_fields`, fields by the form's names): every field that decides
+    it is a choice or a switch, always a valid value, so a number being typed cannot hide
+    it."""
+    chosen = {
+        name: st.session_state[f"{prefix}.{name}"]
+        for name, spec in FIELD_SPECS.items()
+        if spec.kind in ("choice", "bool") and f"{prefix}.{name}" in st.session_state
+    }
+    try:
+        return TrainConfig(**chosen).idle_fields(views.form_name)
+    except (ConfigError, TypeError):  # an env this server cannot build: the form says so
+        return {}
+
+
+def _widget(
+    spec: FieldSpec,
+    key: str,
+    on_change: Callable[[], None] | None = None,
+    idle: str | None = None,
+) -> Any:
     """One field's widget; its value lives in session state (set by :func:`config_form`).
 
     Every value reaches the form's validation (:func:`~gae_core.insight.views.build_config`),
@@ -439,18 +460,19 @@ def _widget(spec: FieldSpec, key: str, on_change: Callable[[], None] | None = No
     a number past 2^53 (a 20-digit seed) with a red mark alone and never sends it; float
     number boxes carry no min/max, which the browser would enforce the same silent way.
     """
-    kept = {"key": key, "persist_state": "session"}  # what the user typed outlives the page
+    # what the user typed outlives the page; a field with no effect now is greyed, with why
+    kept = {"key": key, "persist_state": "session", "disabled": idle is not None}
+    why = f" No effect now: {idle}." if idle else ""
     if spec.kind == "choice":
         shown = algorithm_name if spec.name == "algo" else str  # "ppo" reads as PPO
         choices = env_choices() if spec.name == "env_id" else list(spec.choices or ())
-        return st.selectbox(
-            spec.label, choices, help=spec.help, on_change=on_change, format_func=shown, **kept
-        )
+        return st.selectbox(spec.label, choices, help=spec.help + why, on_change=on_change,
+                            format_func=shown, **kept)  # fmt: skip
     if spec.kind == "bool":
-        return st.checkbox(spec.label, help=spec.help, **kept)
+        return st.checkbox(spec.label, help=spec.help + why, **kept)
     if spec.kind == "int":
         return st.text_input(
-            spec.label, help=f"{spec.help} (an integer, {spec.min:,} to {spec.max:,})", **kept
+            spec.label, help=f"{spec.help} (an integer, {spec.min:,} to {spec.max:,}){why}", **kept
         )
     if spec.kind == "float":
         return st.number_input(
@@ -460,11 +482,13 @@ def _widget(spec: FieldSpec, key: str, on_change: Callable[[], None] | None = No
             # reads None, which the form refuses, naming the field.
             value=None,
             format="%.6g",
-            help=f"{spec.help} (range {spec.min:g} to {spec.max:g})",
+            help=f"{spec.help} (range {spec.min:g} to {spec.max:g}){why}",
             **kept,
         )
     return st.text_input(
-        spec.label, help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]", **kept
+        spec.label,
+        help=f"{spec.help}; comma-separated, each in [{spec.min}, {spec.max}]{why}",
+        **kept,
     )
 
 
@@ -516,10 +540,11 @@ def config_form(
 
     values: dict[str, Any] = {}
     main, advanced = views.form_specs((*exclude, *hidden))
+    idle = _idle_now(prefix)
     for spec in main:
         key = f"{prefix}.{spec.name}"
         loads = spec.name in ("env_id", "algo")
-        values[spec.name] = _widget(spec, key, load_preset if loads else None)
+        values[spec.name] = _widget(spec, key, load_preset if loads else None, idle.get(spec.name))
     # "Advanced" opens as it was left: the expander's own state goes when another page is
     # shown (a widget's does), a plain session key outlives it
     opened, seen = f"{prefix}.advanced", f"{prefix}.advanced_was_open"
@@ -530,7 +555,7 @@ def config_form(
     shut = not st.session_state.get(seen, False)
     with st.expander("Advanced", expanded=not shut, key=opened, on_change=keep_open):
         for spec in advanced:
-            values[spec.name] = _widget(spec, f"{prefix}.{spec.name}")
+            values[spec.name] = _widget(spec, f"{prefix}.{spec.name}", idle=idle.get(spec.name))
     st.session_state[shown_key] = {
         name: st.session_state[f"{prefix}.{name}"]
         for name in TUNED_FIELDS

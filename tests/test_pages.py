@@ -463,6 +463,34 @@ def test_choosing_an_env_loads_its_preset_and_every_field_stays_editable(data_di
     assert not at.error and not at.button(key="train.start").disabled
 
 
+def test_a_field_with_no_effect_given_the_forms_choices_is_greyed_with_why(data_dir):
+    """Under A2C the PPO fields, with the critic following λ its own λ, on discrete actions the
+    Gaussian's: drawn disabled, their help saying why (TrainConfig.idle_fields, in the form's
+    words); a choice that gives them an effect enables them at once."""
+    at = app("pages/train.py")  # CartPole, A2C
+    epochs = at.text_input(key="train.n_epochs")
+    assert epochs.disabled and epochs.help.endswith(
+        "No effect now: algorithm (algo) is a2c (one gradient step per rollout, no clipping)."
+    )
+    assert at.number_input(key="train.critic_lambda").disabled
+    assert at.checkbox(key="train.use_sde").disabled
+    assert (
+        "No effect now: CartPole-v1's actions are discrete."
+        in at.checkbox(key="train.use_sde").help
+    )
+    for live in ("train.lambda_", "train.gamma"):
+        assert not at.number_input(key=live).disabled, live
+    assert not at.text_input(key="train.total_steps").disabled
+    at.selectbox(key="train.algo").set_value("ppo").run()
+    assert not at.text_input(key="train.n_epochs").disabled
+    assert "No effect now" not in at.text_input(key="train.n_epochs").help
+    at.selectbox(key="train.critic_target").set_value("fixed_lambda").run()
+    assert not at.number_input(key="train.critic_lambda").disabled
+    at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
+    assert not at.checkbox(key="train.use_sde").disabled  # a Gaussian policy: gSDE applies
+    assert not at.error and not at.button(key="train.start").disabled
+
+
 def test_a_budget_typed_in_the_same_rerun_as_an_env_change_is_kept(data_dir):
     """On a busy server Streamlit can run an env change and a budget typed right after it as
     one rerun, the preset's callback after the typed value arrived: the typed budget wins, the
