@@ -35,7 +35,8 @@ table = runs_frame(store.list_runs())
 if table.empty:
     st.info("No runs in the store yet. Start one on the Train page.")
     st.stop()
-filters = st.columns([2, 2, 2.6, 1.4], vertical_alignment="bottom")  # CSV link: one line
+filters = st.columns([2, 2, 2.6, 1.4], vertical_alignment="top")  # CSV link: one line, above
+# the table's toolbar (which shows over the top of the table, where a bottom-aligned link sat)
 unknown = _ui.options_are("the statuses", STATUSES)
 statuses = filters[0].multiselect(
     "status", list(STATUSES),
