@@ -94,7 +94,7 @@ def runs_in_progress() -> None:
             continue
         view = "policy gradient" if key.startswith("gradient ") else "per state"
         if not job.done:
-            when = f"ETA {views.format_duration(job.eta)}"
+            when = _ui.lab_eta(job)
         else:
             when = "failed" if job.error else "cancelled" if job.cancelled else "done"
         st.progress(job.fraction, text=f"lab ({view}): run {job.run_id} · {when}")

@@ -745,6 +745,15 @@ def lab_jobs() -> dict:
     return {}
 
 
+def lab_eta(job: Any) -> str:
+    """A lab job's time left as its bar and the sidebar say it: none until the first rollouts
+    are in (the states are sampled first)."""
+    eta = job.eta
+    return (
+        "ETA once the first rollouts are in" if eta is None else f"ETA {views.format_duration(eta)}"
+    )
+
+
 @st.cache_resource
 def sweeps() -> dict:
     """Sweeps started by this server process (their coordinating threads live here)."""

@@ -11,7 +11,7 @@ import streamlit as st
 from gae_core.errors import UnsupportedEnvError
 from gae_core.inert import markdown_text
 from gae_core.insight import lab_figures
-from gae_core.insight.views import format_duration, whole_number
+from gae_core.insight.views import whole_number
 from gae_core.lab import chain
 from gae_core.lab.gradient import DEBIASED_NOTE, GradientResult, batch_problem, gradient_sentence
 from gae_core.lab.gradient_samples import REFERENCE_COPIES
@@ -129,13 +129,7 @@ def job_status(job: LabJob, cancel_key: str) -> None:
     watched = f"{cancel_key}.watched"
     if not job.done:
         st.session_state[watched] = job  # the job itself: an id can be reused
-        eta = job.eta  # None until the first rollouts are in (the states are sampled first)
-        when = (
-            f"ETA {format_duration(eta)}"
-            if eta is not None
-            else "ETA once the first rollouts are in"
-        )
-        st.progress(job.fraction, text=f"measuring… {when}")
+        st.progress(job.fraction, text=f"measuring… {_ui.lab_eta(job)}")
         st.button("Cancel", key=cancel_key, on_click=job.cancel)  # a callback: see train.py's Stop
         return
     job.seen = True  # the sidebar stops offering the way back to it
