@@ -13,7 +13,16 @@ import streamlit as st
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
 from gae_core.inert import markdown_text
-from gae_core.insight import compare, compare_figures, exports, grid, provenance, stats, views
+from gae_core.insight import (
+    compare,
+    compare_figures,
+    compare_notes,
+    exports,
+    grid,
+    provenance,
+    stats,
+    views,
+)
 from gae_core.labels import (
     MISSING,
     algorithm_name,
@@ -358,7 +367,7 @@ center = options[1].segmented_control(
 window = options[2].slider("episodes per run's running mean", 1, 100, 10, key="cmp.window")
 show_seeds = options[3].checkbox("show seeds", key="cmp.show_seeds")
 picked, repeats = compare.distinct_runs([store.get_run(r) for r in run_ids], group)
-unfinished_ids = [r.id for r in compare.unfinished_runs(picked)]
+unfinished_ids = [r.id for r in compare_notes.unfinished_runs(picked)]
 leave_out = "run that has not finished its" if len(unfinished_ids) == 1 else (
     "runs that have not finished their")  # fmt: skip
 if unfinished_ids and st.checkbox(
@@ -420,16 +429,9 @@ if repeats:
         "for the one that trained furthest (ties: the latest). The methods below name them.",
         icon=":material/info:",
     )
-unfinished = compare.unfinished_note(picked, episodes, group)  # drawn or not
-if unfinished:
-    st.warning(unfinished, icon=":material/warning:")
+for note in compare_notes.comparison_notes(picked, episodes, group):  # (picked: drawn or not)
+    st.warning(note, icon=":material/warning:")
 threshold = runs[0].summary.reward_threshold if len(envs) == 1 else None
-few = stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min()))
-if few:
-    st.warning(few, icon=":material/warning:")
-spread = compare.final_window_note(episodes)  # short runs: the final return is not their end
-if spread:
-    st.warning(spread, icon=":material/warning:")
 bands, aligned = compare.aggregate_curves(
     episodes, group=group, window=window, statistic=center or "iqm"
 )

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import gae_core
 from gae_core.agent.config import FIELD_SPECS
 from gae_core.errors import ConfigError
-from gae_core.insight import compare, explorer, views
+from gae_core.insight import compare, compare_notes, explorer, views
 
 
 def small_trajectory():
@@ -634,7 +634,7 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
             "return": [1.0, 2.0, 3.0, 4.0, 5.0],
         }
     )
-    note = compare.unfinished_note(runs, episodes, "lambda_")
+    note = compare_notes.unfinished_note(runs, episodes, "lambda_")
     assert note == (
         "3 of these 4 runs have not finished their budget (1 running, 2 stopped); 1 finished "
         "no episode and is not drawn, which leaves λ = 0.99 with no run: the curves and every "
@@ -648,15 +648,32 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
     scores = compare.seed_scores(episodes).set_index("seed")
     assert scores.loc[0, "auc"] == 1.0 and scores.loc[0, "final_return"] == 1.5
     runs[3].config["lambda_"] = 0.95  # its λ has drawn runs: no λ is left out
-    one = compare.unfinished_note(runs[2:], episodes, "lambda_")
+    one = compare_notes.unfinished_note(runs[2:], episodes, "lambda_")
     assert one.startswith("2 of these 2 runs have not finished their budget (2 stopped); 1 ")
     assert "with no run" not in one
-    assert compare.unfinished_note(runs[3:], episodes.iloc[:0], "lambda_") == (
+    assert compare_notes.unfinished_note(runs[3:], episodes.iloc[:0], "lambda_") == (
         "1 of these 1 runs has not finished its budget (1 stopped); 1 finished no episode "
         "and is not drawn, which leaves λ = 0.95 with no run."
     )
     runs[1].status = runs[2].status = runs[3].status = "finished"
-    assert compare.unfinished_note(runs, episodes, "lambda_") is None
+    assert compare_notes.unfinished_note(runs, episodes, "lambda_") is None
+    # all finished, on budgets that differ: the same consequence, said of budgets
+    budgets = compare_notes.budgets_note(runs, episodes)
+    assert budgets == (
+        "These runs' budgets differ (their episodes end from 550 to 1,000 env steps): the "
+        "curves and every run's AUC end where the shortest run's episodes end (550 env "
+        "steps), while each run's final return is its last 100 episodes at its own end."
+    )
+    runs[1].status = "running"  # (said by the unfinished note instead, once)
+    assert compare_notes.budgets_note(runs, episodes) is None
+    runs[1].status = "finished"
+    alike = episodes.assign(env_step=[400, 1000, 300, 960, 950])  # within 10 % of each other
+    assert compare_notes.budgets_note(runs, alike) is None
+    # the page and `summary` give every note, in one order
+    notes = compare_notes.comparison_notes(runs, episodes, "lambda_")
+    assert notes[0] == budgets and notes[1].startswith("Only 3 seeds in the smallest group")
+    assert notes[2].startswith("In 3 of these 3 runs the final return's last 100 episodes")
+    assert len(notes) == 3
 
 
 def test_the_form_reads_int_fields_typed_as_text_and_names_what_it_cannot_read():
@@ -809,11 +826,11 @@ def test_a_comparison_says_where_a_runs_final_return_spans_most_of_its_training(
                              "return": np.ones(episodes)})  # fmt: skip
 
     long = run("a", 1000, 20)  # its last 100 episodes: 10 % of its steps
-    assert compare.final_window_note(long) is None
+    assert compare_notes.final_window_note(long) is None
     short = pd.concat([long, run("b", 150, 20), run("c", 400, 20)]).sample(frac=1, random_state=0)
-    note = compare.final_window_note(short)  # (rows in any order: each run's by its steps)
+    note = compare_notes.final_window_note(short)  # (rows in any order: each run's by its steps)
     assert note.startswith(
         "In 1 of these 3 runs the final return's last 100 episodes span more than 50% of the "
         "run's env steps (up to 67%)"
     )
-    assert compare.final_window_note(short, most=0.2).startswith("In 2 of these 3 runs")
+    assert compare_notes.final_window_note(short, most=0.2).startswith("In 2 of these 3 runs")

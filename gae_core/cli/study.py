@@ -323,8 +323,8 @@ def summary(args: argparse.Namespace) -> int:
             group_sentences,
             summary_records,
             summary_table,
-            unfinished_note,
         )
+        from gae_core.insight.compare_notes import comparison_notes
         from gae_core.insight.grid import cell_records, cell_table, check_axes, study_axes
         from gae_core.insight.provenance import methods_record, methods_text
 
@@ -354,12 +354,10 @@ def summary(args: argparse.Namespace) -> int:
         return EXIT_OK
     threshold = runs[0].summary.reward_threshold if runs else None
     records = summary_records(summary_table(episodes, group=group, threshold=threshold), group)
-    # what the comparison page says beside its table: runs short of their budget (and groups
-    # they leave without a run), too few seeds, and which group is best on each score
-    notes = [note for note in (
-        unfinished_note(runs, episodes, group),
-        stats.few_seeds_warning(int(episodes.groupby(group)["seed"].nunique().min())),
-    ) if note]  # fmt: skip
+    # what the comparison page says beside its table (runs short of their budget, budgets that
+    # differ, too few seeds, final returns spanning most of training) and which group is best
+    # on each score
+    notes = comparison_notes(runs, episodes, group)
     sentences = group_sentences(group_scores(episodes, group), group)
     cells, score = None, args.score or "final_return"
     if second is None and args.score is not None:

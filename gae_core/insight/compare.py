@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,9 +20,8 @@ from gae_core.agent.config import BOOKKEEPING_FIELDS, TrainConfig, with_stored_d
 from gae_core.errors import ConfigError
 from gae_core.insight import stats
 from gae_core.labels import assignment, format_value, label
-from gae_core.outcome import SOLVED_WINDOW, final_window_share, summarize_returns
+from gae_core.outcome import SOLVED_WINDOW, summarize_returns
 from gae_core.storage.database import finite_or_none
-from gae_core.storage.records import NOT_STARTED, STATUSES
 from gae_core.storage.store import RunStore
 
 #: The common env-step grid every run's curve is put on, and the AUC is taken over.
@@ -377,65 +375,6 @@ def curve_end(episodes: pd.DataFrame) -> int:
     if episodes.empty:
         raise ValueError("episodes is empty: no finished episode to end a grid at")
     return int(episodes.groupby("run_id")["env_step"].max().min())
-
-
-def unfinished_runs(runs: Sequence[Any]) -> list[Any]:
-    """The runs that have not finished their budget: any status but ``finished``."""
-    return [r for r in runs if r.status != "finished"]
-
-
-def unfinished_note(runs: Sequence[Any], episodes: pd.DataFrame, group: str) -> str | None:
-    """What a comparison must say when some of the ``runs`` it was given
-    (:class:`RunRecord`\\ s, those drawn or not) have not finished their budget (still
-    training, stopped before it, failed, interrupted, or cancelled before they started): how
-    many, by status; which have no finished episode in ``episodes`` and are not drawn, and the
-    ``group`` values left with no run at all; and what the rest does to the figures: the curves
-    and every seed's AUC end where the shortest drawn run's episodes end (:func:`curve_end`),
-    finished runs' too, while each run's final return is its last episodes wherever it
-    stopped. None when every run finished."""
-    unfinished = unfinished_runs(runs)
-    if not unfinished:
-        return None
-    said = Counter(getattr(r, "shown_status", r.status) for r in unfinished)
-    order = [*STATUSES, NOT_STARTED]  # the store's order, never-started trials last
-    how = ", ".join(f"{said[status]} {status}" for status in sorted(said, key=order.index))
-    verb = "has not finished its" if len(unfinished) == 1 else "have not finished their"
-    text = f"{len(unfinished)} of these {len(runs)} runs {verb} budget ({how})"
-    drawn = set(episodes["run_id"]) if not episodes.empty else set()
-    missing = [r for r in runs if r.id not in drawn]
-    if missing:
-        verb = "is" if len(missing) == 1 else "are"
-        text += f"; {len(missing)} finished no episode and {verb} not drawn"
-
-        def value(run: Any) -> Any:
-            return with_stored_defaults(run.config).get(group)
-
-        shown = {format_value(value(r)) for r in runs if r.id in drawn}
-        absent = {format_value(value(r)): value(r) for r in missing}
-        absent = [assignment(group, v) for k, v in sorted(absent.items()) if k not in shown]
-        if absent:
-            text += f", which leaves {' and '.join(absent)} with no run"
-    if drawn:
-        text += (
-            ": the curves and every run's AUC end where the shortest drawn run's episodes end "
-            f"({curve_end(episodes):,} env steps), and each run's final return is its last "
-            f"{SOLVED_WINDOW} episodes wherever it stopped"
-        )
-    return text + "."
-
-
-def final_window_note(episodes: pd.DataFrame, most: float = 0.5) -> str | None:
-    """What a comparison must say where some run's final return spans more than ``most`` of
-    its env steps (:func:`~gae_core.outcome.final_window_share`); None where none does."""
-    steps = episodes.sort_values("env_step").groupby("run_id")["env_step"]
-    shares = steps.apply(final_window_share)
-    if not (wide := shares[shares > most]).size:
-        return None
-    return (f"In {len(wide)} of these {len(shares)} runs the final return's last {SOLVED_WINDOW} "
-            f"episodes span more than {most:.0%} of the run's env steps (up to {wide.max():.0%}): "
-            "it averages early learning too, so it lags where the curves end and can rank the "
-            "groups otherwise. The curves and the AUC show how they learned; longer runs give "
-            "the final return its meaning.")  # fmt: skip
 
 
 def episodes_frame(
