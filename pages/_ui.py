@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from gae_core import metrics as M
-from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig
+from gae_core.agent.config import FIELD_SPECS, FieldSpec, TrainConfig, field_problems
 from gae_core.agent.field_spec import echo
 from gae_core.agent.presets import TUNED_FIELDS, preset_of, preset_values
 from gae_core.env_modules import registered_env_ids
@@ -432,18 +432,42 @@ def _widget_value(spec: FieldSpec, value: Any) -> Any:
 
 def _idle_now(prefix: str) -> dict[str, str]:
     """The fields that change nothing given the form's choices and switches as they stand
-    (:meth:`TrainConfig.idle_fields`, fields by the form's names): every field that decides
-    it is a choice or a switch, always a valid value, so a number being typed cannot hide
-    it."""
+    (:meth:`TrainConfig.idle_fields`, fields by the form's names), each greyed only while its
+    own value reads, and read last run (a greyed box the user cannot fix would keep Start
+    disabled). Every field
+    that decides it is a choice or a switch, always a valid value, so a number being typed
+    cannot hide it; the device never idles one (and may be absent from this server)."""
     chosen = {
         name: st.session_state[f"{prefix}.{name}"]
         for name, spec in FIELD_SPECS.items()
-        if spec.kind in ("choice", "bool") and f"{prefix}.{name}" in st.session_state
+        if spec.kind in ("choice", "bool")
+        and name != "device"
+        and f"{prefix}.{name}" in st.session_state
     }
     try:
-        return TrainConfig(**chosen).idle_fields(views.form_name)
+        idle = TrainConfig(**chosen).idle_fields(views.form_name)
     except (ConfigError, TypeError):  # an env this server cannot build: the form says so
         return {}
+    # A field read wrong last run stays editable this run too: Streamlit drops the value a
+    # disabled widget receives, so the fix typed into it would be lost as it greyed.
+    unread_key = f"{prefix}.idle_unread"
+    before = st.session_state.get(unread_key, set())
+    unread = {name for name in idle if not _reads(name, prefix)}
+    st.session_state[unread_key] = unread
+    return {name: why for name, why in idle.items() if name not in unread | before}
+
+
+def _reads(name: str, prefix: str) -> bool:
+    """Whether field ``name``'s widget holds a value its field takes (text read as the field
+    reads it); a field not drawn yet takes its default."""
+    spec, key = FIELD_SPECS[name], f"{prefix}.{name}"
+    value = st.session_state.get(key, spec.default)
+    try:
+        if spec.kind in ("int", "int_list") and isinstance(value, str):
+            value = spec.parse(value)
+    except ConfigError:
+        return False
+    return not field_problems({name: value})
 
 
 def _widget(

@@ -489,6 +489,21 @@ def test_a_field_with_no_effect_given_the_forms_choices_is_greyed_with_why(data_
     at.selectbox(key="train.env_id").set_value("Pendulum-v1").run()
     assert not at.checkbox(key="train.use_sde").disabled  # a Gaussian policy: gSDE applies
     assert not at.error and not at.button(key="train.start").disabled
+    # a value the field cannot take stays editable, idle or not: a greyed box the user could
+    # not fix would keep Start disabled
+    at.number_input(key="train.critic_lambda").set_value(None).run()
+    at.selectbox(key="train.critic_target").set_value("advantage_lambda").run()
+    assert not at.number_input(key="train.critic_lambda").disabled
+    assert at.error and at.button(key="train.start").disabled
+    at.number_input(key="train.critic_lambda").set_value(0.5).run()  # the fix is kept …
+    assert at.number_input(key="train.critic_lambda").value == 0.5
+    assert not at.error and not at.button(key="train.start").disabled
+    at.run()  # … and the field greys on the next rerun (Streamlit drops a disabled box's input)
+    assert at.number_input(key="train.critic_lambda").disabled
+    assert at.number_input(key="train.critic_lambda").value == 0.5
+    # a device this server lacks is the form's error, and greys nothing less
+    at.selectbox(key="train.device").set_value("cuda").run()
+    assert at.number_input(key="train.critic_lambda").disabled
 
 
 def test_a_budget_typed_in_the_same_rerun_as_an_env_change_is_kept(data_dir):
