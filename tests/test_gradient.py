@@ -240,10 +240,32 @@ def test_the_largest_batch_share_is_one_batchs_part_of_the_spread(seed):
     assert np.isnan(largest_batch_share(np.ones((4, 2, 5)))).all()
 
 
+@pytest.mark.parametrize("K", [8, 16, 32])
+def test_light_tailed_batches_pass_the_heavy_share_once_in_a_thousand(K):
+    """heavy_share(K): Grubbs' bound for one normal coordinate at level 10⁻³. Simulated: one
+    coordinate passes it at that rate (binomial bounds at 200,000 draws), many coordinates far
+    less often; and K = 3 cannot pass it (one batch of three holds at most 2/3)."""
+    from gae_core.lab.gradient import HEAVY_LEVEL, heavy_share
+
+    rng = np.random.default_rng(K)
+    bound, draws = heavy_share(K), 200_000
+    x = rng.normal(size=(draws, K))
+    spread = (x - x.mean(axis=1, keepdims=True)) ** 2
+    rate = np.mean(spread.max(axis=1) / spread.sum(axis=1) > bound)
+    assert 0.6 * HEAVY_LEVEL < rate < 1.5 * HEAVY_LEVEL, rate
+    many = rng.normal(size=(20_000, K, 1, 20))  # 20 coordinates, one estimator
+    assert np.mean([largest_batch_share(g)[0] > bound for g in many]) < HEAVY_LEVEL
+    assert heavy_share(3) == pytest.approx(2 / 3, abs=1e-6)
+    with pytest.raises(ValueError, match="batches must be ≥ 3"):
+        heavy_share(2)
+
+
 def test_the_lens_says_where_one_batch_holds_most_of_the_spread():
-    """Heavy tails: the note names how many estimators, the largest share and where; it says
-    nothing with fewer than 8 batches (one of a few is often most of the spread by chance), or
-    for a measurement stored before the share was kept."""
+    """Heavy tails: the note names how many estimators pass the bound, the largest share and
+    where, and the bound itself; nothing below 3 batches, or for a measurement stored before
+    the share was kept."""
+    from gae_core.lab.gradient import heavy_share
+
     table = _lens_rows([3.0, 2.0, 2.9], [0.1, 0.5, 0.9])
     table["largest_batch_share"] = [0.3, 0.93, 0.6]
 
@@ -251,16 +273,19 @@ def test_the_lens_says_where_one_batch_holds_most_of_the_spread():
         settings = GradientSettings(lambdas=(0.0, 0.5, 1.0), ks=(1,), batches=batches)
         return GradientResult("CartPole-v1", settings, rows, {}, {}, 1.0)
 
+    assert f"{heavy_share(32):.0%}" == "43%"
     assert result(table, 32).tail_note() == (
-        "Heavy tails: for 2 of the 3 estimators one of the 32 batches holds over half the "
-        "batches' spread (up to 93%, at λ = 0.5, critic 1). A rare large advantage (a "
-        "termination's TD error, say) landed in few batches, so the variance, MSE and their "
-        "intervals rest on those batches and can move many-fold with more: measure with more "
-        "batches before reading a trend over λ from them."
+        "Heavy tails: in 2 of the 3 estimators one of the 32 batches holds 93% of the "
+        "batches' spread at most (at λ = 0.5, critic 1), where light-tailed batches pass 43% "
+        "once in 1,000. A rare large advantage (a termination's TD error, say) landed in few "
+        "batches, so the variance, MSE and their intervals rest on those batches and can move "
+        "many-fold with more: measure with more batches before reading a trend over λ from "
+        "them."
     )
-    assert result(table, 7).tail_note() is None
+    assert result(table, 8).tail_note().startswith("Heavy tails: in 1 of the 3 estimators")
+    assert result(table, 2).tail_note() is None
     assert result(table.drop(columns="largest_batch_share"), 32).tail_note() is None
-    table["largest_batch_share"] = [0.3, 0.5, 0.1]  # half is not over half
+    table["largest_batch_share"] = [0.3, 0.4, 0.1]  # under 43 %
     assert result(table, 32).tail_note() is None
 
 

@@ -38,11 +38,11 @@ For a policy checkpoint π_θ and a critic V̂:
   ‖mean ĝ‖² − variance/K.
 
 * **How much one batch weighs** (:func:`largest_batch_share`): per estimator, the largest
-  share of the batches' spread one batch holds, max_k ‖ĝ_k − ḡ‖² / Σ_l ‖ĝ_l − ḡ‖² (about 1/K
-  for a light-tailed estimator; near 1 where a rare large advantage, a termination's TD error,
-  landed in one batch). Where one batch of K ≥ 8 holds more than half, the variance, MSE and
-  their intervals rest on that batch and can move many-fold with more batches
-  (:meth:`GradientResult.tail_note`).
+  share of the batches' spread one batch holds, max_k ‖ĝ_k − ḡ‖² / Σ_l ‖ĝ_l − ḡ‖². Where it
+  passes :func:`heavy_share` (Grubbs' bound for one normal coordinate at level 10⁻³: the
+  share one batch of K light-tailed batches passes once in 1,000 measurements, whatever the
+  gradients' dimension), a rare large advantage (a termination's TD error) landed in that
+  batch, and the variance, MSE and their intervals rest on it (:meth:`GradientResult.tail_note`).
 
 All of these are functions of the K × K Gram matrices of the batch gradients (and of their
 differences from g*), so a bootstrap resample is a quadratic form in its counts and never
@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from gae_core.agent.envs import episode_cap, make_eval_env
 from gae_core.agent.recording import Replay
@@ -87,6 +88,7 @@ __all__ = [
     "batch_gradients",
     "batch_problem",
     "gradient_statistics",
+    "heavy_share",
     "largest_batch_share",
     "measure_gradient",
     "per_sample_scores",
@@ -185,16 +187,32 @@ def gradient_statistics(
 def largest_batch_share(gradients: np.ndarray) -> np.ndarray:
     """Per estimator, max_k ‖ĝ_k − ḡ‖² / Σ_l ‖ĝ_l − ḡ‖² of ``gradients [K, E, P]`` (module
     docstring): the largest share of the batches' spread around their mean that one batch
-    holds; NaN where the batches do not spread."""
+    holds; NaN where the batches do not spread. One estimator at a time (a copy of all the
+    gradients would be as large as they are)."""
     G = np.asarray(gradients, np.float64)
-    spread = np.sum((G - G.mean(axis=0)) ** 2, axis=2)  # [K, E]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return spread.max(axis=0) / spread.sum(axis=0)
+    shares = np.full(G.shape[1], np.nan)
+    for e in range(G.shape[1]):
+        spread = np.sum((G[:, e] - G[:, e].mean(axis=0)) ** 2, axis=1)  # [K]
+        if spread.sum() > 0:
+            shares[e] = spread.max() / spread.sum()
+    return shares
 
 
-#: Batches from which one holding over :data:`HEAVY_SHARE` of the spread is a heavy tail, not
-#: chance (with fewer, one batch of a few is often most of it).
-HEAVY_FROM_BATCHES, HEAVY_SHARE = 8, 0.5
+#: How rarely light-tailed batches pass :func:`heavy_share` (per estimator).
+HEAVY_LEVEL = 1e-3
+
+
+def heavy_share(batches: int, level: float = HEAVY_LEVEL) -> float:
+    """The share of the batches' spread one of ``batches`` (K ≥ 3) i.i.d. normal values passes
+    with probability at most ``level``: Grubbs' critical value G² / (K − 1) =
+    (K − 1)/K · t² / (K − 2 + t²), t the t distribution's 1 − level/(2K) quantile with K − 2
+    degrees of freedom. One coordinate is the worst case: in more dimensions the spread is
+    shared out more evenly, so this bound holds for gradients of any size."""
+    K = batches
+    if K < 3:
+        raise ValueError(f"batches must be ≥ 3 for a largest share to mean anything, got {K}")
+    t2 = scipy_stats.t.ppf(1.0 - level / (2 * K), K - 2) ** 2
+    return float((K - 1) / K * t2 / (K - 2 + t2))
 
 
 # ----------------------------------------------------------------------------- the result
@@ -229,23 +247,26 @@ class GradientResult:
         )
 
     def tail_note(self) -> str | None:
-        """A warning where one batch holds over half the spread of some estimator's batch
-        gradients (:func:`largest_batch_share`, K ≥ 8), else None (and for a measurement
-        stored before the share was kept)."""
+        """A warning where one batch holds more of some estimator's spread than light-tailed
+        batches would once in 1,000 (:func:`heavy_share`), else None (and for K < 3, or a
+        measurement stored before the share was kept)."""
         K = self.settings.batches
-        if "largest_batch_share" not in self.table or K < HEAVY_FROM_BATCHES:
+        if "largest_batch_share" not in self.table or K < 3:
             return None
-        heavy = self.table[self.table["largest_batch_share"] > HEAVY_SHARE]
+        bound = heavy_share(K)
+        heavy = self.table[self.table["largest_batch_share"] > bound]
         if heavy.empty:
             return None
         top = heavy.loc[heavy["largest_batch_share"].idxmax()]
         where = (assignment("lambda_", top["param"]) if top["kind"] == "gae"
                  else f"Â^({int(top['param'])})")  # fmt: skip
+        rows = "estimators" if self.table["critic"].nunique() == 1 else "critic × estimator rows"
         return (
-            f"Heavy tails: for {len(heavy)} of the {len(self.table)} estimators one of the {K} "
-            f"batches holds over half the batches' spread (up to {top['largest_batch_share']:.0%}"
-            f", at {where}, {top['critic']}). A rare large advantage (a termination's TD error, "
-            "say) landed in few batches, so the variance, MSE and their intervals rest on those "
+            f"Heavy tails: in {len(heavy)} of the {len(self.table)} {rows} one of the {K} "
+            f"batches holds {top['largest_batch_share']:.0%} of the batches' spread at most (at "
+            f"{where}, {top['critic']}), where light-tailed batches pass {bound:.0%} once in "
+            f"{1 / HEAVY_LEVEL:,.0f}. A rare large advantage (a termination's TD error, say) "
+            "landed in few batches, so the variance, MSE and their intervals rest on those "
             "batches and can move many-fold with more: measure with more batches before "
             f"reading a trend over {label('lambda_')} from them."
         )
