@@ -34,5 +34,9 @@ class StoreFull(StoreError):
 
 
 class UnknownId(StoreError):
-    """An id, or the start of one, names no stored run or sweep, or begins several (the message
-    names them): the store itself was read."""
+    """An id, or the start of one, names no stored run or sweep, or begins several:
+    ``candidates`` holds those ids (empty where it names none)."""
+
+    def __init__(self, message: str, candidates: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.candidates = candidates

@@ -19,7 +19,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: A value not there (yet), as every table and sentence shows it: a run never solved, a return
-#: before the first episode, an estimate with no data (an empty cell, not the word "None").
+#: before the first episode, an estimate with no data (a table's cell shows it, not "None").
 MISSING = "–"
 
 #: The algorithms' names as people write them (``TrainConfig.algo`` → name).

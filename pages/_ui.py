@@ -83,7 +83,7 @@ def expand_short_ids() -> None:
     for name in ("run", "sweep"):
         texts = st.query_params.get_all(name)
         if not any(SHORT_ID <= len(text) < ID_LENGTH for text in texts):
-            continue  # (full ids, or none: no store query on every rerun)
+            continue  # (full ids, or none: no store query; a start is looked up each rerun)
         resolve = store().resolve_run_id if name == "run" else store().resolve_sweep_id
         full = []
         for text in texts:
@@ -157,7 +157,15 @@ def not_a_checkpoint(steps: Sequence[int]) -> str:
 
 def not_held(what: str, ids: Sequence[str] = ()) -> str:
     """Why a link's run or sweep ids cannot be opened when the store has none of them
-    (without ``ids``: "no such run", after a line that quotes them)."""
+    (without ``ids``: "no such run", after a line that quotes them); where one is the start
+    of several ids, that it is, naming them (:func:`expand_short_ids` leaves it as it was)."""
+    resolve = store().resolve_run_id if what == "run" else store().resolve_sweep_id
+    for text in (text for text in ids if SHORT_ID <= len(text) < ID_LENGTH):
+        try:
+            resolve(text)
+        except UnknownId as error:
+            if error.candidates:
+                return str(error)
     quoted = ", ".join(echo(i) for i in ids[:5]) + (", …" if len(ids) > 5 else "")
     plural = "s" if len(ids) > 1 else ""
     named = f"{what}{plural} {quoted}" if ids else f"such {what}"

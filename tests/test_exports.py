@@ -160,7 +160,7 @@ def test_a_download_is_named_after_the_run_or_sweep_it_is_of():
         ("/export/runs/{run}/episodic_return.csv?smoothing=abc", 400, ["smoothing", "'abc'"]),
         ("/export/runs/{run}/no_such_metric.csv", 404, ["unknown metric", "episodic_return"]),
         ("/export/runs/0123456789ab/episodic_return.csv", 404, ["no run '0123456789ab' in "]),
-        ("/export/runs/..%2F..%2Fetc/episodic_return.csv", 404, ["no run with id"]),
+        ("/export/runs/..%2F..%2Fetc/episodic_return.csv", 404, ["no run '..%2F..%2Fetc' in "]),
         ("/export/overlay/episodic_return.csv", 400, ["run must be given 1 to 50 times"]),
         ("/export/nothing/here.csv", 404, ["no export at"]),
     ],

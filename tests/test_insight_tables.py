@@ -657,18 +657,20 @@ def test_a_comparison_of_unfinished_runs_says_how_many_how_they_ended_and_where_
     )
     runs[1].status = runs[2].status = runs[3].status = "finished"
     assert compare_notes.unfinished_note(runs, episodes, "lambda_") is None
-    # all finished, on budgets that differ: the same consequence, said of budgets
+    # all finished, on budgets that differ: the same consequence, said of budgets (the
+    # configs' total_steps, not where the last episodes happened to end)
+    assert compare_notes.budgets_note(runs, episodes) is None  # all of 1,000 steps
+    runs[0].config["total_steps"] = 2000
     budgets = compare_notes.budgets_note(runs, episodes)
     assert budgets == (
-        "These runs' budgets differ (their episodes end from 550 to 1,000 env steps): the "
-        "curves and every run's AUC end where the shortest run's episodes end (550 env "
-        "steps), while each run's final return is its last 100 episodes at its own end."
+        "These runs' budgets differ (1,000 to 2,000 env steps): the curves and every run's "
+        "AUC end where the shortest run's episodes end (550 env steps), while each run's final "
+        "return is its last 100 episodes at its own end."
     )
     runs[1].status = "running"  # (said by the unfinished note instead, once)
     assert compare_notes.budgets_note(runs, episodes) is None
     runs[1].status = "finished"
-    alike = episodes.assign(env_step=[400, 1000, 300, 960, 950])  # within 10 % of each other
-    assert compare_notes.budgets_note(runs, alike) is None
+    assert compare_notes.budgets_note(runs[1:], episodes) is None  # (d is not drawn)
     # the page and `summary` give every note, in one order
     notes = compare_notes.comparison_notes(runs, episodes, "lambda_")
     assert notes[0] == budgets and notes[1].startswith("Only 3 seeds in the smallest group")

@@ -933,3 +933,44 @@ def test_the_sidebar_keeps_a_finished_lab_job_until_the_lab_page_has_shown_its_e
         assert [p.proto.text for p in at.sidebar.get("progress")] == [bars[0]]
     finally:
         jobs.clear()
+
+
+def test_a_link_naming_the_start_of_an_id_opens_it_or_says_which_ids_it_begins(
+    data_dir, monkeypatch
+):
+    """``?run=`` and ``?sweep=`` take the start of an id as the CLI does: a start one id has
+    becomes that id before the page reads it; a start several ids share is said to be one,
+    naming them, not "no such run"."""
+    import uuid
+    from types import SimpleNamespace
+
+    from conftest import said_plain
+    from streamlit.testing.v1 import AppTest
+
+    ids = iter(["abcd12340000", "abcd99990000", "fedc55550000"])
+    store = RunStore(data_dir)
+    with monkeypatch.context() as patched:  # (only these ids: the app draws its own)
+        patched.setattr(uuid, "uuid4", lambda: SimpleNamespace(hex=next(ids) + "0" * 20))
+        for name in ("first", "second"):
+            store.create_run(TrainConfig(total_steps=1000).to_dict(), name=name)
+        sweep_id = store.create_sweep({"seed": [0]}, TrainConfig().to_dict())
+
+    def linked(page: str, **query) -> AppTest:
+        at = AppTest.from_file("../dashboard.py", default_timeout=60)
+        at.query_params.update(query)
+        at.run()
+        at.switch_page(page).run()
+        assert not at.exception, at.exception
+        return at
+
+    shared = linked("pages/runs.py", run="abcd")
+    notes = [said_plain(i.value) for i in shared.info if i.value.startswith("The link")]
+    assert len(notes) == 1 and (
+        "'abcd' begins 2 run ids (abcd12340000, abcd99990000): give more of it" in notes[0]
+    ), notes
+    one = linked("pages/runs.py", run="abcd9")
+    assert one.query_params["run"] in ("abcd99990000", ["abcd99990000"])
+    assert not [i for i in one.info if i.value.startswith("The link")]
+    assert one.text_input(key="runs.name.abcd99990000").value == "second"  # it opened
+    swept = linked("pages/compare.py", sweep=sweep_id[:5])
+    assert swept.query_params["sweep"] in (sweep_id, [sweep_id])

@@ -96,17 +96,18 @@ def final_window_note(episodes: pd.DataFrame, most: float = 0.5) -> str | None:
             "the final return its meaning.")  # fmt: skip
 
 
-def budgets_note(runs: Sequence[Any], episodes: pd.DataFrame, most: float = 0.9) -> str | None:
-    """What a comparison must say where every run finished but their budgets differ, the
-    shortest below ``most`` of the longest: the curves and the AUC end where the shortest
-    run's episodes end (:func:`curve_end`), each run's final return at its own end. None
-    otherwise (:func:`unfinished_note` says it of runs short of their budget)."""
+def budgets_note(runs: Sequence[Any], episodes: pd.DataFrame) -> str | None:
+    """What a comparison must say where every run finished but the drawn runs' budgets
+    (``total_steps``) differ: the curves and the AUC end where the shortest run's episodes end
+    (:func:`curve_end`), each run's final return at its own end. None otherwise
+    (:func:`unfinished_note` says it of runs short of their budget)."""
     if unfinished_runs(runs):
         return None
-    ends = episodes.groupby("run_id")["env_step"].max()
-    if ends.min() >= most * ends.max():
+    drawn = set(episodes["run_id"])
+    budgets = {with_stored_defaults(r.config).get("total_steps") for r in runs if r.id in drawn}
+    if len(budgets) < 2:
         return None
-    return (f"These runs' budgets differ (their episodes end from {ends.min():,} to "
-            f"{ends.max():,} env steps): the curves and every run's AUC end where the shortest "
-            f"run's episodes end ({curve_end(episodes):,} env steps), while each run's final "
-            f"return is its last {SOLVED_WINDOW} episodes at its own end.")  # fmt: skip
+    return (f"These runs' budgets differ ({min(budgets):,} to {max(budgets):,} env steps): "
+            "the curves and every run's AUC end where the shortest run's episodes end "
+            f"({curve_end(episodes):,} env steps), while each run's final return is its last "
+            f"{SOLVED_WINDOW} episodes at its own end.")  # fmt: skip

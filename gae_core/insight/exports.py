@@ -165,8 +165,8 @@ def _metric(column: str) -> M.Metric:
 def _run_id(value: str, store: RunStore) -> str:
     """The stored run id ``value`` names: the id, or its first ``SHORT_ID`` or more characters
     (as the CLI takes it)."""
-    if not _RUN_ID.fullmatch(value):
-        raise _NotFound(f"no run with id {value!r} in {store.path}")
+    if not _RUN_ID.fullmatch(value):  # (as the store says it of an id it does not hold)
+        raise _NotFound(f"no run {value!r} in {store.path}")
     try:
         return store.resolve_run_id(value)
     except UnknownId as error:
@@ -222,7 +222,7 @@ def _overlay(store: RunStore, column: str, query) -> Answer:
         try:
             run = store.get_run(run_id)
         except StoreError:  # deleted since the check
-            raise _NotFound(f"no run with id {run_id!r} in {store.path}") from None
+            raise _NotFound(f"no run {run_id!r} in {store.path}") from None
         name = run_label(run)  # as the overlay's legend names it (the id makes it unique)
         runs[name] = store.metrics(run.id, [metric.key])
         settings[name] = {"run_id": run.id, **{f: run.config.get(f) for f in RUN_SETTINGS}}

@@ -385,7 +385,8 @@ class Database:
         if not rows:
             raise UnknownId(missing)
         raise UnknownId(f"{text!r} begins {len(rows)} {what} ids "
-                         f"({', '.join(r[0] for r in rows)}): give more of it")  # fmt: skip
+                        f"({', '.join(r[0] for r in rows)}): give more of it",
+                        tuple(r[0] for r in rows))  # fmt: skip
 
     @property
     def journal_mode(self) -> str:
