@@ -836,3 +836,33 @@ def test_a_comparison_says_where_a_runs_final_return_spans_most_of_its_training(
         "run's env steps (up to 67%)"
     )
     assert compare_notes.final_window_note(short, most=0.2).startswith("In 2 of these 3 runs")
+
+
+def test_only_choices_and_switches_decide_which_fields_have_no_effect():
+    """The form greys idle fields from its choices and switches alone (pages/_ui._idle_now):
+    no number field may change which fields are idle. Every number field at its lowest and
+    highest value, on configs that cover every rule, leaves the idle set as it was."""
+    from gae_core.agent.config import TrainConfig
+
+    bases = [
+        TrainConfig(
+            env_id=env, algo=algo, critic_target=target, normalize_rewards=rewards, use_sde=sde
+        )
+        for env in ("CartPole-v1", "Pendulum-v1")
+        for algo in ("a2c", "ppo")
+        for target in ("advantage_lambda", "fixed_lambda")
+        for rewards in (False, True)
+        for sde in (False, True)
+    ]
+    numbers = [s for s in FIELD_SPECS.values() if s.kind in ("int", "float")]
+    for base in bases:
+        idle = set(base.idle_fields())
+        for spec in numbers:
+            for value in (spec.min, spec.max):
+                if spec.name in ("minibatch_size",):  # (spans fields: kept within a rollout)
+                    value = min(value, base.batch_size)
+                try:
+                    changed = dataclasses.replace(base, **{spec.name: value})
+                except ConfigError:
+                    continue  # (a value another field's range refuses: not a config)
+                assert set(changed.idle_fields()) == idle, (spec.name, value)
