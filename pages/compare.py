@@ -411,8 +411,8 @@ if confounds:
 idle, why = compare.idle_in(runs, group)
 if idle:
     st.warning(
-        f"{label(group)} has no effect in {idle} of these runs ({why}): those train alike "
-        "whatever its value, so their groups differ in name only.",
+        f"{label(group)} has no effect in {idle} of these runs, since {why}: those train "
+        "alike whatever its value, so their groups differ in name only.",
         icon=":material/warning:",
     )
 crossed = [label(f) for f, v in varies.items() if v["crossed"]]

@@ -760,7 +760,8 @@ def test_compare_groups_by_a_list_field_in_numeric_order(data_dir, monkeypatch):
     at.selectbox(key="cmp.group").set_value("critic_lambda").run()
     assert not at.exception
     assert any(
-        "has no effect in 6 of these runs (critic target is advantage_lambda" in w.value
+        "has no effect in 6 of these runs, since critic target is advantage_lambda (the "
+        "critic follows λ): those train alike" in w.value
         for w in at.warning
     )
 
