@@ -76,19 +76,28 @@ def arrive(page: str, keys: Sequence[str]) -> bool:
     return arrived
 
 
+def _id_start(text: str) -> bool:
+    """Whether a link's id text is the start of an id rather than a whole one."""
+    return SHORT_ID <= len(text) < ID_LENGTH
+
+
+def _resolver(what: str) -> Callable[[str], str]:
+    """The store's lookup of a ``run`` or ``sweep`` id from its start."""
+    return store().resolve_run_id if what == "run" else store().resolve_sweep_id
+
+
 def expand_short_ids() -> None:
     """A link's ``?run=`` or ``?sweep=`` given as the start of an id (its first ``SHORT_ID`` or
     more characters, as the CLI and the exports take it) becomes the id it names before a page
     reads it; a start that names none or several is left for the page to say so."""
     for name in ("run", "sweep"):
         texts = st.query_params.get_all(name)
-        if not any(SHORT_ID <= len(text) < ID_LENGTH for text in texts):
+        if not any(_id_start(text) for text in texts):
             continue  # (full ids, or none: no store query; a start is looked up each rerun)
-        resolve = store().resolve_run_id if name == "run" else store().resolve_sweep_id
         full = []
         for text in texts:
             try:
-                full.append(resolve(text) if len(text) < ID_LENGTH else text)
+                full.append(_resolver(name)(text) if _id_start(text) else text)
             except UnknownId:
                 full.append(text)
         if full != texts:
@@ -159,10 +168,9 @@ def not_held(what: str, ids: Sequence[str] = ()) -> str:
     """Why a link's run or sweep ids cannot be opened when the store has none of them
     (without ``ids``: "no such run", after a line that quotes them); where one is the start
     of several ids, that it is, naming them (:func:`expand_short_ids` leaves it as it was)."""
-    resolve = store().resolve_run_id if what == "run" else store().resolve_sweep_id
-    for text in (text for text in ids if SHORT_ID <= len(text) < ID_LENGTH):
+    for text in filter(_id_start, ids):
         try:
-            resolve(text)
+            _resolver(what)(text)
         except UnknownId as error:
             if error.candidates:
                 return str(error)
@@ -442,9 +450,8 @@ def _idle_now(prefix: str) -> dict[str, str]:
     """The fields that change nothing given the form's choices and switches as they stand
     (:meth:`TrainConfig.idle_fields`, fields by the form's names), each greyed only while its
     own value reads, and read last run (a greyed box the user cannot fix would keep Start
-    disabled). Every field
-    that decides it is a choice or a switch, always a valid value, so a number being typed
-    cannot hide it; the device never idles one (and may be absent from this server)."""
+    disabled). Every field that decides it is a choice or a switch, always a valid value, so a
+    number being typed cannot hide it; the device never idles one (and may be absent here)."""
     chosen = {
         name: st.session_state[f"{prefix}.{name}"]
         for name, spec in FIELD_SPECS.items()
@@ -466,16 +473,11 @@ def _idle_now(prefix: str) -> dict[str, str]:
 
 
 def _reads(name: str, prefix: str) -> bool:
-    """Whether field ``name``'s widget holds a value its field takes (text read as the field
+    """Whether field ``name``'s widget holds a value its field takes (as the form's validation
     reads it); a field not drawn yet takes its default."""
-    spec, key = FIELD_SPECS[name], f"{prefix}.{name}"
-    value = st.session_state.get(key, spec.default)
-    try:
-        if spec.kind in ("int", "int_list") and isinstance(value, str):
-            value = spec.parse(value)
-    except ConfigError:
-        return False
-    return not field_problems({name: value})
+    value = st.session_state.get(f"{prefix}.{name}", FIELD_SPECS[name].default)
+    value, unread = views.read_field(name, value)
+    return unread is None and not field_problems({name: value})
 
 
 def _widget(

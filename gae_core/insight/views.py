@@ -78,12 +78,9 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     values = {**preset_values(env_id, algo), **values}
     unread = {}
     for name, value in values.items():
-        spec = FIELD_SPECS.get(name)
-        if spec is not None and spec.kind in ("int", "int_list") and isinstance(value, str):
-            try:
-                values[name] = spec.parse(value)
-            except ConfigError as error:
-                unread[name] = str(error)
+        values[name], problem = read_field(name, value)
+        if problem is not None:
+            unread[name] = problem
     problems = {**field_problems({k: v for k, v in values.items() if k not in unread}), **unread}
     if problems:
         main, advanced = form_specs()
@@ -95,6 +92,18 @@ def build_config(values: dict[str, Any]) -> tuple[TrainConfig | None, list[str],
     except ConfigError as error:  # (field_problems checks what this does; kept as a guard)
         return None, [str(error)], []
     return config, [], config_warnings(config)
+
+
+def read_field(name: str, value: Any) -> tuple[Any, str | None]:
+    """A form value as its field takes it: text in an integer field read with the field's own
+    parser (``"1,000"``, ``"64, 64"``), and why it cannot be read (None where it can)."""
+    spec = FIELD_SPECS.get(name)
+    if spec is not None and spec.kind in ("int", "int_list") and isinstance(value, str):
+        try:
+            return spec.parse(value), None
+        except ConfigError as error:
+            return value, str(error)
+    return value, None
 
 
 def whole_number(text: str) -> int | str:
